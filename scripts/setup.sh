@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the build and tests need (only what is missing), as root.
+set -euo pipefail
+PKGS=(build-essential cmake ninja-build pkg-config libpcre2-dev nlohmann-json3-dev libcpp-httplib-dev
+      libcli11-dev libfmt-dev libspdlog-dev libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev
+      libopenblas-dev nodejs npm python3 curl)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,32 @@
+#include "core/device_memory.h"
+
+#include <cstring>
+
+#ifdef TS_WITH_CUDA
+#include "ops/cuda/runtime.h"
+#endif
+
+namespace ts {
+
+#ifdef TS_WITH_CUDA
+std::shared_ptr<void> device_alloc(size_t bytes) { return cuda::alloc(bytes); }
+void device_memset(void* p, int value, size_t bytes) { cuda::memset(p, value, bytes); }
+void device_copy(void* dst, Device dd, const void* src, Device sd, size_t bytes) {
+  if (dd == Device::cpu && sd == Device::cpu) {
+    if (bytes) std::memcpy(dst, src, bytes);
+    return;
+  }
+  cuda::copy(dst, dd == Device::cuda, src, sd == Device::cuda, bytes);
+}
+bool cuda_available() { return cuda::device_count() > 0; }
+#else
+std::shared_ptr<void> device_alloc(size_t) { fail("this build has no CUDA backend (configure with -DTS_CUDA=ON)"); }
+void device_memset(void*, int, size_t) { fail("this build has no CUDA backend"); }
+void device_copy(void* dst, Device dd, const void* src, Device sd, size_t bytes) {
+  TS_CHECK(dd == Device::cpu && sd == Device::cpu, "this build has no CUDA backend");
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+bool cuda_available() { return false; }
+#endif
+
+}  // namespace ts
