@@ -73,6 +73,11 @@ void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const AttnMeta& meta, float scale, Tensor& out);
 
+// dst = src row by row (either may be strided); same dtype and shape.
+void copy_rows(const Tensor& src, Tensor& dst);
+// dst = src converted (f32 <-> bf16), same shape.
+void cast(const Tensor& src, Tensor& dst);
+
 // Copies rows: out[i] = x[index[i]] (gathers the rows that need logits). index i32 [N].
 void gather_rows(const Tensor& x, const Tensor& index, Tensor& out);
 

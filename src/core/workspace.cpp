@@ -1,0 +1,34 @@
+#include "core/workspace.h"
+
+namespace ts {
+
+void Workspace::reserve(size_t bytes) {
+  if (bytes <= capacity_) return;
+  Tensor t = Tensor::empty({int64_t(bytes)}, DType::u8, device_);
+  arena_ = t.owner;
+  capacity_ = bytes;
+  used_ = 0;
+}
+
+void Workspace::reset() {
+  overflow_.clear();
+  if (high_water_ > capacity_) reserve(high_water_ + high_water_ / 4);
+  used_ = 0;
+}
+
+Tensor Workspace::alloc(std::vector<int64_t> shape, DType dtype) {
+  int64_t n = 1;
+  for (auto s : shape) n *= s;
+  size_t bytes = (size_t(n) * dtype_size(dtype) + 255) / 256 * 256;
+  high_water_ = std::max(high_water_, used_ + bytes);
+  if (used_ + bytes > capacity_) {
+    overflow_.push_back(Tensor::empty(shape, dtype, device_));
+    used_ += bytes;
+    return overflow_.back();
+  }
+  Tensor t = Tensor::from_blob(static_cast<char*>(arena_.get()) + used_, std::move(shape), dtype, device_, arena_);
+  used_ += bytes;
+  return t;
+}
+
+}  // namespace ts

@@ -1,0 +1,61 @@
+#include "models/blocks.h"
+
+namespace ts::models {
+
+Tensor as_heads(const Tensor& x, int64_t heads, int64_t hd) {
+  TS_CHECK(x.size(-1) == heads * hd, "as_heads: width {} != {} x {}", x.size(-1), heads, hd);
+  Tensor t = x;
+  int64_t rs = x.rows() ? x.row_stride() : heads * hd;
+  t.ndim = 3;
+  t.shape = {x.rows(), heads, hd, 0};
+  t.stride = {rs, hd, 1, 0};
+  return t;
+}
+
+void attention_block(const Tensor& h, const AttentionWeights& w, const AttentionShape& s, const ops::Rope& rope,
+                     ForwardBatch& batch, Tensor& kv_k, Tensor& kv_v, Workspace& ws, Tensor& out) {
+  int64_t t_n = h.rows(), qw = s.num_heads * s.head_dim, kw = s.num_kv_heads * s.head_dim;
+  Tensor qkv = ws.alloc({t_n, qw + 2 * kw}, h.dtype);
+  ops::linear(h, w.qkv, qkv, w.qkv_bias.data ? &w.qkv_bias : nullptr);
+  Tensor q = as_heads(qkv.narrow(1, 0, qw), s.num_heads, s.head_dim);
+  Tensor k = as_heads(qkv.narrow(1, qw, kw), s.num_kv_heads, s.head_dim);
+  Tensor v = as_heads(qkv.narrow(1, qw + kw, kw), s.num_kv_heads, s.head_dim);
+  if (w.q_norm.data) ops::qk_norm_rope(q, k, w.q_norm, w.k_norm, s.eps, batch.positions, rope);
+  else ops::rope(q, k, batch.positions, rope);
+  ops::kv_write(k, v, kv_k, kv_v, batch.slot_mapping);
+  Tensor attn = ws.alloc({t_n, s.num_heads, s.head_dim}, h.dtype);
+  ops::paged_attention(q, kv_k, kv_v, batch.attn, s.scale, attn);
+  ops::linear(attn.view({t_n, qw}), w.o, out);
+}
+
+void mlp_block(const Tensor& h, const MlpWeights& w, Workspace& ws, Tensor& out) {
+  int64_t t_n = h.rows(), inter = w.down.size(1);
+  Tensor gu = ws.alloc({t_n, 2 * inter}, h.dtype);
+  ops::linear(h, w.gate_up, gu);
+  Tensor act = ws.alloc({t_n, inter}, h.dtype);
+  ops::silu_mul(gu, act);
+  ops::linear(act, w.down, out);
+}
+
+void capture_aux(ForwardBatch& batch, const Tensor& residual, int slot) {
+  if (!batch.capture_aux || slot < 0) return;
+  int64_t hdim = residual.size(-1);
+  Tensor dst = batch.aux_hidden.narrow(1, slot * hdim, hdim);
+  ops::copy_rows(residual, dst);
+}
+
+Tensor lm_head_logits(ForwardBatch& batch, const Tensor& x, const Tensor& norm_w, float eps, const Tensor& head,
+                      Workspace& ws) {
+  int64_t n = batch.num_logits, hdim = x.size(-1), vocab = head.size(0);
+  Tensor rows = ws.alloc({n, hdim}, x.dtype);
+  ops::gather_rows(x, batch.logits_index, rows);
+  ops::rmsnorm(rows, norm_w, eps, rows);
+  Tensor logits = ws.alloc({n, vocab}, x.dtype);
+  ops::linear(rows, head, logits);
+  if (logits.dtype == DType::f32) return logits;
+  Tensor f = ws.alloc({n, vocab}, DType::f32);
+  ops::cast(logits, f);
+  return f;
+}
+
+}  // namespace ts::models

@@ -1,0 +1,58 @@
+// The model interface. One file per architecture (llama.cpp covers Llama, Qwen2, Qwen3,
+// Mistral), each in three parts: hyper-parameters, tensors, forward built from shared blocks.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "core/workspace.h"
+#include "io/config.h"
+#include "runtime/forward_batch.h"
+
+namespace ts::models {
+
+// What one layer's KV-cache entry looks like (per token).
+struct KvSpec {
+  int num_layers = 0;
+  int k_heads = 0, k_dim = 0;  // k cache: [blocks, block_size, k_heads, k_dim]
+  int v_heads = 0, v_dim = 0;  // v cache (0 heads: none, as in MLA)
+  size_t bytes_per_token(DType dt) const {
+    return size_t(num_layers) * (size_t(k_heads) * k_dim + size_t(v_heads) * v_dim) * dtype_size(dt);
+  }
+};
+
+struct LoadOptions {
+  Device device = Device::cpu;
+  std::vector<int> capture_layers;  // EAGLE3: layers whose input residual is captured
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const io::ModelConfig& config() const = 0;
+  virtual KvSpec kv_spec() const = 0;
+  // Runs one batch and returns logits [num_logits, vocab] (f32, on the model's device) for
+  // the rows in batch.logits_index. Writes the batch's K/V into `kv` at batch.slot_mapping.
+  virtual Tensor forward(ForwardBatch& batch, KvPool& kv) = 0;
+  virtual Device device() const = 0;
+  virtual DType dtype() const = 0;  // activation/weight dtype (f32 on cpu, bf16 on cuda)
+  // Token embedding table [vocab, H] (EAGLE3 drafts share it) and the LM head [vocab, H].
+  virtual Tensor embed_table() const = 0;
+  virtual Tensor lm_head() const = 0;
+  virtual size_t weight_bytes() const = 0;  // bytes of weights a decode step reads
+  const std::vector<int>& capture_layers() const { return capture_layers_; }
+
+ protected:
+  std::vector<int> capture_layers_;
+};
+
+using ModelFactory = std::function<std::unique_ptr<Model>(const io::ModelConfig&, const LoadOptions&)>;
+
+// Architectures register in registry.cpp; load_model picks by config.json's architectures[0].
+std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opts);
+std::unique_ptr<Model> create_model(const io::ModelConfig& cfg, const LoadOptions& opts);
+std::vector<std::string> supported_architectures();
+
+}  // namespace ts::models

@@ -1,0 +1,41 @@
+// Architecture table: config.json's architectures[0] -> model file. An explicit list (not
+// static registrars) so that every model object file is linked from the static library.
+#include <map>
+
+#include "models/model.h"
+
+namespace ts::models {
+
+std::unique_ptr<Model> make_llama(const io::ModelConfig&, const LoadOptions&);
+
+static const std::map<std::string, ModelFactory>& factories() {
+  static const std::map<std::string, ModelFactory> f = {
+      {"LlamaForCausalLM", make_llama},
+      {"MistralForCausalLM", make_llama},
+      {"Qwen2ForCausalLM", make_llama},
+      {"Qwen3ForCausalLM", make_llama},
+  };
+  return f;
+}
+
+std::vector<std::string> supported_architectures() {
+  std::vector<std::string> r;
+  for (auto& [k, _] : factories()) r.push_back(k);
+  return r;
+}
+
+std::unique_ptr<Model> create_model(const io::ModelConfig& cfg, const LoadOptions& opts) {
+  auto it = factories().find(cfg.architecture);
+  if (it == factories().end()) {
+    std::string list;
+    for (auto& a : supported_architectures()) list += (list.empty() ? "" : ", ") + a;
+    fail("{}: unsupported architecture {} (supported: {})", cfg.path, cfg.architecture, list);
+  }
+  return it->second(cfg, opts);
+}
+
+std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opts) {
+  return create_model(io::load_config(dir), opts);
+}
+
+}  // namespace ts::models

@@ -1,0 +1,73 @@
+#include "models/weights.h"
+
+namespace ts::models {
+
+static void convert_into(const Tensor& src, DType dt, void* dst) {
+  int64_t n = src.numel();
+  TS_CHECK(src.is_contiguous(), "convert: source must be contiguous");
+  if (src.dtype == dt) {
+    std::memcpy(dst, src.data, src.nbytes());
+    return;
+  }
+  if (dt == DType::f32) {
+    Tensor f = src.to_f32();
+    std::memcpy(dst, f.data, size_t(n) * 4);
+    return;
+  }
+  TS_CHECK(dt == DType::bf16, "convert: target dtype {} not supported", dtype_name(dt));
+  uint16_t* o = static_cast<uint16_t*>(dst);
+  if (src.dtype == DType::f32) {
+    for (int64_t i = 0; i < n; ++i) o[i] = f32_to_bf16(src.ptr<float>()[i]);
+  } else if (src.dtype == DType::f16) {
+    for (int64_t i = 0; i < n; ++i) o[i] = f32_to_bf16(f16_to_f32(src.ptr<uint16_t>()[i]));
+  } else {
+    fail("convert: cannot convert {} to BF16", dtype_name(src.dtype));
+  }
+}
+
+Tensor convert(const Tensor& src, DType dt, Device device) {
+  Tensor host = Tensor::empty(src.dims(), dt, Device::cpu);
+  convert_into(src, dt, host.data);
+  return device == Device::cpu ? host : host.to(device);
+}
+
+WeightLoader::WeightLoader(io::Checkpoint ckpt, Device device)
+    : ckpt_(std::move(ckpt)), device_(device), dtype_(device == Device::cpu ? DType::f32 : DType::bf16) {}
+
+static void check_float(const Tensor& t, const std::string& file, const std::string& name) {
+  TS_CHECK(t.dtype == DType::bf16 || t.dtype == DType::f16 || t.dtype == DType::f32,
+           "{}: tensor {} has dtype {}, expected a float type (BF16, F16, F32)", file, name, dtype_name(t.dtype));
+}
+
+Tensor WeightLoader::load(const std::string& name, const std::vector<int64_t>& shape) {
+  Tensor t = ckpt_.get(name, shape);
+  check_float(t, ckpt_.file_of(name), name);
+  Tensor out = convert(t, dtype_, device_);
+  bytes_ += out.nbytes();
+  return out;
+}
+
+Tensor WeightLoader::load_stacked(const std::vector<std::string>& names,
+                                  const std::vector<std::vector<int64_t>>& shapes) {
+  TS_CHECK(names.size() == shapes.size() && !names.empty(), "load_stacked: bad arguments");
+  // Stacks along dim 0: 2-D weights [rows_i, cols] or 1-D biases [rows_i].
+  int64_t rows = 0, cols = shapes[0].back();
+  for (auto& s : shapes) {
+    TS_CHECK(s.size() == shapes[0].size() && (s.size() == 1 || s.back() == cols), "load_stacked: {} column mismatch", names[0]);
+    rows += s[0];
+  }
+  std::vector<int64_t> out_shape = shapes[0].size() == 1 ? std::vector<int64_t>{rows} : std::vector<int64_t>{rows, cols};
+  Tensor host = Tensor::empty(out_shape, dtype_, Device::cpu);
+  size_t off = 0;
+  for (size_t i = 0; i < names.size(); ++i) {
+    Tensor t = ckpt_.get(names[i], shapes[i]);
+    check_float(t, ckpt_.file_of(names[i]), names[i]);
+    convert_into(t, dtype_, static_cast<char*>(host.data) + off);
+    off += size_t(t.numel()) * dtype_size(dtype_);
+  }
+  Tensor out = device_ == Device::cpu ? host : host.to(device_);
+  bytes_ += out.nbytes();
+  return out;
+}
+
+}  // namespace ts::models

@@ -1,0 +1,37 @@
+// Loads checkpoint tensors into the model's device and dtype (f32 on the CPU, bf16 on CUDA),
+// checking names and shapes, and fusing projections (q|k|v, gate|up) by stacking rows.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "io/safetensors.h"
+
+namespace ts::models {
+
+class WeightLoader {
+ public:
+  WeightLoader(io::Checkpoint ckpt, Device device);
+  Device device() const { return device_; }
+  DType dtype() const { return dtype_; }
+  bool has(const std::string& name) const { return ckpt_.has(name); }
+  // Loads `name` with the expected shape, converted to the model dtype.
+  Tensor load(const std::string& name, const std::vector<int64_t>& shape);
+  // Loads several [rows_i, cols] tensors stacked along dim 0 into one [sum rows_i, cols].
+  Tensor load_stacked(const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes);
+  // Raw host tensor (any dtype, no conversion), e.g. int64 index maps.
+  Tensor raw(const std::string& name) const { return ckpt_.get(name); }
+  size_t bytes_loaded() const { return bytes_; }
+  const io::Checkpoint& checkpoint() const { return ckpt_; }
+
+ private:
+  io::Checkpoint ckpt_;
+  Device device_;
+  DType dtype_;
+  size_t bytes_ = 0;
+};
+
+// Converts a host tensor of f32/bf16/f16 into `dt` on `device` (a fresh contiguous tensor).
+Tensor convert(const Tensor& src, DType dt, Device device);
+
+}  // namespace ts::models

@@ -1,0 +1,30 @@
+// CPU reference backend: fp32, OpenMP across rows/heads. It is the oracle for the CUDA kernels,
+// so it favours clarity and a fixed summation order (results do not depend on the batch size or
+// the thread count — the batch-invariance tests rely on that).
+#pragma once
+#include "ops/ops.h"
+
+namespace ts::ops::cpu {
+void embedding(const Tensor& ids, const Tensor& table, Tensor& out, int64_t vocab_start);
+void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out);
+void fused_add_rmsnorm(Tensor& x, Tensor& residual, const Tensor& w, float eps);
+void rmsnorm_pair(const Tensor& a, const Tensor& b, const Tensor& wa, const Tensor& wb, float eps,
+                  Tensor& out_a, Tensor& out_b);
+void qk_norm_rope(Tensor& q, Tensor& k, const Tensor& wq, const Tensor& wk, float eps,
+                  const Tensor& positions, const Rope& rope);
+void rope(Tensor& q, Tensor& k, const Tensor& positions, const Rope& rope);
+void silu_mul(const Tensor& x, Tensor& out);
+void linear(const Tensor& x, const Tensor& w, Tensor& out, const Tensor* bias);
+void add_inplace(Tensor& y, const Tensor& x);
+void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache, const Tensor& slot_mapping);
+void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                     const AttnMeta& meta, float scale, Tensor& out);
+void copy_rows(const Tensor& src, Tensor& dst);
+void cast(const Tensor& src, Tensor& dst);
+void gather_rows(const Tensor& x, const Tensor& index, Tensor& out);
+void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, std::vector<int32_t>& out);
+
+// Dot product with the fixed lane order every CPU GEMM/GEMV path uses (8 fp32 lanes over k,
+// then a fixed horizontal sum, then the k % 8 tail).
+float dot(const float* a, const float* b, int64_t k);
+}  // namespace ts::ops::cpu

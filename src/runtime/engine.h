@@ -1,0 +1,138 @@
+// Engine: the serving core's public face. Threading contract:
+//  - One engine thread owns everything mutable: requests, scheduler, KV cache, model runner.
+//  - Any other thread (HTTP handlers) may call submit(), abort() and metrics(); they exchange
+//    data with the engine thread only through the request queue and each request's Stream.
+//  - The engine thread never parses JSON; HTTP threads never touch the cache or the model.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace ts::tok {
+class Tokenizer;
+}
+
+namespace ts {
+
+enum class FinishReason { none, stop, length, abort };
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "abort"
+
+// What a client asks for. Token ids are already validated against the vocabulary.
+struct GenerateParams {
+  std::vector<int32_t> prompt;
+  int max_tokens = 16;          // > 0
+  float temperature = 1.0f;     // 0 = greedy
+  int top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  std::optional<uint64_t> seed;
+  float presence_penalty = 0.0f, frequency_penalty = 0.0f, repetition_penalty = 1.0f;
+  std::vector<std::string> stop;        // stop strings (not included in the output)
+  std::vector<int32_t> stop_token_ids;  // extra stop ids (the id itself is not emitted as text)
+  bool ignore_eos = false;
+  int logprobs = -1;                    // -1: none; k >= 0: sampled token + top-k
+};
+
+struct TokenLogprob {
+  int32_t id;
+  float logprob;
+  std::vector<std::pair<int32_t, float>> top;  // top-k (id, logprob), best first
+};
+
+// One event from the engine to the client: new tokens/text, then a final event.
+struct StreamEvent {
+  std::vector<int32_t> tokens;   // ids emitted in this step (after stop truncation)
+  std::string text;              // their text delta (UTF-8 safe, stop strings removed)
+  std::vector<TokenLogprob> logprobs;  // one per token when requested
+  bool finished = false;
+  FinishReason reason = FinishReason::none;
+  std::string error;             // set if the request failed inside the engine
+  int prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+  double ttft_s = 0;             // on the first event: seconds from submit to first token
+};
+
+// Per-request channel. The engine pushes, one client thread pops.
+class Stream {
+ public:
+  void push(StreamEvent ev);
+  // Waits up to timeout_ms; returns false on timeout. Events arrive in order; the last one
+  // has finished == true.
+  bool pop(StreamEvent& ev, int timeout_ms);
+  void cancel() { cancelled_ = true; }  // client went away: the engine aborts the request
+  bool cancelled() const { return cancelled_; }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<StreamEvent> q_;
+  std::atomic<bool> cancelled_{false};
+};
+
+struct EngineOptions {
+  std::string model_dir;
+  std::string device = "auto";        // auto | cpu | cuda
+  int block_size = 64;
+  int64_t max_total_tokens = 0;        // KV pool size in tokens (0: from mem_fraction_static)
+  double mem_fraction_static = 0.0;    // 0: default per device
+  int chunked_prefill_size = 8192;     // per-step token budget
+  int max_num_seqs = 256;
+  bool disable_prefix_cache = false;
+  int64_t context_length = 0;          // 0: model's max_position_embeddings
+  // Speculative decoding (EAGLE3); empty algorithm = off.
+  std::string speculative_algorithm;
+  std::string speculative_draft_model_path;
+  int speculative_num_steps = 3;
+  int speculative_eagle_topk = 1;
+  int speculative_num_draft_tokens = 0;  // 0: steps + 1
+  std::vector<int> eagle3_layers_to_capture;
+  // CUDA graphs / kernels
+  bool disable_cuda_graph = false, disable_prefill_graph = false, enforce_eager = false, disable_pdl = false;
+  int cuda_graph_max_bs = 160;
+  int prefill_graph_max_tokens = 2048;
+};
+
+struct EngineMetrics {
+  int64_t requests_total = 0, requests_finished = 0, requests_aborted = 0;
+  int64_t prompt_tokens = 0, generation_tokens = 0, cached_prompt_tokens = 0;
+  int running = 0, waiting = 0;
+  double kv_usage = 0;              // fraction of blocks in use
+  int64_t kv_total_blocks = 0, kv_used_blocks = 0;
+  double prefix_hit_rate = 0;       // cached / prompt tokens
+  double step_host_us_mean = 0;     // host time per step (schedule + batch build + results)
+  int64_t steps = 0, retractions = 0;
+  int64_t spec_verify_steps = 0, spec_accepted_tokens = 0;  // accepted length = tokens / steps
+  std::vector<double> ttft_s, itl_s;  // recent samples for histograms (bounded)
+};
+
+class EngineImpl;
+
+class Engine {
+ public:
+  explicit Engine(const EngineOptions& opts);  // loads model + tokenizer (may throw)
+  ~Engine();
+  void start();   // starts the engine thread
+  void stop();
+  std::shared_ptr<Stream> submit(GenerateParams params);  // thread-safe
+  EngineMetrics metrics() const;                          // thread-safe snapshot
+  const tok::Tokenizer& tokenizer() const;
+  std::shared_ptr<const tok::Tokenizer> tokenizer_ptr() const;
+  int64_t context_length() const;
+  int64_t vocab_size() const;
+  std::vector<int32_t> eos_token_ids() const;
+  std::string model_dir() const;
+  std::string device_name() const;
+
+ private:
+  std::unique_ptr<EngineImpl> impl_;
+};
+
+}  // namespace ts

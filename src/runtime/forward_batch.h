@@ -1,0 +1,37 @@
+// ForwardBatch: everything one model forward needs, built by the ModelRunner from the
+// scheduler's decision. Tensors live on the model's device; host mirrors of the small
+// metadata are kept for the CPU backend and for CUDA launch configuration.
+#pragma once
+#include <vector>
+
+#include "core/tensor.h"
+#include "ops/ops.h"
+
+namespace ts {
+
+enum class ForwardMode { prefill, decode, mixed, verify, idle };
+
+struct ForwardBatch {
+  ForwardMode mode = ForwardMode::idle;
+  int num_tokens = 0;
+  Tensor input_ids;     // i32 [T]
+  Tensor positions;     // i32 [T]
+  Tensor slot_mapping;  // i32 [T] (-1: padding, not written)
+  ops::AttnMeta attn;   // per-sequence query ranges, kv lengths, block tables
+  Tensor logits_index;  // i32 [N]: rows whose logits are needed (last row of each sampling seq)
+  int num_logits = 0;
+  // EAGLE3: when set, the model copies the residual stream entering each capture layer into
+  // aux_hidden [T, n_capture * H] (the i-th captured layer into column block i).
+  bool capture_aux = false;
+  Tensor aux_hidden;
+};
+
+// Per-layer paged KV storage. k[l], v[l]: [num_blocks, block_size, kv_heads, head_dim].
+// MLA stores its compressed latent in k (v unused, undefined).
+struct KvPool {
+  std::vector<Tensor> k, v;
+  int block_size = 0;
+  int64_t num_blocks = 0;
+};
+
+}  // namespace ts
