@@ -42,6 +42,20 @@ struct AttnParams {
   int T, B;
 };
 
+// Rows past cu_q[B] are padding: written as zeros (as the CPU reference does) by the blocks of
+// the extra grid slice z == B.
+__device__ __forceinline__ void zero_padding_rows(const AttnParams& p) {
+  const int64_t first = p.cu_q[p.B];
+  const int64_t nblk = int64_t(gridDim.x) * gridDim.y;
+  const int64_t bid = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
+  const int64_t per_tok = int64_t(p.nh) * p.hd_v;
+  for (int64_t i = bid * blockDim.x + threadIdx.x; i < (p.T - first) * per_tok;
+       i += nblk * blockDim.x) {
+    const int64_t tok = first + i / per_tok, r = i % per_tok, h = r / p.hd_v, d = r % p.hd_v;
+    p.out[tok * p.o_s0 + h * p.o_s1 + d] = __float2bfloat16(0.0f);
+  }
+}
+
 // Physical cache slot of token `tok` of sequence b (tok < kv_len, so its block exists).
 __device__ __forceinline__ int64_t slot_of(const AttnParams& p, int b, int tok) {
   const int blk = tok / p.block_size;
@@ -62,6 +76,10 @@ size_t generic_smem(int hd, int hd_v) {
 __global__ void __launch_bounds__(kGThreads) attn_generic_kernel(AttnParams p) {
   extern __shared__ float sm[];
   pdl_wait();
+  if (int(blockIdx.z) == p.B) {
+    zero_padding_rows(p);
+    return;
+  }
   const int b = blockIdx.z;
   const int g = blockIdx.y / p.num_splits, split = blockIdx.y % p.num_splits;
   const int q0 = p.cu_q[b], q_len = p.cu_q[b + 1] - q0, kv_len = p.kv_len[b];
@@ -179,7 +197,7 @@ __global__ void attn_reduce_kernel(AttnParams p) {
   pdl_wait();
   const int64_t tok = blockIdx.x / p.nh;
   const int h = blockIdx.x % p.nh;
-  if (tok >= p.cu_q[p.B]) return;
+  if (tok >= p.cu_q[p.B]) return;  // padding row: zeroed by the attention kernel
   float M = -INFINITY;
   for (int s = 0; s < p.num_splits; ++s)
     M = fmaxf(M, p.part_ml[((int64_t(s) * p.T + tok) * p.nh + h) * 2]);
@@ -242,6 +260,10 @@ __global__ void __launch_bounds__(kTThreads) attn_tc_kernel(AttnParams p) {
   __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(smraw);
   __nv_bfloat16* Vs = Ks + kTN * LD;
   pdl_wait();
+  if (int(blockIdx.z) == p.B) {
+    zero_padding_rows(p);
+    return;
+  }
   const int b = blockIdx.z, g = blockIdx.y;
   const int q0 = p.cu_q[b], q_len = p.cu_q[b + 1] - q0, kv_len = p.kv_len[b];
   const int rows_total = q_len * p.G;
@@ -396,7 +418,7 @@ void tc_launch(const AttnParams& p, int chunks) {
     return true;
   }();
   (void)once;
-  launch(attn_tc_kernel<HD>, dim3(unsigned(chunks), unsigned(p.nkv), unsigned(p.B)),
+  launch(attn_tc_kernel<HD>, dim3(unsigned(chunks), unsigned(p.nkv), unsigned(p.B + 1)),
          dim3(kTThreads), smem, true, p);
 }
 
@@ -437,7 +459,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   if (T == 0 || B == 0 || nh == 0) return;
   TS_CHECK(meta.block_size > 0 && meta.max_q_len >= 0 && meta.max_kv_len >= 0,
            "paged_attention: bad block_size/max lens");
-  TS_CHECK(B <= 65535 && nkv * 64 <= 65535, "paged_attention: batch or heads too large");
+  TS_CHECK(B < 65535 && nkv * 64 <= 65535, "paged_attention: batch or heads too large");
 
   AttnParams p{};
   p.q = q.ptr<__nv_bfloat16>();
@@ -509,7 +531,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
     set_smem(attn_generic_kernel, smem);
     smem_set = smem;
   }
-  launch(attn_generic_kernel, dim3(unsigned(chunks), unsigned(nkv * splits), unsigned(B)),
+  launch(attn_generic_kernel, dim3(unsigned(chunks), unsigned(nkv * splits), unsigned(B + 1)),
          dim3(kGThreads), smem, true, p);
   if (splits > 1)
     launch(attn_reduce_kernel, dim3(unsigned(T * nh)), dim3(128), 0, true, p);

@@ -30,6 +30,8 @@ void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const AttnMeta& meta, float scale, Tensor& out);
 
+void copy_rows(const Tensor& src, Tensor& dst);  // any dtype, strided rows
+void cast(const Tensor& src, Tensor& dst);       // f32 <-> bf16 (same dtype: copy_rows)
 void gather_rows(const Tensor& x, const Tensor& index, Tensor& out);
 
 void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, std::vector<int32_t>& out);

@@ -116,6 +116,21 @@ __global__ void gather_kernel(const char* __restrict__ x, int64_t x_ld_bytes, in
   pdl_trigger();
 }
 
+// ---- copy_rows: same as gather with the identity index ---------------------------------------------
+template <typename U>
+__global__ void copy_kernel(const char* __restrict__ x, int64_t x_ld_bytes, char* __restrict__ out,
+                            int64_t out_ld_bytes, int64_t row_bytes) {
+  pdl_wait();
+  const int64_t i = blockIdx.x;
+  const U* src = reinterpret_cast<const U*>(x + i * x_ld_bytes);
+  U* dst = reinterpret_cast<U*>(out + i * out_ld_bytes);
+  const int64_t n = row_bytes / int64_t(sizeof(U));
+  for (int64_t j = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; j < n;
+       j += int64_t(gridDim.y) * blockDim.x)
+    dst[j] = src[j];
+  pdl_trigger();
+}
+
 // ---- kv_write --------------------------------------------------------------------------------------
 // blockIdx.x: token, blockIdx.y: 0 = k, 1 = v. Source heads at (token * s0 + head * s1);
 // destination slot rows are packed [nkv, hd].
@@ -266,6 +281,34 @@ void gather_rows(const Tensor& x, const Tensor& index, Tensor& out) {
   else if ((all & 3) == 0) go(uint32_t{});
   else if ((all & 1) == 0) go(uint16_t{});
   else go(uint8_t{});
+}
+
+void copy_rows(const Tensor& src, Tensor& dst) {
+  TS_CHECK(src.device == Device::cuda && dst.device == Device::cuda, "copy_rows: GPU tensors");
+  TS_CHECK(src.dtype == dst.dtype, "copy_rows: dtype mismatch");
+  check_same_rows(src, dst, "copy_rows");
+  const int64_t N = src.rows(), es = int64_t(dtype_size(src.dtype)), row_bytes = src.size(-1) * es;
+  if (N == 0 || row_bytes == 0) return;
+  const int64_t xld = src.row_stride() * es, old = dst.row_stride() * es;
+  const uintptr_t all = reinterpret_cast<uintptr_t>(src.data) |
+                        reinterpret_cast<uintptr_t>(dst.data) | uintptr_t(xld) | uintptr_t(old) |
+                        uintptr_t(row_bytes);
+  auto go = [&](auto unit) {
+    using U = decltype(unit);
+    launch(copy_kernel<U>, row_grid(N, row_bytes / int64_t(sizeof(U))), dim3(kThreads), 0, true,
+           static_cast<const char*>(src.data), xld, static_cast<char*>(dst.data), old, row_bytes);
+  };
+  if ((all & 15) == 0) go(uint4{});
+  else if ((all & 3) == 0) go(uint32_t{});
+  else if ((all & 1) == 0) go(uint16_t{});
+  else go(uint8_t{});
+}
+
+void cast(const Tensor& src, Tensor& dst) {
+  if (src.dtype == dst.dtype) return copy_rows(src, dst);
+  if (src.dtype == DType::bf16 && dst.dtype == DType::f32) return cast_bf16_to_f32(src, dst);
+  if (src.dtype == DType::f32 && dst.dtype == DType::bf16) return cast_f32_to_bf16(src, dst);
+  fail("cast: {} -> {} not supported on CUDA", dtype_name(src.dtype), dtype_name(dst.dtype));
 }
 
 void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
