@@ -231,7 +231,7 @@ RopeArgs rope_args(const Rope& rope, int hd) {
 template <bool NORM>
 void qk_rope_launch(Tensor* q, Tensor* k, const Tensor* wq, const Tensor* wk, float eps,
                     const Tensor& positions, const Rope& rope) {
-  const bool hq = q && q->data, hk = k && k->data;
+  const bool hq = q && q->defined(), hk = k && k->defined();
   TS_CHECK(hq || hk, "rope: neither q nor k given");
   const Tensor& ref = hq ? *q : *k;
   TS_CHECK(ref.ndim == 3, "rope: q/k must be [T, heads, head_dim], got {}", ref.shape_str());
