@@ -1,5 +1,7 @@
 // Memory-bound row kernels: embedding, silu_mul, add_inplace, gather_rows, kv_write, casts.
 // Each uses 16-byte vectors when every row start is 16-byte aligned, scalar code otherwise.
+#include <algorithm>
+
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
 
@@ -313,34 +315,44 @@ void cast(const Tensor& src, Tensor& dst) {
 
 void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
               const Tensor& slot_mapping) {
+  // v / v_cache may be undefined (MLA keeps one latent cache in k).
+  const bool has_v = v.defined() && v.ndim == 3 && v_cache.defined() && v_cache.ndim == 4;
   check_dev(k, DType::bf16, "kv_write k");
-  check_dev(v, DType::bf16, "kv_write v");
   check_dev(k_cache, DType::bf16, "kv_write k_cache");
-  check_dev(v_cache, DType::bf16, "kv_write v_cache");
   check_dev(slot_mapping, DType::i32, "kv_write slot_mapping");
-  TS_CHECK(k.ndim == 3 && v.ndim == 3 && k_cache.ndim == 4 && v_cache.ndim == 4,
-           "kv_write: k/v must be [T, nkv, hd], caches [blocks, block_size, nkv, hd]");
-  TS_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && slot_mapping.is_contiguous(),
+  if (has_v) {
+    check_dev(v, DType::bf16, "kv_write v");
+    check_dev(v_cache, DType::bf16, "kv_write v_cache");
+  }
+  TS_CHECK(k.ndim == 3 && k_cache.ndim == 4,
+           "kv_write: k must be [T, nkv, hd], caches [blocks, block_size, nkv, hd]");
+  TS_CHECK(k_cache.is_contiguous() && slot_mapping.is_contiguous() &&
+               (!has_v || v_cache.is_contiguous()),
            "kv_write: caches and slot mapping must be contiguous");
-  const int64_t T = k.size(0), nkv = k.size(1), hdk = k.size(2), hdv = v.size(2);
-  TS_CHECK(v.size(0) == T && v.size(1) == nkv && k_cache.size(2) == nkv &&
-               v_cache.size(2) == nkv && k_cache.size(3) == hdk && v_cache.size(3) == hdv &&
-               slot_mapping.numel() == T,
+  const int64_t T = k.size(0), nkv = k.size(1), hdk = k.size(2), hdv = has_v ? v.size(2) : 0;
+  TS_CHECK(k_cache.size(2) == nkv && k_cache.size(3) == hdk && slot_mapping.numel() == T &&
+               (!has_v || (v.size(0) == T && v.size(1) == nkv && v_cache.size(2) == nkv &&
+                           v_cache.size(3) == hdv && v_cache.size(0) * v_cache.size(1) ==
+                                                         k_cache.size(0) * k_cache.size(1))),
            "kv_write: k {} v {} k_cache {} v_cache {} slots {}", k.shape_str(), v.shape_str(),
            k_cache.shape_str(), v_cache.shape_str(), slot_mapping.shape_str());
-  TS_CHECK(k.stride[2] == 1 && v.stride[2] == 1, "kv_write: head dim must be contiguous");
-  if (T == 0) return;
-  const bool vec = aligned16(k.data) && aligned16(v.data) && aligned16(k_cache.data) &&
-                   aligned16(v_cache.data) && hdk % 8 == 0 && hdv % 8 == 0 &&
-                   k.stride[0] % 8 == 0 && k.stride[1] % 8 == 0 && v.stride[0] % 8 == 0 &&
-                   v.stride[1] % 8 == 0;
-  const int64_t maxrow = nkv * std::max(hdk, hdv) / (vec ? 8 : 1);
-  const int threads = int(std::min<int64_t>(kThreads, std::max<int64_t>(32, ceil_div(maxrow, 32) * 32)));
-  auto kern = vec ? kv_write_kernel<true> : kv_write_kernel<false>;
+  TS_CHECK(k.stride[2] == 1 && (!has_v || v.stride[2] == 1), "kv_write: head dim must be contiguous");
+  if (T == 0 || nkv == 0) return;
   TS_CHECK(T <= 0x7fffffff, "kv_write: too many tokens");
-  launch(kern, dim3(unsigned(T), 2), dim3(threads), 0, true, k.ptr<__nv_bfloat16>(), k.stride[0],
-         k.stride[1], int(hdk), v.ptr<__nv_bfloat16>(), v.stride[0], v.stride[1], int(hdv),
-         int(nkv), k_cache.ptr<__nv_bfloat16>(), v_cache.ptr<__nv_bfloat16>(),
+  const __nv_bfloat16* vp = has_v ? v.ptr<__nv_bfloat16>() : nullptr;
+  const int64_t vs0 = has_v ? v.stride[0] : 0, vs1 = has_v ? v.stride[1] : 0;
+  bool vec = aligned16(k.data) && aligned16(k_cache.data) && hdk % 8 == 0 && k.stride[0] % 8 == 0 &&
+             k.stride[1] % 8 == 0;
+  if (has_v)
+    vec = vec && aligned16(v.data) && aligned16(v_cache.data) && hdv % 8 == 0 && vs0 % 8 == 0 &&
+          vs1 % 8 == 0;
+  const int64_t maxrow = nkv * std::max(hdk, hdv) / (vec ? 8 : 1);
+  const int threads =
+      int(std::min<int64_t>(kThreads, std::max<int64_t>(32, ceil_div(maxrow, 32) * 32)));
+  auto kern = vec ? kv_write_kernel<true> : kv_write_kernel<false>;
+  launch(kern, dim3(unsigned(T), has_v ? 2u : 1u), dim3(threads), 0, true, k.ptr<__nv_bfloat16>(),
+         k.stride[0], k.stride[1], int(hdk), vp, vs0, vs1, int(hdv), int(nkv),
+         k_cache.ptr<__nv_bfloat16>(), has_v ? v_cache.ptr<__nv_bfloat16>() : nullptr,
          slot_mapping.ptr<int32_t>());
 }
 
