@@ -19,6 +19,7 @@
 
 namespace ts::tok {
 class Tokenizer;
+class StreamDecoder;
 }
 
 namespace ts {
@@ -100,6 +101,17 @@ struct EngineOptions {
   int prefill_graph_max_tokens = 2048;
 };
 
+// Cumulative histogram (Prometheus semantics: counts[i] = observations <= bounds[i]; the last
+// count is +Inf).
+struct Histogram {
+  std::vector<double> bounds;
+  std::vector<int64_t> counts;  // bounds.size() + 1
+  double sum = 0;
+  int64_t count = 0;
+  explicit Histogram(std::vector<double> b = {}) : bounds(std::move(b)), counts(bounds.size() + 1, 0) {}
+  void observe(double v);
+};
+
 struct EngineMetrics {
   int64_t requests_total = 0, requests_finished = 0, requests_aborted = 0;
   int64_t prompt_tokens = 0, generation_tokens = 0, cached_prompt_tokens = 0;
@@ -110,7 +122,7 @@ struct EngineMetrics {
   double step_host_us_mean = 0;     // host time per step (schedule + batch build + results)
   int64_t steps = 0, retractions = 0;
   int64_t spec_verify_steps = 0, spec_accepted_tokens = 0;  // accepted length = tokens / steps
-  std::vector<double> ttft_s, itl_s;  // recent samples for histograms (bounded)
+  Histogram ttft_s, itl_s, e2e_s;     // seconds
 };
 
 class EngineImpl;

@@ -40,6 +40,12 @@ size_t free_memory() {
   return free;
 }
 
+size_t total_memory() {
+  size_t free = 0, total = 0;
+  TS_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return total;
+}
+
 namespace {
 std::atomic<bool> g_pdl{true};
 std::atomic<bool> g_user_stream_set{false};

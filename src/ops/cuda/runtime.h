@@ -12,6 +12,7 @@ void memset(void* p, int value, size_t bytes);
 void copy(void* dst, bool dst_dev, const void* src, bool src_dev, size_t bytes);
 void synchronize();
 size_t free_memory();                                // bytes free on the current device
+size_t total_memory();                               // bytes on the current device
 
 // The stream every op launches on. Default: a blocking stream created on first use (so the
 // synchronous cudaMemcpy/cudaMemset above, which use the legacy default stream, stay ordered
