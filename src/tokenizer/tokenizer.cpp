@@ -64,6 +64,7 @@ std::shared_ptr<Tokenizer> Tokenizer::from_dir(const std::string& dir) {
 
 std::shared_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
   if (fs::is_directory(path)) return from_dir(path);
+  if (!fs::exists(path)) fail("tokenizer: {} does not exist (expected a model directory or a tokenizer.json)", path);
   return from_file(path);
 }
 

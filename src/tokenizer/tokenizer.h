@@ -90,7 +90,9 @@ class Tokenizer {
 
 // Incremental detokenizer for streaming: push ids one at a time and get the new text. A delta
 // never ends inside a UTF-8 character (incomplete bytes are held back until they complete),
-// and the concatenation of all deltas plus flush() equals decode(all ids, skip_special).
+// and the concatenation of all deltas plus flush() equals decode(all ids, skip_special) --
+// except after invalid UTF-8 in a byte-fallback run, which a full decode turns into U+FFFDs
+// from the start of the run, including characters that were already streamed.
 class StreamDecoder {
  public:
   explicit StreamDecoder(const Tokenizer& tok, bool skip_special = true);
@@ -99,6 +101,7 @@ class StreamDecoder {
   std::string flush();
 
  private:
+  std::string emit(const std::string& text);
   const Tokenizer& tok_;
   bool skip_special_;
   std::vector<int32_t> ids_;  // a window: the text of ids_[0..read_) was already emitted
