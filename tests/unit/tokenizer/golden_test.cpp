@@ -89,7 +89,7 @@ TEST_P(Golden, AllCases) {
   EXPECT_EQ(total, 30);
 }
 
-INSTANTIATE_TEST_SUITE_P(Tokenizers, Golden, ::testing::ValuesIn(kSets),
+INSTANTIATE_TEST_SUITE_P(tokenizer, Golden, ::testing::ValuesIn(kSets),
                          [](const auto& info) {
                            std::string n = info.param.name;
                            for (char& c : n)

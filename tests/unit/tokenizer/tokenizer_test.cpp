@@ -23,7 +23,7 @@ Ids concat(std::initializer_list<Ids> parts) {
   return r;
 }
 
-TEST(Tokenizer, EmptyInput) {
+TEST(tokenizer, EmptyInput) {
   auto tok = Tokenizer::from_dir(repo("models/pycoder"));
   EXPECT_TRUE(tok->encode("").empty());
   EXPECT_EQ(tok->encode("", true), Ids{0});
@@ -32,7 +32,7 @@ TEST(Tokenizer, EmptyInput) {
   EXPECT_EQ(sd.flush(), "");
 }
 
-TEST(Tokenizer, SpecialTokensInText) {
+TEST(tokenizer, SpecialTokensInText) {
   auto tok = Tokenizer::from_dir(repo("models/pycoder"));
   Ids eot{4};
   EXPECT_EQ(tok->encode("<|eot_id|><|eot_id|>"), (Ids{4, 4}));
@@ -50,7 +50,7 @@ TEST(Tokenizer, SpecialTokensInText) {
 }
 
 // Added tokens: longest match wins, and single_word / lstrip / rstrip / normalized behave as in HF.
-TEST(Tokenizer, AddedTokenRules) {
+TEST(tokenizer, AddedTokenRules) {
   nlohmann::json j = test::bytelevel_json();
   auto add = [&](int id, const std::string& content, bool special, bool single_word, bool lstrip, bool rstrip) {
     j["added_tokens"].push_back({{"id", id}, {"content", content}, {"single_word", single_word}, {"lstrip", lstrip},
@@ -76,7 +76,7 @@ TEST(Tokenizer, AddedTokenRules) {
 }
 
 // normalized=true added tokens are matched after normalization, against their normalized content.
-TEST(Tokenizer, NormalizedAddedToken) {
+TEST(tokenizer, NormalizedAddedToken) {
   nlohmann::json j = test::metaspace_json();
   int32_t id = 1027;
   j["added_tokens"].push_back({{"id", id}, {"content", "hello"}, {"single_word", false}, {"lstrip", false},
@@ -88,7 +88,7 @@ TEST(Tokenizer, NormalizedAddedToken) {
 }
 
 // Byte-level models take any bytes: invalid UTF-8 is encoded byte by byte, decoded lossily.
-TEST(Tokenizer, InvalidUtf8ByteLevel) {
+TEST(tokenizer, InvalidUtf8ByteLevel) {
   auto tok = Tokenizer::from_dir(repo("models/pycoder"));
   std::string text = "ok \xff\xfe and \xe4\xb8 end\xc3";
   Ids ids = tok->encode(text);
@@ -105,7 +105,7 @@ TEST(Tokenizer, InvalidUtf8ByteLevel) {
 }
 
 // SentencePiece-style models fall back to <0xNN> tokens for bytes that are not characters.
-TEST(Tokenizer, InvalidUtf8ByteFallback) {
+TEST(tokenizer, InvalidUtf8ByteFallback) {
   auto tok = Tokenizer::from_dir(repo("tests/data/tokenizers/metaspace-1k"));
   Ids ids = tok->encode("a\xff");
   ASSERT_GE(ids.size(), 2u);
@@ -113,7 +113,7 @@ TEST(Tokenizer, InvalidUtf8ByteFallback) {
   EXPECT_EQ(tok->decode(ids), "a\xEF\xBF\xBD");
 }
 
-TEST(Tokenizer, StreamingMultiByte) {
+TEST(tokenizer, StreamingMultiByte) {
   for (const char* dir : {"models/pycoder", "tests/data/tokenizers/metaspace-1k"}) {
     auto tok = Tokenizer::from_dir(repo(dir));
     for (std::string text : {"😀 emoji 👋🏽 family 👨‍👩‍👧 rocket 🚀", "中文测试：你好，世界！日本語のテキスト",
@@ -134,7 +134,7 @@ TEST(Tokenizer, StreamingMultiByte) {
   }
 }
 
-TEST(Tokenizer, StreamDecoderHoldsIncompleteCharacter) {
+TEST(tokenizer, StreamDecoderHoldsIncompleteCharacter) {
   auto tok = Tokenizer::from_dir(repo("tests/data/tokenizers/metaspace-1k"));
   auto id = [&](const char* t) { return *tok->token_to_id(t); };
   StreamDecoder sd(*tok);
@@ -152,7 +152,7 @@ TEST(Tokenizer, StreamDecoderHoldsIncompleteCharacter) {
   EXPECT_THROW(sd.push(1 << 30), Error);
 }
 
-TEST(Tokenizer, DecodeRejectsUnknownIds) {
+TEST(tokenizer, DecodeRejectsUnknownIds) {
   auto tok = Tokenizer::from_dir(repo("models/pycoder"));
   EXPECT_THROW(tok->decode(Ids{8192}), Error);
   EXPECT_THROW(tok->decode(Ids{-1}), Error);
@@ -161,7 +161,7 @@ TEST(Tokenizer, DecodeRejectsUnknownIds) {
 }
 
 // Qwen2/3 files normalize with NFC: decomposed input encodes like the precomposed text.
-TEST(Tokenizer, NfcNormalizer) {
+TEST(tokenizer, NfcNormalizer) {
   nlohmann::json j = test::bytelevel_json();
   j["normalizer"] = {{"type", "NFC"}};
   auto tok = from_json(j);
@@ -170,7 +170,7 @@ TEST(Tokenizer, NfcNormalizer) {
 }
 
 // Newer Llama-2/Mistral conversions: no normalizer, a Metaspace pre-tokenizer and decoder.
-TEST(Tokenizer, MetaspacePreTokenizer) {
+TEST(tokenizer, MetaspacePreTokenizer) {
   nlohmann::json j = test::metaspace_json();
   auto legacy = from_json(j);
   j["normalizer"] = nullptr;
@@ -195,7 +195,7 @@ TEST(Tokenizer, MetaspacePreTokenizer) {
 }
 
 // DeepSeek-V3-style pre-tokenizer: several Split regexes, then ByteLevel; empty normalizer list.
-TEST(Tokenizer, MultiSplitSequence) {
+TEST(tokenizer, MultiSplitSequence) {
   nlohmann::json j = test::bytelevel_json();
   j["normalizer"] = {{"type", "Sequence"}, {"normalizers", nlohmann::json::array()}};
   j["pre_tokenizer"] = {
@@ -216,7 +216,7 @@ TEST(Tokenizer, MultiSplitSequence) {
 }
 
 // GPT-2 style: a lone ByteLevel pre-tokenizer with its own regex and the prefix space.
-TEST(Tokenizer, ByteLevelWithRegex) {
+TEST(tokenizer, ByteLevelWithRegex) {
   nlohmann::json j = test::bytelevel_json();
   j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"use_regex", true}};
   auto tok = from_json(j);
@@ -226,7 +226,7 @@ TEST(Tokenizer, ByteLevelWithRegex) {
 
 // Whitespace-free SentencePiece input is one long word: the heap merge path must agree with
 // the same text cut into pieces at markers.
-TEST(Tokenizer, LongSentencePieceWord) {
+TEST(tokenizer, LongSentencePieceWord) {
   auto tok = Tokenizer::from_dir(repo("tests/data/tokenizers/metaspace-1k"));
   std::string text;
   for (int i = 0; i < 300; ++i) text += "there";
@@ -239,7 +239,7 @@ TEST(Tokenizer, LongSentencePieceWord) {
   EXPECT_EQ(from_json(j)->encode("a b  c " + text), tok->encode("a b  c " + text));
 }
 
-TEST(Tokenizer, ConfigAndTemplates) {
+TEST(tokenizer, ConfigAndTemplates) {
   auto tok = Tokenizer::from_dir(repo("models/pycoder"));
   EXPECT_EQ(tok->bos_token(), "<|begin_of_text|>");
   EXPECT_EQ(tok->eos_token(), "<|eot_id|>");
@@ -254,7 +254,7 @@ TEST(Tokenizer, ConfigAndTemplates) {
   EXPECT_EQ(Tokenizer::load(repo("models/pycoder/tokenizer.json"))->vocab_size(), 8192);
 }
 
-TEST(Tokenizer, ConfigVariants) {
+TEST(tokenizer, ConfigVariants) {
   namespace fs = std::filesystem;
   fs::path dir = fs::temp_directory_path() / ("ts_tok_cfg_" + std::to_string(::getpid()));
   fs::create_directories(dir);
@@ -289,7 +289,7 @@ std::string load_error(const nlohmann::json& j) {
   return "";
 }
 
-TEST(Tokenizer, LoadErrors) {
+TEST(tokenizer, LoadErrors) {
   nlohmann::json j = test::bytelevel_json();
   j["model"]["type"] = "WordPiece";
   EXPECT_NE(load_error(j).find("WordPiece"), std::string::npos);
@@ -332,7 +332,7 @@ TEST(Tokenizer, LoadErrors) {
 }
 
 // Every fixture model's tokenizer loads and round-trips text.
-TEST(Tokenizer, FixtureModelsLoad) {
+TEST(tokenizer, FixtureModelsLoad) {
   namespace fs = std::filesystem;
   int n = 0;
   for (const auto& e : fs::directory_iterator(repo("tests/data"))) {
@@ -348,7 +348,7 @@ TEST(Tokenizer, FixtureModelsLoad) {
   EXPECT_GE(n, 7);
 }
 
-TEST(Tokenizer, ConcurrentEncode) {
+TEST(tokenizer, ConcurrentEncode) {
   auto tok = Tokenizer::from_dir(repo("models/pycoder"));
   std::vector<std::string> texts;
   for (int i = 0; i < 64; ++i) texts.push_back("def f" + std::to_string(i) + "(x):\n    return x * " + std::to_string(i * 7) + "  # ok\n");
