@@ -180,6 +180,7 @@ void Tokenizer::load_config(const std::string& dir) {
     eos_token_ = token_string("eos_token");
     add_bos_token_ = opt_bool("add_bos_token");
     add_eos_token_ = opt_bool("add_eos_token");
+    clean_up_tokenization_spaces_ = opt_bool("clean_up_tokenization_spaces");
     if (c.contains("chat_template") && !c["chat_template"].is_null()) {
       const auto& ct = c["chat_template"];
       if (ct.is_string()) {

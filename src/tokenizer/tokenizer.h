@@ -59,6 +59,9 @@ class Tokenizer {
   std::string eos_token() const { return eos_token_; }
   std::optional<bool> add_bos_token() const { return add_bos_token_; }
   std::optional<bool> add_eos_token() const { return add_eos_token_; }
+  // transformers applies this clean-up in decode(); the tokenizer itself never does (as HF
+  // tokenizers), callers that want transformers' text can use it.
+  std::optional<bool> clean_up_tokenization_spaces() const { return clean_up_tokenization_spaces_; }
   // (name, template); a plain-string template (or chat_template.jinja) is named "default".
   const std::vector<std::pair<std::string, std::string>>& chat_templates() const { return chat_templates_; }
   std::optional<std::string> chat_template(std::string_view name = "default") const;
@@ -84,7 +87,7 @@ class Tokenizer {
   bool byte_decode_ = false;
 
   std::string bos_token_, eos_token_;
-  std::optional<bool> add_bos_token_, add_eos_token_;
+  std::optional<bool> add_bos_token_, add_eos_token_, clean_up_tokenization_spaces_;
   std::vector<std::pair<std::string, std::string>> chat_templates_;
 };
 

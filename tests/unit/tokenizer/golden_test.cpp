@@ -25,6 +25,8 @@ const GoldenSet kSets[] = {
     {"pycoder-8k", "models/pycoder"},
 };
 
+void PrintTo(const GoldenSet& s, std::ostream* os) { *os << s.name; }
+
 nlohmann::json load_golden(const std::string& name) {
   std::ifstream f(std::string(TS_SOURCE_DIR) + "/tests/data/tokenizers/" + name + ".golden.json");
   EXPECT_TRUE(f.good()) << name;

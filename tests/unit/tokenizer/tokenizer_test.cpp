@@ -263,7 +263,7 @@ TEST(tokenizer, ConfigVariants) {
   {
     std::ofstream(dir / "tokenizer_config.json") << R"({"add_bos_token": true, "add_eos_token": false,
       "bos_token": {"__type": "AddedToken", "content": "<s>", "lstrip": false},
-      "eos_token": "</s>", "model_max_length": 1000000000000000019884624838656,
+      "eos_token": "</s>", "clean_up_tokenization_spaces": false, "model_max_length": 1000000000000000019884624838656,
       "chat_template": [{"name": "default", "template": "A"}, {"name": "tool_use", "template": "B"}],
       "some_future_field": {"x": [1, 2]}})";
   }
@@ -272,6 +272,7 @@ TEST(tokenizer, ConfigVariants) {
   EXPECT_EQ(tok->eos_id(), 2);
   EXPECT_EQ(tok->add_bos_token(), true);
   EXPECT_EQ(tok->add_eos_token(), false);
+  EXPECT_EQ(tok->clean_up_tokenization_spaces(), false);
   ASSERT_EQ(tok->chat_templates().size(), 2u);
   EXPECT_EQ(tok->chat_template("tool_use"), "B");
   EXPECT_EQ(tok->chat_template(), "A");
