@@ -2,7 +2,7 @@
 // level or under text_config). GQA attention with per-head q/k norms and partial RoPE; layers of
 // type `minimax_m3_sparse` restrict attention to the key blocks picked by a lightning indexer
 // (index_n_heads x index_head_dim scores, max-pooled over blocks of index_block_size keys,
-// top index_topk_blocks + index_local_blocks local blocks per query). MLPs are dense or a sigmoid
+// top index_topk_blocks per query, the index_local_blocks local ones always among them). MLPs are dense or a sigmoid
 // top-k MoE with a shared expert, all with the clamped SwiGLU-OAI activation. Every RMSNorm is
 // Gemma-style (scale 1 + w); the weights are stored as 1 + w at load.
 #include <cmath>
@@ -79,8 +79,6 @@ MiniMaxM3Params minimax_m3_params(const io::ModelConfig& c) {
   p.indexer.block_size = c.get<int>("index_block_size", 128);
   p.indexer.top_k = c.get<int>("index_topk_blocks", 16);
   p.indexer.local_blocks = c.get<int>("index_local_blocks", 1);
-  // transformers 5.17: the local blocks are added on top of the top-k blocks.
-  p.indexer.local_in_topk = false;
   TS_CHECK(c.get<int>("index_init_blocks", 0) == 0 && c.get<int>("sparse_init_block", 0) == 0,
            "{}: initial (sink) index blocks are not supported", c.path);
   for (auto s : p.sparse_attn)
@@ -245,7 +243,7 @@ class MiniMaxM3 final : public Model {
     Tensor iq3 = as_heads(iq, Hi, D), ik3 = as_heads(ik, 1, D);
     ops::qk_norm_rope(iq3, ik3, L.idx.q_norm, L.idx.k_norm, p_.eps, b.positions, rope_);
     ops::cache_write(ik3, idx_cache, b.slot_mapping);
-    Tensor sel = ws_.alloc({T, int64_t(p_.indexer.top_k + p_.indexer.local_blocks)}, DType::i32);
+    Tensor sel = ws_.alloc({T, int64_t(p_.indexer.top_k)}, DType::i32);
     ops::block_indexer(iq3, idx_cache, b.attn, p_.indexer, sel);
     Tensor attn = ws_.alloc({T, nh, hd}, dtype_);
     ops::block_sparse_attention(q, kc, vc, b.attn, shape_.scale, sel, p_.indexer.block_size, attn);

@@ -132,16 +132,13 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
 void mla_attention(const Tensor& q, const Tensor& latent_cache, const AttnMeta& meta, float scale, int64_t kv_rank,
                    Tensor& out);
 
-// MiniMax-M3 lightning indexer. For query row r of sequence b at position p (see AttnMeta),
-// scores key block n (tokens [n*bs, (n+1)*bs) of the sequence, clipped to kv_len[b]) as
-// max over index heads h and keys j of q[r, h] . k[j] (k_cache [blocks, block_size, 1, D]),
-// drops blocks after p's block, and selects top_k blocks plus the local_blocks blocks ending at
-// p's block. local_in_topk: the local blocks are forced into the top_k budget (scored +inf)
-// rather than added on top of it. out i32 [T, top_k + local_blocks]: selected block ids in
-// ascending order, then -1.
+// MiniMax-M3 lightning indexer. For query row r of sequence b at position p (see AttnMeta), key
+// block n (tokens [n*bs, (n+1)*bs) of the sequence) scores max over index heads h and keys
+// j <= p in the block of q[r, h] . k[j] (k_cache [blocks, block_size, 1, D]); the local_blocks
+// blocks ending at p's block score +inf; the top_k best blocks are kept (blocks after p's never
+// are). out i32 [T, top_k]: the kept block ids in ascending order, then -1.
 struct BlockIndexer {
   int block_size = 0, top_k = 0, local_blocks = 0;
-  bool local_in_topk = false;
 };
 void block_indexer(const Tensor& q, const Tensor& k_cache, const AttnMeta& meta, const BlockIndexer& p, Tensor& out);
 

@@ -19,7 +19,7 @@ static std::vector<int32_t> rows_to_seqs(const AttnMeta& m, int64_t t_n) {
 
 void block_indexer(const Tensor& q, const Tensor& k_cache, const AttnMeta& m, const BlockIndexer& p, Tensor& out) {
   int64_t t_n = q.size(0);
-  const int64_t width = p.top_k + p.local_blocks;
+  const int64_t width = p.top_k;
   TS_CHECK(out.dtype == DType::i32 && out.rows() == t_n && out.size(-1) == width, "block_indexer: out {} for {} x {}",
            out.shape_str(), t_n, width);
   if (t_n == 0) return;
@@ -48,21 +48,21 @@ void block_indexer(const Tensor& q, const Tensor& k_cache, const AttnMeta& m, co
       int64_t len = kv_len[b];
       int64_t pos = len - (cu[b + 1] - cu[b]) + (r - cu[b]);
       int64_t q_block = pos / ibs, n_blocks = (len + ibs - 1) / ibs;
-      // Scores of the blocks up to the query's own; that one is pooled over all of its cached
-      // keys, later ones included, as transformers pools before masking.
+      // Blocks after the query's own are never kept; a block's score pools its keys up to the
+      // query only (so prefill, chunked prefill and decode select alike).
       int64_t valid = q_block + 1;
       score.assign(size_t(valid), -INFINITY);
       for (int64_t n = 0; n < valid; ++n) {
         float best = -INFINITY;
-        for (int64_t j = n * ibs; j < std::min((n + 1) * ibs, len); ++j) {
+        for (int64_t j = n * ibs; j < std::min((n + 1) * ibs, pos + 1); ++j) {
           int64_t slot = int64_t(bt[b * max_blocks + j / bs]) * bs + j % bs;
           const float* kv = kc + slot * dim;
-          for (int64_t h = 0; h < nh; ++h) best = std::max(best, dot(q.ptr<float>() + r * q.stride[0] + h * q.stride[1], kv, dim));
+          for (int64_t h = 0; h < nh; ++h)
+            best = std::max(best, dot(q.ptr<float>() + r * q.stride[0] + h * q.stride[1], kv, dim));
         }
         score[size_t(n)] = best;
       }
-      if (p.local_in_topk)
-        for (int64_t i = 0; i < p.local_blocks; ++i) score[size_t(std::max<int64_t>(q_block - i, 0))] = INFINITY;
+      for (int64_t i = 0; i < p.local_blocks; ++i) score[size_t(std::max<int64_t>(q_block - i, 0))] = INFINITY;
       int64_t k = std::min<int64_t>(std::min<int64_t>(p.top_k, n_blocks), valid);
       order.resize(size_t(valid));
       std::iota(order.begin(), order.end(), 0);
@@ -70,11 +70,7 @@ void block_indexer(const Tensor& q, const Tensor& k_cache, const AttnMeta& m, co
         return score[size_t(a)] > score[size_t(c)] || (score[size_t(a)] == score[size_t(c)] && a < c);
       });
       sel.assign(order.begin(), order.begin() + k);
-      if (!p.local_in_topk)
-        for (int64_t i = 0; i < p.local_blocks; ++i) sel.push_back(int32_t(std::max<int64_t>(q_block - i, 0)));
       std::sort(sel.begin(), sel.end());
-      sel.erase(std::unique(sel.begin(), sel.end()), sel.end());
-      TS_CHECK(int64_t(sel.size()) <= width, "block_indexer: {} blocks selected, room for {}", sel.size(), width);
       std::copy(sel.begin(), sel.end(), o);
     }
   }
