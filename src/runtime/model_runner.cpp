@@ -4,12 +4,15 @@
 
 namespace ts {
 
-size_t ModelRunner::kv_bytes_per_token(const models::Model& m) { return m.kv_spec().bytes_per_token(m.dtype()); }
+size_t ModelRunner::kv_bytes_per_token(const models::Model& m) {
+  return m.kv_spec().bytes_per_token(m.dtype()) + m.aux_kv_spec().bytes_per_token(m.dtype());
+}
 
 ModelRunner::ModelRunner(std::shared_ptr<models::Model> model, int64_t num_blocks, int block_size)
     : model_(std::move(model)) {
   TS_CHECK(num_blocks > 0 && block_size > 0, "KV pool needs blocks (got {} blocks of {})", num_blocks, block_size);
   models::KvSpec s = model_->kv_spec();
+  models::AuxKvSpec aux = model_->aux_kv_spec();
   kv_.block_size = block_size;
   kv_.num_blocks = num_blocks;
   for (int l = 0; l < s.num_layers; ++l) {
@@ -18,6 +21,10 @@ ModelRunner::ModelRunner(std::shared_ptr<models::Model> model, int64_t num_block
       kv_.v.push_back(Tensor::zeros({num_blocks, block_size, s.v_heads, s.v_dim}, model_->dtype(), model_->device()));
     else
       kv_.v.push_back(Tensor());
+    if (aux.on(l))
+      kv_.aux.push_back(Tensor::zeros({num_blocks, block_size, aux.heads, aux.dim}, model_->dtype(), model_->device()));
+    else
+      kv_.aux.push_back(Tensor());
   }
 }
 
