@@ -82,7 +82,7 @@ void cast(const Tensor& src, Tensor& dst);
 void gather_rows(const Tensor& x, const Tensor& index, Tensor& out);
 
 
-// --- Mixture of experts, MLA, block-sparse attention (CPU only so far) --------------------
+// --- Mixture of experts, MLA, block-sparse attention ----------------------------------------
 
 // Writes rows x [T, heads, dim] (rows may be strided) into cache [blocks, block_size, heads, dim]
 // at slot_mapping (slot < 0: padding, skipped). For caches with a single tensor per token (the

@@ -36,6 +36,22 @@ void gather_rows(const Tensor& x, const Tensor& index, Tensor& out);
 
 void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, std::vector<int32_t>& out);
 
+// Mixture of experts, MLA, block-sparse attention (ops/cuda/moe.cu, latent_attention.cu,
+// block_sparse.cu). moe_route takes the correction bias as f32 or bf16; moe_experts uses
+// workspace(2) (grow-only: run the largest token count eagerly before graph capture).
+void cache_write(const Tensor& x, Tensor& cache, const Tensor& slot_mapping);
+void glu(const Tensor& x, Tensor& out, const GluAct& act);
+void moe_route(const Tensor& logits, const Tensor* bias, const MoeRouting& r, Tensor& ids, Tensor& weights);
+void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const Tensor& gate_up,
+                 const Tensor& down, const GluAct& act, Tensor& out);
+void mla_attention(const Tensor& q, const Tensor& latent_cache, const AttnMeta& meta, float scale,
+                   int64_t kv_rank, Tensor& out);
+void block_indexer(const Tensor& q, const Tensor& k_cache, const AttnMeta& meta, const BlockIndexer& p,
+                   Tensor& out);
+void block_sparse_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                            const AttnMeta& meta, float scale, const Tensor& blocks, int sel_block_size,
+                            Tensor& out);
+
 // ---- CUDA-only extras ------------------------------------------------------------------------
 // Dtype casts between (possibly strided-row) tensors of the same shape.
 void cast_bf16_to_f32(const Tensor& x, Tensor& out);
@@ -54,6 +70,11 @@ void sample_device(const Tensor& logits, const DeviceSamplingParams& params, Ten
 // Linear path selection for benchmarks and tests: 0 auto, 1 force cuBLASLt, 2 force GEMV
 // (only where the GEMV kernel applies; otherwise cuBLASLt).
 void set_linear_path(int path);
+
+// MoE expert GEMM token tile for benchmarks and tests: rows of a work item go through the tensor
+// cores nt*8 at a time (nt 1, 2, 4 or 8; 0: chosen from the expected rows per expert). Results do
+// not depend on it.
+void set_moe_tile(int nt);
 
 // Attention path selection for benchmarks and tests: 0 auto, 1 force the generic (CUDA-core,
 // split-KV) kernel, 2 force the tensor-core kernel where the head dim allows.

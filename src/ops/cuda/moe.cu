@@ -1,0 +1,768 @@
+// Mixture of experts on CUDA: gated activations (glu), single-tensor cache writes, the router
+// (moe_route) and the routed experts (moe_experts).
+//
+// moe_experts runs four kernels, none of which needs the host to know the routing:
+//  1. moe_align: one CTA counting-sorts the T*k (token, slot) pairs by expert id — per-warp
+//     counts over contiguous segments, an exclusive scan, then a stable placement (pairs of an
+//     expert keep token order) — and cuts every expert's rows into work items of <= kRowsPerItem
+//     rows. Outputs: perm (sorted row -> pair), inv (pair -> sorted row), items, item count.
+//  2. moe_gemm<gate_up>: per (work item, 16-feature tile) CTA, act = glu(x_e W_gate^T, x_e W_up^T)
+//     for the item's rows, x rows gathered through perm. Tensor cores in "swap AB" form: the
+//     weight tile is the 16-row A operand, up to NT*8 token rows the 8-column B operand, so one
+//     token costs no more weight traffic than 64 and decode streams each selected expert's
+//     weights once. Fragments come straight from global memory with 16-byte loads (k is permuted
+//     identically in A and B, so every lane loads 8 consecutive k). The 4 warps of a CTA split K
+//     and their partial sums are added in a fixed order.
+//  3. moe_gemm<down>: y = act W_down^T over the sorted rows, same kernel.
+//  4. moe_combine: out[t] = sum_j weights[t, j] * y[inv[t, j]], j ascending, fp32 — the fixed
+//     order of the CPU reference; no atomics.
+// Every output element is a fixed sequence of k-chunk MMAs independent of how many rows share its
+// expert or tile, so a token's result does not depend on the rest of the batch.
+#include <algorithm>
+#include <cmath>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/cuda_ops.h"
+
+namespace ts::ops::cuda {
+using namespace ::ts::cuda;
+
+namespace {
+
+constexpr unsigned kFull = 0xffffffffu;
+constexpr int kThreads = 256;
+int g_moe_tile = 0;  // 0: heuristic; else NT (token tiles of 8 per pass): 1, 2, 4 or 8
+
+dim3 row_grid(int64_t rows, int64_t units) {
+  TS_CHECK(rows <= 0x7fffffff, "cuda op: too many rows ({})", rows);
+  int64_t y = ceil_div(units, kThreads);
+  if (y < 1) y = 1;
+  if (y > 65535) y = 65535;
+  return dim3(unsigned(rows), unsigned(y));
+}
+
+__host__ __device__ inline size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+// ---- activations ----------------------------------------------------------------------------------
+// kind 0: silu(g) * u; 1: swiglu_oai (clamped, alpha-scaled sigmoid, u + 1).
+__device__ __forceinline__ float glu_act(float g, float u, int kind, float alpha, float limit) {
+  if (kind == 0) return g / (1.0f + __expf(-g)) * u;
+  g = fminf(g, limit);
+  u = fminf(fmaxf(u, -limit), limit);
+  return g / (1.0f + __expf(-alpha * g)) * (u + 1.0f);
+}
+
+template <bool VEC>
+__global__ void glu_kernel(const __nv_bfloat16* __restrict__ x, int64_t x_ld, __nv_bfloat16* __restrict__ out,
+                           int64_t out_ld, int I, int kind, float alpha, float limit) {
+  pdl_wait();
+  const int64_t t = blockIdx.x;
+  const __nv_bfloat16* g = x + t * x_ld;
+  const __nv_bfloat16* u = g + I;
+  __nv_bfloat16* o = out + t * out_ld;
+  if (VEC) {
+    const int nv = I / 8;
+    for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < nv; i += gridDim.y * blockDim.x) {
+      BF8 gv, uv;
+      gv.u = reinterpret_cast<const uint4*>(g)[i];
+      uv.u = reinterpret_cast<const uint4*>(u)[i];
+      float gf[8], uf[8], of[8];
+      bf8_to_f32(gv, gf);
+      bf8_to_f32(uv, uf);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) of[j] = glu_act(gf[j], uf[j], kind, alpha, limit);
+      reinterpret_cast<uint4*>(o)[i] = f32_to_bf8(of).u;
+    }
+  } else {
+    for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < I; i += gridDim.y * blockDim.x)
+      o[i] = __float2bfloat16(glu_act(__bfloat162float(g[i]), __bfloat162float(u[i]), kind, alpha, limit));
+  }
+  pdl_trigger();
+}
+
+// ---- router ---------------------------------------------------------------------------------------
+constexpr int kRouteWarps = 4;
+
+struct RouteArgs {
+  const float* logits;
+  int64_t l_ld;
+  const float* bias_f;          // one of these or neither
+  const __nv_bfloat16* bias_h;
+  int32_t* ids;
+  int64_t i_ld;
+  float* w;
+  int64_t w_ld;
+  int T, E, k, n_group, topk_group, gsize;
+  int sigmoid, renorm;
+  float eps, scale;
+};
+
+// Per-warp scratch: p, choice, group scores (floats), picked ids (int), taken / kept flags.
+__host__ __device__ inline size_t route_smem_per_warp(int E) { return align_up(size_t(E) * (4 * 4 + 2), 16); }
+
+// Strict total order "a before b": larger value, then lower index; index -1 means "none".
+__device__ __forceinline__ bool better(float va, int ia, float vb, int ib) {
+  if (ib < 0) return ia >= 0;
+  if (ia < 0) return false;
+  return va > vb || (va == vb && ia < ib);
+}
+
+// Best entry of v[lo, hi) under `better`, skipping taken[e] (if taken) and index `skip`.
+// Every lane returns the same index (-1 if nothing qualifies).
+__device__ int warp_argmax(const float* v, const uint8_t* taken, int lo, int hi, int skip) {
+  const int lane = threadIdx.x & 31;
+  float bv = -INFINITY;
+  int bi = -1;
+  for (int e = lo + lane; e < hi; e += 32) {
+    if (e == skip || (taken && taken[e])) continue;
+    if (better(v[e], e, bv, bi)) {
+      bv = v[e];
+      bi = e;
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(kFull, bv, o);
+    const int oi = __shfl_xor_sync(kFull, bi, o);
+    if (better(ov, oi, bv, bi)) {
+      bv = ov;
+      bi = oi;
+    }
+  }
+  return bi;
+}
+
+// One warp per token (the CPU reference's moe_route, step for step).
+__global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(RouteArgs a) {
+  extern __shared__ __align__(16) unsigned char route_sm[];
+  pdl_wait();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int t = blockIdx.x * kRouteWarps + warp;
+  if (t >= a.T) return;  // no block-wide barriers below
+  const int E = a.E;
+  unsigned char* base = route_sm + size_t(warp) * route_smem_per_warp(E);
+  float* p = reinterpret_cast<float*>(base);
+  float* ch = p + E;
+  float* gs = ch + E;
+  int* sel = reinterpret_cast<int*>(gs + E);
+  uint8_t* taken = reinterpret_cast<uint8_t*>(sel + E);
+  uint8_t* kept = taken + E;
+  const float* lg = a.logits + int64_t(t) * a.l_ld;
+
+  if (!a.sigmoid) {
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, lg[e]);
+    mx = warp_max(mx);
+    double s = 0.0;
+    for (int e = lane; e < E; e += 32) {
+      const float v = expf(lg[e] - mx);
+      p[e] = v;
+      s += v;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(kFull, s, o);
+    const float inv = float(1.0 / s);
+    for (int e = lane; e < E; e += 32) {
+      p[e] *= inv;
+      ch[e] = p[e];
+    }
+  } else {
+    for (int e = lane; e < E; e += 32) {
+      const float v = 1.0f / (1.0f + expf(-lg[e]));
+      const float b = a.bias_f ? a.bias_f[e] : a.bias_h ? __bfloat162float(a.bias_h[e]) : 0.0f;
+      p[e] = v;
+      ch[e] = v + b;
+    }
+  }
+  for (int e = lane; e < E; e += 32) {
+    taken[e] = 0;
+    kept[e] = 0;
+  }
+  __syncwarp();
+
+  if (a.n_group > 1) {
+    // Group score: the sum of its two best choices (one if groups are single experts).
+    for (int g = 0; g < a.n_group; ++g) {
+      const int lo = g * a.gsize, hi = lo + a.gsize;
+      const int i1 = warp_argmax(ch, nullptr, lo, hi, -1);
+      float s = 0.0f;
+      s += ch[i1];
+      if (a.gsize >= 2) {
+        const int i2 = warp_argmax(ch, nullptr, lo, hi, i1);
+        s += ch[i2];
+      }
+      if (lane == 0) gs[g] = s;
+    }
+    __syncwarp();
+    for (int i = 0; i < a.topk_group; ++i) {
+      const int g = warp_argmax(gs, kept, 0, a.n_group, -1);
+      if (lane == 0) kept[g] = 1;
+      __syncwarp();
+    }
+    for (int e = lane; e < E; e += 32)
+      if (!kept[e / a.gsize]) ch[e] = 0.0f;  // transformers masks with 0, not -inf
+    __syncwarp();
+  }
+
+  for (int i = 0; i < a.k; ++i) {
+    const int e = warp_argmax(ch, taken, 0, E, -1);
+    if (lane == 0) taken[e] = 1;
+    __syncwarp();
+  }
+  // Picked experts in ascending id order.
+  int cnt = 0;
+  for (int b0 = 0; b0 < E; b0 += 32) {
+    const int e = b0 + lane;
+    const bool f = e < E && taken[e];
+    const unsigned m = __ballot_sync(kFull, f);
+    if (f) sel[cnt + __popc(m & ((1u << lane) - 1u))] = e;
+    cnt += __popc(m);
+  }
+  __syncwarp();
+  float denom = 0.0f;
+  for (int j = 0; j < a.k; ++j) denom += p[sel[j]];
+  denom += a.eps;
+  for (int j = lane; j < a.k; j += 32) {
+    const int e = sel[j];
+    float wv = p[e];
+    if (a.renorm) wv /= denom;
+    a.ids[int64_t(t) * a.i_ld + j] = e;
+    a.w[int64_t(t) * a.w_ld + j] = wv * a.scale;
+  }
+  pdl_trigger();
+}
+
+// ---- expert sort (counting sort by expert id) ------------------------------------------------------
+constexpr int kRowsPerItem = 64;
+
+struct AlignArgs {
+  const int32_t* ids;
+  int64_t ids_ld;
+  int T, k, E;
+  int32_t* offsets;  // [E + 1]
+  int32_t* perm;     // [N] sorted row -> pair (t * k + j)
+  int32_t* inv;      // [N] pair -> sorted row (-1: id out of range, dropped)
+  int4* items;       // [max_items] (expert, row_begin, row_end, 0)
+  int32_t* meta;     // [0]: number of items
+};
+
+// In-place exclusive scan of v[0, n) in shared memory by the whole block; returns the total.
+// red: 33 ints of shared scratch.
+__device__ int block_exclusive_scan(int* v, int n, int* red) {
+  const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
+  const int per = (n + nt - 1) / nt, lo = min(n, tid * per), hi = min(n, lo + per);
+  int s = 0;
+  for (int i = lo; i < hi; ++i) s += v[i];
+  int x = s;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(kFull, x, o);
+    if (lane >= o) x += y;
+  }
+  __syncthreads();
+  if (lane == 31) red[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    const int wv = lane < nw ? red[lane] : 0;
+    int wx = wv;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(kFull, wx, o);
+      if (lane >= o) wx += y;
+    }
+    if (lane < nw) red[lane] = wx - wv;
+    if (lane == 31) red[32] = wx;
+  }
+  __syncthreads();
+  int run = red[warp] + x - s;
+  for (int i = lo; i < hi; ++i) {
+    const int c = v[i];
+    v[i] = run;
+    run += c;
+  }
+  const int total = red[32];
+  __syncthreads();
+  return total;
+}
+
+__global__ void moe_align_kernel(AlignArgs a) {
+  extern __shared__ int align_sm[];
+  pdl_wait();
+  const int nt = blockDim.x, nw = nt >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
+  const int E = a.E, N = a.T * a.k;
+  int* wc = align_sm;       // [nw][E] per-warp counts, then per-warp start within the expert
+  int* cnt = wc + nw * E;   // [E] counts, then offsets
+  int* ich = cnt + E;       // [E] items per expert, then first item
+  int* red = ich + E;       // [33]
+  for (int i = tid; i < nw * E; i += nt) wc[i] = 0;
+  __syncthreads();
+  const int seg = (N + nw - 1) / nw, s0 = min(N, warp * seg), s1 = min(N, s0 + seg);
+  auto expert_of = [&](int i) {
+    if (i >= s1) return -1;
+    const int e = a.ids[int64_t(i / a.k) * a.ids_ld + i % a.k];
+    return (e >= 0 && e < E) ? e : -1;
+  };
+  for (int b0 = s0; b0 < s1; b0 += 32) {
+    const int e = expert_of(b0 + lane);
+    const unsigned peers = __match_any_sync(kFull, e);
+    if (e >= 0 && lane == __ffs(peers) - 1) wc[warp * E + e] += __popc(peers);
+  }
+  __syncthreads();
+  for (int e = tid; e < E; e += nt) {
+    int run = 0;
+    for (int w = 0; w < nw; ++w) {
+      const int c = wc[w * E + e];
+      wc[w * E + e] = run;
+      run += c;
+    }
+    cnt[e] = run;
+    ich[e] = (run + kRowsPerItem - 1) / kRowsPerItem;
+  }
+  __syncthreads();
+  const int total = block_exclusive_scan(cnt, E, red);
+  const int n_items = block_exclusive_scan(ich, E, red);
+  for (int e = tid; e < E; e += nt) {
+    a.offsets[e] = cnt[e];
+    const int beg = cnt[e], end = e + 1 < E ? cnt[e + 1] : total;
+    int it = ich[e];
+    for (int r = beg; r < end; r += kRowsPerItem) a.items[it++] = make_int4(e, r, min(end, r + kRowsPerItem), 0);
+  }
+  if (tid == 0) {
+    a.offsets[E] = total;
+    a.meta[0] = n_items;
+  }
+  // Stable placement: pairs of one expert keep their (token, slot) order.
+  for (int b0 = s0; b0 < s1; b0 += 32) {
+    const int i = b0 + lane;
+    const int e = expert_of(i);
+    const unsigned peers = __match_any_sync(kFull, e);
+    int pos = -1;
+    if (e >= 0) pos = cnt[e] + wc[warp * E + e] + __popc(peers & ((1u << lane) - 1u));
+    __syncwarp();
+    if (e >= 0 && lane == __ffs(peers) - 1) wc[warp * E + e] += __popc(peers);
+    __syncwarp();
+    if (i < s1) {
+      a.inv[i] = pos;
+      if (pos >= 0) a.perm[pos] = i;
+    }
+  }
+  pdl_trigger();
+}
+
+// ---- grouped expert GEMM (tensor cores, swap AB) ---------------------------------------------------
+constexpr int kKW = 4;   // warps per CTA, splitting K
+constexpr int kFT = 16;  // output features per CTA (the MMA's M)
+
+struct GemmArgs {
+  const __nv_bfloat16* w;  // [E, rows, K]
+  int64_t w_expert;        // elements per expert
+  int64_t up_off;          // gate_up: elements from a gate row to its up row (I * K)
+  int n_feat, K;
+  const __nv_bfloat16* src;  // gate_up: x (token rows, gathered via perm); down: act (sorted rows)
+  int64_t src_ld;
+  const int32_t* perm;
+  int topk;
+  const int4* items;
+  const int32_t* meta;
+  __nv_bfloat16* out;  // [N, n_feat]
+  int64_t out_ld;
+  int act_kind;
+  float alpha, limit;
+};
+
+__device__ __forceinline__ uint4 ld_stream(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// 8 bf16 of row[k0, k0 + 8), zero outside [0, K) or for a null row.
+template <bool VEC, bool STREAM>
+__device__ __forceinline__ uint4 load8(const __nv_bfloat16* row, int k0, int K) {
+  uint4 v = make_uint4(0, 0, 0, 0);
+  if (!row) return v;
+  if (VEC) {
+    if (k0 < K) v = STREAM ? ld_stream(row + k0) : __ldg(reinterpret_cast<const uint4*>(row + k0));
+    return v;
+  }
+  uint16_t h[8];
+  const uint16_t* r = reinterpret_cast<const uint16_t*>(row);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) h[i] = k0 + i < K ? r[k0 + i] : uint16_t(0);
+  v.x = uint32_t(h[0]) | (uint32_t(h[1]) << 16);
+  v.y = uint32_t(h[2]) | (uint32_t(h[3]) << 16);
+  v.z = uint32_t(h[4]) | (uint32_t(h[5]) << 16);
+  v.w = uint32_t(h[6]) | (uint32_t(h[7]) << 16);
+  return v;
+}
+
+__device__ __forceinline__ void mma_bf16(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// k permutation: lane (gq, tq) holds physical k = c*32 + tq*8 + [0, 8) of its rows. MMA step s
+// of the chunk takes elements 4s..4s+3: logical k (2tq, 2tq+1) <- elements 4s, 4s+1 and logical
+// (2tq+8, 2tq+9) <- 4s+2, 4s+3, for A rows and B columns alike.
+__device__ __forceinline__ uint32_t lo_pair(const uint4& v, int s) { return s == 0 ? v.x : v.z; }
+__device__ __forceinline__ uint32_t hi_pair(const uint4& v, int s) { return s == 0 ? v.y : v.w; }
+
+// grid: x = work item (blocks past the item count exit), y = 16-feature tile.
+template <int NT, bool GATE_UP, bool VEC>
+__global__ void __launch_bounds__(kKW * 32) moe_gemm_kernel(GemmArgs a) {
+  constexpr int U = NT <= 2 ? 4 : NT == 4 ? 2 : 1;  // k-chunks in flight per warp
+  constexpr int NA = GATE_UP ? 2 : 1;                 // A tiles: gate (and up)
+  __shared__ float red[kKW - 1][NA][NT][4][32];
+  pdl_wait();
+  const int item = blockIdx.x;
+  if (item >= a.meta[0]) return;
+  const int4 it = a.items[item];
+  const int e = it.x, rb = it.y, re = it.z;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+  const int f0 = blockIdx.y * kFT;
+  const __nv_bfloat16* we = a.w + int64_t(e) * a.w_expert;
+  const __nv_bfloat16* arow[NA][2];
+#pragma unroll
+  for (int na = 0; na < NA; ++na)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int f = f0 + gq + 8 * h;
+      arow[na][h] = f < a.n_feat ? we + (na ? a.up_off : 0) + int64_t(f) * a.K : nullptr;
+    }
+  const int nchunks = (a.K + 31) / 32;
+
+  for (int p0 = rb; p0 < re; p0 += NT * 8) {
+    const __nv_bfloat16* brow[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int p = p0 + nt * 8 + gq;
+      brow[nt] = nullptr;
+      if (p < re) {
+        const int64_t r = GATE_UP ? int64_t(a.perm[p] / a.topk) : int64_t(p);
+        brow[nt] = a.src + r * a.src_ld;
+      }
+    }
+    float acc[NA][NT][4];
+#pragma unroll
+    for (int na = 0; na < NA; ++na)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) acc[na][nt][0] = acc[na][nt][1] = acc[na][nt][2] = acc[na][nt][3] = 0.0f;
+
+    for (int c0 = warp; c0 < nchunks; c0 += kKW * U) {
+      uint4 av[U][NA][2], bv[U][NT];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int k0 = (c0 + u * kKW) * 32 + tq * 8;  // >= K past the last chunk: zeros
+#pragma unroll
+        for (int na = 0; na < NA; ++na) {
+          av[u][na][0] = load8<VEC, true>(arow[na][0], k0, a.K);
+          av[u][na][1] = load8<VEC, true>(arow[na][1], k0, a.K);
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) bv[u][nt] = load8<VEC, false>(brow[nt], k0, a.K);
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int s = 0; s < 2; ++s)
+#pragma unroll
+          for (int na = 0; na < NA; ++na) {
+            const uint32_t a0 = lo_pair(av[u][na][0], s), a1 = lo_pair(av[u][na][1], s);
+            const uint32_t a2 = hi_pair(av[u][na][0], s), a3 = hi_pair(av[u][na][1], s);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+              mma_bf16(acc[na][nt], a0, a1, a2, a3, lo_pair(bv[u][nt], s), hi_pair(bv[u][nt], s));
+          }
+    }
+    // K-split partials: warps 1.. hand theirs to warp 0, which adds them in warp order.
+    if (warp > 0) {
+#pragma unroll
+      for (int na = 0; na < NA; ++na)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) red[warp - 1][na][nt][i][lane] = acc[na][nt][i];
+    }
+    __syncthreads();
+    if (warp == 0) {
+#pragma unroll
+      for (int w = 0; w < kKW - 1; ++w)
+#pragma unroll
+        for (int na = 0; na < NA; ++na)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[na][nt][i] += red[w][na][nt][i][lane];
+      // C fragment: element i is feature f0 + gq + 8 (i >> 1), token column 2 tq + (i & 1).
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int f = f0 + gq + 8 * (i >> 1), p = p0 + nt * 8 + 2 * tq + (i & 1);
+          if (f < a.n_feat && p < re) {
+            const float v = GATE_UP ? glu_act(acc[0][nt][i], acc[NA - 1][nt][i], a.act_kind, a.alpha, a.limit)
+                                    : acc[0][nt][i];
+            a.out[int64_t(p) * a.out_ld + f] = __float2bfloat16(v);
+          }
+        }
+    }
+    __syncthreads();  // red is reused by the next pass
+  }
+  pdl_trigger();
+}
+
+// ---- combine ---------------------------------------------------------------------------------------
+template <bool VEC>
+__global__ void moe_combine_kernel(const __nv_bfloat16* __restrict__ y, int64_t y_ld, const int32_t* __restrict__ inv,
+                                   const float* __restrict__ w, int64_t w_ld, int topk, __nv_bfloat16* __restrict__ out,
+                                   int64_t out_ld, int H) {
+  pdl_wait();
+  const int64_t t = blockIdx.x;
+  __nv_bfloat16* o = out + t * out_ld;
+  if (VEC) {
+    const int nv = H / 8;
+    for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < nv; i += gridDim.y * blockDim.x) {
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int j = 0; j < topk; ++j) {
+        const int pos = inv[t * topk + j];
+        if (pos < 0) continue;
+        const float wt = w[t * w_ld + j];
+        BF8 v;
+        v.u = reinterpret_cast<const uint4*>(y + int64_t(pos) * y_ld)[i];
+        float f[8];
+        bf8_to_f32(v, f);
+#pragma unroll
+        for (int q = 0; q < 8; ++q) acc[q] += f[q] * wt;
+      }
+      reinterpret_cast<uint4*>(o)[i] = f32_to_bf8(acc).u;
+    }
+  } else {
+    for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < H; i += gridDim.y * blockDim.x) {
+      float acc = 0.0f;
+      for (int j = 0; j < topk; ++j) {
+        const int pos = inv[t * topk + j];
+        if (pos < 0) continue;
+        acc += __bfloat162float(y[int64_t(pos) * y_ld + i]) * w[t * w_ld + j];
+      }
+      o[i] = __float2bfloat16(acc);
+    }
+  }
+  pdl_trigger();
+}
+
+template <int NT, bool GATE_UP>
+void gemm_launch(const GemmArgs& g, int64_t items, bool vec) {
+  const dim3 grid(unsigned(items), unsigned(ceil_div(g.n_feat, kFT)));
+  if (vec) launch(moe_gemm_kernel<NT, GATE_UP, true>, grid, dim3(kKW * 32), 0, true, g);
+  else launch(moe_gemm_kernel<NT, GATE_UP, false>, grid, dim3(kKW * 32), 0, true, g);
+}
+
+template <bool GATE_UP>
+void gemm_dispatch(int nt, const GemmArgs& g, int64_t items, bool vec) {
+  switch (nt) {
+    case 1: gemm_launch<1, GATE_UP>(g, items, vec); break;
+    case 2: gemm_launch<2, GATE_UP>(g, items, vec); break;
+    case 4: gemm_launch<4, GATE_UP>(g, items, vec); break;
+    default: gemm_launch<8, GATE_UP>(g, items, vec); break;
+  }
+}
+
+}  // namespace
+
+void set_moe_tile(int nt) { g_moe_tile = nt; }
+
+void cache_write(const Tensor& x, Tensor& cache, const Tensor& slot_mapping) {
+  // kv_write without the v half is exactly a single-tensor paged write.
+  if (x.ndim == 3 && x.size(0) == 0) return;
+  Tensor none;
+  kv_write(x, none, cache, none, slot_mapping);
+}
+
+void glu(const Tensor& x, Tensor& out, const GluAct& act) {
+  check_dev(x, DType::bf16, "glu x");
+  check_dev(out, DType::bf16, "glu out");
+  const int64_t I = out.size(-1);
+  TS_CHECK(x.size(-1) == 2 * I && x.rows() == out.rows(), "glu: x {} out {}", x.shape_str(), out.shape_str());
+  const int64_t T = x.rows();
+  if (T == 0 || I == 0) return;
+  const int64_t xld = x.row_stride(), old = out.row_stride();
+  const int kind = act.kind == GluKind::silu ? 0 : 1;
+  if (vec8_ok(x.data, I, xld) && vec8_ok(out.data, I, old))
+    launch(glu_kernel<true>, row_grid(T, I / 8), dim3(kThreads), 0, true, x.ptr<__nv_bfloat16>(), xld,
+           out.ptr<__nv_bfloat16>(), old, int(I), kind, act.alpha, act.limit);
+  else
+    launch(glu_kernel<false>, row_grid(T, I), dim3(kThreads), 0, true, x.ptr<__nv_bfloat16>(), xld,
+           out.ptr<__nv_bfloat16>(), old, int(I), kind, act.alpha, act.limit);
+}
+
+void moe_route(const Tensor& logits, const Tensor* bias, const MoeRouting& r, Tensor& ids, Tensor& weights) {
+  check_dev(logits, DType::f32, "moe_route logits");
+  check_dev(ids, DType::i32, "moe_route ids");
+  check_dev(weights, DType::f32, "moe_route weights");
+  const int64_t T = logits.rows();
+  const int E = int(logits.size(-1)), k = r.top_k;
+  TS_CHECK(k >= 1 && k <= E, "moe_route: top_k {} with {} experts", k, E);
+  TS_CHECK(r.n_group >= 1 && E % r.n_group == 0 && r.topk_group >= 1 && r.topk_group <= r.n_group,
+           "moe_route: {} experts in {} groups, topk_group {}", E, r.n_group, r.topk_group);
+  TS_CHECK(ids.rows() == T && weights.rows() == T && ids.size(-1) == k && weights.size(-1) == k,
+           "moe_route: ids {} weights {} for {} tokens, top_k {}", ids.shape_str(), weights.shape_str(), T, k);
+  const bool has_bias = bias && bias->data;
+  if (has_bias) {
+    TS_CHECK(bias->device == Device::cuda && (bias->dtype == DType::f32 || bias->dtype == DType::bf16) &&
+                 bias->is_contiguous() && bias->numel() == E,
+             "moe_route: bias must be a contiguous f32/bf16 GPU vector of {} entries, got {}", E, bias->shape_str());
+  }
+  TS_CHECK(r.scoring == MoeScoring::sigmoid || (!has_bias && r.n_group == 1),
+           "moe_route: correction bias and groups need sigmoid scoring");
+  TS_CHECK(E <= 2048, "moe_route: {} experts (at most 2048)", E);
+  if (T == 0) return;
+  RouteArgs a{};
+  a.logits = logits.ptr<float>();
+  a.l_ld = logits.row_stride();
+  a.bias_f = has_bias && bias->dtype == DType::f32 ? bias->ptr<float>() : nullptr;
+  a.bias_h = has_bias && bias->dtype == DType::bf16 ? bias->ptr<__nv_bfloat16>() : nullptr;
+  a.ids = ids.ptr<int32_t>();
+  a.i_ld = ids.row_stride();
+  a.w = weights.ptr<float>();
+  a.w_ld = weights.row_stride();
+  a.T = int(T);
+  a.E = E;
+  a.k = k;
+  a.n_group = r.n_group;
+  a.topk_group = r.topk_group;
+  a.gsize = E / r.n_group;
+  a.sigmoid = r.scoring == MoeScoring::sigmoid;
+  a.renorm = r.renormalize;
+  a.eps = r.renorm_eps;
+  a.scale = r.scale;
+  const size_t smem = kRouteWarps * route_smem_per_warp(E);
+  static size_t smem_set = 48 * 1024;
+  if (smem > smem_set) {
+    set_smem(moe_route_kernel, smem);
+    smem_set = smem;
+  }
+  launch(moe_route_kernel, dim3(unsigned(ceil_div(T, kRouteWarps))), dim3(kRouteWarps * 32), smem, true, a);
+}
+
+void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const Tensor& gate_up, const Tensor& down,
+                 const GluAct& act, Tensor& out) {
+  check_dev(x, DType::bf16, "moe_experts x");
+  check_dev(ids, DType::i32, "moe_experts ids");
+  check_dev(weights, DType::f32, "moe_experts weights");
+  check_dev(gate_up, DType::bf16, "moe_experts gate_up");
+  check_dev(down, DType::bf16, "moe_experts down");
+  check_dev(out, DType::bf16, "moe_experts out");
+  const int64_t T = x.rows(), H = x.size(-1), k = ids.size(-1);
+  TS_CHECK(gate_up.ndim == 3 && down.ndim == 3 && gate_up.size(0) == down.size(0) && gate_up.size(2) == H &&
+               down.size(1) == H && gate_up.size(1) == 2 * down.size(2),
+           "moe_experts: gate_up {} down {} for hidden {}", gate_up.shape_str(), down.shape_str(), H);
+  TS_CHECK(gate_up.is_contiguous() && down.is_contiguous(), "moe_experts: expert weights must be contiguous");
+  TS_CHECK(ids.rows() == T && weights.rows() == T && weights.size(-1) == k && out.rows() == T && out.size(-1) == H,
+           "moe_experts: x {} ids {} weights {} out {}", x.shape_str(), ids.shape_str(), weights.shape_str(),
+           out.shape_str());
+  if (T == 0 || H == 0) return;
+  const int64_t E = gate_up.size(0), I = down.size(2), N = T * k;
+  TS_CHECK(k >= 1 && E >= 1 && I >= 1, "moe_experts: empty routing or experts");
+  TS_CHECK(N < (int64_t(1) << 30) && H <= 0x7fffffff / 2 && I <= 0x7fffffff / 2 && E <= 8192,
+           "moe_experts: too large (T {} k {} H {} I {} E {})", T, k, H, I, E);
+  TS_CHECK(H / kFT < 65535 && I / kFT < 65535, "moe_experts: feature dims too large");
+
+  // Workspace: offsets, meta, perm, inv, items, act [N, I], y [N, H].
+  const int64_t max_items = N / kRowsPerItem + 1 + std::min<int64_t>(E, N);
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    const size_t o = off;
+    off = align_up(off + bytes, 256);
+    return o;
+  };
+  const size_t o_offsets = take(size_t(E + 1) * 4), o_meta = take(16), o_perm = take(size_t(N) * 4),
+               o_inv = take(size_t(N) * 4), o_items = take(size_t(max_items) * 16),
+               o_act = take(size_t(N) * size_t(I) * 2), o_y = take(size_t(N) * size_t(H) * 2);
+  char* ws = static_cast<char*>(workspace(2).get(off));
+  auto* offsets = reinterpret_cast<int32_t*>(ws + o_offsets);
+  auto* meta = reinterpret_cast<int32_t*>(ws + o_meta);
+  auto* perm = reinterpret_cast<int32_t*>(ws + o_perm);
+  auto* inv = reinterpret_cast<int32_t*>(ws + o_inv);
+  auto* items = reinterpret_cast<int4*>(ws + o_items);
+  auto* actb = reinterpret_cast<__nv_bfloat16*>(ws + o_act);
+  auto* yb = reinterpret_cast<__nv_bfloat16*>(ws + o_y);
+
+  // 1. sort pairs by expert.
+  AlignArgs al{};
+  al.ids = ids.ptr<int32_t>();
+  al.ids_ld = ids.row_stride();
+  al.T = int(T);
+  al.k = int(k);
+  al.E = int(E);
+  al.offsets = offsets;
+  al.perm = perm;
+  al.inv = inv;
+  al.items = items;
+  al.meta = meta;
+  const int64_t budget = 40 * 1024 / 4 - 2 * E - 40;  // ints of shared memory for the per-warp counts
+  const int nw = int(std::clamp<int64_t>(budget / E, 1, 32));
+  const size_t align_smem = size_t(nw * E + 2 * E + 33) * 4;
+  static size_t align_set = 48 * 1024;
+  if (align_smem > align_set) {
+    set_smem(moe_align_kernel, align_smem);
+    align_set = align_smem;
+  }
+  launch(moe_align_kernel, dim3(1), dim3(unsigned(nw * 32)), align_smem, true, al);
+
+  // 2-3. grouped GEMMs. Token tile: expected rows per selected expert.
+  int nt = g_moe_tile;
+  if (nt != 1 && nt != 2 && nt != 4 && nt != 8) {
+    const int64_t avg = ceil_div(N, std::min<int64_t>(E, N));
+    nt = avg <= 8 ? 1 : avg <= 16 ? 2 : avg <= 32 ? 4 : 8;
+  }
+  const int kind = act.kind == GluKind::silu ? 0 : 1;
+  GemmArgs g{};
+  g.w = gate_up.ptr<__nv_bfloat16>();
+  g.w_expert = 2 * I * H;
+  g.up_off = I * H;
+  g.n_feat = int(I);
+  g.K = int(H);
+  g.src = x.ptr<__nv_bfloat16>();
+  g.src_ld = x.row_stride();
+  g.perm = perm;
+  g.topk = int(k);
+  g.items = items;
+  g.meta = meta;
+  g.out = actb;
+  g.out_ld = I;
+  g.act_kind = kind;
+  g.alpha = act.alpha;
+  g.limit = act.limit;
+  const bool vec_gu = vec8_ok(x.data, H, x.row_stride()) && aligned16(gate_up.data) && H % 8 == 0;
+  gemm_dispatch<true>(nt, g, max_items, vec_gu);
+
+  GemmArgs d = g;
+  d.w = down.ptr<__nv_bfloat16>();
+  d.w_expert = H * I;
+  d.up_off = 0;
+  d.n_feat = int(H);
+  d.K = int(I);
+  d.src = actb;
+  d.src_ld = I;
+  d.out = yb;
+  d.out_ld = H;
+  const bool vec_dn = aligned16(down.data) && I % 8 == 0;
+  gemm_dispatch<false>(nt, d, max_items, vec_dn);
+
+  // 4. weighted sum per token in slot order.
+  const int64_t old = out.row_stride();
+  if (vec8_ok(out.data, H, old))
+    launch(moe_combine_kernel<true>, row_grid(T, H / 8), dim3(kThreads), 0, true, yb, H, inv, weights.ptr<float>(),
+           weights.row_stride(), int(k), out.ptr<__nv_bfloat16>(), old, int(H));
+  else
+    launch(moe_combine_kernel<false>, row_grid(T, H), dim3(kThreads), 0, true, yb, H, inv, weights.ptr<float>(),
+           weights.row_stride(), int(k), out.ptr<__nv_bfloat16>(), old, int(H));
+}
+
+}  // namespace ts::ops::cuda
