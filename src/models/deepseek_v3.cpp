@@ -121,7 +121,7 @@ class DeepseekV3 final : public Model {
       if (L.sparse) {
         L.moe.router = wl.load(pre + "mlp.gate.weight", {p_.experts, H});
         if (wl.has(pre + "mlp.gate.e_score_correction_bias"))
-          L.moe.router_bias = wl.load(pre + "mlp.gate.e_score_correction_bias", {p_.experts});
+          L.moe.router_bias = wl.load_f32(pre + "mlp.gate.e_score_correction_bias", {p_.experts});
         load_experts(wl, pre + "mlp.experts", p_.experts, p_.moe_inter, H, L.moe);
         if (p_.shared > 0) {
           int64_t si = p_.moe_inter * p_.shared;

@@ -134,7 +134,7 @@ class MiniMaxM3 final : public Model {
       if (p_.sparse_mlp[size_t(l)]) {
         L.moe.router = wl.load(pre + "mlp.gate.weight", {p_.experts, H});
         for (const char* n : {"mlp.gate.e_score_correction_bias", "mlp.e_score_correction_bias"})
-          if (!L.moe.router_bias.data && wl.has(pre + n)) L.moe.router_bias = wl.load(pre + n, {p_.experts});
+          if (!L.moe.router_bias.data && wl.has(pre + n)) L.moe.router_bias = wl.load_f32(pre + n, {p_.experts});
         load_experts(wl, pre + "mlp.experts", p_.experts, p_.moe_inter, H, L.moe);
         if (wl.has(pre + "mlp.shared_experts.gate_up_proj.weight")) {
           L.moe.shared.gate_up = wl.load(pre + "mlp.shared_experts.gate_up_proj.weight", {2 * p_.shared_inter, H});

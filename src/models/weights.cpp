@@ -47,6 +47,14 @@ Tensor WeightLoader::load(const std::string& name, const std::vector<int64_t>& s
   return out;
 }
 
+Tensor WeightLoader::load_f32(const std::string& name, const std::vector<int64_t>& shape) {
+  Tensor t = ckpt_.get(name, shape);
+  check_float(t, ckpt_.file_of(name), name);
+  Tensor out = convert(t, DType::f32, device_);
+  bytes_ += out.nbytes();
+  return out;
+}
+
 Tensor WeightLoader::load_stacked(const std::vector<std::string>& names,
                                   const std::vector<std::vector<int64_t>>& shapes) {
   TS_CHECK(names.size() == shapes.size() && !names.empty(), "load_stacked: bad arguments");

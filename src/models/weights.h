@@ -17,6 +17,9 @@ class WeightLoader {
   bool has(const std::string& name) const { return ckpt_.has(name); }
   // Loads `name` with the expected shape, converted to the model dtype.
   Tensor load(const std::string& name, const std::vector<int64_t>& shape);
+  // Loads `name` as f32 on the model's device whatever the model dtype: small tensors whose
+  // precision decides discrete choices (the router's e_score_correction_bias).
+  Tensor load_f32(const std::string& name, const std::vector<int64_t>& shape);
   // Loads several [rows_i, cols] tensors stacked along dim 0 into one [sum rows_i, cols].
   Tensor load_stacked(const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes);
   // Raw host tensor (any dtype, no conversion), e.g. int64 index maps.

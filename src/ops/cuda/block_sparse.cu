@@ -115,7 +115,10 @@ __global__ void __launch_bounds__(kThreads) indexer_kernel(IndexerParams p) {
   }
   __syncthreads();
   if (tid == 0)
-    for (int i = 0; i < p.local; ++i) score[max(q_block - i, 0)] = ord_enc(INFINITY);
+    for (int i = 0; i < p.local; ++i) {
+      const int n = max(q_block - i, 0);
+      if (n < valid) score[n] = ord_enc(INFINITY);
+    }
   __syncthreads();
   // Top k by (score desc, block asc); a picked block is marked INT_MIN (below every real score).
   for (int i = 0; i < k; ++i) {
