@@ -146,7 +146,7 @@ TEST(CudaAttention, DecodeSplitKV) {
         for (int kv : {1, 15, 16, 17, 63, 64, 65, 1000})
           for (int path : {0, 3}) {
             const int kv2 = std::max(1, kv / 2);
-            check_attention({{1, kv}, {std::min(8, kv), kv}, {std::min(3, kv2), kv2}, {5, kv + 3}},
+            check_attention({{1, kv}, {std::min(8, kv), kv}, {std::min(3, kv2), kv2}, {std::min(5, kv + 3), kv + 3}},
                             2, G, hd, bs, path);
           }
 }

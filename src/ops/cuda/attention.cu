@@ -25,9 +25,9 @@ int g_attn_splits = 0; // 0 heuristic
 // lab_attention_prefill on the H200 (the labs print every variant side by side).
 // max_q_len at or below: split-KV decode kernel (decode, speculative verify); above: prefill.
 constexpr int kDecodeMaxQLen = 8;
-// The decode split count aims at this many blocks per SM (the kernel fits 2 per SM: ~104 KB
-// smem at hd 128, <= 128 registers)...
-constexpr int kDecodeCtasPerSm = 2;
+// The decode split count aims at one full wave: the kernel's occupancy (queried: 2 blocks/SM at
+// hd 128 — 104 KB smem — and 4 at hd 64), capped at this many blocks per SM...
+constexpr int kDecodeMaxCtasPerSm = 4;
 // ...with at least this many 64-token tiles per split, and at most this many splits.
 constexpr int kDecodeMinSplitTiles = 1;
 constexpr int kDecodeMaxSplits = 512;
@@ -1026,14 +1026,24 @@ __global__ void __launch_bounds__(kPThreads) attn_prefill_kernel(AttnParams p) {
     }
 }
 
+// Blocks of attn_decode_kernel<HD> resident per SM (registers/smem as compiled), queried once.
+template <int HD>
+int decode_occupancy() {
+  static const int occ = [] {
+    constexpr size_t smem = dec_smem<HD>();
+    set_smem(attn_decode_kernel<HD>, smem);
+    int n = 0;
+    TS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_decode_kernel<HD>,
+                                                                kDThreads, smem));
+    return std::max(n, 1);
+  }();
+  return occ;
+}
+
 template <int HD>
 void decode_launch(const AttnParams& p, int chunks) {
   constexpr size_t smem = dec_smem<HD>();
-  static bool once = [] {
-    set_smem(attn_decode_kernel<HD>, smem);
-    return true;
-  }();
-  (void)once;
+  (void)decode_occupancy<HD>();  // also opts the kernel into its smem size
   launch(attn_decode_kernel<HD>,
          dim3(unsigned(p.num_splits), unsigned(p.nkv * chunks), unsigned(p.B + 1)),
          dim3(kDThreads), smem, true, p, chunks);
@@ -1144,7 +1154,8 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
       splits = g_attn_splits;
     } else {
       const int64_t base = B * nkv * chunks;
-      const int64_t target = int64_t(kDecodeCtasPerSm) * sm_count();
+      const int occ = hd == 64 ? decode_occupancy<64>() : decode_occupancy<128>();
+      const int64_t target = int64_t(std::min(occ, kDecodeMaxCtasPerSm)) * sm_count();
       splits = std::clamp<int64_t>(ceil_div(target, base), 1,
                                    std::max<int64_t>(1, std::min<int64_t>(tiles / kDecodeMinSplitTiles, kDecodeMaxSplits)));
     }
