@@ -407,11 +407,14 @@ int main() {
     ok &= run_case({{1, 40}, {6, 70}}, 1, 8, hd, 16, 3, 5, 2, 4096);
     ok &= run_case({{8, 150}, {7, 40}}, 1, 16, hd, 16, 3, 2, 0);  // 2 row chunks
     ok &= run_case({{3, 90}}, 1, 12, hd, 64, 3, 1, 0);            // RT = 4 with a partial m-tile
+    ok &= run_case({{8, 66}, {2, 3}}, 1, 16, hd, 16, 3, 2, 1);     // split past chunk 0's rows
+    ok &= run_case({{2, 100}, {1, 7}}, 2, 2, hd, 24, 3, 4, 0, 700); // block size not a power of 2
     // prefill
     for (int path : {4, 5, 6}) {
       ok &= run_case({{70, 70}, {1, 1}, {33, 200}}, 2, 4, hd, 16, path, 0, 3);
       ok &= run_case({{130, 130}}, 1, 1, hd, 64, path, 0, 0);
       ok &= run_case({{20, 150}, {9, 9}}, 1, 8, hd, 16, path, 0, 1);
+      ok &= run_case({{100, 100}}, 1, 3, hd, 24, path, 0, 0);       // G = 3, block size 24
     }
   }
   std::printf(ok ? "ALL OK\n" : "SOME FAILED\n");

@@ -1,4 +1,12 @@
 // Paged causal attention over a mixed batch.
+// The dispatcher (paged_attention, bottom) picks per call, from host-side shapes only:
+//  - v2 split-KV flash-decoding kernel (attention_v2.cuh) for max_q_len <= kDecodeMaxQLen with
+//    head dim 64/128: tensor cores, GQA rows packed per KV head, a cp.async ring, splits sized
+//    from max_kv_len (graph-safe), then a merge kernel;
+//  - v2 FA2-style prefill kernel (attention_v2.cuh) for longer queries, 64- or 128-row blocks;
+//  - the v1 generic CUDA-core kernel below for every other head dim (any hd <= 256, hd_v may
+//    differ). The v1 tensor-core kernel stays for comparison (set_attention_path(2)).
+// v1 kernels:
 //  - Generic kernel (CUDA cores, any head dim): one block per (sequence, kv head, packed-row
 //    chunk, KV split). Rows are packed (query, head-in-group) pairs of one KV head, so K/V are
 //    read once for the whole GQA group. With more than one split (flash-decoding, chosen for
@@ -578,7 +586,8 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
       const int64_t base = B * nkv * chunks;
       const int occ = hd == 64 ? decode_occupancy<64>() : decode_occupancy<128>();
       const int64_t target = int64_t(std::min(occ, kDecodeMaxCtasPerSm)) * sm_count();
-      splits = std::clamp<int64_t>(ceil_div(target, base), 1,
+      // Round down: base * splits stays within one wave of resident blocks (no 1.2-wave tails).
+      splits = std::clamp<int64_t>(target / base, 1,
                                    std::max<int64_t>(1, std::min<int64_t>(tiles / kDecodeMinSplitTiles, kDecodeMaxSplits)));
     }
     const int64_t split_len = ceil_div(tiles, splits) * kDTile;
