@@ -105,6 +105,7 @@ struct AttnParams {
   bool q_vec;
   bool o_vec2;
   int bs_shift;
+  int merge_groups;
 };
 
 // Copies of attention.cu's helpers (kept in sync by hand: tiny).
@@ -251,6 +252,7 @@ static void run_grid(Idx3 grid, int threads, const std::function<void()>& body) 
 }
 
 static std::mt19937 g_rng(5);
+static int g_merge_spt = 8;  // kMergeSplitsPerThread (varied below to cover 1..8 groups)
 static uint16_t rbf() {
   std::uniform_real_distribution<float> d(-1.0f, 1.0f);
   return __bfloat16_as_ushort(__float2bfloat16(d(g_rng)));
@@ -338,8 +340,15 @@ static bool run_case(const std::vector<Seq>& seqs, int nkv, int G, int hd, int b
       if (hd == 64) attn_decode_kernel<64>(p, chunks);
       else attn_decode_kernel<128>(p, chunks);
     });
-    if (ns > 1)
-      run_grid({unsigned(std::max(max_q, 1) * nh), unsigned(B), 1}, kMThreads, [&] { attn_merge_kernel(p); });
+    if (ns > 1) {
+      const int nc = hd / 4;
+      int groups = 1;
+      while (groups * nc < kMThreads && groups * g_merge_spt < ns) groups *= 2;
+      p.merge_groups = groups;
+      const int rpb = kMThreads / (nc * groups);
+      run_grid({unsigned((std::max(max_q, 1) * nh + rpb - 1) / rpb), unsigned(B), 1}, kMThreads,
+               [&] { attn_merge_kernel(p); });
+    }
   } else {
     const int bm = path == 4 ? 64 : 128;
     const int chunks = int(std::max<int64_t>(1, (rows + bm - 1) / bm));
@@ -416,6 +425,12 @@ int main() {
       ok &= run_case({{20, 150}, {9, 9}}, 1, 8, hd, 16, path, 0, 1);
       ok &= run_case({{100, 100}}, 1, 3, hd, 24, path, 0, 0);       // G = 3, block size 24
     }
+  }
+  // Merge shapes: 1 group (several rows per block), several groups, a row wider than a warp.
+  for (int spt : {1, 2, 64}) {
+    g_merge_spt = spt;
+    ok &= run_case({{1, 700}, {3, 500}}, 2, 4, 64, 16, 3, 11, 1);
+    ok &= run_case({{2, 900}}, 1, 8, 128, 64, 3, 13, 0, 1200);
   }
   std::printf(ok ? "ALL OK\n" : "SOME FAILED\n");
   return ok ? 0 : 1;

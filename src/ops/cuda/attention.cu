@@ -39,6 +39,8 @@ constexpr int kDecodeMaxCtasPerSm = 4;
 // ...with at least this many 64-token tiles per split, and at most this many splits.
 constexpr int kDecodeMinSplitTiles = 1;
 constexpr int kDecodeMaxSplits = 512;
+// Split merge: about this many splits summed per thread (sets the merge's split groups).
+constexpr int kMergeSplitsPerThread = 8;
 // Prefill: max_q_len * G (packed rows per sequence and kv head) at or above this uses 128-row
 // blocks (4 warps x 32 rows, less smem traffic per MMA); below, 64-row blocks (more blocks).
 constexpr int64_t kPrefillWideMinRows = 512;
@@ -71,6 +73,7 @@ struct AttnParams {
   bool q_vec;              // q rows/heads 16-byte aligned: cp.async straight from q
   bool o_vec2;             // out 4-byte aligned with even strides: bf16x2 stores
   int bs_shift;            // log2(block_size) for power-of-two block sizes, else -1
+  int merge_groups;        // attn_merge_kernel: split groups per row (power of two)
 };
 
 // Rows past cu_q[B] are padding: written as zeros (as the CPU reference does) by the blocks of
@@ -605,7 +608,14 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
     if (hd == 64) decode_launch<64>(p, int(chunks));
     else decode_launch<128>(p, int(chunks));
     if (splits > 1) {
-      const int64_t mx = int64_t(std::max(meta.max_q_len, 1)) * nh;
+      // ~kMergeSplitsPerThread splits per thread: groups = pow2 >= splits / that, capped so a
+      // row (hd_v / 4 columns x groups) fits the block.
+      const int nc = int(hd_v / 4);
+      int groups = 1;
+      while (groups * nc < kMThreads && groups * kMergeSplitsPerThread < splits) groups *= 2;
+      p.merge_groups = groups;
+      const int rpb = kMThreads / (nc * groups);
+      const int64_t mx = ceil_div(int64_t(std::max(meta.max_q_len, 1)) * nh, rpb);
       TS_CHECK(mx <= 0x7fffffff, "paged_attention: too many rows");
       launch(attn_merge_kernel, dim3(unsigned(mx), unsigned(B)), dim3(kMThreads), 0, true, p);
     }

@@ -308,65 +308,77 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
   }
 }
 
-// Merges the live splits of one (query, head) row per block (hd_v % 4 == 0, hd_v <= 256): the
-// block's threads form NG = 256 / (hd_v / 4) groups, each summing every NG-th split for all
-// hd_v / 4 float4 columns (independent loads, so hundreds of splits stay latency-bound only
-// ~n_live / NG deep), then the groups are reduced through smem.
-// grid: x = max_q_len * nh (row qi * nh + h of the sequence), y = sequence; 256 threads.
+// Merges the live splits of each (query, head) row (hd_v % 4 == 0, hd_v <= 256). A row gets
+// tpr = nc * ng threads (nc = hd_v / 4 float4 columns, ng = p.merge_groups split groups, both
+// powers of two; tpr <= kMThreads): group k sums splits k, k + ng, ... (independent loads, so
+// the latency chain is only ~n_live / ng deep), then the groups are reduced through smem.
+// A block holds kMThreads / tpr rows. The host sizes ng from the split count (~8 splits per
+// thread), so many-row / few-split merges pack several rows per block and one-row / many-split
+// merges spread a row over the block.
+// grid: x = ceil(max_q_len * nh / rows per block), y = sequence; kMThreads threads.
 constexpr int kMThreads = 256;
 __global__ void __launch_bounds__(kMThreads) attn_merge_kernel(AttnParams p) {
   __shared__ float4 red[kMThreads];
   __shared__ float redl[kMThreads];
   __shared__ float redm[kMThreads / 32];
   pdl_wait();
-  const int b = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int b = blockIdx.y, tid = threadIdx.x;
+  const int nc = p.hd_v / 4, ng = p.merge_groups, tpr = nc * ng, rpb = kMThreads / tpr;
+  const int lr = tid / tpr, t2 = tid % tpr, c = t2 % nc, grp = t2 / nc;
   const int q0 = p.cu_q[b], q_len = p.cu_q[b + 1] - q0, kv_len = p.kv_len[b];
-  const int row = blockIdx.x;
-  if (row >= q_len * p.nh) return;
-  const int qi = row / p.nh, h = row % p.nh;
+  const int row = blockIdx.x * rpb + lr;
+  const bool live = lr < rpb && row < q_len * p.nh;
+  const int qi = live ? row / p.nh : 0, h = live ? row % p.nh : 0;
   const int64_t tok = q0 + qi;
-  const int n_live = min(p.num_splits, (kv_len + p.split_len - 1) / p.split_len);
+  const int n_live = live ? min(p.num_splits, (kv_len + p.split_len - 1) / p.split_len) : 0;
   const int64_t stride = int64_t(p.T) * p.nh;  // rows per split
   const int64_t base = tok * p.nh + h;
+  // Row max of m over the live splits: strided over the row's threads, then reduced over them
+  // (xor offsets below tpr stay inside the row's aligned lane group; rows wider than a warp
+  // finish through smem).
   float M = -INFINITY;
-  for (int s = tid; s < n_live; s += kMThreads) M = fmaxf(M, p.part_ml[(s * stride + base) * 2]);
-  M = warp_max(M);
-  if (lane == 0) redm[warp] = M;
-  __syncthreads();
-  M = redm[0];
+  for (int s = t2; s < n_live; s += tpr) M = fmaxf(M, p.part_ml[(s * stride + base) * 2]);
 #pragma unroll
-  for (int w = 1; w < kMThreads / 32; ++w) M = fmaxf(M, redm[w]);
-  const int nc = p.hd_v / 4, ng = kMThreads / nc;
-  const int c = tid % nc, grp = tid / nc;
+  for (int o = 16; o > 0; o >>= 1)
+    if (o < tpr) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+  if (tpr > 32) {
+    if ((tid & 31) == 0) redm[tid >> 5] = M;
+    __syncthreads();
+    const int w0 = (lr * tpr) >> 5;
+    M = redm[w0];
+    for (int w = 1; w < tpr / 32; ++w) M = fmaxf(M, redm[w0 + w]);
+  }
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   float L = 0.0f;
-  if (grp < ng) {
 #pragma unroll 4
-    for (int s = grp; s < n_live; s += ng) {
-      const int64_t r = s * stride + base;
-      const float2 ml = *reinterpret_cast<const float2*>(p.part_ml + r * 2);
-      const float4 v = *reinterpret_cast<const float4*>(p.part_o + r * p.hd_v + c * 4);
-      const float w = ml.x == -INFINITY ? 0.0f : fast_exp2(ml.x - M);
-      L += w * ml.y;
-      acc.x += w * v.x;
-      acc.y += w * v.y;
-      acc.z += w * v.z;
-      acc.w += w * v.w;
+  for (int s = grp; s < n_live; s += ng) {
+    const int64_t r = s * stride + base;
+    const float2 ml = *reinterpret_cast<const float2*>(p.part_ml + r * 2);
+    const float4 v = *reinterpret_cast<const float4*>(p.part_o + r * p.hd_v + c * 4);
+    const float w = ml.x == -INFINITY ? 0.0f : fast_exp2(ml.x - M);
+    L += w * ml.y;
+    acc.x += w * v.x;
+    acc.y += w * v.y;
+    acc.z += w * v.z;
+    acc.w += w * v.w;
+  }
+  if (ng > 1) {
+    red[tid] = acc;
+    redl[tid] = L;
+    __syncthreads();
+    if (grp == 0) {
+      for (int k = 1; k < ng; ++k) {
+        const float4 v = red[tid + k * nc];
+        acc.x += v.x;
+        acc.y += v.y;
+        acc.z += v.z;
+        acc.w += v.w;
+        L += redl[tid + k * nc];
+      }
     }
   }
-  red[tid] = acc;
-  redl[tid] = L;
-  __syncthreads();
   pdl_trigger();
-  if (grp != 0) return;
-  for (int k = 1; k < ng; ++k) {
-    const float4 v = red[k * nc + c];
-    acc.x += v.x;
-    acc.y += v.y;
-    acc.z += v.z;
-    acc.w += v.w;
-    L += redl[k * nc + c];
-  }
+  if (!live || grp != 0) return;
   const float inv = L > 0.0f ? 1.0f / L : 0.0f;
   __nv_bfloat16* orow = p.out + tok * p.o_s0 + int64_t(h) * p.o_s1 + c * 4;
   if (p.o_vec2) {
