@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <random>
 
 #include "bench/ceilings.h"
@@ -26,7 +27,9 @@ std::string fmt_time(double s) {
   return fmt::format("{:.1f} us", s * 1e6);
 }
 std::string fmt_count(double v) { return v >= 100 ? fmt::format("{:.0f}", v) : fmt::format("{:.1f}", v); }
-std::string fmt_gb(double bytes) { return fmt::format("{:.2f} GB", bytes / 1e9); }
+std::string fmt_gb(double bytes) {
+  return bytes >= 1e9 ? fmt::format("{:.2f} GB", bytes / 1e9) : fmt::format("{:.2f} MB", bytes / 1e6);
+}
 
 // Parameter counts that the FLOP and byte formulas use (see model_bench.h).
 struct Params {
@@ -121,15 +124,25 @@ BenchResult run_model_bench(const BenchOptions& o) {
     rows.push_back({{"phase", phase}, {"batch", b}, {"context", ctx}, {"skipped", why}});
     std::fprintf(stderr, "bench: %s batch %d context %d skipped: %s\n", phase, b, ctx, why.c_str());
   };
-  auto decode_row = [&](int b, int ctx, double secs, const char* phase) {
-    double step_s = secs / steps;
+  // Times `steps` decode steps one by one; the median step is reported (robust to a stray
+  // slow step on a shared machine), the mean is kept in the JSON.
+  auto time_steps = [&](const std::function<void(int)>& step, int first_pos) {
+    std::vector<double> t;
+    for (int i = 0; i < steps; ++i) t.push_back(time_region_s(dev, [&] { step(first_pos + i); }));
+    double mean = 0;
+    for (double x : t) mean += x / steps;
+    std::sort(t.begin(), t.end());
+    return std::pair<double, double>(t[t.size() / 2], mean);
+  };
+  auto decode_row = [&](int b, int ctx, std::pair<double, double> med_mean, const char* phase) {
+    double step_s = med_mean.first, secs = step_s * steps;
     // kv_len during timed step i is ctx + warm + i + 1; its mean over the timed steps:
     double avg_ctx = double(ctx) + kWarmSteps + (steps + 1) / 2.0;
     double bytes = weight_read(b) + double(b) * kv_tok * avg_ctx;
     double gbs = bytes / step_s / 1e9;
     json r = {{"phase", phase},          {"batch", b},
               {"context", ctx},          {"steps", steps},
-              {"time_s", secs},          {"step_ms", step_s * 1e3},
+              {"time_s", secs},          {"step_ms", step_s * 1e3}, {"mean_step_ms", med_mean.second * 1e3},
               {"tok_s", b * steps / secs}, {"bytes_per_step", bytes},
               {"weight_bytes_per_step", weight_read(b)}, {"kv_bytes_per_step", double(b) * kv_tok * avg_ctx},
               {"gb_s", gbs},             {"pct_copy", 100.0 * gbs / c.copy_gbs}};
@@ -172,10 +185,7 @@ BenchResult run_model_bench(const BenchOptions& o) {
     int32_t tok = rand_id();
     auto step = [&](int pos) { runner.run({{&tok, 1, pos, &table, SeqChunk::Logits::last}}); };
     for (int i = 0; i < kWarmSteps; ++i) step(t + i);
-    double dsecs = time_region_s(dev, [&] {
-      for (int i = 0; i < steps; ++i) step(t + kWarmSteps + i);
-    });
-    decode_row(1, t, dsecs, "decode-after-prefill");
+    decode_row(1, t, time_steps(step, t + kWarmSteps), "decode-after-prefill");
   }
 
   // 4. Decode grid: B sequences with C cached tokens each, one new token per sequence per step.
@@ -203,10 +213,7 @@ BenchResult run_model_bench(const BenchOptions& o) {
         runner.run(chunks);
       };
       for (int i = 0; i < kWarmSteps; ++i) step(ctx + i);
-      double secs = time_region_s(dev, [&] {
-        for (int i = 0; i < steps; ++i) step(ctx + kWarmSteps + i);
-      });
-      decode_row(b, ctx, secs, "decode");
+      decode_row(b, ctx, time_steps(step, ctx + kWarmSteps), "decode");
     }
   }
 
@@ -258,7 +265,7 @@ BenchResult run_model_bench(const BenchOptions& o) {
                     dtype_name(model->dtype()), fmt_gb(weight_read(1)), kv_tok / 1024.0, pool * bs, fmt_gb(pool_bytes));
   md += fmt::format("device: {} ({})\n\n", device_name(dev), c.device_desc);
   md += "| ceiling | measured | how |\n|---|---|---|\n";
-  md += fmt::format("| memory bandwidth | {:.1f} GB/s | {} copy of {:.0f} MiB, (read + write) bytes / time, median of {}{} |\n",
+  md += fmt::format("| memory bandwidth | {:.1f} GB/s | {} of {:.0f} MiB, (read + write) bytes / time, median of {}{} |\n",
                     c.copy_gbs, gpu ? "device-to-device cudaMemcpyAsync" : "multi-threaded memcpy",
                     double(c.copy_bytes) / (1 << 20), c.copy_iters, gpu ? " (CUDA events)" : "");
   md += fmt::format("| GEMM | {:.2f} TFLOP/s | {} ops::linear {}x{}x{}{}, 2*M*N*K / time, median of {} |\n\n", c.gemm_tflops,
@@ -290,7 +297,7 @@ BenchResult run_model_bench(const BenchOptions& o) {
         "`context` tokens, one token each per step; their caches are not prefilled (the blocks keep whatever the pool "
         "holds), which times the same as a real cache.\n";
   md += fmt::format("- times: wall time of ModelRunner::run (batch build, metadata upload, forward, logits to host), "
-                    "device-synchronised, after warm-up; prefill: median of {}; decode: {} timed steps after {} warm-up steps.\n",
+                    "device-synchronised, after warm-up; prefill: median of {}; decode: median of {} steps, each timed alone, after {} warm-up steps.\n",
                     o.prefill_repeats, steps, kWarmSteps);
   return res;
 }

@@ -80,7 +80,9 @@ bool is_eagle3(const std::string& arch) { return arch == "LlamaForCausalLMEagle3
 std::vector<int> eagle_aux_ids(int64_t target_layers) {
   int64_t L = target_layers;
   if (L >= 6) return {1, int(L / 2 - 1), int(L - 4)};  // SpecForge's default: 32 -> [1, 15, 28]
-  return {0, int((L - 1) / 2), int(L - 1)};
+  std::vector<int> ids = {0, int(L / 2), int(L - 1)};  // shallow test targets: distinct ids only
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
 }
 
 }  // namespace
@@ -507,6 +509,9 @@ RandomModelResult make_random_model(const RandomModelOptions& o) {
     auto tk = tok::Tokenizer::from_dir(src_dir);
     TS_CHECK(tk->vocab_size() <= vocab, "--tokenizer {}: its vocabulary ({} ids) is larger than vocab_size {}", src_dir,
              tk->vocab_size(), vocab);
+    if (tk->vocab_size() < vocab)
+      spdlog::warn("--tokenizer {}: {} ids for vocab_size {}: ids past the tokenizer's cannot be decoded to text", src_dir,
+                   tk->vocab_size(), vocab);
     for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"})
       if (fs::exists(fs::path(src_dir) / f)) fs::copy_file(fs::path(src_dir) / f, out / f, fs::copy_options::overwrite_existing);
     // The source model's bos/eos ids go with its tokenizer.

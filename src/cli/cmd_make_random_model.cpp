@@ -45,9 +45,9 @@ int cmd_make_random_model(int argc, char** argv) {
   TS_CHECK(shard_gb > 0, "--max-shard-gb must be > 0");
   o.max_shard_bytes = size_t(shard_gb * 1e9);
   bench::RandomModelResult r = bench::make_random_model(o);
-  std::printf("wrote %s: %.2f GB of weights in %d file(s) in %.1f s (%.2f GB/s); tokenizer %s\n", o.out_dir.c_str(),
-              double(r.total_bytes) / 1e9, r.num_files, r.seconds, double(r.total_bytes) / 1e9 / std::max(r.seconds, 1e-9),
-              r.tokenizer_source.c_str());
+  double gb = double(r.total_bytes) / 1e9;
+  std::printf("wrote %s: %.3f GB of weights in %d file(s) in %.2f s (%.2f GB/s); tokenizer %s\n", o.out_dir.c_str(), gb,
+              r.num_files, r.seconds, gb / std::max(r.seconds, 1e-9), r.tokenizer_source.c_str());
   return 0;
 }
 

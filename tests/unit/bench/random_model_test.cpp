@@ -204,7 +204,7 @@ TEST(RandomModel, Eagle3DraftLoadsAgainstItsTarget) {
   TempDir d;
   bench::make_random_model(tiny("llama-3.1-8b", d.sub("target")));
   auto o = tiny("eagle3-llama-3.1-8b", d.sub("draft"));
-  o.overrides.target_num_layers = 2;
+  o.overrides.target_num_layers = 2;  // aux ids [0, 1]: two captured layers
   o.overrides.draft_vocab_size = 300;
   bench::make_random_model(o);
   json c = json::parse(std::ifstream(d.sub("draft/config.json")));
@@ -223,7 +223,8 @@ TEST(RandomModel, Eagle3DraftLoadsAgainstItsTarget) {
   std::shared_ptr<models::Model> target = models::load_model(d.sub("target"), lo);
   models::Eagle3Draft draft(d.sub("draft"), *target);  // checks every d2t offset
   EXPECT_EQ(draft.draft_vocab(), 300);
-  EXPECT_EQ(draft.aux_width(), 3 * 64);
+  EXPECT_EQ(draft.aux_width(), 2 * 64);
+  EXPECT_EQ(c["eagle_config"]["eagle_aux_hidden_state_layer_ids"], json({0, 1}));
 }
 
 TEST(RandomModel, GeneratedTokenizersRoundTripAscii) {
