@@ -116,6 +116,18 @@ BenchResult run_model_bench(const BenchOptions& o) {
   const int64_t pool = std::min(needed, budget);
   ModelRunner runner(model, pool, bs);
   const double pool_bytes = double(pool) * bs * kv_tok;
+  // One step: ModelRunner::run (what the engine pays), or with forward_only the batch build and
+  // Model::forward alone (logits stay on the device).
+  ForwardBatch fwd_batch;
+  BatchBuilder fwd_builder;
+  auto run = [&](const std::vector<SeqChunk>& ch) {
+    if (!o.forward_only) {
+      runner.run(ch);
+      return;
+    }
+    fwd_builder.build(ch, bs, dev, fwd_batch);
+    model->forward(fwd_batch, runner.kv());
+  };
   std::mt19937 rng(uint32_t(o.seed));
   auto rand_id = [&] { return int32_t(rng() % uint32_t(cfg.vocab_size)); };
 
@@ -169,9 +181,9 @@ BenchResult run_model_bench(const BenchOptions& o) {
     for (auto& x : ids) x = rand_id();
     std::vector<SeqChunk> chunk = {{ids.data(), t, 0, &table, SeqChunk::Logits::last}};
     std::fprintf(stderr, "bench: prefill %d tokens...\n", t);
-    runner.run(chunk);  // warm-up (workspace growth, GEMM algorithm choice)
+    run(chunk);  // warm-up (workspace growth, GEMM algorithm choice)
     std::vector<double> times;
-    for (int r = 0; r < o.prefill_repeats; ++r) times.push_back(time_region_s(dev, [&] { runner.run(chunk); }));
+    for (int r = 0; r < o.prefill_repeats; ++r) times.push_back(time_region_s(dev, [&] { run(chunk); }));
     std::sort(times.begin(), times.end());
     double secs = times[times.size() / 2];
     double flops = 2.0 * p.active_layers() * t + 2.0 * p.head + attn_coef * double(t) * double(t);
@@ -183,7 +195,7 @@ BenchResult run_model_bench(const BenchOptions& o) {
     std::fprintf(stderr, "bench: prefill %d: %.2f ms, %.0f tok/s, %.2f TFLOP/s (%.1f%% of GEMM)\n", t, secs * 1e3, t / secs,
                  tflops, 100.0 * tflops / c.gemm_tflops);
     int32_t tok = rand_id();
-    auto step = [&](int pos) { runner.run({{&tok, 1, pos, &table, SeqChunk::Logits::last}}); };
+    auto step = [&](int pos) { run({{&tok, 1, pos, &table, SeqChunk::Logits::last}}); };
     for (int i = 0; i < kWarmSteps; ++i) step(t + i);
     decode_row(1, t, time_steps(step, t + kWarmSteps), "decode-after-prefill");
   }
@@ -210,7 +222,7 @@ BenchResult run_model_bench(const BenchOptions& o) {
       for (int s = 0; s < b; ++s) chunks[size_t(s)] = {&toks[size_t(s)], 1, 0, &tables[size_t(s)], SeqChunk::Logits::last};
       auto step = [&](int pos) {
         for (auto& ch : chunks) ch.start_pos = pos;
-        runner.run(chunks);
+        run(chunks);
       };
       for (int i = 0; i < kWarmSteps; ++i) step(ctx + i);
       decode_row(b, ctx, time_steps(step, ctx + kWarmSteps), "decode");
@@ -246,6 +258,7 @@ BenchResult run_model_bench(const BenchOptions& o) {
                    {"gemm_dtype", dtype_name(c.gemm_dtype)},
                    {"gemm_iters", c.gemm_iters}};
   j["decode_steps"] = steps;
+  j["timed"] = o.forward_only ? "batch build + Model::forward" : "ModelRunner::run";
   j["results"] = rows;
   const char* f_prefill = "prefill FLOPs = 2*P_layers*T + 2*P_head + 2*L*heads*head_dim*T^2 (linear layers over T tokens, "
                           "the LM head on the last row, causal attention QK^T + PV)";
@@ -296,8 +309,10 @@ BenchResult run_model_bench(const BenchOptions& o) {
   md += "- decode-after-prefill: batch-1 decode continuing the prefilled sequence. decode: B sequences whose caches hold "
         "`context` tokens, one token each per step; their caches are not prefilled (the blocks keep whatever the pool "
         "holds), which times the same as a real cache.\n";
-  md += fmt::format("- times: wall time of ModelRunner::run (batch build, metadata upload, forward, logits to host), "
-                    "device-synchronised, after warm-up; prefill: median of {}; decode: median of {} steps, each timed alone, after {} warm-up steps.\n",
+  md += fmt::format("- times: wall time of {}, device-synchronised, after warm-up; prefill: median of {}; decode: median of {} "
+                    "steps, each timed alone, after {} warm-up steps.\n",
+                    o.forward_only ? "the batch build and Model::forward (--forward-only: logits stay on the device)"
+                                   : "ModelRunner::run (batch build, metadata upload, forward, logits to host)",
                     o.prefill_repeats, steps, kWarmSteps);
   return res;
 }

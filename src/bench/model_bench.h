@@ -9,7 +9,8 @@
 // contents are whatever the pool holds (zeros or earlier data). Attention reads all C tokens
 // either way, so the timing equals a real cache's, without the prefill cost.
 // Times are wall time of ModelRunner::run (batch build, host->device metadata, forward, logits
-// to host — what the engine pays per step), device-synchronised, after warm-up.
+// to host — what the engine pays per step), device-synchronised, after warm-up; forward_only
+// times the batch build and Model::forward alone.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -35,6 +36,7 @@ struct BenchOptions {
   int64_t gemm_size = 0;      // GEMM ceiling M = N = K (0: default)
   size_t copy_bytes = 0;      // copy ceiling buffer (0: default)
   uint64_t seed = 1;
+  bool forward_only = false;  // time BatchBuilder + Model::forward instead of ModelRunner::run
 };
 
 struct BenchResult {

@@ -32,6 +32,8 @@ int cmd_bench(int argc, char** argv) {
   app.add_option("--gemm-size", o.gemm_size, "GEMM ceiling M = N = K (default 8192 on CUDA, 1024 on the CPU)");
   app.add_option("--copy-mb", copy_mb, "copy ceiling buffer in MiB (default 1024 on CUDA, 256 on the CPU)");
   app.add_option("--seed", o.seed, "seed of the random token ids");
+  app.add_flag("--forward-only", o.forward_only,
+               "time the batch build + Model::forward only (no logits copy to the host) instead of ModelRunner::run");
   app.add_option("--json", json_file, "also write the results as JSON to FILE");
   CLI11_PARSE(app, argc, argv);
   o.device = cli::parse_device(device);
