@@ -19,3 +19,7 @@ add_test(NAME cli_unsupported_architecture
   COMMAND sh -c "out=$(\"$0\" verify-golden \"$1\" 2>&1); rc=$?; echo \"$out\"; [ $rc -ne 0 ] && echo \"$out\" | grep -q 'unsupported architecture'"
           $<TARGET_FILE:tokenspeed> ${CMAKE_SOURCE_DIR}/tests/data/qwen3_5)
 set_tests_properties(cli_unsupported_architecture PROPERTIES LABELS "cli")
+
+# bench
+add_test(NAME cli_bench COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/bench_test.sh $<TARGET_FILE:tokenspeed>)
+set_tests_properties(cli_bench PROPERTIES LABELS "cli;bench" TIMEOUT 300)
