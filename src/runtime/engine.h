@@ -59,6 +59,8 @@ struct StreamEvent {
   std::string error;             // set if the request failed inside the engine
   int prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
   double ttft_s = 0;             // on the first event: seconds from submit to first token
+  // On the final event with speculative decoding: each verify step's drafts and accepted count.
+  std::vector<std::pair<std::vector<int32_t>, int>> spec_trace;
 };
 
 // Per-request channel. The engine pushes, one client thread pops.
@@ -95,6 +97,7 @@ struct EngineOptions {
   int speculative_eagle_topk = 1;
   int speculative_num_draft_tokens = 0;  // 0: steps + 1
   std::vector<int> eagle3_layers_to_capture;
+  std::string drafter_attention_backend = "paged";
   // CUDA graphs / kernels
   bool disable_cuda_graph = false, disable_prefill_graph = false, enforce_eager = false, disable_pdl = false;
   int cuda_graph_max_bs = 160;

@@ -27,9 +27,8 @@ static Tensor stage(std::vector<int32_t>& v, std::vector<int64_t> shape, Device 
   return dev == Device::cpu ? host : host.to(dev);
 }
 
-void ModelRunner::build(const std::vector<SeqChunk>& chunks) {
+void BatchBuilder::build(const std::vector<SeqChunk>& chunks, int bs, Device dev, ForwardBatch& batch_) {
   ids_.clear(), pos_.clear(), slots_.clear(), cu_q_.assign(1, 0), kv_len_.clear(), logit_rows_.clear();
-  const int bs = kv_.block_size;
   size_t max_blocks = 1;
   int max_q = 0, max_kv = 0;
   for (auto& c : chunks) max_blocks = std::max(max_blocks, c.block_table->size());
@@ -53,7 +52,6 @@ void ModelRunner::build(const std::vector<SeqChunk>& chunks) {
     max_q = std::max(max_q, c.num_tokens);
     max_kv = std::max(max_kv, end);
   }
-  Device dev = model_->device();
   int t_n = int(ids_.size()), b_n = int(chunks.size());
   batch_.num_tokens = t_n;
   batch_.input_ids = stage(ids_, {t_n}, dev);
@@ -72,14 +70,13 @@ void ModelRunner::build(const std::vector<SeqChunk>& chunks) {
 }
 
 const Tensor& ModelRunner::run(const std::vector<SeqChunk>& chunks, bool capture_aux) {
-  build(chunks);
+  builder_.build(chunks, kv_.block_size, model_->device(), batch_);
   int n_cap = int(model_->capture_layers().size());
   batch_.capture_aux = capture_aux && n_cap > 0;
   if (batch_.capture_aux)
     batch_.aux_hidden = Tensor::empty({batch_.num_tokens, n_cap * model_->config().hidden_size}, model_->dtype(), model_->device());
   Tensor logits = model_->forward(batch_, kv_);
   logits_host_ = logits.device == Device::cpu ? logits : logits.to(Device::cpu);
-  if (batch_.capture_aux) aux_host_ = batch_.aux_hidden.device == Device::cpu ? batch_.aux_hidden : batch_.aux_hidden.to(Device::cpu).to_f32();
   return logits_host_;
 }
 

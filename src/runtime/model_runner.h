@@ -21,6 +21,18 @@ struct SeqChunk {
   enum class Logits { none, last, all } logits = Logits::last;
 };
 
+// Turns sequence chunks into a ForwardBatch on `device`; the host staging vectors are reused
+// every step (they only grow).
+class BatchBuilder {
+ public:
+  void build(const std::vector<SeqChunk>& chunks, int block_size, Device device, ForwardBatch& batch);
+  // Row of the batch where chunk i starts (valid after build).
+  int chunk_row(size_t i) const { return cu_q_[i]; }
+
+ private:
+  std::vector<int32_t> ids_, pos_, slots_, cu_q_, kv_len_, tables_, logit_rows_;
+};
+
 class ModelRunner {
  public:
   ModelRunner(std::shared_ptr<models::Model> model, int64_t num_blocks, int block_size);
@@ -32,19 +44,17 @@ class ModelRunner {
   // Runs one step. Returns f32 logits on the host, one row per requested logits row, in
   // chunk order. With capture, aux hidden states of all rows are kept in last_aux().
   const Tensor& run(const std::vector<SeqChunk>& chunks, bool capture_aux = false);
-  const Tensor& last_aux() const { return aux_host_; }
+  const Tensor& last_aux() const { return batch_.aux_hidden; }  // device, model dtype
+  const BatchBuilder& builder() const { return builder_; }
   // Bytes of KV cache per token (all layers), for sizing the pool.
   static size_t kv_bytes_per_token(const models::Model& m);
 
  private:
-  void build(const std::vector<SeqChunk>& chunks);
-
   std::shared_ptr<models::Model> model_;
   KvPool kv_;
   ForwardBatch batch_;
-  // Host staging for the metadata (reused every step; grows only).
-  std::vector<int32_t> ids_, pos_, slots_, cu_q_, kv_len_, tables_, logit_rows_;
-  Tensor logits_host_, aux_host_;
+  BatchBuilder builder_;
+  Tensor logits_host_;
 };
 
 }  // namespace ts

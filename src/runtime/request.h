@@ -61,9 +61,15 @@ struct Request {
   Clock::time_point submitted, first_token, last_token;
   bool has_first_token = false;
 
-  // Speculative decoding state (EAGLE3): the draft's own cache table and next draft input.
-  std::vector<int32_t> draft_table;
-  int draft_computed = 0;
+  // Speculative decoding state (EAGLE3). The draft cache shares the target's block table
+  // (draft entry p sits at position p), so only the next draft input is kept here.
+  int32_t spec_next = -1;       // first draft token of the next iteration (target vocabulary)
+  Tensor spec_h;                // [1, H] draft hidden r of the last draft row (model dtype/device)
+  struct SpecIteration {
+    std::vector<int32_t> drafts;
+    int accepted;
+  };
+  std::vector<SpecIteration> spec_trace;
 
   int num_generated() const { return int(tokens.size()) - prompt_len; }
   int remaining_to_compute() const { return int(tokens.size()) - num_computed; }

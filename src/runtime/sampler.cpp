@@ -34,7 +34,7 @@ TokenLogprob token_logprob(const float* l, int64_t vocab, int32_t id, int k) {
   float lse = mx + float(std::log(sum));
   TokenLogprob lp{id, l[id] - lse, {}};
   if (k > 0) {
-    std::vector<int32_t> idx(size_t(vocab));
+    std::vector<int32_t> idx(static_cast<size_t>(vocab));
     for (int64_t i = 0; i < vocab; ++i) idx[size_t(i)] = int32_t(i);
     int kk = int(std::min<int64_t>(k, vocab));
     std::partial_sort(idx.begin(), idx.begin() + kk, idx.end(),
@@ -47,7 +47,7 @@ TokenLogprob token_logprob(const float* l, int64_t vocab, int32_t id, int k) {
 void sample_batch(Tensor& logits, const std::vector<Request*>& reqs, std::vector<SampleResult>& out) {
   int64_t n = int64_t(reqs.size()), vocab = logits.size(-1);
   out.resize(size_t(n));
-  std::vector<ops::SamplingRow> rows(size_t(n));
+  std::vector<ops::SamplingRow> rows(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     Request& r = *reqs[size_t(i)];
     float* row = logits.ptr<float>() + i * logits.row_stride();

@@ -9,7 +9,6 @@ void Scheduler::commit(Request& r) { kv_.commit(r.tokens.data(), r.num_computed,
 void Scheduler::release(Request& r) {
   commit(r);
   kv_.release(r.block_table, r.block_hashes);
-  r.draft_table.clear();
 }
 
 void Scheduler::retract_at(size_t idx) {
@@ -17,7 +16,7 @@ void Scheduler::retract_at(size_t idx) {
   Request& r = *rp;
   release(r);
   r.num_computed = 0;
-  r.draft_computed = 0;
+  r.spec_next = -1;
   r.to(state::Retracted{});
   r.to(state::Waiting{});
   waiting_.push_front(rp);
@@ -53,7 +52,7 @@ std::vector<ScheduledChunk> Scheduler::schedule(std::vector<std::shared_ptr<Requ
     }
     if (self_retracted) break;  // r was the newest; everything older is already scheduled
     out.push_back({&r, n});
-    budget -= n;
+    budget -= opts_.decode_tokens;
   }
   // 2. Prefills in progress.
   for (auto& rp : running_) {
