@@ -65,6 +65,10 @@ std::unique_ptr<httplib::Client> make_client(const Shared& s) {
   c->set_read_timeout(t);
   c->set_write_timeout(t);
   c->set_keep_alive(true);
+  // No Accept-Encoding: a compressing server (httplib's gzip among them) buffers the stream and
+  // releases chunks in bursts, which would corrupt every latency we measure.
+  c->set_decompress(false);
+  c->set_tcp_nodelay(true);
   if (!s.cfg.api_key.empty()) c->set_bearer_token_auth(s.cfg.api_key.c_str());
   return c;
 }
