@@ -394,6 +394,7 @@ AgenticRun run_agentic(const AgenticConfig& cfg_in) {
   for (size_t li = 0; li < c.concurrency.size(); ++li) {
     int conc = c.concurrency[li];
     int n = c.conversations > 0 ? c.conversations : 2 * conc;
+    if (n < conc) warn(s, fmt::format("c={}: only {} conversations, so only {} users run at once", conc, n, n));
     auto plans = make_plans(c, 0x4c56000000ull + li, n);
     auto before = scrape(s, *cli);
     auto lr = run_users(s, conc, plans, fmt::format("c={}", conc));
