@@ -165,7 +165,7 @@ std::string pareto_svg(const AgenticRun& run) {
     xmax = std::max(xmax, p.x * 1.08);
     ymax = std::max(ymax, p.y * 1.08);
   }
-  auto xt = nice_ticks(0, xmax), yt = nice_ticks(0, ymax);
+  auto xt = nice_ticks(0, xmax, 8), yt = nice_ticks(0, ymax, 8);
   double x1 = xt.back(), y1 = yt.back();
   auto X = [&](double v) { return ml + v / x1 * pw; };
   auto Y = [&](double v) { return mt + ph - v / y1 * ph; };

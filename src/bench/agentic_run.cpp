@@ -271,9 +271,16 @@ LevelRun run_users(Shared& s, int users, const std::vector<ConvPlan>& plans, con
                  (long long)d, (long long)p, (now_ms() - lr.t0) / 1000.0, final || !tty ? "\n" : "");
     std::fflush(stderr);
   };
+  // On a terminal the bar redraws in place; in a log (CI) a line every 10 s.
+  double last_line = now_ms();
   while (running.load() > 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    if (tty) draw(false);
+    if (tty) {
+      draw(false);
+    } else if (s.cfg.progress && now_ms() - last_line >= 10000) {
+      draw(false);
+      last_line = now_ms();
+    }
   }
   for (auto& t : threads) t.join();
   lr.t1 = now_ms();

@@ -35,7 +35,7 @@ fi
 start=$(date +%s)
 if ! "$BIN" bench agentic --base-url "http://127.0.0.1:$PORT" --out "$TMP/out" --concurrency 1,2 \
     --conversations 2 --turns 2 --first-turn-tokens 300 --turn-tokens 50 --max-tokens 16 --warmup 0 \
-    --ignore-eos --no-progress; then
+    --ignore-eos; then
   echo "FAIL: bench agentic failed"; tail -50 "$TMP/server.log"; exit 1
 fi
 echo "bench agentic took $(( $(date +%s) - start ))s"
@@ -68,6 +68,8 @@ rows = list(csv.DictReader(open(out + "/results.csv")))
 assert [r["concurrency"] for r in rows] == ["1", "2"], rows
 assert float(rows[1]["per_gpu_tpm"]) > 0
 svg = open(out + "/pareto.svg").read()
+import xml.dom.minidom
+xml.dom.minidom.parseString(svg)  # well-formed
 assert svg.startswith("<svg") and ">c=1</text>" in svg and ">c=2</text>" in svg and "<polyline" in svg
 print("agentic smoke: OK")
 PY
