@@ -21,6 +21,7 @@ int cmd_bench_agentic(int argc, char** argv) {
       "over the level's window x 60 / num-gpus), TTFT p50/p99 for first and later turns (linear-interpolation "
       "percentiles), prefix-cache hit rate (cached_tokens / prompt_tokens) and the speculative accept length "
       "(GET /metrics). Writes results.json, results.csv and pareto.svg into --out; prints a table."};
+  app.name("tokenspeed bench agentic");
   bench::AgenticConfig c;
   std::string conc = "1,2,4,8,16,32", turns = "10-15", api = "completions";
   if (const char* k = std::getenv("OPENAI_API_KEY")) c.api_key = k;
@@ -79,4 +80,4 @@ int cmd_bench_agentic(int argc, char** argv) {
 }
 
 }  // namespace
-TS_COMMAND("bench-agentic", "multi-turn agentic benchmark against an OpenAI-compatible endpoint", cmd_bench_agentic);
+TS_COMMAND("bench-agentic", "multi-turn agentic benchmark against an OpenAI-compatible endpoint (also: bench agentic)", cmd_bench_agentic);
