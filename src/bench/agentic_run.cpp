@@ -327,6 +327,7 @@ AgenticRun run_agentic(const AgenticConfig& cfg_in) {
   // Model and context length from GET /v1/models.
   {
     auto res = cli->Get((s.ep.api + "/models").c_str());
+    TS_CHECK(res, "cannot reach {} (GET {}/models: {} error)", s.ep.host, s.ep.api, httplib::to_string(res.error()));
     nlohmann::json j;
     if (res && res->status == 200) j = nlohmann::json::parse(res->body, nullptr, false);
     const nlohmann::json* entry = nullptr;
@@ -340,8 +341,7 @@ AgenticRun run_agentic(const AgenticConfig& cfg_in) {
     if (c.model.empty()) {
       TS_CHECK(entry && entry->contains("id") && (*entry)["id"].is_string(),
                "GET {}{}/models: {}; pass --model", s.ep.host, s.ep.api,
-               !res ? httplib::to_string(res.error())
-                    : (res->status != 200 ? fmt::format("HTTP {}", res->status) : std::string("no model listed")));
+               res->status != 200 ? fmt::format("HTTP {}", res->status) : std::string("no model listed"));
       c.model = (*entry)["id"].get<std::string>();
     }
     if (entry) s.ctx = context_from_model_entry(*entry);
