@@ -14,6 +14,7 @@ Tensor as_heads(const Tensor& x, int64_t heads, int64_t hd) {
 
 void attention_block(const Tensor& h, const AttentionWeights& w, const AttentionShape& s, const ops::Rope& rope,
                      ForwardBatch& batch, Tensor& kv_k, Tensor& kv_v, Workspace& ws, Tensor& out) {
+  WorkspaceScope scope(ws);
   int64_t t_n = h.rows(), qw = s.num_heads * s.head_dim, kw = s.num_kv_heads * s.head_dim;
   Tensor qkv = ws.alloc({t_n, qw + 2 * kw}, h.dtype);
   ops::linear(h, w.qkv, qkv, w.qkv_bias.data ? &w.qkv_bias : nullptr);
@@ -29,6 +30,7 @@ void attention_block(const Tensor& h, const AttentionWeights& w, const Attention
 }
 
 void mlp_block(const Tensor& h, const MlpWeights& w, Workspace& ws, Tensor& out) {
+  WorkspaceScope scope(ws);
   int64_t t_n = h.rows(), inter = w.down.size(1);
   Tensor gu = ws.alloc({t_n, 2 * inter}, h.dtype);
   ops::linear(h, w.gate_up, gu);

@@ -167,6 +167,7 @@ class DeepseekV3 final : public Model {
     Tensor residual = ws_.alloc({T, H}, dtype_);
     Tensor x = ws_.alloc({T, H}, dtype_);
     Tensor h = ws_.alloc({T, H}, dtype_);
+    Tensor y = ws_.alloc({T, H}, dtype_);  // ping-pong with x across layers
     ops::embedding(b.input_ids, embed_, residual);
     for (int64_t l = 0; l < p_.layers; ++l) {
       DeepseekLayer& L = layers_[size_t(l)];
@@ -180,10 +181,9 @@ class DeepseekV3 final : public Model {
       }
       mla_block(h, L.attn, b, kv.k[size_t(l)], x);
       ops::fused_add_rmsnorm(x, residual, L.post_norm, p_.eps);
-      Tensor out = ws_.alloc({T, H}, dtype_);
-      if (L.sparse) moe_block(x, L.moe, moe_shape_, ws_, out);
-      else mlp_block(x, L.mlp, ws_, out);
-      x = out;
+      if (L.sparse) moe_block(x, L.moe, moe_shape_, ws_, y);
+      else mlp_block(x, L.mlp, ws_, y);
+      std::swap(x, y);
     }
     ops::add_inplace(residual, x);
     capture_aux(b, residual, capture_slot(int(p_.layers)));
@@ -207,6 +207,7 @@ class DeepseekV3 final : public Model {
   void mla_block(const Tensor& h, const MlaWeights& w, ForwardBatch& b, Tensor& cache, Tensor& out) {
     const int64_t T = h.rows(), nh = p_.heads, nope = p_.nope, rd = p_.rope_dim, r = p_.kv_rank, vd = p_.v_dim;
     const int64_t qd = nope + rd, qa = p_.q_rank, kvw = r + rd;
+    WorkspaceScope scope(ws_);
     Tensor a = ws_.alloc({T, qa + kvw}, dtype_);
     ops::linear(h, w.qkv_a, a);
     Tensor q = ws_.alloc({T, nh * qd}, dtype_);

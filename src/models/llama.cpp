@@ -98,6 +98,7 @@ class Llama final : public Model {
     Tensor residual = ws_.alloc({T, H}, dtype_);
     Tensor x = ws_.alloc({T, H}, dtype_);  // sub-layer output, then its normed sum
     Tensor h = ws_.alloc({T, H}, dtype_);
+    Tensor y = ws_.alloc({T, H}, dtype_);  // ping-pong with x across layers
     ops::embedding(b.input_ids, embed_, residual);
     for (int64_t l = 0; l < p_.layers; ++l) {
       LlamaLayer& L = layers_[size_t(l)];
@@ -111,9 +112,8 @@ class Llama final : public Model {
       }
       attention_block(h, L.attn, shape_, rope_, b, kv.k[size_t(l)], kv.v[size_t(l)], ws_, x);
       ops::fused_add_rmsnorm(x, residual, L.post_norm, p_.eps);
-      Tensor out = ws_.alloc({T, H}, dtype_);
-      mlp_block(x, L.mlp, ws_, out);
-      x = out;
+      mlp_block(x, L.mlp, ws_, y);
+      std::swap(x, y);
     }
     ops::add_inplace(residual, x);  // the final residual stream
     capture_aux(b, residual, capture_slot(int(p_.layers)));

@@ -190,6 +190,7 @@ class MiniMaxM3 final : public Model {
     Tensor residual = ws_.alloc({T, H}, dtype_);
     Tensor x = ws_.alloc({T, H}, dtype_);
     Tensor h = ws_.alloc({T, H}, dtype_);
+    Tensor y = ws_.alloc({T, H}, dtype_);  // ping-pong with x across layers
     ops::embedding(b.input_ids, embed_, residual);
     for (int64_t l = 0; l < p_.layers; ++l) {
       MiniMaxM3Layer& L = layers_[size_t(l)];
@@ -204,10 +205,9 @@ class MiniMaxM3 final : public Model {
       if (p_.sparse_attn[size_t(l)]) sparse_attention_block(h, L, b, kv.k[size_t(l)], kv.v[size_t(l)], kv.aux[size_t(l)], x);
       else attention_block(h, L.attn, shape_, rope_, b, kv.k[size_t(l)], kv.v[size_t(l)], ws_, x);
       ops::fused_add_rmsnorm(x, residual, L.post_norm, p_.eps);
-      Tensor out = ws_.alloc({T, H}, dtype_);
-      if (p_.sparse_mlp[size_t(l)]) moe_block(x, L.moe, moe_shape_, ws_, out);
-      else glu_mlp_block(x, L.mlp, p_.act, ws_, out);
-      x = out;
+      if (p_.sparse_mlp[size_t(l)]) moe_block(x, L.moe, moe_shape_, ws_, y);
+      else glu_mlp_block(x, L.mlp, p_.act, ws_, y);
+      std::swap(x, y);
     }
     ops::add_inplace(residual, x);
     capture_aux(b, residual, capture_slot(int(p_.layers)));
@@ -228,6 +228,7 @@ class MiniMaxM3 final : public Model {
     const int64_t T = h.rows(), nh = p_.heads, nkv = p_.kv_heads, hd = p_.head_dim, D = p_.idx_dim, Hi = p_.idx_heads;
     const int64_t qw = nh * hd, kw = nkv * hd;
     TS_CHECK(idx_cache.data || T == 0, "minimax_m3: no indexer cache for a sparse layer");
+    WorkspaceScope scope(ws_);
     Tensor qkv = ws_.alloc({T, qw + 2 * kw}, dtype_);
     ops::linear(h, L.attn.qkv, qkv);
     Tensor q = as_heads(qkv.narrow(1, 0, qw), nh, hd);

@@ -123,6 +123,7 @@ class Qwen3Moe final : public Model {
     Tensor residual = ws_.alloc({T, H}, dtype_);
     Tensor x = ws_.alloc({T, H}, dtype_);
     Tensor h = ws_.alloc({T, H}, dtype_);
+    Tensor y = ws_.alloc({T, H}, dtype_);  // ping-pong with x across layers
     ops::embedding(b.input_ids, embed_, residual);
     for (int64_t l = 0; l < p_.layers; ++l) {
       Qwen3MoeLayer& L = layers_[size_t(l)];
@@ -136,10 +137,9 @@ class Qwen3Moe final : public Model {
       }
       attention_block(h, L.attn, shape_, rope_, b, kv.k[size_t(l)], kv.v[size_t(l)], ws_, x);
       ops::fused_add_rmsnorm(x, residual, L.post_norm, p_.eps);
-      Tensor out = ws_.alloc({T, H}, dtype_);
-      if (p_.sparse[size_t(l)]) moe_block(x, L.moe, moe_shape_, ws_, out);
-      else mlp_block(x, L.mlp, ws_, out);
-      x = out;
+      if (p_.sparse[size_t(l)]) moe_block(x, L.moe, moe_shape_, ws_, y);
+      else mlp_block(x, L.mlp, ws_, y);
+      std::swap(x, y);
     }
     ops::add_inplace(residual, x);
     capture_aux(b, residual, capture_slot(int(p_.layers)));
