@@ -68,15 +68,60 @@ bool cp_digit(uint32_t c) {
 bool cp_alnum(uint32_t c) { return cp_alpha(c) || cp_digit(c); }
 bool cp_cased(uint32_t c) { return cp_upper(c) != c || cp_lower(c) != c; }
 
+// Python applies Unicode's full case mappings, where one character can become several
+// (SpecialCasing.txt); towupper() only knows the one-to-one ones. These are the unconditional
+// multi-character mappings of the Latin, Greek and Armenian letters and ligatures.
+const char* special_upper(uint32_t c, bool title) {
+  switch (c) {
+    case 0xdf: return title ? "Ss" : "SS";
+    case 0x149: return "\u02bcN";
+    case 0x1f0: return title ? "J\u030c" : "J\u030c";
+    case 0x390: return "\u0399\u0308\u0301";
+    case 0x3b0: return "\u03a5\u0308\u0301";
+    case 0x587: return title ? "\u0535\u0582" : "\u0535\u0552";
+    case 0xfb00: return title ? "Ff" : "FF";
+    case 0xfb01: return title ? "Fi" : "FI";
+    case 0xfb02: return title ? "Fl" : "FL";
+    case 0xfb03: return title ? "Ffi" : "FFI";
+    case 0xfb04: return title ? "Ffl" : "FFL";
+    case 0xfb05:
+    case 0xfb06: return title ? "St" : "ST";
+    default: return nullptr;
+  }
+}
+void put_upper(std::string& out, uint32_t c) {
+  if (const char* s = c >= 0xdf ? special_upper(c, false) : nullptr)
+    out += s;
+  else
+    encode_utf8(out, cp_upper(c));
+}
+void put_lower(std::string& out, uint32_t c) {
+  if (c == 0x130)
+    out += "i\u0307";  // İ lowers to i + combining dot above
+  else
+    encode_utf8(out, cp_lower(c));
+}
+// Titlecase: like upper except for ligatures and the DŽ/LJ/NJ/DZ digraphs, which have title forms.
+void put_title(std::string& out, uint32_t c) {
+  if (c >= 0x1c4 && c <= 0x1cc) {
+    encode_utf8(out, 0x1c5 + 3 * ((c - 0x1c4) / 3));
+  } else if (c >= 0x1f1 && c <= 0x1f3) {
+    encode_utf8(out, 0x1f2);
+  } else if (const char* s = c >= 0xdf ? special_upper(c, true) : nullptr) {
+    out += s;
+  } else {
+    encode_utf8(out, cp_upper(c));
+  }
+}
 template <class F>
-std::string map_cps(std::string_view s, F f) {
+std::string map_cps(std::string_view s, F put) {
   std::string out;
   out.reserve(s.size());
-  for (size_t p = 0; p < s.size();) encode_utf8(out, f(decode_utf8(s, p)));
+  for (size_t p = 0; p < s.size();) put(out, decode_utf8(s, p));
   return out;
 }
-std::string str_upper(std::string_view s) { return map_cps(s, cp_upper); }
-std::string str_lower(std::string_view s) { return map_cps(s, cp_lower); }
+std::string str_upper(std::string_view s) { return map_cps(s, put_upper); }
+std::string str_lower(std::string_view s) { return map_cps(s, put_lower); }
 
 // str.islower()/isupper(): at least one cased character, and all cased characters in that case.
 bool py_iscase(std::string_view s, bool upper) {
@@ -103,7 +148,10 @@ std::string str_capitalize(std::string_view s) {
   bool first = true;
   for (size_t p = 0; p < s.size();) {
     uint32_t c = decode_utf8(s, p);
-    encode_utf8(out, first ? cp_upper(c) : cp_lower(c));
+    if (first)
+      put_title(out, c);
+    else
+      put_lower(out, c);
     first = false;
   }
   return out;
@@ -116,7 +164,12 @@ std::string str_title(std::string_view s) {
   for (size_t p = 0; p < s.size();) {
     uint32_t c = decode_utf8(s, p);
     bool cased = cp_cased(c);
-    encode_utf8(out, cased ? (prev_cased ? cp_lower(c) : cp_upper(c)) : c);
+    if (!cased)
+      encode_utf8(out, c);
+    else if (prev_cased)
+      put_lower(out, c);
+    else
+      put_title(out, c);
     prev_cased = cased;
   }
   return out;
@@ -731,7 +784,12 @@ Value str_method(Interp& in, const Value& self, std::string_view name, const Arg
   if (name == "title") return Value::string(str_title(s));
   if (name == "capitalize") return Value::string(str_capitalize(s));
   if (name == "swapcase")
-    return Value::string(map_cps(s, [](uint32_t c) { return cp_upper(c) != c ? cp_upper(c) : cp_lower(c); }));
+    return Value::string(map_cps(s, [](std::string& out, uint32_t c) {
+      if (cp_lower(c) != c)
+        put_lower(out, c);
+      else
+        put_upper(out, c);
+    }));
   if (name == "replace") {
     auto b = bind_args(args, {"old", "new", "count"}, "replace");
     return Value::string(replace(s, need_str(b[0], "replace"), need_str(b[1], "replace"), need_int(b[2], "count", -1)));
@@ -951,9 +1009,9 @@ Value binary_op(BinOp op, const Value& a, const Value& b) {
         s += b.str();
         return Value::string(std::move(s));
       }
-      if (a.is_list() && !a.lst().generator) {
+      if (a.is_list() && a.lst().plain()) {
         const char* tn = a.lst().tuple ? "tuple" : "list";
-        if (!b.is_list() || b.lst().generator || b.lst().tuple != a.lst().tuple)
+        if (!b.is_list() || !b.lst().plain() || b.lst().tuple != a.lst().tuple)
           type_error(fmt::format("can only concatenate {} (not \"{}\") to {}", tn, type_name(b), tn));
         std::vector<Value> items = a.lst().items;
         items.insert(items.end(), b.lst().items.begin(), b.lst().items.end());
@@ -969,7 +1027,7 @@ Value binary_op(BinOp op, const Value& a, const Value& b) {
       if (nums) return Value::number(a.as_double() * b.as_double());
       const Value* seq = a.is_string() || a.is_list() ? &a : b.is_string() || b.is_list() ? &b : nullptr;
       const Value* n = seq == &a ? &b : &a;
-      if (!seq || (seq->is_list() && seq->lst().generator)) return unsupported();
+      if (!seq || (seq->is_list() && !seq->lst().plain())) return unsupported();
       if (!int_like(*n)) type_error(fmt::format("can't multiply sequence by non-int of type '{}'", type_name(*n)));
       int64_t times = std::max<int64_t>(0, ival(*n));
       size_t unit = seq->is_string() ? seq->str().size() : seq->lst().items.size();
@@ -1049,7 +1107,7 @@ bool has_method(const Value& v, std::string_view name) {
         if (m == name) return true;
       return false;
     case Kind::Dict: return name == "get" || name == "items" || name == "keys" || name == "values" || name == "copy";
-    case Kind::List: return !v.lst().generator && (name == "index" || name == "count" || name == "copy");
+    case Kind::List: return v.lst().plain() && (name == "index" || name == "count" || name == "copy");
     case Kind::Object: return v.obj().type == ObjType::Loop && (name == "cycle" || name == "changed");
     default: return false;
   }
@@ -1070,11 +1128,17 @@ Value call_method(Interp& in, const Value& self, std::string_view name, const Ar
         return v ? *v : b[1] ? *b[1] : Value::none();
       }
       bind_args(args, {}, std::string(name).c_str());
-      if (name == "items") return dict_items(self);
       if (name == "copy") return Value::dict(self.dct().items);
-      std::vector<Value> out;
-      for (auto& [k, v] : self.dct().items) out.push_back(name == "keys" ? k : v);
-      return Value::list(std::move(out));
+      Value out;
+      if (name == "items") {
+        out = dict_items(self);
+      } else {
+        std::vector<Value> items;
+        for (auto& [k, v] : self.dct().items) items.push_back(name == "keys" ? k : v);
+        out = Value::list(std::move(items));
+      }
+      out.as<ListObj>().view = name == "items" ? "dict_items" : name == "keys" ? "dict_keys" : "dict_values";
+      return out;
     }
     case Kind::List: {
       auto& items = self.lst().items;
@@ -1614,7 +1678,10 @@ Value f_title(Interp&, const Value& v, const Args& a) {
       encode_utf8(out, c);
       word_start = true;
     } else {
-      encode_utf8(out, word_start ? cp_upper(c) : cp_lower(c));
+      if (word_start)
+        put_upper(out, c);
+      else
+        put_lower(out, c);
       word_start = false;
     }
   }
@@ -1757,7 +1824,7 @@ bool t_iterable(Interp&, const Value& v, const Args& a) {
 }
 bool t_sequence(Interp&, const Value& v, const Args& a) {
   no_args(a, "sequence");
-  return v.is_string() || (v.is_list() && !v.lst().generator) || v.is_dict() || v.is_undefined();
+  return v.is_string() || (v.is_list() && v.lst().plain()) || v.is_dict() || v.is_undefined();
 }
 bool t_escaped(Interp&, const Value&, const Args& a) { return no_args(a, "escaped"), false; }
 bool need_int_test(const Value& v, const char* name) {

@@ -486,7 +486,7 @@ Value Interp::getitem(const Value& obj, const Value& key) {
       break;
     case Kind::List: {
       auto& l = obj.lst();
-      if (!l.generator && (key.kind == Kind::Int || key.kind == Kind::Bool)) {
+      if (l.plain() && (key.kind == Kind::Int || key.kind == Kind::Bool)) {
         int64_t n = int64_t(l.items.size()), i = key.kind == Kind::Bool ? key.b : key.i;
         if (i < 0) i += n;
         if (i >= 0 && i < n) return l.items[size_t(i)];
@@ -608,7 +608,7 @@ Value Interp::eval(const Expr& e) {
       Value c = s.step ? eval(*s.step) : Value::none();
       cur_ = &e;
       if (obj.is_undefined()) undefined_error(obj);
-      if (!obj.is_string() && !(obj.is_list() && !obj.lst().generator))
+      if (!obj.is_string() && !(obj.is_list() && obj.lst().plain()))
         return Value::undefined(fmt::format("{} is not subscriptable", py_str_repr(type_name(obj))));
       return slice(obj, a, b, c);
     }

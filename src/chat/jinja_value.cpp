@@ -113,7 +113,8 @@ const char* type_name(const Value& v) {
     case Kind::Int: return "int";
     case Kind::Float: return "float";
     case Kind::String: return "str";
-    case Kind::List: return v.lst().generator ? "generator" : v.lst().tuple ? "tuple" : "list";
+    case Kind::List:
+      return v.lst().generator ? "generator" : v.lst().view ? v.lst().view : v.lst().tuple ? "tuple" : "list";
     case Kind::Dict: return "dict";
     case Kind::Object: return v.obj().py_type();
   }
@@ -232,6 +233,13 @@ void append_repr(std::string& out, const Value& v) {
         out += "<generator object>";
         return;
       }
+      if (l.view) {
+        out += l.view;
+        out += '(';
+        append_repr(out, Value::list(l.items));
+        out += ')';
+        return;
+      }
       out += l.tuple ? '(' : '[';
       for (size_t k = 0; k < l.items.size(); ++k) {
         if (k) out += ", ";
@@ -297,7 +305,8 @@ bool equals(const Value& a, const Value& b) {
     case Kind::List: {
       auto &x = a.lst(), &y = b.lst();
       if (a.p == b.p) return true;
-      if (x.generator || y.generator || x.tuple != y.tuple || x.items.size() != y.items.size()) return false;
+      if (x.generator || y.generator || x.view != y.view || x.tuple != y.tuple || x.items.size() != y.items.size())
+        return false;
       for (size_t k = 0; k < x.items.size(); ++k)
         if (!equals(x.items[k], y.items[k])) return false;
       return true;
@@ -333,7 +342,7 @@ int compare(const Value& a, const Value& b, const char* op) {
     int c = a.str().compare(b.str());
     return c < 0 ? -1 : c > 0 ? 1 : 0;
   }
-  if (a.is_list() && b.is_list() && a.lst().tuple == b.lst().tuple && !a.lst().generator && !b.lst().generator) {
+  if (a.is_list() && b.is_list() && a.lst().tuple == b.lst().tuple && a.lst().plain() && b.lst().plain()) {
     auto &x = a.lst().items, &y = b.lst().items;
     for (size_t k = 0; k < x.size() && k < y.size(); ++k)
       if (!equals(x[k], y[k])) return compare(x[k], y[k], op);
@@ -551,7 +560,7 @@ void dump_json(std::string& out, const Value& v, const JsonOptions& o, int level
     case Kind::Float: json_float(out, v.f); return;
     case Kind::String: json_string(out, v.str(), o.ensure_ascii); return;
     case Kind::List: {
-      if (v.lst().generator) break;
+      if (!v.lst().plain()) break;
       auto& items = v.lst().items;
       if (items.empty()) {
         out += "[]";

@@ -39,6 +39,9 @@ struct ListObj {
   bool tuple = false;
   // jinja2's map/select/... return generators: always truthy, no len(), not subscriptable.
   bool generator = false;
+  // dict.keys()/values()/items() views: "dict_keys" etc. Printed as such, sized, not subscriptable.
+  const char* view = nullptr;
+  bool plain() const { return !generator && !view; }  // a real list or tuple
 };
 struct DictObj {
   std::vector<std::pair<Value, Value>> items;
