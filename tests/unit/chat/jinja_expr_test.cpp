@@ -1,0 +1,147 @@
+// Generated tables, expectations rendered by jinja2 3.1 (ImmutableSandboxedEnvironment,
+// trim_blocks, lstrip_blocks, loopcontrols, transformers' tojson/raise_exception/strftime_now).
+#include "jinja_test_util.h"
+
+namespace ts::chat::test {
+namespace {
+
+// Expressions: literals, Python printing, operators, access, slicing, methods, globals.
+// Context for rows whose ctx is nullptr.
+const char* const kJinjaExprContext =
+    "{\"msgs\": [{\"role\": \"system\", \"content\": \"S\"}, {\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": \"Yo\", \"n\": 1}], \"d\": {\"b\": 2, \"a\": 1, \"C\": 3}, \"s\": \"héllo wörld\", \"l\": [0, 1, 2, 3, 4, 5], \"n\": null, \"e\": [], \"t\": true, \"f\": 1.5, \"i\": 7}";
+const RenderCase kJinjaExpr[] = {
+    {"print_none_bool", "{{ none }} {{ None }} {{ true }} {{ False }} {{ n }} {{ t }}", nullptr,
+     "None None True False None True"},
+    {"print_floats", "{{ 1.0 }} {{ 0.1 }} {{ 1e-5 }} {{ 1e16 }} {{ 1e15 }} {{ 12345678901234567.0 }} {{ -0.0 }} {{ 0.1 + 0.2 }} {{ 1 / 3 }} {{ 1.5e300 * 1e10 }}", nullptr,
+     "1.0 0.1 1e-05 1e+16 1000000000000000.0 1.2345678901234568e+16 -0.0 0.30000000000000004 0.3333333333333333 inf"},
+    {"print_ints", "{{ 0 }} {{ -5 }} {{ 9223372036854775807 }}", nullptr,
+     "0 -5 9223372036854775807"},
+    {"print_list_repr", "{{ ['a', 1, 2.5, none, true, [1], {'k': 'v'}] }}", nullptr,
+     "['a', 1, 2.5, None, True, [1], {'k': 'v'}]"},
+    {"print_tuple_repr", "{{ () }} {{ (1,) }} {{ (1, \"a\") }}", nullptr,
+     "() (1,) (1, 'a')"},
+    {"print_dict_repr", "{{ {'a': 1, 'b': [none, {'c': false}]} }} {{ {} }}", nullptr,
+     "{'a': 1, 'b': [None, {'c': False}]} {}"},
+    {"repr_quote_choice", "{{ [\"it's\", 'say \"hi\"', 'both \\' and \"'] }}", nullptr,
+     "[\"it's\", 'say \"hi\"', 'both \\' and \"']"},
+    {"repr_escapes", "{{ ['\\n\\t\\r', '\\x00\\x1f\\x7f', 'é日本😀', '\\u00a0\\u200b\\u2028\\ufeff', '\\\\'] }}", nullptr,
+     "['\\n\\t\\r', '\\x00\\x1f\\x7f', 'é日本😀', '\\xa0\\u200b\\u2028\\ufeff', '\\\\']"},
+    {"print_context_values", "{{ msgs[1] }} {{ d }} {{ l }}", nullptr,
+     "{'role': 'user', 'content': 'Hi'} {'b': 2, 'a': 1, 'C': 3} [0, 1, 2, 3, 4, 5]"},
+    {"arith_int", "{{ 1 + 2 }} {{ 5 - 7 }} {{ 3 * 4 }} {{ 2 ** 10 }} {{ 2 ** 3 ** 2 }} {{ -2 ** 2 }}", nullptr,
+     "3 -2 12 1024 64 4"},
+    {"arith_true_division", "{{ 10 / 4 }} {{ 10 / 5 }} {{ 1 / 3 }}", nullptr,
+     "2.5 2.0 0.3333333333333333"},
+    {"arith_floor_division", "{{ 7 // 2 }} {{ -7 // 2 }} {{ 7.5 // 2 }} {{ -7.5 // 2 }}", nullptr,
+     "3 -4 3.0 -4.0"},
+    {"arith_modulo", "{{ 7 % 3 }} {{ -7 % 3 }} {{ 7 % -3 }} {{ -7.5 % 2 }} {{ 7.5 % -2 }}", nullptr,
+     "1 2 -2 0.5 -0.5"},
+    {"arith_mixed", "{{ 1 + 1.5 }} {{ true + true }} {{ 2 * 1.5 }} {{ 2 ** -1 }} {{ 2.0 ** 2 }}", nullptr,
+     "2.5 2 3.0 0.5 4.0"},
+    {"arith_precedence", "{{ 1 + 2 * 3 - 4 / 2 }} {{ (1 + 2) * 3 }} {{ -3 + 1 }} {{ 10 - 2 - 3 }}", nullptr,
+     "5.0 9 -2 5"},
+    {"sequence_ops", "{{ 'ab' + 'cd' }} {{ 'ab' * 3 }} {{ 2 * 'x' }} {{ [1] + [2] }} {{ [0] * 3 }} {{ (1,) + (2,) }} {{ 'a' * 0 }}", nullptr,
+     "abcd ababab xx [1, 2] [0, 0, 0] (1, 2) "},
+    {"concat_tilde", "{{ 'a' ~ 1 ~ none ~ true ~ 1.5 ~ [1] ~ undefined_name }}", nullptr,
+     "a1NoneTrue1.5[1]"},
+    {"percent_format", "{{ '%s-%d-%05.2f-%x-%r-%%' % ('a', 3, 2.5, 255, 'q') }} {{ '%(a)s=%(b)d' % {'a': 'x', 'b': 2} }} {{ '%s' % 5 }} {{ '%-4s|%4s' % ('a', 'b') }}", nullptr,
+     "a-3-02.50-ff-'q'-% x=2 5 a   |   b"},
+    {"compare_basic", "{{ 1 < 2 }} {{ 2 <= 2 }} {{ 3 > 4 }} {{ 4 >= 4 }} {{ 1 == 1.0 }} {{ 1 != 1 }} {{ 'a' < 'b' }} {{ 'B' < 'a' }} {{ [1, 2] < [1, 3] }}", nullptr,
+     "True True False True True False True True True"},
+    {"compare_chained", "{{ 1 < 2 < 3 }} {{ 1 < 3 < 2 }} {{ 1 == 1 == 1 }} {{ 3 > 2 > 2 }}", nullptr,
+     "True False True False"},
+    {"compare_equality_types", "{{ true == 1 }} {{ none == none }} {{ none == 0 }} {{ 'a' == 'a' }} {{ [1] == [1] }} {{ [1] == (1,) }} {{ {'a': 1, 'b': 2} == {'b': 2, 'a': 1} }} {{ x == y }}", nullptr,
+     "True True False True True False True True"},
+    {"in_operator", "{{ 'ell' in 'hello' }} {{ 2 in [1, 2] }} {{ 'a' in {'a': 1} }} {{ 'z' not in 'abc' }} {{ 1 in undefined_name }} {{ (1, 2) in [(1, 2)] }}", nullptr,
+     "True True True True False True"},
+    {"logic_values", "{{ 0 or 'b' }} {{ 'a' and 'b' }} {{ '' and 'b' }} {{ none or [] }} {{ not [] }} {{ not 'x' }} {{ 1 and 0 or 'z' }}", nullptr,
+     "b b  [] True False z"},
+    {"truthiness", "{% for v in [0, 1, 0.0, 0.5, '', 'a', [], [0], {}, {'a': 1}, none, true, false] %}{{ 'T' if v else 'F' }}{% endfor %}{{ 'T' if undefined_name else 'F' }}", nullptr,
+     "FTFTFTFTFTFTFF"},
+    {"conditional_expr", "{{ 'y' if 1 else 'n' }} {{ 'y' if 0 else 'n' }} [{{ 'y' if 0 }}] {{ 'a' if 0 else 'b' if 1 else 'c' }}", nullptr,
+     "y n [] b"},
+    {"attribute_and_item", "{{ msgs[1].role }} {{ msgs[1]['content'] }} {{ msgs.0.content }} {{ msgs[-1].n }} {{ d.b }} {{ d['C'] }}", nullptr,
+     "user Hi S 1 2 3"},
+    {"missing_attribute_is_undefined", "[{{ d.zz }}] {{ d.zz is defined }} {{ msgs[9] is defined }} {{ n.x is defined }} {{ s.nope is defined }}", nullptr,
+     "[] False False False False"},
+    {"attribute_prefers_methods", "{{ {'items': 1}.items()|list }} {{ {'get': 5}['get'] }} {{ {'a': 1}['items'] is defined }}", nullptr,
+     "[('items', 1)] 5 True"},
+    {"string_indexing_unicode", "{{ s[1] }} {{ s[-1] }} {{ s|length }}", nullptr,
+     "é d 11"},
+    {"slicing_lists", "{{ l[1:3] }} {{ l[::-1] }} {{ l[::2] }} {{ l[-2:] }} {{ l[:-4] }} {{ l[4:1:-1] }} {{ l[10:] }} {{ l[:100] }} {{ (1, 2, 3)[1:] }}", nullptr,
+     "[1, 2] [5, 4, 3, 2, 1, 0] [0, 2, 4] [4, 5] [0, 1] [4, 3, 2] [] [0, 1, 2, 3, 4, 5] (2, 3)"},
+    {"slicing_strings", "{{ s[1:4] }} {{ s[::-1] }} {{ s[6:] }} {{ s[:-3] }} {{ s[-100:2] }}", nullptr,
+     "éll dlröw olléh wörld héllo wö hé"},
+    {"str_methods_case", "{{ 'Hello'.upper() }} {{ 'Hello'.lower() }} {{ 'hello wORLD'.title() }} {{ 'hELLO'.capitalize() }} {{ 'hELLO'.swapcase() }} {{ 'straße'.upper() }} {{ 'ÉCOLE'.lower() }}", nullptr,
+     "HELLO hello Hello World Hello Hello STRASSE école"},
+    {"str_methods_strip", "[{{ '  a b  '.strip() }}] [{{ '  a'.lstrip() }}] [{{ 'a  '.rstrip() }}] [{{ 'xxaxx'.strip('x') }}] [{{ '\\n\\nx\\n'.strip('\\n') }}] [{{ '\\u3000a\\u00a0'.strip() }}]", nullptr,
+     "[a b] [a] [a] [a] [x] [a]"},
+    {"str_methods_split", "{{ 'a b  c'.split() }} {{ 'a,b,,c'.split(',') }} {{ 'a,b,c'.split(',', 1) }} {{ 'a,b,c'.rsplit(',', 1) }} {{ ' a b c '.split(none, 1) }} {{ ''.split(',') }} {{ ''.split() }} {{ 'a</think>b'.split('</think>')[-1] }}", nullptr,
+     "['a', 'b', 'c'] ['a', 'b', '', 'c'] ['a', 'b,c'] ['a,b', 'c'] ['a', 'b c '] [''] [] b"},
+    {"str_methods_search", "{{ 'hello'.startswith('he') }} {{ 'hello'.endswith(('x', 'lo')) }} {{ 'hello'.startswith('l', 2) }} {{ 'héllo'.find('l') }} {{ 'hello'.rfind('l') }} {{ 'hello'.find('z') }} {{ 'hello'.count('l') }} {{ 'hello'.index('e') }}", nullptr,
+     "True True True 2 3 -1 2 1"},
+    {"str_methods_misc", "{{ 'a-b-c'.replace('-', '+') }} {{ 'a-b-c'.replace('-', '+', 1) }} {{ '-'.join(['a', 'b']) }} {{ '5'.zfill(3) }} [{{ 'ab'.ljust(4, '*') }}] [{{ 'ab'.center(6, '.') }}] {{ 'a\\nb\\r\\nc'.splitlines() }} {{ 'abc'.partition('b') }} {{ 'x_y'.removeprefix('x_') }}", nullptr,
+     "a+b+c a+b-c a-b 005 [ab**] [..ab..] ['a', 'b', 'c'] ('a', 'b', 'c') y"},
+    {"str_methods_predicates", "{{ 'abc'.isalpha() }} {{ '123'.isdigit() }} {{ 'ab1'.isalnum() }} {{ '  '.isspace() }} {{ 'abc'.islower() }} {{ 'ABC'.isupper() }} {{ ''.isalpha() }}", nullptr,
+     "True True True True True True False"},
+    {"str_format_method", "{{ '{} and {}'.format(1, 'b') }} {{ '{0}{1}{0}'.format('x', 'y') }} {{ '{name}!'.format(name='n') }} {{ '{:>5}|{:<5}|{:^5}|{:05d}|{:.2f}|{:,}|{:x}|{!r}'.format('a', 'b', 'c', 42, 3.14159, 1234567, 255, 'q') }} {{ '{{}}{}'.format(1) }}", nullptr,
+     "1 and b xyx n!     a|b    |  c  |00042|3.14|1,234,567|ff|'q' {}1"},
+    {"dict_methods", "{{ d.keys()|list }} {{ d.values()|list }} {{ d.items()|list }} {{ d.get('a') }} {{ d.get('zz') }} {{ d.get('zz', 5) }} {{ d.keys() }} {{ d.items()|length }}", nullptr,
+     "['b', 'a', 'C'] [2, 1, 3] [('b', 2), ('a', 1), ('C', 3)] 1 None 5 dict_keys(['b', 'a', 'C']) 3"},
+    {"list_methods", "{{ l.index(3) }} {{ l.count(1) }} {{ [1, 2] + l[:1] }}", nullptr,
+     "3 1 [1, 2, 0]"},
+    {"undefined_prints_empty", "[{{ nothing }}] [{{ nothing|length }}] [{{ nothing|list }}] [{{ nothing ~ \"x\" }}] [{% for x in nothing %}{{ x }}{% endfor %}]", nullptr,
+     "[] [0] [[]] [x] []"},
+    {"none_attribute_is_undefined", "[{{ n.anything }}]", nullptr,
+     "[]"},
+    {"globals_range", "{{ range(3)|list }} {{ range(1, 10, 3)|list }} {{ range(5, 0, -2)|list }} {{ range(0)|list }}", nullptr,
+     "[0, 1, 2] [1, 4, 7] [5, 3, 1] []"},
+    {"globals_dict_namespace", "{{ dict(a=1, b='x') }} {{ namespace(a=1).a }} {{ namespace({'k': 2}).k }}", nullptr,
+     "{'a': 1, 'b': 'x'} 1 2"},
+    {"loop_var_outside_loop", "[{{ loop }}]", nullptr,
+     "[]"},
+};
+class JinjaExpr : public ::testing::TestWithParam<RenderCase> {};
+TEST_P(JinjaExpr, MatchesJinja2) {
+  const RenderCase& c = GetParam();
+  EXPECT_EQ(render(c.tmpl, c.ctx ? c.ctx : kJinjaExprContext), c.expected) << c.tmpl;
+}
+INSTANTIATE_TEST_SUITE_P(Table, JinjaExpr, ::testing::ValuesIn(kJinjaExpr), render_case_name);
+
+// Runtime errors mirror the Python exception jinja2 raises.
+const ErrorCase kJinjaExprErrors[] = {
+    {"str_plus_dict", "{{ 'a' + {} }}", "{}", "TypeError"},
+    {"str_plus_none", "{{ 'a' + none }}", "{}", "TypeError"},
+    {"int_plus_str", "{{ 1 + 'a' }}", "{}", "TypeError"},
+    {"list_plus_tuple", "{{ [1] + (2,) }}", "{}", "TypeError"},
+    {"undefined_plus", "{{ nothing + 1 }}", "{}", "UndefinedError"},
+    {"undefined_attribute", "{{ nothing.attr }}", "{}", "UndefinedError"},
+    {"undefined_item", "{{ nothing[0] }}", "{}", "UndefinedError"},
+    {"undefined_call", "{{ nothing() }}", "{}", "UndefinedError"},
+    {"missing_method_call", "{{ 'abc'.items() }}", "{}", "UndefinedError"},
+    {"division_by_zero", "{{ 1 / 0 }}", "{}", "ZeroDivisionError"},
+    {"floor_division_by_zero", "{{ 1 // 0 }}", "{}", "ZeroDivisionError"},
+    {"modulo_by_zero", "{{ 1 % 0 }}", "{}", "ZeroDivisionError"},
+    {"in_none", "{{ 'a' in none }}", "{}", "TypeError"},
+    {"in_int", "{{ 'a' in 3 }}", "{}", "TypeError"},
+    {"int_in_string", "{{ 1 in 'abc' }}", "{}", "TypeError"},
+    {"order_str_int", "{{ 'a' < 1 }}", "{}", "TypeError"},
+    {"order_none", "{{ none < 1 }}", "{}", "TypeError"},
+    {"negate_string", "{{ -'a' }}", "{}", "TypeError"},
+    {"multiply_by_float", "{{ 'x' * 2.0 }}", "{}", "TypeError"},
+    {"call_string", "{{ 'a'() }}", "{}", "TypeError"},
+    {"percent_too_few", "{{ '%s %s' % (1,) }}", "{}", "TypeError"},
+    {"percent_too_many", "{{ '%s' % (1, 2) }}", "{}", "TypeError"},
+    {"sandbox_list_append", "{{ [1].append(2) }}", "{}", "SecurityError"},
+    {"sandbox_dict_update", "{{ {'a': 1}.update({}) }}", "{}", "SecurityError"},
+    {"range_too_big", "{{ range(1000000) }}", "{}", "OverflowError"},
+    {"split_empty_separator", "{{ 'a'.split('') }}", "{}", "ValueError"},
+    {"join_non_strings", "{{ ','.join([1, 2]) }}", "{}", "TypeError"},
+    {"index_not_found", "{{ 'abc'.index('z') }}", "{}", "ValueError"},
+};
+class JinjaExprErrors : public ::testing::TestWithParam<ErrorCase> {};
+TEST_P(JinjaExprErrors, Raises) { expect_error(GetParam()); }
+INSTANTIATE_TEST_SUITE_P(Table, JinjaExprErrors, ::testing::ValuesIn(kJinjaExprErrors), error_case_name);
+
+}  // namespace
+}  // namespace ts::chat::test
