@@ -44,9 +44,10 @@ struct ConstExpr : Expr {
   Value value;
 };
 struct NameExpr : Expr {
-  NameExpr(Pos p, std::string n, int s) : Expr(EK::Name, p), name(std::move(n)), sym(s) {}
+  NameExpr(Pos p, std::string n, int s) : Expr(EK::Name, p), name(std::move(n)), sym(s), key(Value::string(name)) {}
   std::string name;
   int sym;
+  Value key;  // the name as a value, for undefined hints without allocating
 };
 struct ListExpr : Expr {
   ListExpr(Pos p, bool t) : Expr(EK::List, p), tuple(t) {}
@@ -58,9 +59,11 @@ struct DictExpr : Expr {
   std::vector<std::pair<ExprPtr, ExprPtr>> items;
 };
 struct AttrExpr : Expr {
-  AttrExpr(Pos p, ExprPtr o, std::string n) : Expr(EK::Attr, p), obj(std::move(o)), name(std::move(n)) {}
+  AttrExpr(Pos p, ExprPtr o, std::string n)
+      : Expr(EK::Attr, p), obj(std::move(o)), name(std::move(n)), key(Value::string(name)) {}
   ExprPtr obj;
   std::string name;
+  Value key;
 };
 struct ItemExpr : Expr {
   ItemExpr(Pos p, ExprPtr o, ExprPtr i) : Expr(EK::Item, p), obj(std::move(o)), index(std::move(i)) {}

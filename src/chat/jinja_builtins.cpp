@@ -1007,7 +1007,7 @@ Value binary_op(BinOp op, const Value& a, const Value& b) {
         s.reserve(a.str().size() + b.str().size());
         s += a.str();
         s += b.str();
-        return Value::string(std::move(s));
+        return Value::string(std::move(s), a.sobj().ascii && b.sobj().ascii);
       }
       if (a.is_list() && a.lst().plain()) {
         const char* tn = a.lst().tuple ? "tuple" : "list";

@@ -56,11 +56,8 @@ struct Swap {
   throw JinjaError(msg.rfind("access to attribute", 0) == 0 ? "SecurityError" : "UndefinedError", msg);
 }
 
-std::string attr_hint(const Value& obj, const Value& key) {
-  if (key.is_string()) return fmt::format("{} has no attribute {}", py_str_repr(type_repr(obj)), py_str_repr(key.str()));
-  std::string k;
-  append_repr(k, key);
-  return fmt::format("{} has no element {}", type_repr(obj), k);
+Value missing_attr(const Value& obj, std::string_view name, const Value* key) {
+  return Value::missing(obj, key ? *key : Value::string(std::string(name)));
 }
 
 bool unsafe_method(const Value& obj, std::string_view name) {
@@ -80,7 +77,7 @@ Value unsafe_undefined(const Value& obj, std::string_view name) {
   return Value::undefined(fmt::format("access to attribute '{}' of '{}' object is unsafe.", name, type_name(obj)));
 }
 
-Value loop_attr(const Value& obj, std::string_view name) {
+Value loop_attr(const Value& obj, std::string_view name, const Value* key) {
   auto& l = obj.as<LoopObj>();
   int64_t i = int64_t(l.index), n = int64_t(l.length());
   auto& items = l.items.lst().items;
@@ -95,7 +92,7 @@ Value loop_attr(const Value& obj, std::string_view name) {
   if (name == "depth0") return Value::integer(l.depth0);
   if (name == "previtem") return i > 0 ? items[size_t(i - 1)] : Value::undefined("there is no previous item");
   if (name == "nextitem") return i + 1 < n ? items[size_t(i + 1)] : Value::undefined("there is no next item");
-  return Value::undefined(attr_hint(obj, Value::string(std::string(name))));
+  return missing_attr(obj, name, key);
 }
 
 }  // namespace
@@ -395,7 +392,7 @@ Value Interp::lookup(const NameExpr& n) {
   for (Frame* f = frame_; f; f = f->parent)
     if (const Value* v = f->find(n.sym)) return *v;
   if (has_global_[size_t(n.sym)]) return globals_[size_t(n.sym)];
-  return Value::undefined(fmt::format("'{}' is undefined", n.name));
+  return Value::missing_name(n.key);
 }
 
 void Interp::eval_args(const CallArgs& a, Args& out) {
@@ -440,7 +437,7 @@ Value Interp::eval_call(const CallExpr& c) {
       return call_method(*this, obj, a.name, args);
     }
     cur_ = &a;
-    fn = getattr(obj, a.name);
+    fn = getattr(obj, a.name, &a.key);
   } else {
     fn = eval(*c.callee);
   }
@@ -450,7 +447,7 @@ Value Interp::eval_call(const CallExpr& c) {
   return call(fn, args);
 }
 
-Value Interp::getattr(const Value& obj, std::string_view name) {
+Value Interp::getattr(const Value& obj, std::string_view name, const Value* key) {
   switch (obj.kind) {
     case Kind::Undefined: undefined_error(obj);
     case Kind::Dict: {
@@ -470,12 +467,12 @@ Value Interp::getattr(const Value& obj, std::string_view name) {
         if (Value* v = obj.as<NamespaceObj>().find(name)) return *v;
       } else if (obj.obj().type == ObjType::Loop) {
         if (has_method(obj, name)) return bound_method(obj, name);
-        return loop_attr(obj, name);
+        return loop_attr(obj, name, key);
       }
       break;
     default: break;
   }
-  return Value::undefined(attr_hint(obj, Value::string(std::string(name))));
+  return missing_attr(obj, name, key);
 }
 
 Value Interp::getitem(const Value& obj, const Value& key) {
@@ -516,11 +513,11 @@ Value Interp::getitem(const Value& obj, const Value& key) {
     default: break;
   }
   // Like jinja2: when the item lookup fails, a string key falls back to the attribute.
-  if (key.is_string() && obj.kind != Kind::Dict) return getattr(obj, key.str());
+  if (key.is_string() && obj.kind != Kind::Dict) return getattr(obj, key.str(), &key);
   if (key.is_string() && obj.is_dict()) {
     if (has_method(obj, key.str())) return bound_method(obj, key.str());
   }
-  return Value::undefined(attr_hint(obj, key));
+  return Value::missing(obj, key);
 }
 
 Value Interp::apply_filter(const std::string& name, const Value& v, const Args& args) {
@@ -591,7 +588,7 @@ Value Interp::eval(const Expr& e) {
       auto& a = static_cast<const AttrExpr&>(e);
       Value obj = eval(*a.obj);
       cur_ = &e;
-      return getattr(obj, a.name);
+      return getattr(obj, a.name, &a.key);
     }
     case EK::Item: {
       auto& it = static_cast<const ItemExpr&>(e);
@@ -665,7 +662,8 @@ Value Interp::eval(const Expr& e) {
       if (b.op == BinOp::Concat) {
         std::string s = to_str(l);
         append_str(s, r);
-        return Value::string(std::move(s));
+        bool ascii = l.is_string() && r.is_string() && l.sobj().ascii && r.sobj().ascii;
+        return ascii ? Value::string(std::move(s), true) : Value::string(std::move(s));
       }
       return binary_op(b.op, l, r);
     }

@@ -77,13 +77,13 @@ class Interp {
   std::string render(const nlohmann::ordered_json& context);
 
   // jinja2's environment.getattr / getitem, sandboxed: attribute first, then item (or the reverse).
-  Value getattr(const Value& obj, std::string_view name);
+  // `key` (optional) is `name` as a value, saving an allocation when the result is undefined.
+  Value getattr(const Value& obj, std::string_view name, const Value* key = nullptr);
   Value getitem(const Value& obj, const Value& key);
   Value call(const Value& callee, const Args& args);
   Value apply_filter(const std::string& name, const Value& v, const Args& args);
   bool apply_test(const std::string& name, const Value& v, const Args& args);
   const std::tm& now();
-  const std::vector<std::string>& symbols() const { return prog_.symbols; }
 
   Value call_macro(const MacroDef& def, Frame* closure, const Args& args);
   Value run_loop(const ForStmt& s, Frame* frame, const Value& iterable, int depth0, bool capture);
@@ -102,9 +102,6 @@ class Interp {
   int call_depth_ = 0;
   std::tm now_{};
   bool now_set_ = false;
-
-  friend struct MacroObj;
-  friend struct CallerGuard;
 
   Flow exec(const Body& body);
   Flow exec(const Stmt& s);

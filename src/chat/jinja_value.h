@@ -66,11 +66,15 @@ struct Value {
     int64_t i;
     double f;
   };
-  // StrObj for String (and for Undefined: the hint jinja2 reports when it is used), ListObj, DictObj, Object.
+  // StrObj for String, ListObj, DictObj, Object; for Undefined an optional UndefinedInfo (the hint
+  // jinja2 reports when the undefined value is used).
   std::shared_ptr<void> p;
 
   Value() : i(0) {}
   static Value undefined(std::string hint = {});
+  // `obj.key` / `obj[key]` found nothing; the message is only formatted if the value is used.
+  static Value missing(const Value& obj, const Value& key);
+  static Value missing_name(const Value& name);  // "'name' is undefined"
   static Value none() {
     Value v;
     v.kind = Kind::None;
@@ -95,6 +99,7 @@ struct Value {
     return v;
   }
   static Value string(std::string s);
+  static Value string(std::string s, bool ascii);  // when the caller already knows
   static Value list(std::vector<Value> items, bool tuple = false);
   static Value generator(std::vector<Value> items);
   static Value dict(std::vector<std::pair<Value, Value>> items);
@@ -125,6 +130,12 @@ struct Value {
   // The message jinja2's Undefined raises with when it is used.
   std::string undefined_message() const;
   double as_double() const { return kind == Kind::Float ? f : kind == Kind::Bool ? double(b) : double(i); }
+};
+
+struct UndefinedInfo {
+  enum Form : uint8_t { Text, Name, Missing } form = Text;
+  std::string text;
+  Value obj, key;
 };
 
 struct NamespaceObj : Object {
