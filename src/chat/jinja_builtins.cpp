@@ -18,10 +18,6 @@
 namespace ts::chat::jinja {
 namespace {
 
-[[noreturn]] void undefined_error(const Value& v) {
-  std::string msg = v.undefined_message();
-  throw JinjaError(msg.rfind("access to attribute", 0) == 0 ? "SecurityError" : "UndefinedError", msg);
-}
 [[noreturn]] void value_error(std::string msg) { throw JinjaError("ValueError", std::move(msg)); }
 
 bool int_like(const Value& v) { return v.kind == Kind::Int || v.kind == Kind::Bool; }
@@ -330,6 +326,7 @@ std::vector<std::string> splitlines(std::string_view s, bool keepends) {
 std::string pad(const std::string& s, int64_t width, char align, const std::string& fill = " ") {
   int64_t len = int64_t(cp_count(s));
   if (width <= len) return s;
+  check_size(uint64_t(width) * fill.size());
   int64_t marg = width - len, left = 0;
   if (align == '^') left = marg / 2 + (marg & width & 1);
   else if (align == '>') left = marg;
@@ -394,15 +391,15 @@ double to_float_for_format(const Value& v, char conv) {
   type_error(fmt::format("%{} format: a real number is required, not {}", conv, type_name(v)));
 }
 
-std::string cformat(const std::string& spec, long long x) {
-  char buf[128];
-  std::snprintf(buf, sizeof buf, spec.c_str(), x);
-  return buf;
-}
-std::string cformat(const std::string& spec, double x) {
-  char buf[512];
-  std::snprintf(buf, sizeof buf, spec.c_str(), x);
-  return buf;
+template <class T>
+std::string cformat(const std::string& spec, T x) {
+  int n = std::snprintf(nullptr, 0, spec.c_str(), x);
+  if (n < 0) value_error("invalid format");
+  check_size(uint64_t(n));
+  std::string out(size_t(n) + 1, '\0');
+  std::snprintf(out.data(), out.size(), spec.c_str(), x);
+  out.resize(size_t(n));
+  return out;
 }
 
 Value percent_format(const std::string& f, const Value& args) {
@@ -524,7 +521,10 @@ std::string format_value(const Value& v, const std::string& spec) {
     ++k;
   }
   int64_t width = 0;
-  while (k < cps.size() && cps[k] >= '0' && cps[k] <= '9') width = width * 10 + (cps[k++] - '0');
+  while (k < cps.size() && cps[k] >= '0' && cps[k] <= '9') {
+    width = width * 10 + (cps[k++] - '0');
+    check_size(uint64_t(width));
+  }
   char group = 0;
   if (k < cps.size() && (cps[k] == ',' || cps[k] == '_')) group = char(cps[k++]);
   int prec = -1;
@@ -539,10 +539,8 @@ std::string format_value(const Value& v, const std::string& spec) {
   std::string body, prefix;
   if (v.is_string() || (!v.is_number() && !type)) {
     if (type && type != 's') value_error(fmt::format("Unknown format code '{}' for object of type 'str'", type));
-    if (!v.is_string() && !v.is_number()) {
-      if (!spec.empty() && v.kind != Kind::String && (v.is_list() || v.is_dict() || v.is_none()))
-        type_error(fmt::format("unsupported format string passed to {}.__format__", type_name(v)));
-    }
+    if (v.is_list() || v.is_dict() || v.is_none())  // object.__format__ accepts only an empty spec
+      type_error(fmt::format("unsupported format string passed to {}.__format__", type_name(v)));
     body = to_str(v);
     if (prec >= 0) {
       auto b = to_codepoints(body);
@@ -838,6 +836,7 @@ Value str_method(Interp& in, const Value& self, std::string_view name, const Arg
     auto b = bind_args(args, {"width"}, "zfill");
     int64_t w = need_int(b[0], "width", 0), len = int64_t(cp_count(s));
     if (w <= len) return self;
+    check_size(uint64_t(w));
     size_t sign = !s.empty() && (s[0] == '+' || s[0] == '-') ? 1 : 0;
     return Value::string(s.substr(0, sign) + std::string(size_t(w - len), '0') + s.substr(sign));
   }
@@ -882,13 +881,12 @@ Value str_method(Interp& in, const Value& self, std::string_view name, const Arg
 
 // --- shared helpers declared in jinja_interp.h ------------------------------------------------------
 
-std::vector<const Value*> bind_args(const Args& args, std::initializer_list<const char*> params, const char* fname,
-                                    size_t skip) {
+std::vector<const Value*> bind_args(const Args& args, std::initializer_list<const char*> params, const char* fname) {
   std::vector<const Value*> out(params.size(), nullptr);
   auto names = params.begin();
-  if (args.pos.size() + skip > params.size())
-    type_error(fmt::format("{}() takes at most {} argument(s) ({} given)", fname, params.size(), args.pos.size() + skip));
-  for (size_t k = 0; k < args.pos.size(); ++k) out[k + skip] = &args.pos[k];
+  if (args.pos.size() > params.size())
+    type_error(fmt::format("{}() takes at most {} argument(s) ({} given)", fname, params.size(), args.pos.size()));
+  for (size_t k = 0; k < args.pos.size(); ++k) out[k] = &args.pos[k];
   for (auto& [key, v] : args.kw) {
     size_t k = 0;
     while (k < params.size() && key != names[k]) ++k;
@@ -1031,7 +1029,7 @@ Value binary_op(BinOp op, const Value& a, const Value& b) {
       if (!int_like(*n)) type_error(fmt::format("can't multiply sequence by non-int of type '{}'", type_name(*n)));
       int64_t times = std::max<int64_t>(0, ival(*n));
       size_t unit = seq->is_string() ? seq->str().size() : seq->lst().items.size();
-      if (unit && uint64_t(times) * unit > (uint64_t(1) << 30)) throw JinjaError("MemoryError", "sequence repetition too large");
+      if (unit) check_size(uint64_t(times) * unit * (seq->is_string() ? 1 : sizeof(Value)));
       if (seq->is_string()) {
         std::string s;
         s.reserve(unit * size_t(times));
@@ -1431,8 +1429,11 @@ Value f_indent(Interp&, const Value& v, const Args& a) {
   std::string ind;
   if (b[0] && b[0]->is_string())
     ind = b[0]->str();
-  else
-    ind = std::string(size_t(std::max<int64_t>(0, need_int(b[0], "width", 4))), ' ');
+  else {
+    int64_t w = std::max<int64_t>(0, need_int(b[0], "width", 4));
+    check_size(uint64_t(w));
+    ind = std::string(size_t(w), ' ');
+  }
   bool first = b[1] && truthy(*b[1]), blank = b[2] && truthy(*b[2]);
   std::string s = soft_str(v) + "\n";  // jinja2 appends a newline so splitlines() sees the last line
   auto lines = splitlines(s, false);

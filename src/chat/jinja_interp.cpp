@@ -51,10 +51,6 @@ struct Swap {
   ~Swap() { slot = saved; }
 };
 
-[[noreturn]] void undefined_error(const Value& v) {
-  std::string msg = v.undefined_message();
-  throw JinjaError(msg.rfind("access to attribute", 0) == 0 ? "SecurityError" : "UndefinedError", msg);
-}
 
 Value missing_attr(const Value& obj, std::string_view name, const Value* key) {
   return Value::missing(obj, key ? *key : Value::string(std::string(name)));
@@ -148,8 +144,15 @@ std::string Interp::render(const nlohmann::ordered_json& context) {
   out_ = &out;
   try {
     exec(prog_.body);
+  } catch (const TemplateError&) {
+    throw;
   } catch (const JinjaError& e) {
     rethrow(e);
+  } catch (const std::bad_alloc&) {
+    rethrow(JinjaError("MemoryError", "out of memory"));
+  } catch (const std::exception& e) {
+    // e.g. a numeric conversion on an absurd format width: still a template error with a position.
+    rethrow(JinjaError("Error", e.what()));
   }
   return out;
 }

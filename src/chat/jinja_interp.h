@@ -28,8 +28,7 @@ struct Args {
 
 // Binds call arguments to a builtin's parameter list (Python's positional-or-keyword rules).
 // Missing parameters come back as nullptr.
-std::vector<const Value*> bind_args(const Args& args, std::initializer_list<const char*> params, const char* fname,
-                                    size_t skip = 0);
+std::vector<const Value*> bind_args(const Args& args, std::initializer_list<const char*> params, const char* fname);
 
 struct Callable : Object {
   Callable() : Object(ObjType::Callable) {}

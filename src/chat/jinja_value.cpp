@@ -10,6 +10,16 @@ namespace ts::chat::jinja {
 
 void type_error(std::string msg) { throw JinjaError("TypeError", std::move(msg)); }
 
+void undefined_error(const Value& v) {
+  std::string msg = v.undefined_message();
+  throw JinjaError(msg.rfind("access to attribute", 0) == 0 ? "SecurityError" : "UndefinedError", msg);
+}
+
+void check_size(uint64_t bytes) {
+  if (bytes > kMaxGeneratedString)
+    throw JinjaError("MemoryError", fmt::format("string of {} bytes exceeds the {} MiB limit", bytes, kMaxGeneratedString >> 20));
+}
+
 // --- construction -------------------------------------------------------------------------------
 
 Value Value::undefined(std::string hint) {

@@ -26,6 +26,13 @@ struct JinjaError : std::exception {
   std::string msg;
 };
 [[noreturn]] void type_error(std::string msg);
+struct Value;
+// Using an undefined value raises UndefinedError (SecurityError for sandbox-blocked attributes).
+[[noreturn]] void undefined_error(const Value& v);
+// Strings a template builds by repetition or padding are capped (MemoryError) so that a template
+// cannot make the server allocate gigabytes; prompts are nowhere near this.
+constexpr size_t kMaxGeneratedString = size_t(64) << 20;
+void check_size(uint64_t bytes);
 
 enum class Kind : uint8_t { Undefined, None, Bool, Int, Float, String, List, Dict, Object };
 
