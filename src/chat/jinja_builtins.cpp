@@ -404,11 +404,12 @@ std::string cformat(const std::string& spec, T x) {
 
 Value percent_format(const std::string& f, const Value& args) {
   std::vector<Value> list;
-  const DictObj* mapping = nullptr;
+  const DictObj* mapping = args.is_dict() ? &args.dct() : nullptr;
+  // Python treats any non-tuple argument with __getitem__ (dict, list, jinja2's Undefined) as a
+  // possible mapping and then does not complain about unused arguments.
+  bool mapping_like = args.is_dict() || args.is_undefined() || (args.is_list() && !args.lst().tuple);
   if (args.is_list() && args.lst().tuple)
     list = args.lst().items;
-  else if (args.is_dict())
-    mapping = &args.dct(), list.push_back(args);
   else
     list.push_back(args);
   size_t next = 0;
@@ -491,7 +492,7 @@ Value percent_format(const std::string& f, const Value& args) {
       default: value_error(fmt::format("unsupported format character '{}'", conv));
     }
   }
-  if (!mapping && next < list.size()) type_error("not all arguments converted during string formatting");
+  if (!mapping_like && next < list.size()) type_error("not all arguments converted during string formatting");
   return Value::string(std::move(out));
 }
 
@@ -985,6 +986,8 @@ Value slice(const Value& obj, const Value& start, const Value& stop, const Value
 
 Value binary_op(BinOp op, const Value& a, const Value& b) {
   if (a.is_undefined()) undefined_error(a);
+  // str.__mod__ runs first and accepts an Undefined argument (it only fails if a %d converts it).
+  if (op == BinOp::Mod && a.is_string()) return percent_format(a.str(), b);
   if (b.is_undefined()) undefined_error(b);
   static const char* syms[] = {"+", "-", "*", "/", "//", "%", "**", "~"};
   const char* sym = syms[int(op)];
@@ -1231,8 +1234,7 @@ Value f_abs(Interp&, const Value& v, const Args& a) {
   }
   if (v.kind == Kind::Bool) return Value::integer(v.b);
   if (v.kind == Kind::Float) return Value::number(std::fabs(v.f));
-  if (v.is_undefined()) undefined_error(v);
-  type_error(fmt::format("bad operand type for abs(): '{}'", type_name(v)));
+  type_error(fmt::format("bad operand type for abs(): '{}'", type_name(v)));  // Undefined too: no __abs__
 }
 
 Value f_attr(Interp& in, const Value& v, const Args& a) {
@@ -1283,7 +1285,8 @@ Value f_default(Interp&, const Value& v, const Args& a) {
 
 Value f_dictsort(Interp& in, const Value& v, const Args& a) {
   auto b = bind_args(a, {"case_sensitive", "by", "reverse"}, "dictsort");
-  if (!v.is_dict()) type_error("You can only sort by either \"key\" or \"value\"");
+  if (v.is_undefined()) undefined_error(v);
+  if (!v.is_dict()) throw JinjaError("AttributeError", fmt::format("'{}' object has no attribute 'items'", type_name(v)));
   bool cs = b[0] && truthy(*b[0]), rev = b[2] && truthy(*b[2]);
   std::string by = b[1] ? to_str(*b[1]) : "key";
   if (by != "key" && by != "value") throw JinjaError("FilterArgumentError", "You can only sort by either \"key\" or \"value\"");
@@ -1435,7 +1438,11 @@ Value f_indent(Interp&, const Value& v, const Args& a) {
     ind = std::string(size_t(w), ' ');
   }
   bool first = b[1] && truthy(*b[1]), blank = b[2] && truthy(*b[2]);
-  std::string s = soft_str(v) + "\n";  // jinja2 appends a newline so splitlines() sees the last line
+  // jinja2 appends a newline so splitlines() sees the last line; it does so with `s += "\n"`,
+  // which only works on strings.
+  if (v.is_undefined()) undefined_error(v);
+  if (!v.is_string()) type_error(fmt::format("unsupported operand type(s) for +=: '{}' and 'str'", type_name(v)));
+  std::string s = v.str() + "\n";
   auto lines = splitlines(s, false);
   std::string rv;
   if (blank) {
@@ -1511,6 +1518,7 @@ Value f_upper(Interp&, const Value& v, const Args& a) {
 }
 
 Value f_map(Interp& in, const Value& v, const Args& a) {
+  if (!truthy(v)) return Value::generator({});  // jinja2 guards with `if value:`, so none|map(...) is empty
   Value h;
   auto& items = seq_items(v, h);
   std::vector<Value> out;
@@ -1537,6 +1545,7 @@ Value f_map(Interp& in, const Value& v, const Args& a) {
 }
 
 Value select_impl(Interp& in, const Value& v, const Args& a, bool attr, bool select) {
+  if (!truthy(v)) return Value::generator({});  // `if value:` in jinja2, as for map
   Value h;
   auto& items = seq_items(v, h);
   size_t k = 0;
@@ -1595,6 +1604,8 @@ Value f_reverse(Interp&, const Value& v, const Args& a) {
     std::reverse(cps.begin(), cps.end());
     return Value::string(encode(cps));
   }
+  if (!v.is_list() && !v.is_dict() && !v.is_undefined())
+    throw JinjaError("FilterArgumentError", "argument must be iterable");
   Value it = iterate(v);
   std::vector<Value> items = it.lst().items;
   std::reverse(items.begin(), items.end());
@@ -1609,7 +1620,7 @@ Value f_round(Interp&, const Value& v, const Args& a) {
   std::string method = b[1] ? to_str(*b[1]) : "common";
   if (method != "common" && method != "ceil" && method != "floor")
     throw JinjaError("FilterArgumentError", "method must be common, ceil or floor");
-  if (v.is_undefined()) undefined_error(v);
+  // Undefined has no __round__, so this is a TypeError rather than an UndefinedError.
   if (!v.is_number()) type_error(fmt::format("type {} doesn't define __round__ method", type_name(v)));
   if (method == "common") {
     if (int_like(v)) {

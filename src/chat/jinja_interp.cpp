@@ -607,9 +607,12 @@ Value Interp::eval(const Expr& e) {
       Value b = s.stop ? eval(*s.stop) : Value::none();
       Value c = s.step ? eval(*s.step) : Value::none();
       cur_ = &e;
+      // jinja2 compiles slices to a plain Python subscript, bypassing its lenient getitem, so a
+      // bad slice raises instead of producing an undefined value.
       if (obj.is_undefined()) undefined_error(obj);
+      if (obj.is_dict()) type_error("unhashable type: 'slice'");
       if (!obj.is_string() && !(obj.is_list() && obj.lst().plain()))
-        return Value::undefined(fmt::format("{} is not subscriptable", py_str_repr(type_name(obj))));
+        type_error(fmt::format("'{}' object is not subscriptable", type_name(obj)));
       return slice(obj, a, b, c);
     }
     case EK::Call: return eval_call(static_cast<const CallExpr&>(e));

@@ -100,6 +100,10 @@ const RenderCase kJinjaExpr[] = {
      "{'a': 1, 'b': 'x'} 1 2"},
     {"loop_var_outside_loop", "[{{ loop }}]", nullptr,
      "[]"},
+    {"percent_mapping_like_args", "[{{ 'x' % nothing }}] [{{ 'x' % [1, 2] }}] [{{ '%s' % [1, 2] }}] [{{ '%s|' % nothing }}]", nullptr,
+     "[x] [x] [[1, 2]] [|]"},
+    {"filters_on_falsy_values", "{{ n|map('upper')|list }} {{ n|select|list }} {{ 0|rejectattr('x')|list }} {{ ''|map('upper')|list }}", nullptr,
+     "[] [] [] []"},
 };
 class JinjaExpr : public ::testing::TestWithParam<RenderCase> {};
 TEST_P(JinjaExpr, MatchesJinja2) {
@@ -138,6 +142,11 @@ const ErrorCase kJinjaExprErrors[] = {
     {"split_empty_separator", "{{ 'a'.split('') }}", "{}", "ValueError"},
     {"join_non_strings", "{{ ','.join([1, 2]) }}", "{}", "TypeError"},
     {"index_not_found", "{{ 'abc'.index('z') }}", "{}", "ValueError"},
+    {"slice_none_variable", "{{ n[1:] }}", "{\"n\": null}", "TypeError"},
+    {"slice_dict", "{{ d[1:] }}", "{\"d\": {\"a\": 1}}", "TypeError"},
+    {"indent_non_string", "{{ n|indent }}", "{\"n\": 5}", "TypeError"},
+    {"dictsort_non_mapping", "{{ l|dictsort }}", "{\"l\": [1]}", "AttributeError"},
+    {"round_undefined", "{{ nothing|round }}", "{}", "TypeError"},
 };
 class JinjaExprErrors : public ::testing::TestWithParam<ErrorCase> {};
 TEST_P(JinjaExprErrors, Raises) { expect_error(GetParam()); }

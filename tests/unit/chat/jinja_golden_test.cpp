@@ -123,7 +123,9 @@ TEST_F(ChatTemplateGoldens, FiftyMessageRenderIsFast) {
     for (int k = 0; k < n; ++k) EXPECT_EQ(t.render(ctx, opts).size(), first.size());
     double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / n;
     std::printf("%s: 50-message render %.1f us\n", name, us);
+#ifdef NDEBUG  // the budget applies to optimized builds; debug and sanitizer builds only report
     EXPECT_LT(us, 1000.0) << name;
+#endif
   }
 }
 
