@@ -25,7 +25,24 @@ struct Pos {
 };
 
 enum class EK : uint8_t {
-  Const, Name, List, Dict, Attr, Item, Slice, Call, Filter, Test, Neg, Plus, Not, Bin, And, Or, Compare, Cond,
+  Const,
+  Name,
+  List,
+  Dict,
+  Attr,
+  Item,
+  Slice,
+  Call,
+  Filter,
+  Test,
+  Neg,
+  Plus,
+  Not,
+  Bin,
+  And,
+  Or,
+  Compare,
+  Cond,
   Captured,  // the output captured by a filter block or block set, fed to its filter chain
 };
 enum class BinOp : uint8_t { Add, Sub, Mul, Div, FloorDiv, Mod, Pow, Concat };
@@ -119,7 +136,21 @@ struct CondExpr : Expr {
 
 // --- statements -------------------------------------------------------------------------------------
 
-enum class SK : uint8_t { Text, Emit, If, For, Set, SetBlock, Macro, CallBlock, FilterBlock, With, Break, Continue, Scope };
+enum class SK : uint8_t {
+  Text,
+  Emit,
+  If,
+  For,
+  Set,
+  SetBlock,
+  Macro,
+  CallBlock,
+  FilterBlock,
+  With,
+  Break,
+  Continue,
+  Scope
+};
 
 struct Stmt {
   Stmt(SK k, Pos p) : kind(k), pos(p) {}

@@ -26,7 +26,8 @@ int64_t ival(const Value& v) { return v.kind == Kind::Bool ? int64_t(v.b) : v.i;
 int64_t need_int(const Value* v, const char* what, int64_t dflt) {
   if (!v || v->is_none()) return dflt;
   if (v->is_undefined()) undefined_error(*v);
-  if (!int_like(*v)) type_error(fmt::format("'{}' object cannot be interpreted as an integer ({})", type_name(*v), what));
+  if (!int_like(*v))
+    type_error(fmt::format("'{}' object cannot be interpreted as an integer ({})", type_name(*v), what));
   return ival(*v);
 }
 
@@ -303,8 +304,8 @@ std::vector<std::string> splitlines(std::string_view s, bool keepends) {
   for (size_t p = 0; p < s.size();) {
     size_t start = p;
     uint32_t c = decode_utf8(s, p);
-    bool brk = c == '\n' || c == '\r' || c == 0x0b || c == 0x0c || c == 0x1c || c == 0x1d || c == 0x1e ||
-               c == 0x85 || c == 0x2028 || c == 0x2029;
+    bool brk = c == '\n' || c == '\r' || c == 0x0b || c == 0x0c || c == 0x1c || c == 0x1d || c == 0x1e || c == 0x85 ||
+               c == 0x2028 || c == 0x2029;
     if (!brk) {
       line.append(s.substr(start, p - start));
       continue;
@@ -328,8 +329,10 @@ std::string pad(const std::string& s, int64_t width, char align, const std::stri
   if (width <= len) return s;
   check_size(uint64_t(width) * fill.size());
   int64_t marg = width - len, left = 0;
-  if (align == '^') left = marg / 2 + (marg & width & 1);
-  else if (align == '>') left = marg;
+  if (align == '^')
+    left = marg / 2 + (marg & width & 1);
+  else if (align == '>')
+    left = marg;
   std::string out;
   for (int64_t k = 0; k < left; ++k) out += fill;
   out += s;
@@ -456,8 +459,10 @@ Value percent_format(const std::string& f, const Value& args) {
       case 'r':
       case 'a': {
         std::string s;
-        if (conv == 's') append_str(s, *arg);
-        else append_repr(s, *arg);
+        if (conv == 's')
+          append_str(s, *arg);
+        else
+          append_repr(s, *arg);
         if (has_prec) {
           auto cps = to_codepoints(s);
           size_t n = prec.empty() ? 0 : size_t(std::stoul(prec));
@@ -559,10 +564,22 @@ std::string format_value(const Value& v, const std::string& spec) {
     neg = x < 0;
     uint64_t u = neg ? uint64_t(0) - uint64_t(x) : uint64_t(x);
     switch (type) {
-      case 'b': body = fmt::format("{:b}", u); prefix = alt ? "0b" : ""; break;
-      case 'o': body = fmt::format("{:o}", u); prefix = alt ? "0o" : ""; break;
-      case 'x': body = fmt::format("{:x}", u); prefix = alt ? "0x" : ""; break;
-      case 'X': body = fmt::format("{:X}", u); prefix = alt ? "0X" : ""; break;
+      case 'b':
+        body = fmt::format("{:b}", u);
+        prefix = alt ? "0b" : "";
+        break;
+      case 'o':
+        body = fmt::format("{:o}", u);
+        prefix = alt ? "0o" : "";
+        break;
+      case 'x':
+        body = fmt::format("{:x}", u);
+        prefix = alt ? "0x" : "";
+        break;
+      case 'X':
+        body = fmt::format("{:X}", u);
+        prefix = alt ? "0X" : "";
+        break;
       case 'c': encode_utf8(body, uint32_t(u)); break;
       default: body = fmt::format("{}", u);
     }
@@ -639,11 +656,14 @@ Value str_format(Interp& in, const std::string& f, const Args& args) {
     std::string head = field.substr(0, e);
     Value v;
     if (head.empty()) {
-      if (auto_idx >= args.pos.size()) throw JinjaError("IndexError", fmt::format("Replacement index {} out of range for positional args tuple", auto_idx));
+      if (auto_idx >= args.pos.size())
+        throw JinjaError("IndexError",
+                         fmt::format("Replacement index {} out of range for positional args tuple", auto_idx));
       v = args.pos[auto_idx++];
     } else if (std::all_of(head.begin(), head.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
       size_t i = std::stoul(head);
-      if (i >= args.pos.size()) throw JinjaError("IndexError", fmt::format("Replacement index {} out of range for positional args tuple", i));
+      if (i >= args.pos.size())
+        throw JinjaError("IndexError", fmt::format("Replacement index {} out of range for positional args tuple", i));
       v = args.pos[i];
     } else {
       const Value* kv = args.kwarg(head);
@@ -727,10 +747,11 @@ Value dict_items(const Value& d) {
 }
 
 const std::string_view kStrMethods[] = {
-    "capitalize", "casefold", "center", "count", "endswith", "find", "format", "index", "isalnum", "isalpha",
-    "isdecimal", "isdigit", "islower", "isnumeric", "isspace", "istitle", "isupper", "join", "ljust", "lower",
-    "lstrip", "partition", "removeprefix", "removesuffix", "replace", "rfind", "rindex", "rjust", "rpartition",
-    "rsplit", "rstrip", "split", "splitlines", "startswith", "strip", "swapcase", "title", "upper", "zfill"};
+    "capitalize", "casefold",   "center",    "count",    "endswith",   "find",      "format",       "index",
+    "isalnum",    "isalpha",    "isdecimal", "isdigit",  "islower",    "isnumeric", "isspace",      "istitle",
+    "isupper",    "join",       "ljust",     "lower",    "lstrip",     "partition", "removeprefix", "removesuffix",
+    "replace",    "rfind",      "rindex",    "rjust",    "rpartition", "rsplit",    "rstrip",       "split",
+    "splitlines", "startswith", "strip",     "swapcase", "title",      "upper",     "zfill"};
 
 bool prefix_match(const Value& self, const Args& args, bool ends) {
   auto b = bind_args(args, {"prefix", "start", "end"}, ends ? "endswith" : "startswith");
@@ -819,8 +840,7 @@ Value str_method(Interp& in, const Value& self, std::string_view name, const Arg
     std::string out;
     size_t k = 0;
     for (auto& x : items.lst().items) {
-      if (!x.is_string())
-        type_error(fmt::format("sequence item {}: expected str instance, {} found", k, type_name(x)));
+      if (!x.is_string()) type_error(fmt::format("sequence item {}: expected str instance, {} found", k, type_name(x)));
       if (k++) out += s;
       out += x.str();
     }
@@ -831,7 +851,11 @@ Value str_method(Interp& in, const Value& self, std::string_view name, const Arg
     auto b = bind_args(args, {"width", "fillchar"}, std::string(name).c_str());
     std::string fill = b[1] ? need_str(b[1], "center") : " ";
     if (cp_count(fill) != 1) type_error("The fill character must be exactly one character long");
-    return Value::string(pad(s, need_int(b[0], "width", 0), name == "center" ? '^' : name == "ljust" ? '<' : '>', fill));
+    return Value::string(pad(s, need_int(b[0], "width", 0),
+                             name == "center"  ? '^'
+                             : name == "ljust" ? '<'
+                                               : '>',
+                             fill));
   }
   if (name == "zfill") {
     auto b = bind_args(args, {"width"}, "zfill");
@@ -845,7 +869,8 @@ Value str_method(Interp& in, const Value& self, std::string_view name, const Arg
     auto b = bind_args(args, {"affix"}, std::string(name).c_str());
     const std::string& a = need_str(b[0], "removeprefix");
     if (name == "removeprefix" && s.compare(0, a.size(), a) == 0) return Value::string(s.substr(a.size()));
-    if (name == "removesuffix" && !a.empty() && s.size() >= a.size() && s.compare(s.size() - a.size(), a.size(), a) == 0)
+    if (name == "removesuffix" && !a.empty() && s.size() >= a.size() &&
+        s.compare(s.size() - a.size(), a.size(), a) == 0)
       return Value::string(s.substr(0, s.size() - a.size()));
     return self;
   }
@@ -858,7 +883,8 @@ Value str_method(Interp& in, const Value& self, std::string_view name, const Arg
       return name == "partition" ? Value::list({self, Value::string(""), Value::string("")}, true)
                                  : Value::list({Value::string(""), Value::string(""), self}, true);
     }
-    return Value::list({Value::string(s.substr(0, at)), Value::string(sep), Value::string(s.substr(at + sep.size()))}, true);
+    return Value::list({Value::string(s.substr(0, at)), Value::string(sep), Value::string(s.substr(at + sep.size()))},
+                       true);
   }
   if (name == "splitlines") {
     auto b = bind_args(args, {"keepends"}, "splitlines");
@@ -874,7 +900,9 @@ Value str_method(Interp& in, const Value& self, std::string_view name, const Arg
   if (name == "isdigit" || name == "isdecimal" || name == "isnumeric") return all(cp_digit);
   if (name == "isspace") return all(is_py_space);
   if (name == "islower" || name == "isupper") return Value::boolean(py_iscase(s, name == "isupper"));
-  if (name == "istitle") return Value::boolean(!cps.empty() && str_title(s) == s && cp_count(s) && std::any_of(cps.begin(), cps.end(), cp_cased));
+  if (name == "istitle")
+    return Value::boolean(!cps.empty() && str_title(s) == s && cp_count(s) &&
+                          std::any_of(cps.begin(), cps.end(), cp_cased));
   type_error(fmt::format("'str' object has no attribute '{}'", name));
 }
 
@@ -996,7 +1024,9 @@ Value binary_op(BinOp op, const Value& a, const Value& b) {
   auto unsupported = [&]() -> Value {
     type_error(fmt::format("unsupported operand type(s) for {}: '{}' and '{}'", sym, type_name(a), type_name(b)));
   };
-  auto overflow = []() -> Value { throw JinjaError("OverflowError", "integer overflow (only 64-bit integers are supported)"); };
+  auto overflow = []() -> Value {
+    throw JinjaError("OverflowError", "integer overflow (only 64-bit integers are supported)");
+  };
   int64_t r;
   switch (op) {
     case BinOp::Add:
@@ -1147,7 +1177,8 @@ Value call_method(Interp& in, const Value& self, std::string_view name, const Ar
       auto b = bind_args(args, {"value"}, std::string(name).c_str());
       if (!b[0]) type_error(fmt::format("{}() takes exactly one argument (0 given)", name));
       if (name == "count")
-        return Value::integer(std::count_if(items.begin(), items.end(), [&](const Value& x) { return equals(x, *b[0]); }));
+        return Value::integer(
+            std::count_if(items.begin(), items.end(), [&](const Value& x) { return equals(x, *b[0]); }));
       for (size_t k = 0; k < items.size(); ++k)
         if (equals(items[k], *b[0])) return Value::integer(int64_t(k));
       std::string r;
@@ -1209,7 +1240,8 @@ Value sort_key(Interp& in, const Value& item, const Value* attribute, bool case_
       size_t start = 0;
       while (true) {
         size_t comma = a.find(',', start);
-        Value p = attr_path(in, item, Value::string(a.substr(start, comma == std::string::npos ? std::string::npos : comma - start)));
+        Value p = attr_path(
+            in, item, Value::string(a.substr(start, comma == std::string::npos ? std::string::npos : comma - start)));
         parts.push_back(case_sensitive ? p : lower_if_str(p));
         if (comma == std::string::npos) break;
         start = comma + 1;
@@ -1286,10 +1318,12 @@ Value f_default(Interp&, const Value& v, const Args& a) {
 Value f_dictsort(Interp& in, const Value& v, const Args& a) {
   auto b = bind_args(a, {"case_sensitive", "by", "reverse"}, "dictsort");
   if (v.is_undefined()) undefined_error(v);
-  if (!v.is_dict()) throw JinjaError("AttributeError", fmt::format("'{}' object has no attribute 'items'", type_name(v)));
+  if (!v.is_dict())
+    throw JinjaError("AttributeError", fmt::format("'{}' object has no attribute 'items'", type_name(v)));
   bool cs = b[0] && truthy(*b[0]), rev = b[2] && truthy(*b[2]);
   std::string by = b[1] ? to_str(*b[1]) : "key";
-  if (by != "key" && by != "value") throw JinjaError("FilterArgumentError", "You can only sort by either \"key\" or \"value\"");
+  if (by != "key" && by != "value")
+    throw JinjaError("FilterArgumentError", "You can only sort by either \"key\" or \"value\"");
   int pos = by == "key" ? 0 : 1;
   std::vector<Value> items = dict_items(v).lst().items;
   std::vector<Value> keys;
@@ -1401,7 +1435,8 @@ Value f_int(Interp&, const Value& v, const Args& a) {
   if (v.is_undefined()) undefined_error(v);
   if (int_like(v)) return Value::integer(ival(v));
   if (v.kind == Kind::Float) {
-    if (!std::isfinite(v.f)) throw JinjaError(std::isnan(v.f) ? "ValueError" : "OverflowError", "cannot convert float to integer");
+    if (!std::isfinite(v.f))
+      throw JinjaError(std::isnan(v.f) ? "ValueError" : "OverflowError", "cannot convert float to integer");
     return Value::integer(int64_t(v.f));
   }
   if (v.is_string()) {
@@ -1409,7 +1444,8 @@ Value f_int(Interp&, const Value& v, const Args& a) {
     if (parse_py_int(v.str(), base, i)) return Value::integer(i);
     double d;  // "42.23"|int is 42, as in jinja2
     if (parse_py_float(v.str(), d)) {
-      if (!std::isfinite(d)) throw JinjaError(std::isnan(d) ? "ValueError" : "OverflowError", "cannot convert float to integer");
+      if (!std::isfinite(d))
+        throw JinjaError(std::isnan(d) ? "ValueError" : "OverflowError", "cannot convert float to integer");
       return Value::integer(int64_t(d));
     }
   }
@@ -1674,7 +1710,8 @@ Value f_sum(Interp& in, const Value& v, const Args& a) {
   auto b = bind_args(a, {"attribute", "start"}, "sum");
   Value acc = b[1] ? *b[1] : Value::integer(0);
   Value h;
-  for (auto& x : seq_items(v, h)) acc = binary_op(BinOp::Add, acc, b[0] && !b[0]->is_none() ? attr_path(in, x, *b[0]) : x);
+  for (auto& x : seq_items(v, h))
+    acc = binary_op(BinOp::Add, acc, b[0] && !b[0]->is_none() ? attr_path(in, x, *b[0]) : x);
   return acc;
 }
 
@@ -1736,7 +1773,8 @@ Value f_truncate(Interp&, const Value& v, const Args& a) {
   bool kill = b[1] && truthy(*b[1]);
   std::string end = b[2] ? soft_str(*b[2]) : "...";
   int64_t end_len = int64_t(cp_count(end));
-  if (length < end_len) throw JinjaError("AssertionError", fmt::format("expected length >= {}, got {}", end_len, length));
+  if (length < end_len)
+    throw JinjaError("AssertionError", fmt::format("expected length >= {}, got {}", end_len, length));
   if (leeway < 0) throw JinjaError("AssertionError", fmt::format("expected leeway >= 0, got {}", leeway));
   auto cps = to_codepoints(soft_str(v));
   if (int64_t(cps.size()) <= length + leeway) return Value::string(soft_str(v));
@@ -1778,28 +1816,28 @@ Value f_wordcount(Interp&, const Value& v, const Args& a) {
 
 const std::unordered_map<std::string_view, FilterFn>& filters() {
   static const std::unordered_map<std::string_view, FilterFn> m = {
-      {"abs", f_abs},         {"attr", f_attr},
-      {"batch", f_batch},     {"capitalize", f_capitalize},
-      {"center", f_center},   {"count", f_length},
-      {"d", f_default},       {"default", f_default},
+      {"abs", f_abs},           {"attr", f_attr},
+      {"batch", f_batch},       {"capitalize", f_capitalize},
+      {"center", f_center},     {"count", f_length},
+      {"d", f_default},         {"default", f_default},
       {"dictsort", f_dictsort}, {"e", f_escape},
-      {"escape", f_escape},   {"first", f_first},
-      {"float", f_float},     {"forceescape", f_escape},
-      {"format", f_format},   {"indent", f_indent},
-      {"int", f_int},         {"items", f_items},
-      {"join", f_join},       {"last", f_last},
-      {"length", f_length},   {"list", f_list},
-      {"lower", f_lower},     {"map", f_map},
-      {"max", f_max},         {"min", f_min},
-      {"reject", f_reject},   {"rejectattr", f_rejectattr},
-      {"replace", f_replace}, {"reverse", f_reverse},
-      {"round", f_round},     {"safe", f_safe},
-      {"select", f_select},   {"selectattr", f_selectattr},
-      {"sort", f_sort},       {"string", f_string},
-      {"sum", f_sum},         {"title", f_title},
-      {"tojson", f_tojson},   {"trim", f_trim},
+      {"escape", f_escape},     {"first", f_first},
+      {"float", f_float},       {"forceescape", f_escape},
+      {"format", f_format},     {"indent", f_indent},
+      {"int", f_int},           {"items", f_items},
+      {"join", f_join},         {"last", f_last},
+      {"length", f_length},     {"list", f_list},
+      {"lower", f_lower},       {"map", f_map},
+      {"max", f_max},           {"min", f_min},
+      {"reject", f_reject},     {"rejectattr", f_rejectattr},
+      {"replace", f_replace},   {"reverse", f_reverse},
+      {"round", f_round},       {"safe", f_safe},
+      {"select", f_select},     {"selectattr", f_selectattr},
+      {"sort", f_sort},         {"string", f_string},
+      {"sum", f_sum},           {"title", f_title},
+      {"tojson", f_tojson},     {"trim", f_trim},
       {"truncate", f_truncate}, {"unique", f_unique},
-      {"upper", f_upper},     {"wordcount", f_wordcount},
+      {"upper", f_upper},       {"wordcount", f_wordcount},
   };
   return m;
 }
@@ -1892,16 +1930,45 @@ bool t_test(Interp&, const Value& v, const Args& a) {
 
 const std::unordered_map<std::string_view, TestFn>& tests() {
   static const std::unordered_map<std::string_view, TestFn> m = {
-      {"boolean", t_boolean}, {"callable", t_callable}, {"defined", t_defined}, {"undefined", t_undefined},
-      {"none", t_none},       {"true", t_true},         {"false", t_false},     {"string", t_string},
-      {"mapping", t_mapping}, {"number", t_number},     {"integer", t_integer}, {"float", t_float},
-      {"iterable", t_iterable}, {"sequence", t_sequence}, {"escaped", t_escaped}, {"odd", t_odd},
-      {"even", t_even},       {"divisibleby", t_divisibleby}, {"eq", t_eq},   {"equalto", t_eq},
-      {"==", t_eq},           {"ne", t_ne},             {"!=", t_ne},           {"lt", t_lt},
-      {"lessthan", t_lt},     {"<", t_lt},              {"le", t_le},           {"<=", t_le},
-      {"gt", t_gt},           {"greaterthan", t_gt},    {">", t_gt},            {"ge", t_ge},
-      {">=", t_ge},           {"in", t_in},             {"sameas", t_sameas},   {"lower", t_lower},
-      {"upper", t_upper},     {"filter", t_filter},     {"test", t_test},
+      {"boolean", t_boolean},
+      {"callable", t_callable},
+      {"defined", t_defined},
+      {"undefined", t_undefined},
+      {"none", t_none},
+      {"true", t_true},
+      {"false", t_false},
+      {"string", t_string},
+      {"mapping", t_mapping},
+      {"number", t_number},
+      {"integer", t_integer},
+      {"float", t_float},
+      {"iterable", t_iterable},
+      {"sequence", t_sequence},
+      {"escaped", t_escaped},
+      {"odd", t_odd},
+      {"even", t_even},
+      {"divisibleby", t_divisibleby},
+      {"eq", t_eq},
+      {"equalto", t_eq},
+      {"==", t_eq},
+      {"ne", t_ne},
+      {"!=", t_ne},
+      {"lt", t_lt},
+      {"lessthan", t_lt},
+      {"<", t_lt},
+      {"le", t_le},
+      {"<=", t_le},
+      {"gt", t_gt},
+      {"greaterthan", t_gt},
+      {">", t_gt},
+      {"ge", t_ge},
+      {">=", t_ge},
+      {"in", t_in},
+      {"sameas", t_sameas},
+      {"lower", t_lower},
+      {"upper", t_upper},
+      {"filter", t_filter},
+      {"test", t_test},
   };
   return m;
 }
@@ -1912,7 +1979,8 @@ constexpr int64_t kMaxRange = 100000;  // jinja2's sandbox refuses longer ranges
 
 Value g_range(Interp&, const Args& a) {
   if (!a.kw.empty()) type_error("range() takes no keyword arguments");
-  if (a.pos.empty() || a.pos.size() > 3) type_error(fmt::format("range expected 1 to 3 arguments, got {}", a.pos.size()));
+  if (a.pos.empty() || a.pos.size() > 3)
+    type_error(fmt::format("range expected 1 to 3 arguments, got {}", a.pos.size()));
   for (auto& v : a.pos) {
     if (v.is_undefined()) undefined_error(v);
     if (!int_like(v)) type_error(fmt::format("'{}' object cannot be interpreted as an integer", type_name(v)));
@@ -1958,7 +2026,8 @@ std::vector<std::pair<Value, Value>> dict_args(const Args& a, const char* fname)
       Value it = iterate(src);
       for (auto& pair : it.lst().items) {
         Value p = iterate(pair);
-        if (p.lst().items.size() != 2) value_error("dictionary update sequence element has wrong length; 2 is required");
+        if (p.lst().items.size() != 2)
+          value_error("dictionary update sequence element has wrong length; 2 is required");
         put(p.lst().items[0], p.lst().items[1]);
       }
     }

@@ -51,7 +51,6 @@ struct Swap {
   ~Swap() { slot = saved; }
 };
 
-
 Value missing_attr(const Value& obj, std::string_view name, const Value* key) {
   return Value::missing(obj, key ? *key : Value::string(std::string(name)));
 }
@@ -296,8 +295,8 @@ void Interp::assign(const Target& t, const Value& v) {
       if (items.size() > t.items.size())
         throw JinjaError("ValueError", fmt::format("too many values to unpack (expected {})", t.items.size()));
       if (items.size() < t.items.size())
-        throw JinjaError("ValueError", fmt::format("not enough values to unpack (expected {}, got {})",
-                                                   t.items.size(), items.size()));
+        throw JinjaError("ValueError", fmt::format("not enough values to unpack (expected {}, got {})", t.items.size(),
+                                                   items.size()));
       for (size_t k = 0; k < items.size(); ++k) assign(t.items[k], items[k]);
       return;
     }

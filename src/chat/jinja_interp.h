@@ -64,7 +64,7 @@ struct LoopObj : Object {
   Value last_changed;  // state of loop.changed()
   bool changed_called = false;
   const ForStmt* stmt = nullptr;  // for recursive loops: loop(x) re-enters the body
-  Frame* frame = nullptr;          // the frame the for statement runs in
+  Frame* frame = nullptr;         // the frame the for statement runs in
   size_t length() const { return items.lst().items.size(); }
 };
 

@@ -210,7 +210,8 @@ class Lexer {
     std::vector<char> balance;
     for (;;) {
       p = skip_space(p);
-      if (p >= src_.size()) fail(start, block ? "unexpected end of template, expected '%}'" : "unexpected end of template, expected '}}'");
+      if (p >= src_.size())
+        fail(start, block ? "unexpected end of template, expected '%}'" : "unexpected end of template, expected '}}'");
       if (balance.empty()) {
         size_t next = std::string::npos;
         if (block) {

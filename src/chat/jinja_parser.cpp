@@ -21,9 +21,7 @@ class Parser {
     for (const char* s : {"loop", "caller", "varargs", "kwargs"}) intern(s);
   }
 
-  void run() {
-    prog_.body = parse_body({});
-  }
+  void run() { prog_.body = parse_body({}); }
 
  private:
   std::vector<Token> toks_;
@@ -456,8 +454,12 @@ class Parser {
       if (cur().type == Tok::Op && (cur().value == "==" || cur().value == "!=" || cur().value == "<" ||
                                     cur().value == "<=" || cur().value == ">" || cur().value == ">=")) {
         const std::string& v = cur().value;
-        op = v == "==" ? CmpOp::Eq : v == "!=" ? CmpOp::Ne : v == "<" ? CmpOp::Lt : v == "<=" ? CmpOp::Le
-             : v == ">" ? CmpOp::Gt : CmpOp::Ge;
+        op = v == "=="   ? CmpOp::Eq
+             : v == "!=" ? CmpOp::Ne
+             : v == "<"  ? CmpOp::Lt
+             : v == "<=" ? CmpOp::Le
+             : v == ">"  ? CmpOp::Gt
+                         : CmpOp::Ge;
         next();
       } else if (is_name("in")) {
         op = CmpOp::In;

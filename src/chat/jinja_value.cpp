@@ -17,7 +17,8 @@ void undefined_error(const Value& v) {
 
 void check_size(uint64_t bytes) {
   if (bytes > kMaxGeneratedString)
-    throw JinjaError("MemoryError", fmt::format("string of {} bytes exceeds the {} MiB limit", bytes, kMaxGeneratedString >> 20));
+    throw JinjaError("MemoryError",
+                     fmt::format("string of {} bytes exceeds the {} MiB limit", bytes, kMaxGeneratedString >> 20));
 }
 
 // --- construction -------------------------------------------------------------------------------
@@ -97,7 +98,8 @@ std::string Value::undefined_message() const {
     case UndefinedInfo::Missing: break;
   }
   // jinja2's wording: "'dict object' has no attribute 'x'", "list object has no element 3".
-  if (u.key.is_string()) return fmt::format("{} has no attribute {}", py_str_repr(type_repr(u.obj)), py_str_repr(u.key.str()));
+  if (u.key.is_string())
+    return fmt::format("{} has no attribute {}", py_str_repr(type_repr(u.obj)), py_str_repr(u.key.str()));
   std::string k;
   append_repr(k, u.key);
   return fmt::format("{} has no element {}", type_repr(u.obj), k);
@@ -224,11 +226,9 @@ std::string py_float_repr(double d) {
 static bool py_printable(uint32_t c) {
   if (c < 0x20 || (c >= 0x7f && c <= 0xa0) || c == 0xad) return false;
   if (c < 0x600) return true;
-  if ((c >= 0x600 && c <= 0x605) || c == 0x61c || c == 0x6dd || c == 0x70f || c == 0x8e2 || c == 0x1680 ||
-      c == 0x180e)
+  if ((c >= 0x600 && c <= 0x605) || c == 0x61c || c == 0x6dd || c == 0x70f || c == 0x8e2 || c == 0x1680 || c == 0x180e)
     return false;
-  if ((c >= 0x2000 && c <= 0x200f) || (c >= 0x2028 && c <= 0x202f) || (c >= 0x205f && c <= 0x206f) ||
-      c == 0x3000)
+  if ((c >= 0x2000 && c <= 0x200f) || (c >= 0x2028 && c <= 0x202f) || (c >= 0x205f && c <= 0x206f) || c == 0x3000)
     return false;
   if ((c >= 0xd800 && c <= 0xf8ff) || c == 0xfeff || (c >= 0xfff9 && c <= 0xfffb) || c == 0xfffe || c == 0xffff)
     return false;
@@ -653,8 +653,7 @@ void dump_json(std::string& out, const Value& v, const JsonOptions& o, int level
         }
         kv.emplace_back(std::move(key), &x);
       }
-      if (o.sort_keys)
-        std::stable_sort(kv.begin(), kv.end(), [](auto& a, auto& b) { return a.first < b.first; });
+      if (o.sort_keys) std::stable_sort(kv.begin(), kv.end(), [](auto& a, auto& b) { return a.first < b.first; });
       out += '{';
       if (pretty) json_newline(out, o, level + 1);
       for (size_t k = 0; k < kv.size(); ++k) {

@@ -60,7 +60,7 @@ enum class ObjType : uint8_t { Namespace, Loop, Callable };
 struct Object {
   explicit Object(ObjType t) : type(t) {}
   virtual ~Object() = default;
-  virtual const char* py_type() const = 0;       // type(x).__name__
+  virtual const char* py_type() const = 0;  // type(x).__name__
   virtual const char* py_module() const { return "jinja2.runtime"; }
   virtual void repr(std::string& out) const = 0;  // repr(x), also what str(x) prints
   ObjType type;
@@ -156,8 +156,8 @@ struct NamespaceObj : Object {
 
 // --- Python semantics -------------------------------------------------------------------------
 bool truthy(const Value& v);
-const char* type_name(const Value& v);  // Python's type(x).__name__
-std::string type_repr(const Value& v);  // "'dict object'", as jinja2 writes it in undefined hints
+const char* type_name(const Value& v);              // Python's type(x).__name__
+std::string type_repr(const Value& v);              // "'dict object'", as jinja2 writes it in undefined hints
 void append_str(std::string& out, const Value& v);  // str(v)
 std::string to_str(const Value& v);
 void append_repr(std::string& out, const Value& v);  // repr(v)
@@ -180,7 +180,7 @@ Value from_json(const nlohmann::ordered_json& j);
 nlohmann::ordered_json to_json(const Value& v);
 struct JsonOptions {
   bool ensure_ascii = false;
-  int indent = -1;  // -1: none
+  int indent = -1;         // -1: none
   std::string indent_str;  // used when indent_is_str
   bool indent_is_str = false;
   std::string item_sep = ", ";

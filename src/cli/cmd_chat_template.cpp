@@ -50,14 +50,17 @@ std::optional<std::string> token_text(const json& cfg, const char* key) {
 std::string model_template(const fs::path& dir, const json& cfg) {
   if (fs::exists(dir / "chat_template.jinja")) return read_file((dir / "chat_template.jinja").string());
   auto it = cfg.find("chat_template");
-  if (it == cfg.end() || it->is_null()) ts::fail("{}: no chat_template.jinja and no chat_template in tokenizer_config.json", dir.string());
+  if (it == cfg.end() || it->is_null())
+    ts::fail("{}: no chat_template.jinja and no chat_template in tokenizer_config.json", dir.string());
   if (it->is_string()) return it->get<std::string>();
   if (it->is_array() && !it->empty()) {
     for (auto& t : *it)
-      if (t.is_object() && t.value("name", "") == "default" && t.contains("template")) return t["template"].get<std::string>();
+      if (t.is_object() && t.value("name", "") == "default" && t.contains("template"))
+        return t["template"].get<std::string>();
     if ((*it)[0].is_object() && (*it)[0].contains("template")) return (*it)[0]["template"].get<std::string>();
   }
-  ts::fail("{}: tokenizer_config.json chat_template is neither a string nor a list of {{name, template}}", dir.string());
+  ts::fail("{}: tokenizer_config.json chat_template is neither a string nor a list of {{name, template}}",
+           dir.string());
 }
 
 std::tm parse_date(const std::string& s) {

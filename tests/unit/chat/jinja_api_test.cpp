@@ -58,8 +58,9 @@ TEST(JinjaApi, ErrorInsideMacroReportsMacroLine) {
 }
 
 TEST(JinjaApi, RaiseExceptionMessage) {
-  TemplateError e = error_of("{%- if messages[0].role != 'user' -%}\n{{ raise_exception('roles must alternate') }}\n{%- endif %}",
-                             R"({"messages": [{"role": "assistant"}]})");
+  TemplateError e =
+      error_of("{%- if messages[0].role != 'user' -%}\n{{ raise_exception('roles must alternate') }}\n{%- endif %}",
+               R"({"messages": [{"role": "assistant"}]})");
   EXPECT_EQ(e.kind, "TemplateError");
   EXPECT_EQ(e.message, "roles must alternate");
   EXPECT_EQ(e.line, 2);
@@ -80,8 +81,9 @@ TEST(JinjaApi, StrftimeNowUsesInjectedDate) {
   std::time_t t = timegm(&tm);
   gmtime_r(&t, &tm);
   opts.now = tm;
-  EXPECT_EQ(render("{{ strftime_now('%Y-%m-%d') }}|{{ strftime_now('%d %b %Y') }}|{{ strftime_now('%A') }}", "{}", opts),
-            "2026-07-26|26 Jul 2026|Sunday");
+  EXPECT_EQ(
+      render("{{ strftime_now('%Y-%m-%d') }}|{{ strftime_now('%d %b %Y') }}|{{ strftime_now('%A') }}", "{}", opts),
+      "2026-07-26|26 Jul 2026|Sunday");
 }
 
 TEST(JinjaApi, StrftimeNowDefaultsToCurrentTime) {
@@ -126,7 +128,8 @@ TEST(JinjaApi, ContextKeyOrderIsKept) {
 }
 
 TEST(JinjaApi, JsonNumbersKeepTheirType) {
-  EXPECT_EQ(render("{{ a }} {{ b }} {{ c }} {{ a is integer }} {{ b is float }}", R"({"a": 3, "b": 3.0, "c": 18446744073709551615})"),
+  EXPECT_EQ(render("{{ a }} {{ b }} {{ c }} {{ a is integer }} {{ b is float }}",
+                   R"({"a": 3, "b": 3.0, "c": 18446744073709551615})"),
             "3 3.0 1.8446744073709552e+19 True True");
 }
 
@@ -184,8 +187,14 @@ TEST(JinjaApi, TransformersGenerationTagRendersItsBody) {
 
 TEST(JinjaApi, BinaryUnsafeBytesSurvive) {
   // Invalid UTF-8 from a template file passes through printing and slicing unchanged.
-  EXPECT_EQ(render("a\xff{{ 'b\xfe' }}"), "a\xff" "b\xfe");
-  EXPECT_EQ(render("{{ 'a\xff" "b'[::-1] }}|{{ 'a\xff" "b'|length }}"), "b\xff" "a|3");
+  EXPECT_EQ(render("a\xff{{ 'b\xfe' }}"),
+            "a\xff"
+            "b\xfe");
+  EXPECT_EQ(render("{{ 'a\xff"
+                   "b'[::-1] }}|{{ 'a\xff"
+                   "b'|length }}"),
+            "b\xff"
+            "a|3");
 }
 
 }  // namespace

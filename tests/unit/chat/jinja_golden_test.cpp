@@ -111,7 +111,8 @@ TEST_F(ChatTemplateGoldens, FiftyMessageRenderIsFast) {
   for (int k = 0; ctx["messages"].size() < 50; ++k) {
     ctx["messages"].push_back({{"role", "user"}, {"content", fmt::format("Question number {}: what is up?", k)}});
     ctx["messages"].push_back(
-        {{"role", "assistant"}, {"content", fmt::format("An answer of moderate length, with some detail, for turn {}", k)}});
+        {{"role", "assistant"},
+         {"content", fmt::format("An answer of moderate length, with some detail, for turn {}", k)}});
   }
   for (const char* name : {"qwen3.jinja", "llama-3.1-8b-instruct.jinja", "gpt-oss.jinja"}) {
     const Template& t = tmpl(name);
