@@ -278,11 +278,10 @@ void Interp::assign(const Target& t, const Value& v) {
   switch (t.kind) {
     case Target::Name: frame_->set(t.sym, v); return;
     case Target::NsAttr: {
-      NameExpr n(t.pos, t.name, t.sym);
-      Value ns = lookup(n);
-      if (!ns.is_object(ObjType::Namespace))
+      const Value* ns = find_var(t.sym);
+      if (!ns || !ns->is_object(ObjType::Namespace))
         throw JinjaError("TemplateRuntimeError", "cannot assign attribute on non-namespace object");
-      auto& obj = ns.as<NamespaceObj>();
+      auto& obj = ns->as<NamespaceObj>();
       if (Value* slot = obj.find(t.attr))
         *slot = v;
       else
@@ -322,6 +321,7 @@ Value Interp::run_loop(const ForStmt& s, Frame* frame, const Value& iterable, in
   loop->depth0 = depth0;
   loop->stmt = &s;
   loop->frame = frame;
+  Swap<bool> running(loop->running, true);
   Value loopv = Value::object(loop);
   std::string buf;
   Swap<std::string*> o(out_, capture_out ? &buf : out_);
@@ -390,11 +390,15 @@ Value Interp::call_macro(const MacroDef& def, Frame* closure, const Args& args) 
 
 // --- expressions ------------------------------------------------------------------------------------
 
-Value Interp::lookup(const NameExpr& n) {
+const Value* Interp::find_var(int sym) const {
   for (Frame* f = frame_; f; f = f->parent)
-    if (const Value* v = f->find(n.sym)) return *v;
-  if (has_global_[size_t(n.sym)]) return globals_[size_t(n.sym)];
-  return Value::missing_name(n.key);
+    if (const Value* v = f->find(sym)) return v;
+  return has_global_[size_t(sym)] ? &globals_[size_t(sym)] : nullptr;
+}
+
+Value Interp::lookup(const NameExpr& n) {
+  const Value* v = find_var(n.sym);
+  return v ? *v : Value::missing_name(n.key);
 }
 
 void Interp::eval_args(const CallArgs& a, Args& out) {
@@ -419,6 +423,7 @@ Value Interp::call(const Value& callee, const Args& args) {
       auto& l = callee.as<LoopObj>();
       if (!l.stmt->recursive)
         type_error("Tried to call non recursive loop.  Maybe you forgot the 'recursive' modifier.");
+      if (!l.running) throw JinjaError("TemplateRuntimeError", "loop() called after its loop ended");
       if (args.pos.size() != 1) type_error("loop() takes exactly one argument");
       return run_loop(*l.stmt, l.frame, args.pos[0], l.depth0 + 1, true);
     }

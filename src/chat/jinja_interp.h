@@ -64,7 +64,8 @@ struct LoopObj : Object {
   Value last_changed;  // state of loop.changed()
   bool changed_called = false;
   const ForStmt* stmt = nullptr;  // for recursive loops: loop(x) re-enters the body
-  Frame* frame = nullptr;         // the frame the for statement runs in
+  Frame* frame = nullptr;         // the frame the for statement runs in; valid only while `running`
+  bool running = false;           // a loop object kept past its loop (in a namespace) cannot recurse
   size_t length() const { return items.lst().items.size(); }
 };
 
@@ -112,6 +113,7 @@ class Interp {
   Value eval_bin(const BinExpr& b);
   Value eval_compare(const CompareExpr& c);
   Value lookup(const NameExpr& n);
+  const Value* find_var(int sym) const;
   std::string capture(const Body& body);
   Frame* closure_frame(std::shared_ptr<Frame>& holder);
   [[noreturn]] void rethrow(const JinjaError& e);

@@ -167,6 +167,12 @@ TEST(JinjaApi, RunawayRecursionIsAnError) {
   EXPECT_EQ(e.kind, "RecursionError");
 }
 
+TEST(JinjaApi, LoopKeptPastItsLoopCannotRecurse) {
+  TemplateError e = error_of(
+      "{% set ns = namespace() %}{% for x in [1] recursive %}{% set ns.l = loop %}{% endfor %}{{ ns.l([2]) }}");
+  EXPECT_EQ(e.kind, "TemplateRuntimeError");
+}
+
 TEST(JinjaApi, DeepNestingIsASyntaxError) {
   std::string deep(5000, '(');
   deep = "{{ " + deep + "1" + std::string(5000, ')') + " }}";
