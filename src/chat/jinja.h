@@ -54,9 +54,8 @@ class Template {
   std::string render(const nlohmann::ordered_json& context) const;
   std::string render(const nlohmann::ordered_json& context, const RenderOptions& options) const;
 
-  struct Impl;
-
  private:
+  struct Impl;
   std::shared_ptr<const Impl> impl_;
 };
 
