@@ -19,6 +19,7 @@
 
 namespace ts::tok {
 class Tokenizer;
+class StreamDecoder;
 }
 
 namespace ts {
@@ -58,6 +59,8 @@ struct StreamEvent {
   std::string error;             // set if the request failed inside the engine
   int prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
   double ttft_s = 0;             // on the first event: seconds from submit to first token
+  // On the final event with speculative decoding: each verify step's drafts and accepted count.
+  std::vector<std::pair<std::vector<int32_t>, int>> spec_trace;
 };
 
 // Per-request channel. The engine pushes, one client thread pops.
@@ -94,10 +97,22 @@ struct EngineOptions {
   int speculative_eagle_topk = 1;
   int speculative_num_draft_tokens = 0;  // 0: steps + 1
   std::vector<int> eagle3_layers_to_capture;
+  std::string drafter_attention_backend = "paged";
   // CUDA graphs / kernels
   bool disable_cuda_graph = false, disable_prefill_graph = false, enforce_eager = false, disable_pdl = false;
   int cuda_graph_max_bs = 160;
   int prefill_graph_max_tokens = 2048;
+};
+
+// Cumulative histogram (Prometheus semantics: counts[i] = observations <= bounds[i]; the last
+// count is +Inf).
+struct Histogram {
+  std::vector<double> bounds;
+  std::vector<int64_t> counts;  // bounds.size() + 1
+  double sum = 0;
+  int64_t count = 0;
+  explicit Histogram(std::vector<double> b = {}) : bounds(std::move(b)), counts(bounds.size() + 1, 0) {}
+  void observe(double v);
 };
 
 struct EngineMetrics {
@@ -110,7 +125,7 @@ struct EngineMetrics {
   double step_host_us_mean = 0;     // host time per step (schedule + batch build + results)
   int64_t steps = 0, retractions = 0;
   int64_t spec_verify_steps = 0, spec_accepted_tokens = 0;  // accepted length = tokens / steps
-  std::vector<double> ttft_s, itl_s;  // recent samples for histograms (bounded)
+  Histogram ttft_s, itl_s, e2e_s;     // seconds
 };
 
 class EngineImpl;

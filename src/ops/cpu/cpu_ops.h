@@ -24,6 +24,9 @@ void cast(const Tensor& src, Tensor& dst);
 void gather_rows(const Tensor& x, const Tensor& index, Tensor& out);
 void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, std::vector<int32_t>& out);
 
+// The exact distribution sample() draws from for one row (dense; filtered tokens are 0).
+void sampling_probs(const float* logits, int64_t vocab, const SamplingRow& p, std::vector<float>& out);
+
 // Dot product with the fixed lane order every CPU GEMM/GEMV path uses (8 fp32 lanes over k,
 // then a fixed horizontal sum, then the k % 8 tail).
 float dot(const float* a, const float* b, int64_t k);

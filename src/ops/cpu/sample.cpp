@@ -13,10 +13,10 @@ static int32_t argmax(const float* l, int64_t v) {
   return int32_t(best);
 }
 
-// Candidates sorted by probability (desc), ties by id (asc): the order every backend uses.
-static int32_t sample_row(const float* l, int64_t v, const SamplingRow& p, std::vector<int32_t>& idx,
-                          std::vector<float>& prob) {
-  if (p.temperature <= 0.0f) return argmax(l, v);
+// Softmax with temperature, then top-k, top-p, min-p. Leaves the kept candidates in
+// idx[0..keep) sorted by probability (desc), ties by id (asc) — the order every backend uses —
+// and returns keep. prob holds the unfiltered tempered softmax.
+static int64_t filter(const float* l, int64_t v, const SamplingRow& p, std::vector<int32_t>& idx, std::vector<float>& prob) {
   float mx = -INFINITY;
   for (int64_t i = 0; i < v; ++i) mx = std::max(mx, l[i]);
   prob.resize(size_t(v));
@@ -49,6 +49,13 @@ static int32_t sample_row(const float* l, int64_t v, const SamplingRow& p, std::
     while (j < keep && prob[size_t(idx[size_t(j)])] >= thr) ++j;
     keep = j;
   }
+  return keep;
+}
+
+static int32_t sample_row(const float* l, int64_t v, const SamplingRow& p, std::vector<int32_t>& idx,
+                          std::vector<float>& prob) {
+  if (p.temperature <= 0.0f) return argmax(l, v);
+  int64_t keep = filter(l, v, p, idx, prob);
   double total = 0;
   for (int64_t i = 0; i < keep; ++i) total += prob[size_t(idx[size_t(i)])];
   double u = double(sampling_uniform(p.seed, p.counter)) * total, c = 0;
@@ -57,6 +64,20 @@ static int32_t sample_row(const float* l, int64_t v, const SamplingRow& p, std::
     if (u < c) return idx[size_t(i)];
   }
   return idx[size_t(keep - 1)];
+}
+
+void sampling_probs(const float* l, int64_t v, const SamplingRow& p, std::vector<float>& out) {
+  out.assign(size_t(v), 0.0f);
+  if (p.temperature <= 0.0f) {
+    out[size_t(argmax(l, v))] = 1.0f;
+    return;
+  }
+  std::vector<int32_t> idx;
+  std::vector<float> prob;
+  int64_t keep = filter(l, v, p, idx, prob);
+  double total = 0;
+  for (int64_t i = 0; i < keep; ++i) total += prob[size_t(idx[size_t(i)])];
+  for (int64_t i = 0; i < keep; ++i) out[size_t(idx[size_t(i)])] = float(prob[size_t(idx[size_t(i)])] / total);
 }
 
 void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, std::vector<int32_t>& out) {

@@ -46,4 +46,10 @@ size_t free_memory() {
   return free;
 }
 
+size_t total_memory() {
+  size_t free = 0, total = 0;
+  TS_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return total;
+}
+
 }  // namespace ts::cuda

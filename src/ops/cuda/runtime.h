@@ -11,4 +11,5 @@ void memset(void* p, int value, size_t bytes);
 void copy(void* dst, bool dst_dev, const void* src, bool src_dev, size_t bytes);
 void synchronize();
 size_t free_memory();                                // bytes free on the current device
+size_t total_memory();                               // bytes on the current device
 }  // namespace ts::cuda

@@ -1,0 +1,111 @@
+#include "models/eagle3_draft.h"
+
+#include <cmath>
+
+#include "models/rope.h"
+#include "models/weights.h"
+
+namespace ts::models {
+
+Eagle3Draft::Eagle3Draft(const std::string& dir, const Model& target)
+    : device_(target.device()), dtype_(target.dtype()), ws_(target.device()) {
+  io::ModelConfig c = io::load_config(dir);
+  TS_CHECK(c.architecture == "LlamaForCausalLMEagle3" || c.architecture == "Eagle3LlamaForCausalLM",
+           "{}: architecture {} is not an EAGLE3 draft (expected LlamaForCausalLMEagle3)", c.path, c.architecture);
+  TS_CHECK(c.num_layers == 1, "{}: EAGLE3 drafts have one decoder layer (num_hidden_layers {})", c.path, c.num_layers);
+  const io::ModelConfig& tc = target.config();
+  hidden_ = c.hidden_size;
+  eps_ = float(c.rms_norm_eps);
+  int64_t H = hidden_, Ht = c.get<int64_t>("target_hidden_size", tc.hidden_size), hd = c.head_dim;
+  std::vector<int> ids;
+  if (c.raw.contains("eagle_config") && c.raw["eagle_config"].contains("eagle_aux_hidden_state_layer_ids"))
+    ids = c.raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"].get<std::vector<int>>();
+  if (ids.empty()) {
+    int L = int(tc.num_layers);
+    aux_layers_ = {2, L / 2, L - 3};
+  } else {
+    for (int i : ids) aux_layers_.push_back(i + 1);  // "output of layer id" = input of layer id+1
+  }
+  int64_t k = int64_t(aux_layers_.size());
+  WeightLoader wl(io::Checkpoint::open(dir), device_);
+  // The draft shares the target's embedding; its layout must match the target's vocabulary.
+  embed_ = target.embed_table();
+  TS_CHECK(embed_.size(0) == tc.vocab_size && embed_.size(1) == H,
+           "{}: draft hidden size {} does not match the target embedding {}", c.path, H, embed_.shape_str());
+  fc_ = wl.load("fc.weight", {H, k * Ht});
+  bool fc_norm = c.get<bool>("fc_norm", false) || c.get<bool>("norm_before_fc", false);
+  if (fc_norm)
+    for (int64_t i = 0; i < k; ++i) fc_norms_.push_back(wl.load("fc_norm." + std::to_string(i) + ".weight", {Ht}));
+  input_norm_ = wl.load("midlayer.input_layernorm.weight", {H});
+  hidden_norm_ = wl.load("midlayer.hidden_norm.weight", {H});
+  post_norm_ = wl.load("midlayer.post_attention_layernorm.weight", {H});
+  int64_t nh = c.num_heads, nkv = c.num_kv_heads;
+  attn_.qkv = wl.load_stacked({"midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight", "midlayer.self_attn.v_proj.weight"},
+                              {{nh * hd, 2 * H}, {nkv * hd, 2 * H}, {nkv * hd, 2 * H}});
+  attn_.o = wl.load("midlayer.self_attn.o_proj.weight", {H, nh * hd});
+  mlp_.gate_up = wl.load_stacked({"midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight"},
+                                 {{c.intermediate_size, H}, {c.intermediate_size, H}});
+  mlp_.down = wl.load("midlayer.mlp.down_proj.weight", {H, c.intermediate_size});
+  norm_ = wl.load("norm.weight", {H});
+  int64_t dv = c.get<int64_t>("draft_vocab_size", 0);
+  if (dv > 0 && wl.has("lm_head.weight")) {
+    head_ = wl.load("lm_head.weight", {dv, H});
+    Tensor d2t = wl.raw("d2t");
+    TS_CHECK(d2t.dtype == DType::i64 && d2t.numel() == dv, "{}: d2t must be I64 [{}], got {} {}", c.path, dv,
+             dtype_name(d2t.dtype), d2t.shape_str());
+    d2t_.assign(d2t.ptr<int64_t>(), d2t.ptr<int64_t>() + dv);
+    for (int64_t i = 0; i < dv; ++i)
+      TS_CHECK(i + d2t_[size_t(i)] >= 0 && i + d2t_[size_t(i)] < tc.vocab_size, "{}: d2t[{}] maps outside the target vocabulary", c.path, i);
+  } else {
+    head_ = target.lm_head();  // no own vocabulary: share the target's LM head
+  }
+  shape_ = {nh, nkv, hd, float(1.0 / std::sqrt(double(hd))), eps_};
+  rope_ = build_rope(c.rope, int(hd), c.max_position_embeddings, std::max(c.max_position_embeddings, tc.max_position_embeddings),
+                     false, device_);
+}
+
+void Eagle3Draft::project(const Tensor& aux, Tensor& out) {
+  if (aux.rows() == 0) return;
+  if (fc_norms_.empty()) {
+    ops::linear(aux, fc_, out);
+    return;
+  }
+  // Per-chunk norms into slices of one buffer: pairs in one rmsnorm_pair launch, an odd last
+  // chunk alone — no concat.
+  int64_t n = aux.rows(), ht = aux.size(-1) / int64_t(fc_norms_.size());
+  Tensor normed = Tensor::empty({n, aux.size(-1)}, aux.dtype, aux.device);
+  size_t i = 0;
+  for (; i + 1 < fc_norms_.size(); i += 2) {
+    Tensor oa = normed.narrow(1, int64_t(i) * ht, ht), ob = normed.narrow(1, int64_t(i + 1) * ht, ht);
+    ops::rmsnorm_pair(aux.narrow(1, int64_t(i) * ht, ht), aux.narrow(1, int64_t(i + 1) * ht, ht), fc_norms_[i], fc_norms_[i + 1],
+                      eps_, oa, ob);
+  }
+  if (i < fc_norms_.size()) {
+    Tensor o = normed.narrow(1, int64_t(i) * ht, ht);
+    ops::rmsnorm(aux.narrow(1, int64_t(i) * ht, ht), fc_norms_[i], eps_, o);
+  }
+  ops::linear(normed, fc_, out);
+}
+
+Tensor Eagle3Draft::forward(ForwardBatch& b, KvPool& kv, const Tensor& h_in, Tensor& r_out) {
+  ws_.reset();
+  const int64_t T = b.num_tokens, H = hidden_;
+  Tensor e = ws_.alloc({T, H}, dtype_);
+  ops::embedding(b.input_ids, embed_, e);
+  // x = [input_layernorm(e) | hidden_norm(h)] written as two slices of one [T, 2H] buffer.
+  Tensor x = ws_.alloc({T, 2 * H}, dtype_);
+  Tensor xa = x.narrow(1, 0, H), xb = x.narrow(1, H, H);
+  ops::rmsnorm_pair(e, h_in, input_norm_, hidden_norm_, eps_, xa, xb);
+  Tensor a = ws_.alloc({T, H}, dtype_);
+  attention_block(x, attn_, shape_, rope_, b, kv.k[0], kv.v[0], ws_, a);
+  ops::copy_rows(h_in, r_out);
+  ops::add_inplace(r_out, a);  // r = h + attn
+  Tensor hn = ws_.alloc({T, H}, dtype_);
+  ops::rmsnorm(r_out, post_norm_, eps_, hn);
+  Tensor m = ws_.alloc({T, H}, dtype_);
+  mlp_block(hn, mlp_, ws_, m);
+  ops::add_inplace(r_out, m);  // r = r + mlp(post_norm(r))
+  return lm_head_logits(b, r_out, norm_, eps_, head_, ws_);
+}
+
+}  // namespace ts::models

@@ -1,0 +1,122 @@
+#include "runtime/kv_cache.h"
+
+#include <xxhash.h>
+
+#include "core/error.h"
+
+namespace ts {
+
+KvCache::KvCache(int64_t num_blocks, int block_size, bool enable_prefix_cache)
+    : block_size_(block_size), prefix_(enable_prefix_cache), blocks_(size_t(num_blocks)) {
+  TS_CHECK(num_blocks > 0 && block_size > 0, "KvCache: bad pool {} x {}", num_blocks, block_size);
+  free_.reserve(size_t(num_blocks));
+  for (int64_t i = num_blocks - 1; i >= 0; --i) free_.push_back(int32_t(i));  // pop_back gives 0 first
+}
+
+uint64_t KvCache::hash_block(const int32_t* tokens, int n, uint64_t parent) {
+  return XXH64(tokens, size_t(n) * sizeof(int32_t), parent);
+}
+
+int32_t KvCache::take_block() {
+  int32_t id;
+  if (!free_.empty()) {
+    id = free_.back();
+    free_.pop_back();
+  } else {
+    id = lru_.front();  // evict the least recently used cached block
+    lru_.pop_front();
+    Block& b = blocks_[size_t(id)];
+    b.in_lru = false;
+    if (b.hashed) {
+      auto it = by_hash_.find(b.hash);
+      if (it != by_hash_.end() && it->second == id) by_hash_.erase(it);
+      b.hashed = false;
+    }
+  }
+  blocks_[size_t(id)].ref = 1;
+  return id;
+}
+
+void KvCache::unref(int32_t id) {
+  Block& b = blocks_[size_t(id)];
+  if (--b.ref > 0) return;
+  if (b.hashed && prefix_) {
+    b.lru_it = lru_.insert(lru_.end(), id);
+    b.in_lru = true;
+  } else {
+    b.hashed = false;
+    free_.push_back(id);
+  }
+}
+
+int KvCache::match_prefix(const int32_t* tokens, int max_tokens, std::vector<int32_t>& table,
+                          std::vector<uint64_t>& hashes) {
+  if (!prefix_) return 0;
+  uint64_t h = 0;
+  int n = 0;
+  while (n + block_size_ <= max_tokens) {
+    h = hash_block(tokens + n, block_size_, h);
+    auto it = by_hash_.find(h);
+    if (it == by_hash_.end()) break;
+    Block& b = blocks_[size_t(it->second)];
+    if (b.in_lru) {
+      lru_.erase(b.lru_it);
+      b.in_lru = false;
+    }
+    ++b.ref;
+    table.push_back(it->second);
+    hashes.push_back(h);
+    n += block_size_;
+  }
+  return n;
+}
+
+int64_t KvCache::blocks_needed(const std::vector<int32_t>& table, int64_t num_tokens) const {
+  int64_t need = (num_tokens + block_size_ - 1) / block_size_;
+  return std::max<int64_t>(0, need - int64_t(table.size()));
+}
+
+bool KvCache::ensure(std::vector<int32_t>& table, int64_t num_tokens) {
+  int64_t extra = blocks_needed(table, num_tokens);
+  if (extra > available_blocks()) return false;
+  for (int64_t i = 0; i < extra; ++i) table.push_back(take_block());
+  return true;
+}
+
+void KvCache::commit(const int32_t* tokens, int64_t computed, const std::vector<int32_t>& table,
+                     std::vector<uint64_t>& hashes) {
+  if (!prefix_) return;
+  int64_t full = std::min<int64_t>(computed / block_size_, int64_t(table.size()));
+  while (int64_t(hashes.size()) < full) {
+    size_t i = hashes.size();
+    uint64_t parent = i ? hashes[i - 1] : 0;
+    uint64_t h = hash_block(tokens + i * size_t(block_size_), block_size_, parent);
+    hashes.push_back(h);
+    Block& b = blocks_[size_t(table[i])];
+    if (!b.hashed) {
+      b.hash = h;
+      b.hashed = true;
+      // First writer wins; a duplicate block (same prefix computed twice) simply is not indexed.
+      by_hash_.emplace(h, table[i]);
+    }
+  }
+}
+
+void KvCache::release(std::vector<int32_t>& table, std::vector<uint64_t>& hashes) {
+  // Release the tail first so the LRU evicts a sequence's last blocks before its prefix.
+  for (auto it = table.rbegin(); it != table.rend(); ++it) unref(*it);
+  table.clear();
+  hashes.clear();
+}
+
+void KvCache::truncate(std::vector<int32_t>& table, std::vector<uint64_t>& hashes, int64_t num_tokens) {
+  size_t keep = size_t((num_tokens + block_size_ - 1) / block_size_);
+  while (table.size() > keep) {
+    unref(table.back());
+    table.pop_back();
+  }
+  size_t full = size_t(num_tokens / block_size_);
+  if (hashes.size() > full) hashes.resize(full);
+}
+
+}  // namespace ts

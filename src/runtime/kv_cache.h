@@ -1,0 +1,61 @@
+// KvCache: the paged block pool's bookkeeping (host only; the memory is ModelRunner's KvPool).
+// Blocks are ref-counted. A full block that holds computed tokens gets a chained hash
+// h_i = xxh64(tokens of block i, seed = h_{i-1}); equal hashes mean an equal token prefix, so
+// later requests reuse those blocks instead of recomputing them. Blocks nobody references stay
+// cached on an LRU list and are evicted only when the pool runs dry.
+#pragma once
+#include <cstdint>
+#include <list>
+#include <unordered_map>
+#include <vector>
+
+namespace ts {
+
+class KvCache {
+ public:
+  KvCache(int64_t num_blocks, int block_size, bool enable_prefix_cache);
+
+  int block_size() const { return block_size_; }
+  int64_t num_blocks() const { return int64_t(blocks_.size()); }
+  // Blocks that can be handed out now (free + cached-but-unreferenced).
+  int64_t available_blocks() const { return int64_t(free_.size() + lru_.size()); }
+  int64_t used_blocks() const { return num_blocks() - available_blocks(); }
+  bool prefix_cache_enabled() const { return prefix_; }
+
+  // Looks up the longest cached run of full blocks for `tokens` (at most `max_tokens` tokens),
+  // takes a reference on each, appends them to `table` (which must be empty) and their hashes
+  // to `hashes`. Returns the number of tokens covered.
+  int match_prefix(const int32_t* tokens, int max_tokens, std::vector<int32_t>& table, std::vector<uint64_t>& hashes);
+  // Grows `table` to cover `num_tokens` tokens. Returns false (and changes nothing) when the
+  // pool cannot supply the blocks.
+  bool ensure(std::vector<int32_t>& table, int64_t num_tokens);
+  int64_t blocks_needed(const std::vector<int32_t>& table, int64_t num_tokens) const;
+  // Registers the hashes of blocks that became full with computed tokens [0, computed).
+  void commit(const int32_t* tokens, int64_t computed, const std::vector<int32_t>& table, std::vector<uint64_t>& hashes);
+  // Drops the sequence's references (blocks with a hash stay cached, others become free).
+  void release(std::vector<int32_t>& table, std::vector<uint64_t>& hashes);
+  // Truncates a table to cover `num_tokens` (speculative rollback); blocks past it are released.
+  void truncate(std::vector<int32_t>& table, std::vector<uint64_t>& hashes, int64_t num_tokens);
+
+  static uint64_t hash_block(const int32_t* tokens, int n, uint64_t parent);
+
+ private:
+  struct Block {
+    int32_t ref = 0;
+    uint64_t hash = 0;
+    bool hashed = false;
+    std::list<int32_t>::iterator lru_it;
+    bool in_lru = false;
+  };
+  int32_t take_block();
+  void unref(int32_t id);
+
+  int block_size_;
+  bool prefix_;
+  std::vector<Block> blocks_;
+  std::vector<int32_t> free_;
+  std::list<int32_t> lru_;  // front = least recently used
+  std::unordered_map<uint64_t, int32_t> by_hash_;
+};
+
+}  // namespace ts

@@ -1,0 +1,60 @@
+// ModelRunner: owns the model, its paged KV pool and the per-step host/device metadata
+// buffers; turns a list of sequence chunks into a ForwardBatch and runs the forward.
+// Engine-thread only.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "models/model.h"
+#include "runtime/forward_batch.h"
+
+namespace ts {
+
+// One sequence's share of a step: `num_tokens` new tokens starting at position `start_pos`
+// (the tokens before it are already in the cache through `block_table`).
+struct SeqChunk {
+  const int32_t* tokens = nullptr;
+  int num_tokens = 0;
+  int start_pos = 0;
+  const std::vector<int32_t>* block_table = nullptr;
+  // Logits wanted: none, the last row, or every row (verify, verify-golden).
+  enum class Logits { none, last, all } logits = Logits::last;
+};
+
+// Turns sequence chunks into a ForwardBatch on `device`; the host staging vectors are reused
+// every step (they only grow).
+class BatchBuilder {
+ public:
+  void build(const std::vector<SeqChunk>& chunks, int block_size, Device device, ForwardBatch& batch);
+  // Row of the batch where chunk i starts (valid after build).
+  int chunk_row(size_t i) const { return cu_q_[i]; }
+
+ private:
+  std::vector<int32_t> ids_, pos_, slots_, cu_q_, kv_len_, tables_, logit_rows_;
+};
+
+class ModelRunner {
+ public:
+  ModelRunner(std::shared_ptr<models::Model> model, int64_t num_blocks, int block_size);
+  models::Model& model() { return *model_; }
+  const std::shared_ptr<models::Model>& model_ptr() const { return model_; }
+  KvPool& kv() { return kv_; }
+  int block_size() const { return kv_.block_size; }
+  int64_t num_blocks() const { return kv_.num_blocks; }
+  // Runs one step. Returns f32 logits on the host, one row per requested logits row, in
+  // chunk order. With capture, aux hidden states of all rows are kept in last_aux().
+  const Tensor& run(const std::vector<SeqChunk>& chunks, bool capture_aux = false);
+  const Tensor& last_aux() const { return batch_.aux_hidden; }  // device, model dtype
+  const BatchBuilder& builder() const { return builder_; }
+  // Bytes of KV cache per token (all layers), for sizing the pool.
+  static size_t kv_bytes_per_token(const models::Model& m);
+
+ private:
+  std::shared_ptr<models::Model> model_;
+  KvPool kv_;
+  ForwardBatch batch_;
+  BatchBuilder builder_;
+  Tensor logits_host_;
+};
+
+}  // namespace ts

@@ -1,0 +1,66 @@
+#include "runtime/request.h"
+
+#include "core/error.h"
+
+namespace ts {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::stop: return "stop";
+    case FinishReason::length: return "length";
+    case FinishReason::abort: return "abort";
+    case FinishReason::none: return "none";
+  }
+  return "none";
+}
+
+const char* state_name(const RequestState& s) {
+  static const char* names[] = {"Waiting", "Prefilling", "Decoding", "Retracted", "Finished", "Aborted"};
+  return names[s.index()];
+}
+
+bool transition_allowed(const RequestState& from, const RequestState& to) {
+  using namespace state;
+  if (std::holds_alternative<Finished>(from) || std::holds_alternative<Aborted>(from)) return false;
+  if (std::holds_alternative<Aborted>(to)) return true;
+  switch (from.index()) {
+    case 0: return std::holds_alternative<Prefilling>(to);                        // Waiting
+    case 1: return std::holds_alternative<Decoding>(to) || std::holds_alternative<Finished>(to) ||
+                   std::holds_alternative<Retracted>(to);                         // Prefilling
+    case 2: return std::holds_alternative<Finished>(to) || std::holds_alternative<Retracted>(to);  // Decoding
+    case 3: return std::holds_alternative<Waiting>(to);                           // Retracted
+  }
+  return false;
+}
+
+void Request::to(RequestState next) {
+  TS_CHECK(transition_allowed(state, next), "request {}: illegal transition {} -> {}", id, state_name(state),
+           state_name(next));
+  state = std::move(next);
+}
+
+void Histogram::observe(double v) {
+  size_t i = 0;
+  while (i < bounds.size() && v > bounds[i]) ++i;
+  for (size_t j = i; j < counts.size(); ++j) ++counts[j];
+  sum += v;
+  ++count;
+}
+
+void Stream::push(StreamEvent ev) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    q_.push_back(std::move(ev));
+  }
+  cv_.notify_one();
+}
+
+bool Stream::pop(StreamEvent& ev, int timeout_ms) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (!cv_.wait_for(lk, std::chrono::milliseconds(timeout_ms), [&] { return !q_.empty(); })) return false;
+  ev = std::move(q_.front());
+  q_.pop_front();
+  return true;
+}
+
+}  // namespace ts

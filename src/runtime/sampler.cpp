@@ -1,0 +1,70 @@
+#include "runtime/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_map>
+
+#include "ops/ops.h"
+
+namespace ts {
+
+void apply_penalties(float* l, int64_t vocab, const Request& r) {
+  const GenerateParams& p = r.params;
+  if (p.repetition_penalty != 1.0f) {
+    // HF/vLLM semantics: every token seen in prompt or output is penalised once.
+    std::vector<bool> seen(size_t(vocab), false);
+    for (int32_t t : r.tokens)
+      if (t >= 0 && t < vocab) seen[size_t(t)] = true;
+    for (int64_t i = 0; i < vocab; ++i)
+      if (seen[size_t(i)]) l[i] = l[i] > 0 ? l[i] / p.repetition_penalty : l[i] * p.repetition_penalty;
+  }
+  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+    std::unordered_map<int32_t, int> count;
+    for (size_t i = size_t(r.prompt_len); i < r.tokens.size(); ++i) ++count[r.tokens[i]];
+    for (auto& [t, c] : count)
+      if (t >= 0 && t < vocab) l[t] -= p.frequency_penalty * float(c) + p.presence_penalty;
+  }
+}
+
+TokenLogprob token_logprob(const float* l, int64_t vocab, int32_t id, int k) {
+  float mx = -INFINITY;
+  for (int64_t i = 0; i < vocab; ++i) mx = std::max(mx, l[i]);
+  double sum = 0;
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(double(l[i] - mx));
+  float lse = mx + float(std::log(sum));
+  TokenLogprob lp{id, l[id] - lse, {}};
+  if (k > 0) {
+    std::vector<int32_t> idx(static_cast<size_t>(vocab));
+    for (int64_t i = 0; i < vocab; ++i) idx[size_t(i)] = int32_t(i);
+    int kk = int(std::min<int64_t>(k, vocab));
+    std::partial_sort(idx.begin(), idx.begin() + kk, idx.end(),
+                      [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+    for (int i = 0; i < kk; ++i) lp.top.emplace_back(idx[size_t(i)], l[idx[size_t(i)]] - lse);
+  }
+  return lp;
+}
+
+void sample_batch(Tensor& logits, const std::vector<Request*>& reqs, std::vector<SampleResult>& out) {
+  int64_t n = int64_t(reqs.size()), vocab = logits.size(-1);
+  out.resize(size_t(n));
+  std::vector<ops::SamplingRow> rows(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    Request& r = *reqs[size_t(i)];
+    float* row = logits.ptr<float>() + i * logits.row_stride();
+    if (r.params.logprobs >= 0) out[size_t(i)].logprob = TokenLogprob{-1, 0, {}};  // filled below, pre-penalty
+    apply_penalties(row, vocab, r);
+    rows[size_t(i)] = {r.params.temperature, r.params.top_k, r.params.top_p, r.params.min_p, r.seed,
+                       uint64_t(r.num_generated())};
+  }
+  std::vector<int32_t> ids;
+  ops::sample(logits, rows, ids);
+  for (int64_t i = 0; i < n; ++i) {
+    out[size_t(i)].token = ids[size_t(i)];
+    const Request& r = *reqs[size_t(i)];
+    if (r.params.logprobs >= 0)
+      out[size_t(i)].logprob = token_logprob(logits.ptr<float>() + i * logits.row_stride(), vocab, ids[size_t(i)],
+                                             r.params.logprobs);
+  }
+}
+
+}  // namespace ts

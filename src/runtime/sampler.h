@@ -1,0 +1,24 @@
+// Sampler: turns logits rows into tokens for a batch of requests: penalties (presence,
+// frequency, repetition) on host logits, then ops::sample, then optional top-k logprobs.
+#pragma once
+#include <vector>
+
+#include "core/tensor.h"
+#include "runtime/request.h"
+
+namespace ts {
+
+struct SampleResult {
+  int32_t token;
+  TokenLogprob logprob;  // filled when the request asked for logprobs
+};
+
+// logits: f32 host [N, V] (may be modified in place by penalties); reqs[i] owns row i.
+void sample_batch(Tensor& logits, const std::vector<Request*>& reqs, std::vector<SampleResult>& out);
+
+// log-softmax value of `id` and the top-k (id, logprob), from raw logits of one row.
+TokenLogprob token_logprob(const float* logits, int64_t vocab, int32_t id, int k);
+// Applies the request's penalties to one logits row.
+void apply_penalties(float* logits, int64_t vocab, const Request& r);
+
+}  // namespace ts

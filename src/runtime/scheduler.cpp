@@ -1,0 +1,107 @@
+#include "runtime/scheduler.h"
+
+#include <algorithm>
+
+namespace ts {
+
+void Scheduler::commit(Request& r) { kv_.commit(r.tokens.data(), r.num_computed, r.block_table, r.block_hashes); }
+
+void Scheduler::release(Request& r) {
+  commit(r);
+  kv_.release(r.block_table, r.block_hashes);
+}
+
+void Scheduler::retract_at(size_t idx) {
+  std::shared_ptr<Request> rp = running_[idx];
+  Request& r = *rp;
+  release(r);
+  r.num_computed = 0;
+  r.spec_next = -1;
+  r.to(state::Retracted{});
+  r.to(state::Waiting{});
+  waiting_.push_front(rp);
+  running_.erase(running_.begin() + long(idx));
+  ++retractions_;
+}
+
+bool Scheduler::retract_newest(size_t after) {
+  for (size_t j = running_.size(); j-- > after + 1;) {
+    if (running_[j]->terminal()) continue;
+    retract_at(j);
+    return true;
+  }
+  return false;
+}
+
+std::vector<ScheduledChunk> Scheduler::schedule(std::vector<std::shared_ptr<Request>>& rejected) {
+  std::vector<ScheduledChunk> out;
+  int budget = opts_.token_budget;
+  // 1. Decodes, oldest first. A decode that cannot get a block retracts the newest request.
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Request& r = *running_[i];
+    if (!r.is<state::Decoding>()) continue;
+    int n = std::min(r.remaining_to_compute(), opts_.decode_tokens);
+    int64_t need = int64_t(r.num_computed) + opts_.decode_tokens + opts_.extra_decode_slots;
+    bool self_retracted = false;
+    while (!kv_.ensure(r.block_table, need)) {
+      if (!retract_newest(i)) {  // nothing newer to preempt: r itself waits
+        retract_at(i);
+        self_retracted = true;
+        break;
+      }
+    }
+    if (self_retracted) break;  // r was the newest; everything older is already scheduled
+    out.push_back({&r, n});
+    budget -= opts_.decode_tokens;
+  }
+  // 2. Prefills in progress.
+  for (auto& rp : running_) {
+    Request& r = *rp;
+    if (!r.is<state::Prefilling>() || budget <= 0) continue;
+    int n = std::min(r.remaining_to_compute(), budget);
+    if (!kv_.ensure(r.block_table, r.num_computed + n)) continue;
+    out.push_back({&r, n});
+    budget -= n;
+  }
+  // 3. Admissions.
+  while (budget > 0 && !waiting_.empty() && int(running_.size()) < opts_.max_num_seqs) {
+    std::shared_ptr<Request> rp = waiting_.front();
+    Request& r = *rp;
+    int64_t total_need = kv_.blocks_needed({}, int64_t(r.tokens.size()) + opts_.decode_tokens + opts_.extra_decode_slots);
+    if (total_need > kv_.num_blocks()) {
+      waiting_.pop_front();
+      rejected.push_back(rp);
+      continue;
+    }
+    // Reuse cached full blocks; the last token is always computed (its logits are needed).
+    int cached = kv_.match_prefix(r.tokens.data(), int(r.tokens.size()) - 1, r.block_table, r.block_hashes);
+    int n = std::min(int(r.tokens.size()) - cached, budget);
+    if (!kv_.ensure(r.block_table, cached + n)) {
+      kv_.release(r.block_table, r.block_hashes);
+      break;  // wait for blocks (FIFO: do not let later requests overtake)
+    }
+    waiting_.pop_front();
+    r.num_computed = cached;
+    if (!r.admitted_once) {
+      r.cached_tokens = std::min(cached, r.prompt_len);
+      r.admitted_once = true;
+    }
+    r.to(state::Prefilling{});
+    running_.push_back(rp);
+    out.push_back({&r, n});
+    budget -= n;
+  }
+  return out;
+}
+
+void Scheduler::reap() {
+  auto done = [&](const std::shared_ptr<Request>& r) {
+    if (!r->terminal()) return false;
+    release(*r);
+    return true;
+  };
+  running_.erase(std::remove_if(running_.begin(), running_.end(), done), running_.end());
+  waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(), done), waiting_.end());
+}
+
+}  // namespace ts

@@ -1,0 +1,60 @@
+// Scheduler: decides what runs in the next step, under a token budget.
+//  1. Every running request that is decoding gets its next token(s) (`decode_tokens` each:
+//     1, or the speculative verify width). When blocks run out, the newest running request is
+//     retracted (its blocks released — full ones stay in the prefix cache — and it goes back to
+//     the front of the waiting queue, to be recomputed later).
+//  2. Running requests in the middle of a chunked prefill continue.
+//  3. Waiting requests are admitted in FIFO order (prefix matched first) while budget,
+//     `max_num_seqs` and blocks allow. A prompt larger than the budget is chunked.
+// Decodes and prefill chunks share one step (mixed batches). Engine-thread only.
+#pragma once
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "runtime/kv_cache.h"
+#include "runtime/request.h"
+
+namespace ts {
+
+struct ScheduledChunk {
+  Request* req;
+  int num_tokens;  // tokens of req->tokens to compute, from req->num_computed
+};
+
+struct SchedulerOptions {
+  int token_budget = 8192;
+  int max_num_seqs = 256;
+  int decode_tokens = 1;  // tokens a decoding request needs per step (spec: num_draft_tokens)
+  int extra_decode_slots = 0;  // additional KV slots reserved per decode (spec lookahead)
+};
+
+class Scheduler {
+ public:
+  Scheduler(KvCache& kv, SchedulerOptions opts) : kv_(kv), opts_(opts) {}
+  void add(std::shared_ptr<Request> r) { waiting_.push_back(std::move(r)); }
+  // Builds the next step. Requests it cannot ever serve are returned in `rejected` (aborted by
+  // the caller with a message).
+  std::vector<ScheduledChunk> schedule(std::vector<std::shared_ptr<Request>>& rejected);
+  // Removes finished/aborted requests from the running set and releases their blocks.
+  void reap();
+  void release(Request& r);
+  std::vector<std::shared_ptr<Request>>& running() { return running_; }
+  std::deque<std::shared_ptr<Request>>& waiting() { return waiting_; }
+  int64_t retractions() const { return retractions_; }
+  bool idle() const { return running_.empty() && waiting_.empty(); }
+
+ private:
+  // Retracts the newest running request admitted after index `after` (none: returns false).
+  bool retract_newest(size_t after);
+  void retract_at(size_t idx);
+  void commit(Request& r);
+
+  KvCache& kv_;
+  SchedulerOptions opts_;
+  std::vector<std::shared_ptr<Request>> running_;  // admission order
+  std::deque<std::shared_ptr<Request>> waiting_;
+  int64_t retractions_ = 0;
+};
+
+}  // namespace ts
