@@ -15,11 +15,19 @@ void metric(std::string& out, const char* name, const char* type, const char* he
             double v) {
   out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{}{} {}\n", name, help, name, type, name, labels, num(v));
 }
+// ts::Histogram counts are cumulative already (counts[i] = observations <= bounds[i], last = +Inf).
+void render_engine_histogram(std::string& out, const Histogram& h, const std::string& name, const std::string& help) {
+  out += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+  for (size_t i = 0; i < h.bounds.size(); ++i)
+    out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, num(h.bounds[i]), h.counts[i]);
+  out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, h.counts.back(), name, num(h.sum),
+                     name, h.count);
+}
 }  // namespace
 
-Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+LatencyHistogram::LatencyHistogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
 
-void Histogram::observe(double v, int64_t count) {
+void LatencyHistogram::observe(double v, int64_t count) {
   if (count <= 0) return;
   size_t i = 0;
   while (i < bounds_.size() && v > bounds_[i]) ++i;
@@ -29,7 +37,7 @@ void Histogram::observe(double v, int64_t count) {
   n_ += count;
 }
 
-void Histogram::render(std::string& out, const std::string& name, const std::string& help) const {
+void LatencyHistogram::render(std::string& out, const std::string& name, const std::string& help) const {
   std::lock_guard<std::mutex> lk(mu_);
   out += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
   int64_t cum = 0;
@@ -92,9 +100,15 @@ std::string render_prometheus(const EngineMetrics* e, ServerMetrics& s, const st
              static_cast<double>(e->spec_accepted_tokens) / static_cast<double>(e->spec_verify_steps));
     }
   }
-  s.ttft.render(out, "tokenspeed_time_to_first_token_seconds", "Time to first token.");
-  s.itl.render(out, "tokenspeed_inter_token_latency_seconds", "Time between output tokens.");
-  s.e2e.render(out, "tokenspeed_e2e_request_latency_seconds", "End-to-end request latency.");
+  // Latency histograms: the engine's (measured on the engine thread) when it keeps them, else the
+  // ones the HTTP layer observes.
+  auto hist = [&](const Histogram* eh, const LatencyHistogram& sh, const char* name, const char* help) {
+    if (eh && !eh->bounds.empty() && eh->counts.size() == eh->bounds.size() + 1) render_engine_histogram(out, *eh, name, help);
+    else sh.render(out, name, help);
+  };
+  hist(e ? &e->ttft_s : nullptr, s.ttft, "tokenspeed_time_to_first_token_seconds", "Time to first token.");
+  hist(e ? &e->itl_s : nullptr, s.itl, "tokenspeed_inter_token_latency_seconds", "Time between output tokens.");
+  hist(e ? &e->e2e_s : nullptr, s.e2e, "tokenspeed_e2e_request_latency_seconds", "End-to-end request latency.");
   out += "# HELP tokenspeed_http_requests_total HTTP responses by status code.\n"
          "# TYPE tokenspeed_http_requests_total counter\n";
   {

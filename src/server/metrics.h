@@ -11,9 +11,9 @@
 
 namespace ts::server {
 
-class Histogram {
+class LatencyHistogram {
  public:
-  explicit Histogram(std::vector<double> bounds);  // upper bounds, ascending (+Inf implied)
+  explicit LatencyHistogram(std::vector<double> bounds);  // upper bounds, ascending (+Inf implied)
   void observe(double v, int64_t count = 1);
   // Appends # HELP/# TYPE and the _bucket/_sum/_count lines.
   void render(std::string& out, const std::string& name, const std::string& help) const;
@@ -28,7 +28,7 @@ class Histogram {
 
 struct ServerMetrics {
   ServerMetrics();
-  Histogram ttft, itl, e2e;              // seconds
+  LatencyHistogram ttft, itl, e2e;              // seconds
   void count_http(int status);
   std::atomic<int64_t> generate_requests{0};  // completions + chat requests accepted (before n / batch fan-out)
   std::map<int, int64_t> http_by_status;

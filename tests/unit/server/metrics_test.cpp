@@ -6,7 +6,7 @@ using namespace ts;
 using namespace ts::server;
 
 TEST(Metrics, HistogramIsCumulative) {
-  Histogram h({0.1, 1.0});
+  LatencyHistogram h({0.1, 1.0});
   h.observe(0.05);
   h.observe(0.5, 2);
   h.observe(5);
@@ -41,6 +41,16 @@ TEST(Metrics, Exposition) {
         "tokenspeed_engine_step_host_time_us", "tokenspeed_time_to_first_token_seconds_bucket{le=\"0.01\"} 1",
         "tokenspeed_inter_token_latency_seconds_count 0", "tokenspeed_http_requests_total{code=\"200\"} 1"})
     EXPECT_NE(out.find(needle), std::string::npos) << needle;
+  // The engine's histograms win when it keeps them (cumulative counts).
+  EngineMetrics h;
+  h.ttft_s = Histogram({0.5, 1.0});
+  h.ttft_s.counts = {2, 3, 4};
+  h.ttft_s.count = 4;
+  h.ttft_s.sum = 3.5;
+  std::string ho = render_prometheus(&h, s, "m");
+  EXPECT_NE(ho.find("tokenspeed_time_to_first_token_seconds_bucket{le=\"1\"} 3\n"), std::string::npos) << ho;
+  EXPECT_NE(ho.find("tokenspeed_time_to_first_token_seconds_bucket{le=\"+Inf\"} 4\n"), std::string::npos) << ho;
+  EXPECT_NE(ho.find("tokenspeed_time_to_first_token_seconds_count 4\n"), std::string::npos) << ho;
   // No speculative metrics without speculative steps.
   EngineMetrics plain;
   EXPECT_EQ(render_prometheus(&plain, s, "m").find("spec_decode"), std::string::npos);
