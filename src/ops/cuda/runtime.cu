@@ -1,16 +1,10 @@
-#include <cuda_runtime.h>
+#include <atomic>
+#include <mutex>
 
-#include "core/error.h"
+#include "ops/cuda/common.cuh"
 #include "ops/cuda/runtime.h"
 
 namespace ts::cuda {
-
-#define TS_CUDA_CHECK(expr)                                                              \
-  do {                                                                                   \
-    cudaError_t e_ = (expr);                                                             \
-    if (e_ != cudaSuccess) ::ts::fail("CUDA error {} at {}:{}: {}", int(e_), __FILE__, \
-                                      __LINE__, cudaGetErrorString(e_));                 \
-  } while (0)
 
 int device_count() {
   int n = 0;
@@ -50,6 +44,71 @@ size_t total_memory() {
   size_t free = 0, total = 0;
   TS_CUDA_CHECK(cudaMemGetInfo(&free, &total));
   return total;
+}
+
+namespace {
+std::atomic<bool> g_pdl{true};
+std::atomic<bool> g_user_stream_set{false};
+cudaStream_t g_user_stream = nullptr;
+cudaStream_t g_default_stream = nullptr;
+std::once_flag g_default_once;
+}  // namespace
+
+cudaStream_t stream() {
+  if (g_user_stream_set.load(std::memory_order_acquire)) return g_user_stream;
+  std::call_once(g_default_once, [] {
+    // Blocking (not cudaStreamNonBlocking): the legacy default stream used by cudaMemcpy
+    // synchronises with it, so host copies see finished kernels.
+    TS_CUDA_CHECK(cudaStreamCreate(&g_default_stream));
+  });
+  return g_default_stream;
+}
+
+void* stream_handle() { return static_cast<void*>(stream()); }
+
+void set_stream(void* s) {
+  g_user_stream = static_cast<cudaStream_t>(s);
+  g_user_stream_set.store(s != nullptr, std::memory_order_release);
+}
+
+void stream_synchronize() { TS_CUDA_CHECK(cudaStreamSynchronize(stream())); }
+
+void set_pdl_enabled(bool on) { g_pdl.store(on); }
+bool pdl_enabled() { return g_pdl.load(); }
+
+bool stream_capturing() {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  TS_CUDA_CHECK(cudaStreamIsCapturing(stream(), &st));
+  return st != cudaStreamCaptureStatusNone;
+}
+
+int sm_count() {
+  static int n = [] {
+    int dev = 0, v = 0;
+    TS_CUDA_CHECK(cudaGetDevice(&dev));
+    TS_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v > 0 ? v : 1;
+  }();
+  return n;
+}
+
+Workspace& workspace(int which) {
+  static Workspace ws[4];
+  TS_CHECK(which >= 0 && which < 4, "workspace index {}", which);
+  return ws[which];
+}
+
+void* Workspace::get(size_t bytes) {
+  if (bytes <= size) return ptr.get();
+  TS_CHECK(!stream_capturing(),
+           "CUDA workspace must grow to {} bytes during graph capture; run the shape eagerly first",
+           bytes);
+  // The old buffer may still be in use by queued kernels: wait before freeing it.
+  if (ptr) TS_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  size_t want = bytes < (size_t(1) << 20) ? (size_t(1) << 20) : bytes + bytes / 4;
+  ptr = alloc(want);
+  size = want;
+  return ptr.get();
 }
 
 }  // namespace ts::cuda

@@ -1,0 +1,540 @@
+// Paged causal attention over a mixed batch.
+//  - Generic kernel (CUDA cores, any head dim): one block per (sequence, kv head, packed-row
+//    chunk, KV split). Rows are packed (query, head-in-group) pairs of one KV head, so K/V are
+//    read once for the whole GQA group. With more than one split (flash-decoding, chosen for
+//    decode-like batches) blocks write unnormalised partials that a second kernel merges.
+//  - Tensor-core kernel (mma.sync m16n8k16 bf16, fp32 accumulation, online softmax) for head
+//    dims 64 and 128: 64 packed rows x 64-token KV tiles per block; used for prefill.
+#include <algorithm>
+#include <cmath>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/cuda_ops.h"
+
+namespace ts::ops::cuda {
+using namespace ::ts::cuda;
+
+namespace {
+
+int g_attn_path = 0;   // 0 auto, 1 generic, 2 tensor cores where possible
+int g_attn_splits = 0; // 0 heuristic
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct AttnParams {
+  const __nv_bfloat16* q;
+  int64_t q_s0, q_s1;
+  const __nv_bfloat16* kc;
+  const __nv_bfloat16* vc;
+  int64_t kc_tok, vc_tok;  // elements per cache slot (nkv * hd)
+  const int32_t* cu_q;
+  const int32_t* kv_len;
+  const int32_t* bt;
+  int64_t bt_ld;
+  int max_blocks;          // columns of the block table
+  int block_size, nh, nkv, G, hd, hd_v;
+  float scale_log2;        // scale * log2(e): scores live in the log2 domain
+  __nv_bfloat16* out;
+  int64_t o_s0, o_s1;
+  int num_splits, split_len;
+  float* part_o;           // [splits, T, nh, hd_v]
+  float* part_ml;          // [splits, T, nh, 2]
+  int T, B;
+};
+
+// Rows past cu_q[B] are padding: written as zeros (as the CPU reference does) by the blocks of
+// the extra grid slice z == B.
+__device__ __forceinline__ void zero_padding_rows(const AttnParams& p) {
+  const int64_t first = p.cu_q[p.B];
+  const int64_t nblk = int64_t(gridDim.x) * gridDim.y;
+  const int64_t bid = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
+  const int64_t per_tok = int64_t(p.nh) * p.hd_v;
+  for (int64_t i = bid * blockDim.x + threadIdx.x; i < (p.T - first) * per_tok;
+       i += nblk * blockDim.x) {
+    const int64_t tok = first + i / per_tok, r = i % per_tok, h = r / p.hd_v, d = r % p.hd_v;
+    p.out[tok * p.o_s0 + h * p.o_s1 + d] = __float2bfloat16(0.0f);
+  }
+}
+
+// Physical cache slot of token `tok` of sequence b (tok < kv_len, so its block exists).
+__device__ __forceinline__ int64_t slot_of(const AttnParams& p, int b, int tok) {
+  const int blk = tok / p.block_size;
+  return int64_t(p.bt[b * p.bt_ld + blk]) * p.block_size + (tok - blk * p.block_size);
+}
+
+// ---- generic kernel ---------------------------------------------------------------------------
+constexpr int kGR = 16;        // packed rows per block
+constexpr int kGN = 32;        // KV tokens per tile (one per lane in the softmax)
+constexpr int kGThreads = 128;
+
+size_t generic_smem(int hd, int hd_v) {
+  return sizeof(float) * (size_t(kGR) * hd + size_t(kGN) * (hd + 1) + size_t(kGN) * hd_v +
+                          size_t(kGR) * hd_v + size_t(kGR) * kGN + 3 * kGR);
+}
+
+// grid: x = packed-row chunk, y = kv head * num_splits + split, z = sequence.
+__global__ void __launch_bounds__(kGThreads) attn_generic_kernel(AttnParams p) {
+  extern __shared__ float sm[];
+  pdl_wait();
+  if (int(blockIdx.z) == p.B) {
+    zero_padding_rows(p);
+    return;
+  }
+  const int b = blockIdx.z;
+  const int g = blockIdx.y / p.num_splits, split = blockIdx.y % p.num_splits;
+  const int q0 = p.cu_q[b], q_len = p.cu_q[b + 1] - q0, kv_len = p.kv_len[b];
+  const int rows_total = q_len * p.G;
+  const int r0 = blockIdx.x * kGR;
+  if (r0 >= rows_total) return;
+  const int nrows = min(kGR, rows_total - r0);
+  const int hd = p.hd, hd_v = p.hd_v;
+
+  float* qs = sm;                          // [kGR][hd]
+  float* ks = qs + kGR * hd;               // [kGN][hd + 1]
+  float* vs = ks + kGN * (hd + 1);         // [kGN][hd_v]
+  float* acc = vs + kGN * hd_v;            // [kGR][hd_v]
+  float* sc = acc + kGR * hd_v;            // [kGR][kGN]
+  float* mrow = sc + kGR * kGN;            // [kGR]
+  float* lrow = mrow + kGR;                // [kGR]
+  float* alpha = lrow + kGR;               // [kGR]
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // Row r -> query qi = (r0 + r) / G, head g*G + (r0 + r) % G, position kv_len - q_len + qi.
+  int max_pos = -1;
+  for (int r = 0; r < nrows; ++r) max_pos = max(max_pos, kv_len - q_len + (r0 + r) / p.G);
+  const int t_begin = split * p.split_len;
+  const int t_end = min(min(t_begin + p.split_len, kv_len), max_pos + 1);
+
+  for (int i = tid; i < kGR * hd; i += kGThreads) {
+    const int r = i / hd, d = i - r * hd;
+    float v = 0.0f;
+    if (r < nrows) {
+      const int pr = r0 + r, qi = pr / p.G, h = g * p.G + pr % p.G;
+      v = __bfloat162float(p.q[int64_t(q0 + qi) * p.q_s0 + int64_t(h) * p.q_s1 + d]);
+    }
+    qs[i] = v;
+  }
+  for (int i = tid; i < kGR * hd_v; i += kGThreads) acc[i] = 0.0f;
+  if (tid < kGR) {
+    mrow[tid] = -INFINITY;
+    lrow[tid] = 0.0f;
+  }
+
+  for (int t0 = t_begin; t0 < t_end; t0 += kGN) {
+    __syncthreads();  // previous tile fully consumed; q/acc initialised
+    const int nt = min(kGN, t_end - t0);
+    for (int i = tid; i < kGN * hd; i += kGThreads) {
+      const int t = i / hd, d = i - t * hd;
+      float v = 0.0f;
+      if (t < nt) v = __bfloat162float(p.kc[slot_of(p, b, t0 + t) * p.kc_tok + int64_t(g) * hd + d]);
+      ks[t * (hd + 1) + d] = v;
+    }
+    for (int i = tid; i < kGN * hd_v; i += kGThreads) {
+      const int t = i / hd_v, d = i - t * hd_v;
+      float v = 0.0f;
+      if (t < nt) v = __bfloat162float(p.vc[slot_of(p, b, t0 + t) * p.vc_tok + int64_t(g) * hd_v + d]);
+      vs[i] = v;
+    }
+    __syncthreads();
+    // Scores: thread -> token lane, rows strided by warps.
+    for (int r = warp; r < nrows; r += kGThreads / 32) {
+      const int pos = kv_len - q_len + (r0 + r) / p.G;
+      const int t = lane;
+      float s = -INFINITY;
+      if (t < nt && t0 + t <= pos) {
+        const float* qr = qs + r * hd;
+        const float* kr = ks + t * (hd + 1);
+        float d0 = 0.0f;
+        for (int d = 0; d < hd; ++d) d0 = fmaf(qr[d], kr[d], d0);
+        s = d0 * p.scale_log2;
+      }
+      // Online softmax update for row r (whole warp holds the row's tile).
+      const float m_old = mrow[r];
+      const float m_new = fmaxf(m_old, warp_max(s));
+      const float ref = m_new == -INFINITY ? 0.0f : m_new;
+      const float pr = exp2f(s - ref);
+      const float sum = warp_sum(pr);
+      sc[r * kGN + t] = pr;
+      __syncwarp();
+      if (lane == 0) {
+        const float a = exp2f(m_old - ref);
+        alpha[r] = a;
+        lrow[r] = lrow[r] * a + sum;
+        mrow[r] = m_new;
+      }
+    }
+    __syncthreads();
+    for (int i = tid; i < nrows * hd_v; i += kGThreads) {
+      const int r = i / hd_v, d = i - r * hd_v;
+      float a = acc[i] * alpha[r];
+      const float* pr = sc + r * kGN;
+      for (int t = 0; t < nt; ++t) a = fmaf(pr[t], vs[t * hd_v + d], a);
+      acc[i] = a;
+    }
+  }
+  __syncthreads();
+  pdl_trigger();
+  for (int i = tid; i < nrows * hd_v; i += kGThreads) {
+    const int r = i / hd_v, d = i - r * hd_v;
+    const int pr = r0 + r, qi = pr / p.G, h = g * p.G + pr % p.G;
+    const int64_t tok = q0 + qi;
+    if (p.num_splits == 1) {
+      const float l = lrow[r];
+      p.out[tok * p.o_s0 + int64_t(h) * p.o_s1 + d] = __float2bfloat16(l > 0.0f ? acc[i] / l : 0.0f);
+    } else {
+      const int64_t row = (int64_t(split) * p.T + tok) * p.nh + h;
+      p.part_o[row * hd_v + d] = acc[i];
+      if (d == 0) {
+        p.part_ml[row * 2] = mrow[r];
+        p.part_ml[row * 2 + 1] = lrow[r];
+      }
+    }
+  }
+}
+
+// Merges split partials: one block of 128 threads per (token, head).
+__global__ void attn_reduce_kernel(AttnParams p) {
+  pdl_wait();
+  const int64_t tok = blockIdx.x / p.nh;
+  const int h = blockIdx.x % p.nh;
+  if (tok >= p.cu_q[p.B]) return;  // padding row: zeroed by the attention kernel
+  float M = -INFINITY;
+  for (int s = 0; s < p.num_splits; ++s)
+    M = fmaxf(M, p.part_ml[((int64_t(s) * p.T + tok) * p.nh + h) * 2]);
+  for (int d = threadIdx.x; d < p.hd_v; d += blockDim.x) {
+    float L = 0.0f, o = 0.0f;
+    if (M != -INFINITY) {
+      for (int s = 0; s < p.num_splits; ++s) {
+        const int64_t row = (int64_t(s) * p.T + tok) * p.nh + h;
+        const float m = p.part_ml[row * 2];
+        if (m == -INFINITY) continue;
+        const float w = exp2f(m - M);
+        L += w * p.part_ml[row * 2 + 1];
+        o += w * p.part_o[row * p.hd_v + d];
+      }
+    }
+    p.out[tok * p.o_s0 + int64_t(h) * p.o_s1 + d] = __float2bfloat16(L > 0.0f ? o / L : 0.0f);
+  }
+  pdl_trigger();
+}
+
+// ---- tensor-core kernel ------------------------------------------------------------------------
+constexpr int kTM = 64;   // packed rows per block (16 per warp)
+constexpr int kTN = 64;   // KV tokens per tile
+constexpr int kTThreads = 128;
+
+__device__ __forceinline__ void mma_bf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+__device__ __forceinline__ uint32_t pack_bf16(__nv_bfloat16 lo, __nv_bfloat16 hi) {
+  return uint32_t(__bfloat16_as_ushort(lo)) | (uint32_t(__bfloat16_as_ushort(hi)) << 16);
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = unsigned(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+}
+
+template <int HD>
+constexpr size_t tc_smem() {
+  return size_t(2) * kTN * (HD + 8) * sizeof(__nv_bfloat16);
+}
+
+// grid: x = packed-row chunk of 64, y = kv head, z = sequence. hd == hd_v == HD.
+template <int HD>
+__global__ void __launch_bounds__(kTThreads) attn_tc_kernel(AttnParams p) {
+  constexpr int LD = HD + 8;  // padded smem row (elements): conflict-free fragment reads
+  extern __shared__ __align__(16) unsigned char smraw[];
+  __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(smraw);
+  __nv_bfloat16* Vs = Ks + kTN * LD;
+  pdl_wait();
+  if (int(blockIdx.z) == p.B) {
+    zero_padding_rows(p);
+    return;
+  }
+  const int b = blockIdx.z, g = blockIdx.y;
+  const int q0 = p.cu_q[b], q_len = p.cu_q[b + 1] - q0, kv_len = p.kv_len[b];
+  const int rows_total = q_len * p.G;
+  const int r0 = blockIdx.x * kTM;
+  if (r0 >= rows_total) return;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int gq = lane >> 2, tq = lane & 3;  // mma group / thread-in-group
+
+  // This thread's two rows: warp*16 + gq and + 8.
+  int pos[2];
+  int64_t qoff[2];
+  bool valid[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int pr = r0 + warp * 16 + gq + 8 * i;
+    valid[i] = pr < rows_total;
+    const int qi = valid[i] ? pr / p.G : 0, h = g * p.G + (valid[i] ? pr % p.G : 0);
+    pos[i] = valid[i] ? kv_len - q_len + qi : -1;
+    qoff[i] = int64_t(q0 + qi) * p.q_s0 + int64_t(h) * p.q_s1;
+  }
+  // Q fragments (A operand, row-major 16 x HD).
+  uint32_t qf[HD / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; ++kk) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int i = j & 1, col = kk * 16 + 2 * tq + (j >> 1) * 8;
+      if (valid[i]) qf[kk][j] = pack_bf16(p.q[qoff[i] + col], p.q[qoff[i] + col + 1]);
+      else qf[kk][j] = 0u;
+    }
+  }
+  const int last_row = min(rows_total - 1, r0 + kTM - 1);
+  const int t_end = min(kv_len, kv_len - q_len + last_row / p.G + 1);
+
+  float o[HD / 8][4];
+#pragma unroll
+  for (int i = 0; i < HD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+  for (int t0 = 0; t0 < t_end; t0 += kTN) {
+    __syncthreads();
+    constexpr int CH = HD / 8;  // 16-byte chunks per row
+    for (int i = tid; i < kTN * CH; i += kTThreads) {
+      const int r = i / CH, c = i - r * CH, tok = t0 + r;
+      __nv_bfloat16* kd = Ks + r * LD + c * 8;
+      __nv_bfloat16* vd = Vs + r * LD + c * 8;
+      if (tok < t_end) {
+        const int64_t slot = slot_of(p, b, tok);
+        cp_async16(kd, p.kc + slot * p.kc_tok + int64_t(g) * HD + c * 8);
+        cp_async16(vd, p.vc + slot * p.vc_tok + int64_t(g) * HD + c * 8);
+      } else {
+        *reinterpret_cast<uint4*>(kd) = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(vd) = make_uint4(0, 0, 0, 0);
+      }
+    }
+    cp_async_wait_all();
+    __syncthreads();
+
+    // S = Q K^T for this warp's 16 rows x 64 tokens.
+    float s[kTN / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < kTN / 8; ++nt) {
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+      const __nv_bfloat16* kr = Ks + (nt * 8 + gq) * LD + 2 * tq;
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; ++kk) {
+        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(kr + kk * 16);
+        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(kr + kk * 16 + 8);
+        mma_bf16(s[nt], qf[kk], b0, b1);
+      }
+    }
+    // Mask, scale, online softmax (rows gq: elements 0,1; gq+8: elements 2,3).
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < kTN / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int tok = t0 + nt * 8 + 2 * tq + (e & 1), i = e >> 1;
+        const float v = tok <= pos[i] ? s[nt][e] * p.scale_log2 : -INFINITY;
+        s[nt][e] = v;
+        mx[i] = fmaxf(mx[i], v);
+      }
+    }
+    float ref[2], alpha[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+      const float m_new = fmaxf(m[i], mx[i]);
+      ref[i] = m_new == -INFINITY ? 0.0f : m_new;
+      alpha[i] = exp2f(m[i] - ref[i]);
+      m[i] = m_new;
+      l[i] *= alpha[i];
+    }
+#pragma unroll
+    for (int dt = 0; dt < HD / 8; ++dt) {
+      o[dt][0] *= alpha[0];
+      o[dt][1] *= alpha[0];
+      o[dt][2] *= alpha[1];
+      o[dt][3] *= alpha[1];
+    }
+    uint32_t pf[kTN / 16][4];
+#pragma unroll
+    for (int nt = 0; nt < kTN / 8; ++nt) {
+      const float p0 = exp2f(s[nt][0] - ref[0]), p1 = exp2f(s[nt][1] - ref[0]);
+      const float p2 = exp2f(s[nt][2] - ref[1]), p3 = exp2f(s[nt][3] - ref[1]);
+      l[0] += p0 + p1;
+      l[1] += p2 + p3;
+      pf[nt >> 1][(nt & 1) * 2 + 0] = pack_bf16(p0, p1);
+      pf[nt >> 1][(nt & 1) * 2 + 1] = pack_bf16(p2, p3);
+    }
+    // O += P V (B operand: V[token][dim], k = token, n = dim).
+#pragma unroll
+    for (int dt = 0; dt < HD / 8; ++dt) {
+      const __nv_bfloat16* vcol = Vs + dt * 8 + gq;
+#pragma unroll
+      for (int kc = 0; kc < kTN / 16; ++kc) {
+        const int k0 = kc * 16 + 2 * tq;
+        const uint32_t b0 = pack_bf16(vcol[k0 * LD], vcol[(k0 + 1) * LD]);
+        const uint32_t b1 = pack_bf16(vcol[(k0 + 8) * LD], vcol[(k0 + 9) * LD]);
+        mma_bf16(o[dt], pf[kc], b0, b1);
+      }
+    }
+  }
+  pdl_trigger();
+  // Row sums live spread over the quad.
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (!valid[i]) continue;
+    const int pr = r0 + warp * 16 + gq + 8 * i;
+    const int qi = pr / p.G, h = g * p.G + pr % p.G;
+    __nv_bfloat16* orow = p.out + int64_t(q0 + qi) * p.o_s0 + int64_t(h) * p.o_s1;
+    const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+#pragma unroll
+    for (int dt = 0; dt < HD / 8; ++dt) {
+      orow[dt * 8 + 2 * tq] = __float2bfloat16(o[dt][2 * i] * inv);
+      orow[dt * 8 + 2 * tq + 1] = __float2bfloat16(o[dt][2 * i + 1] * inv);
+    }
+  }
+}
+
+template <int HD>
+void tc_launch(const AttnParams& p, int chunks) {
+  constexpr size_t smem = tc_smem<HD>();
+  static bool once = [] {
+    set_smem(attn_tc_kernel<HD>, smem);
+    return true;
+  }();
+  (void)once;
+  launch(attn_tc_kernel<HD>, dim3(unsigned(chunks), unsigned(p.nkv), unsigned(p.B + 1)),
+         dim3(kTThreads), smem, true, p);
+}
+
+}  // namespace
+
+void set_attention_path(int path, int num_splits) {
+  g_attn_path = path;
+  g_attn_splits = num_splits;
+}
+
+void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                     const AttnMeta& meta, float scale, Tensor& out) {
+  check_dev(q, DType::bf16, "paged_attention q");
+  check_dev(k_cache, DType::bf16, "paged_attention k_cache");
+  check_dev(v_cache, DType::bf16, "paged_attention v_cache");
+  check_dev(out, DType::bf16, "paged_attention out");
+  check_dev(meta.cu_q, DType::i32, "attention cu_q");
+  check_dev(meta.kv_len, DType::i32, "attention kv_len");
+  check_dev(meta.block_tables, DType::i32, "attention block_tables");
+  TS_CHECK(q.ndim == 3 && out.ndim == 3 && k_cache.ndim == 4 && v_cache.ndim == 4,
+           "paged_attention: q {} out {} k_cache {} v_cache {}", q.shape_str(), out.shape_str(),
+           k_cache.shape_str(), v_cache.shape_str());
+  const int64_t T = q.size(0), nh = q.size(1), hd = q.size(2);
+  const int64_t nkv = k_cache.size(2), hd_v = v_cache.size(3), B = meta.num_seqs;
+  TS_CHECK(k_cache.size(3) == hd && v_cache.size(2) == nkv && nkv > 0 && nh % nkv == 0 &&
+               out.size(0) == T && out.size(1) == nh && out.size(2) == hd_v &&
+               k_cache.size(1) == meta.block_size && v_cache.size(1) == meta.block_size &&
+               k_cache.size(0) == v_cache.size(0),
+           "paged_attention: q {} k_cache {} v_cache {} out {} block_size {}", q.shape_str(),
+           k_cache.shape_str(), v_cache.shape_str(), out.shape_str(), meta.block_size);
+  TS_CHECK(q.stride[2] == 1 && out.stride[2] == 1 && k_cache.is_contiguous() &&
+               v_cache.is_contiguous(),
+           "paged_attention: head dims and caches must be contiguous");
+  TS_CHECK(meta.cu_q.numel() == B + 1 && meta.kv_len.numel() == B &&
+               meta.block_tables.ndim == 2 && meta.block_tables.size(0) >= B,
+           "paged_attention: metadata shapes cu_q {} kv_len {} block_tables {} for {} seqs",
+           meta.cu_q.shape_str(), meta.kv_len.shape_str(), meta.block_tables.shape_str(), B);
+  if (T == 0 || B == 0 || nh == 0) return;
+  TS_CHECK(meta.block_size > 0 && meta.max_q_len >= 0 && meta.max_kv_len >= 0,
+           "paged_attention: bad block_size/max lens");
+  TS_CHECK(B < 65535 && nkv * 64 <= 65535, "paged_attention: batch or heads too large");
+
+  AttnParams p{};
+  p.q = q.ptr<__nv_bfloat16>();
+  p.q_s0 = q.stride[0];
+  p.q_s1 = q.stride[1];
+  p.kc = k_cache.ptr<__nv_bfloat16>();
+  p.vc = v_cache.ptr<__nv_bfloat16>();
+  p.kc_tok = nkv * hd;
+  p.vc_tok = nkv * hd_v;
+  p.cu_q = meta.cu_q.ptr<int32_t>();
+  p.kv_len = meta.kv_len.ptr<int32_t>();
+  p.bt = meta.block_tables.ptr<int32_t>();
+  p.bt_ld = meta.block_tables.row_stride();
+  p.max_blocks = int(meta.block_tables.size(1));
+  p.block_size = meta.block_size;
+  p.nh = int(nh);
+  p.nkv = int(nkv);
+  p.G = int(nh / nkv);
+  p.hd = int(hd);
+  p.hd_v = int(hd_v);
+  p.scale_log2 = scale * kLog2e;
+  p.out = out.ptr<__nv_bfloat16>();
+  p.o_s0 = out.stride[0];
+  p.o_s1 = out.stride[1];
+  p.T = int(T);
+  p.B = int(B);
+  const int64_t rows = int64_t(meta.max_q_len) * p.G;
+
+  const bool tc_ok = (hd == 64 || hd == 128) && hd_v == hd && aligned16(p.kc) && aligned16(p.vc);
+  const bool decode_like = meta.max_q_len <= 8;
+  const bool use_tc = tc_ok && g_attn_path != 1 && (g_attn_path == 2 || !decode_like);
+  if (use_tc) {
+    const int64_t chunks = std::max<int64_t>(1, ceil_div(rows, kTM));
+    TS_CHECK(chunks <= 0x7fffffff, "paged_attention: too many rows");
+    if (hd == 64) tc_launch<64>(p, int(chunks));
+    else tc_launch<128>(p, int(chunks));
+    return;
+  }
+
+  // Generic kernel, with a KV split for decode-like batches.
+  const int64_t chunks = std::max<int64_t>(1, ceil_div(rows, kGR));
+  TS_CHECK(chunks <= 0x7fffffff, "paged_attention: too many rows");
+  const int64_t max_kv = std::max(meta.max_kv_len, 1);
+  int splits = 1;
+  if (g_attn_splits > 0) {
+    splits = g_attn_splits;
+  } else if (decode_like) {
+    const int64_t base = B * nkv * chunks;
+    const int64_t target = 2 * int64_t(sm_count());
+    const int64_t by_len = ceil_div(max_kv, 256);  // at least 256 tokens per split
+    splits = int(std::clamp<int64_t>(ceil_div(target, base), 1, std::min<int64_t>(by_len, 64)));
+  }
+  int64_t split_len = ceil_div(ceil_div(max_kv, splits), kGN) * kGN;
+  splits = int(ceil_div(max_kv, split_len));
+  p.num_splits = splits;
+  p.split_len = int(split_len);
+  TS_CHECK(int64_t(nkv) * splits <= 65535, "paged_attention: too many splits");
+  if (splits > 1) {
+    const size_t n_o = size_t(splits) * size_t(T) * size_t(nh) * size_t(hd_v);
+    const size_t n_ml = size_t(splits) * size_t(T) * size_t(nh) * 2;
+    float* ws = static_cast<float*>(workspace(0).get((n_o + n_ml) * sizeof(float)));
+    p.part_o = ws;
+    p.part_ml = ws + n_o;
+  }
+  const size_t smem = generic_smem(int(hd), int(hd_v));
+  TS_CHECK(smem <= 200 * 1024, "paged_attention: head dim {} too large for the generic kernel", hd);
+  static size_t smem_set = 48 * 1024;
+  if (smem > smem_set) {
+    set_smem(attn_generic_kernel, smem);
+    smem_set = smem;
+  }
+  launch(attn_generic_kernel, dim3(unsigned(chunks), unsigned(nkv * splits), unsigned(B + 1)),
+         dim3(kGThreads), smem, true, p);
+  if (splits > 1)
+    launch(attn_reduce_kernel, dim3(unsigned(T * nh)), dim3(128), 0, true, p);
+}
+
+}  // namespace ts::ops::cuda

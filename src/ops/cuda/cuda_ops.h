@@ -1,0 +1,63 @@
+// The CUDA backend of the op interface (ops/ops.h): same signatures, bf16 activations and
+// weights, f32 Rope tables, i32 indices, fp32 accumulation. Plain C++ (no CUDA headers).
+// Kernels run on ts::cuda::stream() (ops/cuda/runtime.h); nothing here synchronises the host
+// except `sample` (it returns host ids).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "ops/ops.h"
+
+namespace ts::ops::cuda {
+
+void embedding(const Tensor& ids, const Tensor& table, Tensor& out, int64_t vocab_start = 0);
+
+void rmsnorm(const Tensor& x, const Tensor& w, float eps, Tensor& out);
+void fused_add_rmsnorm(Tensor& x, Tensor& residual, const Tensor& w, float eps);
+void rmsnorm_pair(const Tensor& a, const Tensor& b, const Tensor& wa, const Tensor& wb, float eps,
+                  Tensor& out_a, Tensor& out_b);
+void qk_norm_rope(Tensor& q, Tensor& k, const Tensor& wq, const Tensor& wk, float eps,
+                  const Tensor& positions, const Rope& rope);
+void rope(Tensor& q, Tensor& k, const Tensor& positions, const Rope& rope);
+
+void silu_mul(const Tensor& x, Tensor& out);
+void linear(const Tensor& x, const Tensor& w, Tensor& out, const Tensor* bias = nullptr);
+void add_inplace(Tensor& y, const Tensor& x);
+
+void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
+              const Tensor& slot_mapping);
+void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                     const AttnMeta& meta, float scale, Tensor& out);
+
+void copy_rows(const Tensor& src, Tensor& dst);  // any dtype, strided rows
+void cast(const Tensor& src, Tensor& dst);       // f32 <-> bf16 (same dtype: copy_rows)
+void gather_rows(const Tensor& x, const Tensor& index, Tensor& out);
+
+void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, std::vector<int32_t>& out);
+
+// ---- CUDA-only extras ------------------------------------------------------------------------
+// Dtype casts between (possibly strided-row) tensors of the same shape.
+void cast_bf16_to_f32(const Tensor& x, Tensor& out);
+void cast_f32_to_bf16(const Tensor& x, Tensor& out);
+
+// Per-row sampling parameters as device arrays (each [B]): temperature f32, top_k i32,
+// top_p f32, min_p f32, seed i64 (bits of the u64), counter i64 (bits of the u64).
+struct DeviceSamplingParams {
+  Tensor temperature, top_k, top_p, min_p, seed, counter;
+};
+// Graph-safe sampling: reads parameters from device memory and writes i32 ids [B] on the device.
+// No host synchronisation; scratch comes from a workspace that grows only outside capture, so
+// call it once eagerly with the largest B*V before capturing.
+void sample_device(const Tensor& logits, const DeviceSamplingParams& params, Tensor& out_ids);
+
+// Linear path selection for benchmarks and tests: 0 auto, 1 force cuBLASLt, 2 force GEMV
+// (only where the GEMV kernel applies; otherwise cuBLASLt).
+void set_linear_path(int path);
+
+// Attention path selection for benchmarks and tests: 0 auto, 1 force the generic (CUDA-core,
+// split-KV) kernel, 2 force the tensor-core kernel where the head dim allows.
+// num_splits > 0 forces the split count of the generic kernel (0: heuristic).
+void set_attention_path(int path, int num_splits = 0);
+
+}  // namespace ts::ops::cuda

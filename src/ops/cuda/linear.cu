@@ -1,0 +1,272 @@
+// linear: out = x @ w^T (+ bias), bf16 in/out, fp32 accumulation.
+// Small M (batch-1/small decode, memory-bound): a GEMV kernel that streams each weight row once
+// with 16-byte loads. Otherwise cuBLASLt with a per-shape cached algorithm and a 32 MB workspace.
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/cuda_ops.h"
+
+#define TS_CUBLAS_CHECK(expr)                                                           \
+  do {                                                                                  \
+    cublasStatus_t s_ = (expr);                                                         \
+    if (s_ != CUBLAS_STATUS_SUCCESS)                                                    \
+      ::ts::fail("cuBLASLt error {} ({}) at {}:{}", int(s_), cublasLtGetStatusString(s_), \
+                 __FILE__, __LINE__);                                                   \
+  } while (0)
+
+namespace ts::ops::cuda {
+using namespace ::ts::cuda;
+
+namespace {
+
+int g_linear_path = 0;      // 0 auto, 1 cuBLASLt, 2 GEMV
+constexpr int kGemvMaxM = 8;
+constexpr int kGemvWarps = 8;
+constexpr int kGemvUnroll = 4;
+
+__device__ __forceinline__ uint4 ld_stream(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
+  const __nv_bfloat162* pa = reinterpret_cast<const __nv_bfloat162*>(&a);
+  const __nv_bfloat162* pb = reinterpret_cast<const __nv_bfloat162*>(&b);
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float2 fa = __bfloat1622float2(pa[i]), fb = __bfloat1622float2(pb[i]);
+    s = fmaf(fa.x, fb.x, s);
+    s = fmaf(fa.y, fb.y, s);
+  }
+  return s;
+}
+
+// One warp per output feature n; all M rows of x are read (L1-resident) for each weight vector.
+// Requires K % 8 == 0 and 16-byte aligned rows of x and w.
+template <int M>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+gemv_kernel(const __nv_bfloat16* __restrict__ x, int64_t x_ld, const __nv_bfloat16* __restrict__ w,
+            int64_t w_ld, const __nv_bfloat16* __restrict__ bias, __nv_bfloat16* __restrict__ out,
+            int64_t out_ld, int N, int K) {
+  pdl_wait();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t n = int64_t(blockIdx.x) * kGemvWarps + warp;
+  if (n >= N) return;
+  const __nv_bfloat16* wr = w + n * w_ld;
+  const int nv = K / 8;
+  float acc[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+  for (int base = 0; base < nv; base += 32 * kGemvUnroll) {
+    uint4 wv[kGemvUnroll];
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) {
+      const int i = base + u * 32 + lane;
+      wv[u] = i < nv ? ld_stream(wr + int64_t(i) * 8) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) {
+      const int i = base + u * 32 + lane;
+      if (i < nv) {
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          const uint4 xv = *reinterpret_cast<const uint4*>(x + m * x_ld + int64_t(i) * 8);
+          acc[m] += dot8(wv[u], xv);
+        }
+      }
+    }
+  }
+  pdl_trigger();
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[m] = warp_sum(acc[m]);
+  if (lane == 0) {
+    const float b = bias ? __bfloat162float(bias[n]) : 0.0f;
+#pragma unroll
+    for (int m = 0; m < M; ++m) out[m * out_ld + n] = __float2bfloat16(acc[m] + b);
+  }
+}
+
+template <int M>
+void gemv_launch(const __nv_bfloat16* x, int64_t x_ld, const __nv_bfloat16* w, int64_t w_ld,
+                 const __nv_bfloat16* bias, __nv_bfloat16* out, int64_t out_ld, int N, int K) {
+  launch(gemv_kernel<M>, dim3(unsigned(ceil_div(N, kGemvWarps))), dim3(kGemvWarps * 32), 0, true,
+         x, x_ld, w, w_ld, bias, out, out_ld, N, K);
+}
+
+void gemv(int M, const __nv_bfloat16* x, int64_t x_ld, const __nv_bfloat16* w, int64_t w_ld,
+          const __nv_bfloat16* bias, __nv_bfloat16* out, int64_t out_ld, int N, int K) {
+  switch (M) {
+    case 1: gemv_launch<1>(x, x_ld, w, w_ld, bias, out, out_ld, N, K); break;
+    case 2: gemv_launch<2>(x, x_ld, w, w_ld, bias, out, out_ld, N, K); break;
+    case 3: gemv_launch<3>(x, x_ld, w, w_ld, bias, out, out_ld, N, K); break;
+    case 4: gemv_launch<4>(x, x_ld, w, w_ld, bias, out, out_ld, N, K); break;
+    case 5: gemv_launch<5>(x, x_ld, w, w_ld, bias, out, out_ld, N, K); break;
+    case 6: gemv_launch<6>(x, x_ld, w, w_ld, bias, out, out_ld, N, K); break;
+    case 7: gemv_launch<7>(x, x_ld, w, w_ld, bias, out, out_ld, N, K); break;
+    case 8: gemv_launch<8>(x, x_ld, w, w_ld, bias, out, out_ld, N, K); break;
+    default: fail("gemv: M {} > {}", M, kGemvMaxM);
+  }
+}
+
+// ---- cuBLASLt ------------------------------------------------------------------------------------
+int align_bytes(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  for (int b : {16, 8, 4}) if (a % b == 0) return b;
+  return 2;
+}
+
+int64_t m_bucket(int64_t m) {
+  int64_t b = 1;
+  while (b < m) b <<= 1;
+  return b;
+}
+
+struct AlgoKey {
+  int64_t mb, n, k, ldx, ldw, ldc;
+  int bias, ax, aw, ac, ab;
+  bool operator<(const AlgoKey& o) const {
+    return std::tie(mb, n, k, ldx, ldw, ldc, bias, ax, aw, ac, ab) <
+           std::tie(o.mb, o.n, o.k, o.ldx, o.ldw, o.ldc, o.bias, o.ax, o.aw, o.ac, o.ab);
+  }
+};
+
+struct Lt {
+  cublasLtHandle_t handle = nullptr;
+  std::shared_ptr<void> ws;
+  size_t ws_size = size_t(32) << 20;
+  std::mutex mu;
+  std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;
+  Lt() {
+    TS_CUBLAS_CHECK(cublasLtCreate(&handle));
+    ws = alloc(ws_size);
+  }
+};
+
+Lt& lt() {
+  static Lt* s = new Lt();  // never destroyed: outlives static tensors at exit
+  return *s;
+}
+
+struct Layouts {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  ~Layouts() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+// Row-major out[M,N] = x[M,K] @ w[N,K]^T is column-major out^T[N,M] = op(A) B with A = w viewed as
+// column-major [K,N] (TRANSA = T) and B = x viewed as column-major [K,M].
+void lt_matmul(int64_t M, int64_t N, int64_t K, const void* x, int64_t ldx, const void* w,
+               int64_t ldw, const void* bias, void* out, int64_t ldc) {
+  Lt& L = lt();
+  Layouts d;
+  TS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  TS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  TS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  if (bias) {
+    const cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
+    const cudaDataType_t bt = CUDA_R_16BF;
+    TS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
+    TS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                   sizeof(bias)));
+    TS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
+                                                   sizeof(bt)));
+  }
+  TS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, CUDA_R_16BF, uint64_t(K), uint64_t(N), ldw));
+  TS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, CUDA_R_16BF, uint64_t(K), uint64_t(M), ldx));
+  TS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, CUDA_R_16BF, uint64_t(N), uint64_t(M), ldc));
+
+  const AlgoKey key{m_bucket(M), N, K, ldx, ldw, ldc, bias ? 1 : 0, align_bytes(x), align_bytes(w),
+                    align_bytes(out), bias ? align_bytes(bias) : 16};
+  cublasLtMatmulAlgo_t algo;
+  bool have = false;
+  {
+    std::lock_guard<std::mutex> g(L.mu);
+    auto it = L.algos.find(key);
+    if (it != L.algos.end()) {
+      algo = it->second;
+      have = true;
+    }
+  }
+  auto query = [&]() {
+    cublasLtMatmulPreference_t pref = nullptr;
+    TS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t wsz = L.ws_size;
+    uint32_t ax = uint32_t(key.ax), aw = uint32_t(key.aw), ac = uint32_t(key.ac);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsz, sizeof(wsz));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aw, sizeof(aw));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ax, sizeof(ax));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof(ac));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof(ac));
+    cublasLtMatmulHeuristicResult_t res[1] = {};
+    int n = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(L.handle, d.op, d.a, d.b, d.c, d.c, pref, 1,
+                                                       res, &n);
+    cublasLtMatmulPreferenceDestroy(pref);
+    TS_CHECK(st == CUBLAS_STATUS_SUCCESS && n > 0,
+             "cuBLASLt: no algorithm for linear M={} N={} K={} (status {})", M, N, K, int(st));
+    algo = res[0].algo;
+    std::lock_guard<std::mutex> g(L.mu);
+    L.algos[key] = algo;
+  };
+  if (!have) query();
+  const float alpha = 1.0f, beta = 0.0f;
+  cublasStatus_t st = cublasLtMatmul(L.handle, d.op, &alpha, w, d.a, x, d.b, &beta, out, d.c, out,
+                                     d.c, &algo, L.ws.get(), L.ws_size, stream());
+  if (st != CUBLAS_STATUS_SUCCESS && have) {
+    // The bucket's cached algorithm may not fit this exact M: ask again for this shape.
+    query();
+    st = cublasLtMatmul(L.handle, d.op, &alpha, w, d.a, x, d.b, &beta, out, d.c, out, d.c, &algo,
+                        L.ws.get(), L.ws_size, stream());
+  }
+  TS_CUBLAS_CHECK(st);
+}
+
+}  // namespace
+
+void set_linear_path(int path) { g_linear_path = path; }
+
+void linear(const Tensor& x, const Tensor& w, Tensor& out, const Tensor* bias) {
+  check_dev(x, DType::bf16, "linear x");
+  check_dev(w, DType::bf16, "linear w");
+  check_dev(out, DType::bf16, "linear out");
+  TS_CHECK(w.ndim == 2, "linear: weight must be [N, K], got {}", w.shape_str());
+  const int64_t M = x.rows(), K = x.size(-1), N = w.size(0);
+  TS_CHECK(w.size(1) == K && out.rows() == M && out.size(-1) == N,
+           "linear: x {} w {} out {}", x.shape_str(), w.shape_str(), out.shape_str());
+  const __nv_bfloat16* bp = nullptr;
+  if (bias && bias->data) {
+    check_dev(*bias, DType::bf16, "linear bias");
+    TS_CHECK(bias->numel() == N && bias->is_contiguous(), "linear: bias {} for N={}",
+             bias->shape_str(), N);
+    bp = bias->ptr<__nv_bfloat16>();
+  }
+  if (M == 0 || N == 0) return;
+  TS_CHECK(K > 0, "linear: K must be positive");
+  TS_CHECK(N <= 0x7fffffff && K <= 0x7fffffff, "linear: too large");
+  const int64_t ldx = x.row_stride(), ldw = w.row_stride(), ldc = out.row_stride();
+  const bool gemv_ok = M <= kGemvMaxM && vec8_ok(x.data, K, ldx) && vec8_ok(w.data, K, ldw);
+  const bool use_gemv = gemv_ok && g_linear_path != 1;
+  if (use_gemv) {
+    gemv(int(M), x.ptr<__nv_bfloat16>(), ldx, w.ptr<__nv_bfloat16>(), ldw, bp,
+         out.ptr<__nv_bfloat16>(), ldc, int(N), int(K));
+    return;
+  }
+  lt_matmul(M, N, K, x.data, ldx, w.data, ldw, bp, out.data, ldc);
+}
+
+}  // namespace ts::ops::cuda

@@ -1,0 +1,384 @@
+// The engine thread: drain submissions -> schedule -> forward -> sample -> stop checks ->
+// stream events out. See engine.h for the threading contract.
+#include "runtime/engine.h"
+
+#include <algorithm>
+#include <random>
+#include <unordered_set>
+
+#include "core/device_memory.h"
+#include "core/log.h"
+#include "models/model.h"
+#include "runtime/model_runner.h"
+#include "runtime/sampler.h"
+#include "runtime/scheduler.h"
+#include "runtime/spec_worker.h"
+#include "tokenizer/tokenizer.h"
+
+#ifdef TS_WITH_CUDA
+#include "ops/cuda/runtime.h"
+#endif
+
+namespace ts {
+
+static double secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+class EngineImpl {
+ public:
+  explicit EngineImpl(const EngineOptions& o);
+  ~EngineImpl() { stop(); }
+  void start() { thread_ = std::thread([this] { loop(); }); }
+  void stop();
+  std::shared_ptr<Stream> submit(GenerateParams p);
+  EngineMetrics metrics() const {
+    std::lock_guard<std::mutex> lk(metrics_mu_);
+    return metrics_;
+  }
+
+  EngineOptions opts;
+  Device device = Device::cpu;
+  std::shared_ptr<tok::Tokenizer> tokenizer;
+  std::shared_ptr<models::Model> model;
+  std::unique_ptr<ModelRunner> runner;
+  std::unique_ptr<KvCache> kv;
+  std::unique_ptr<Scheduler> sched;
+  std::unique_ptr<SpecWorker> spec;
+  std::unordered_set<int32_t> eos;
+  int64_t context_len = 0;
+
+ private:
+  void loop();
+  void step();
+  void intake();
+  // Appends one generated token; returns true when the request finished.
+  bool push_token(Request& r, int32_t t, const TokenLogprob* lp, StreamEvent& ev);
+  void finish(Request& r, FinishReason why, StreamEvent& ev);
+  void emit(Request& r, StreamEvent& ev);
+  void fail_request(Request& r, const std::string& msg);
+  void update_metrics(double host_us);
+
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::shared_ptr<Request>> incoming_;
+  bool stopping_ = false;
+  int64_t next_id_ = 1;
+  std::mt19937_64 seed_rng_{std::random_device{}()};
+
+  mutable std::mutex metrics_mu_;
+  EngineMetrics metrics_;
+  double host_us_ewma_ = 0;
+  std::vector<ScheduledChunk> chunks_;
+  std::vector<SeqChunk> seq_chunks_;
+  std::vector<Request*> sample_reqs_;
+  std::vector<SampleResult> samples_;
+};
+
+EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
+  device = o.device == "cpu" ? Device::cpu : o.device == "cuda" ? Device::cuda : (cuda_available() ? Device::cuda : Device::cpu);
+  TS_CHECK(device == Device::cpu || cuda_available(), "--device cuda: no CUDA device available");
+  tokenizer = tok::Tokenizer::from_dir(o.model_dir);
+  io::ModelConfig cfg = io::load_config(o.model_dir);
+  models::LoadOptions lo;
+  lo.device = device;
+  if (!o.speculative_algorithm.empty()) lo.capture_layers = SpecWorker::capture_layers_for(o, cfg);
+  model = models::create_model(cfg, lo);
+  // KV pool: explicit token count, else a share of memory.
+  size_t per_token = ModelRunner::kv_bytes_per_token(*model);
+  int64_t tokens = o.max_total_tokens;
+  if (tokens <= 0) {
+    if (device == Device::cpu) {
+      double frac = o.mem_fraction_static > 0 ? o.mem_fraction_static : 0.05;
+      size_t budget = size_t(frac * 24.0 * (1ull << 30));  // share of a 24 GiB host
+      tokens = int64_t(budget / per_token);
+      tokens = std::min<int64_t>(tokens, 64 * cfg.max_position_embeddings);
+    } else {
+#ifdef TS_WITH_CUDA
+      double frac = o.mem_fraction_static > 0 ? o.mem_fraction_static : 0.85;
+      size_t total = cuda::total_memory(), free = cuda::free_memory();
+      size_t reserve = size_t((1.0 - frac) * double(total));
+      TS_CHECK(free > reserve + (256ull << 20), "not enough GPU memory for a KV pool: {} MiB free, {} MiB reserved", free >> 20, reserve >> 20);
+      tokens = int64_t((free - reserve) / per_token);
+#endif
+    }
+  }
+  int bs = o.block_size;
+  TS_CHECK(bs > 0 && bs <= 1024, "--block-size must be in 1..1024 (got {})", bs);
+  int64_t blocks = std::max<int64_t>(tokens / bs, 1);
+  runner = std::make_unique<ModelRunner>(model, blocks, bs);
+  kv = std::make_unique<KvCache>(blocks, bs, !o.disable_prefix_cache);
+  SchedulerOptions so;
+  so.token_budget = std::max(o.chunked_prefill_size, 1);
+  so.max_num_seqs = std::max(o.max_num_seqs, 1);
+  if (!o.speculative_algorithm.empty()) {
+    spec = std::make_unique<SpecWorker>(o, *runner, *kv);
+    so.decode_tokens = spec->num_draft_tokens();
+  }
+  sched = std::make_unique<Scheduler>(*kv, so);
+  context_len = o.context_length > 0 ? std::min(o.context_length, cfg.max_position_embeddings) : cfg.max_position_embeddings;
+  context_len = std::min<int64_t>(context_len, blocks * bs - so.decode_tokens);
+  io::GenerationConfig gc = io::load_generation_config(o.model_dir);
+  for (auto id : cfg.eos_token_ids) eos.insert(id);
+  for (auto id : gc.eos_token_ids) eos.insert(id);
+  if (auto e = tokenizer->eos_id()) eos.insert(*e);
+  metrics_.kv_total_blocks = blocks;
+  metrics_.ttft_s = Histogram({0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60});
+  metrics_.itl_s = Histogram({0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1});
+  metrics_.e2e_s = Histogram({0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300});
+  spdlog::info("engine: {} on {}, {} layers, KV pool {} blocks x {} tokens ({:.1f} MiB), context {}", cfg.architecture,
+               device_name(device), cfg.num_layers, blocks, bs, double(blocks * bs * per_token) / (1 << 20), context_len);
+}
+
+void EngineImpl::stop() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::shared_ptr<Stream> EngineImpl::submit(GenerateParams p) {
+  if (p.prompt.empty()) throw InvalidRequest("the prompt is empty", "prompt");
+  int64_t vocab = model->config().vocab_size;
+  for (int32_t t : p.prompt)
+    if (t < 0 || t >= vocab)
+      throw InvalidRequest(fmt::format("token id {} is outside the vocabulary (0..{})", t, vocab - 1), "prompt");
+  if (p.max_tokens <= 0) throw InvalidRequest("max_tokens must be at least 1", "max_tokens");
+  if (int64_t(p.prompt.size()) + p.max_tokens > context_len)
+    throw InvalidRequest(fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens "
+                                     "({} in the prompt, {} for the completion).",
+                                     context_len, p.prompt.size() + size_t(p.max_tokens), p.prompt.size(), p.max_tokens),
+                         "max_tokens");
+  auto r = std::make_shared<Request>();
+  r->stream = std::make_shared<Stream>();
+  r->tokens = p.prompt;
+  r->prompt_len = int(p.prompt.size());
+  r->submitted = Clock::now();
+  r->detok = std::make_shared<tok::StreamDecoder>(*tokenizer, true);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    r->id = next_id_++;
+    r->seed = p.seed ? *p.seed : seed_rng_();
+    r->params = std::move(p);
+    incoming_.push_back(r);
+  }
+  cv_.notify_one();
+  return r->stream;
+}
+
+void EngineImpl::intake() {
+  std::vector<std::shared_ptr<Request>> in;
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (incoming_.empty() && sched->idle() && !stopping_) cv_.wait_for(lk, std::chrono::milliseconds(100));
+    in.swap(incoming_);
+  }
+  for (auto& r : in) {
+    sched->add(r);
+    std::lock_guard<std::mutex> lk(metrics_mu_);
+    ++metrics_.requests_total;
+  }
+  // Clients that went away: abort wherever the request is.
+  auto check = [&](const std::shared_ptr<Request>& r) {
+    if (!r->terminal() && r->stream->cancelled()) {
+      r->to(state::Aborted{"client disconnected"});
+      StreamEvent ev;
+      finish(*r, FinishReason::abort, ev);
+    }
+  };
+  for (auto& r : sched->running()) check(r);
+  for (auto& r : sched->waiting()) check(r);
+  sched->reap();
+}
+
+void EngineImpl::loop() {
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (stopping_) break;
+    }
+    try {
+      intake();
+      if (!sched->idle()) step();
+    } catch (const std::exception& e) {
+      // A failed step fails the requests in it; the engine keeps serving.
+      spdlog::error("engine step failed: {}", e.what());
+      for (auto& r : sched->running()) fail_request(*r, e.what());
+      sched->reap();
+    }
+  }
+  for (auto& r : sched->running()) fail_request(*r, "server shutting down");
+  for (auto& r : sched->waiting()) fail_request(*r, "server shutting down");
+}
+
+void EngineImpl::fail_request(Request& r, const std::string& msg) {
+  if (r.terminal()) return;
+  r.to(state::Aborted{msg});
+  StreamEvent ev;
+  ev.error = msg;
+  finish(r, FinishReason::abort, ev);
+}
+
+void EngineImpl::step() {
+  auto t0 = Clock::now();
+  std::vector<std::shared_ptr<Request>> rejected;
+  chunks_ = sched->schedule(rejected);
+  for (auto& r : rejected)
+    fail_request(*r, fmt::format("request needs {} tokens of KV cache; the pool holds {}", r->tokens.size(),
+                                 kv->num_blocks() * kv->block_size()));
+  if (chunks_.empty()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return;
+  }
+  double fwd_s = 0;
+  if (spec) {
+    fwd_s = spec->step(chunks_, [&](Request& r, int32_t t, const TokenLogprob* lp, StreamEvent& ev) { return push_token(r, t, lp, ev); },
+                       [&](Request& r, StreamEvent& ev) { emit(r, ev); });
+  } else {
+    seq_chunks_.clear();
+    sample_reqs_.clear();
+    for (auto& c : chunks_) {
+      Request& r = *c.req;
+      bool last = r.num_computed + c.num_tokens == int(r.tokens.size());
+      seq_chunks_.push_back({r.tokens.data() + r.num_computed, c.num_tokens, r.num_computed, &r.block_table,
+                             last ? SeqChunk::Logits::last : SeqChunk::Logits::none});
+      if (last) sample_reqs_.push_back(&r);
+    }
+    auto f0 = Clock::now();
+    Tensor logits = runner->run(seq_chunks_);
+    fwd_s = secs(Clock::now() - f0);
+    sample_batch(logits, sample_reqs_, samples_);
+    size_t si = 0;
+    for (auto& c : chunks_) {
+      Request& r = *c.req;
+      r.num_computed += c.num_tokens;
+      kv->commit(r.tokens.data(), r.num_computed, r.block_table, r.block_hashes);
+      if (r.num_computed < int(r.tokens.size())) continue;  // mid-prefill chunk
+      const SampleResult& s = samples_[si++];
+      if (r.is<state::Prefilling>()) r.to(state::Decoding{});
+      StreamEvent ev;
+      push_token(r, s.token, r.params.logprobs >= 0 ? &s.logprob : nullptr, ev);
+      emit(r, ev);
+    }
+  }
+  sched->reap();
+  update_metrics(secs(Clock::now() - t0) * 1e6 - fwd_s * 1e6);
+}
+
+bool EngineImpl::push_token(Request& r, int32_t t, const TokenLogprob* lp, StreamEvent& ev) {
+  auto now = Clock::now();
+  if (!r.has_first_token) {
+    r.has_first_token = true;
+    r.first_token = now;
+    ev.ttft_s = secs(now - r.submitted);
+  } else {
+    std::lock_guard<std::mutex> lk(metrics_mu_);
+    metrics_.itl_s.observe(secs(now - r.last_token));
+  }
+  r.last_token = now;
+  r.tokens.push_back(t);
+  ev.tokens.push_back(t);
+  if (lp) ev.logprobs.push_back(*lp);
+  const GenerateParams& p = r.params;
+  bool stop_id = (!p.ignore_eos && eos.count(t)) || std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), t) != p.stop_token_ids.end();
+  if (!stop_id) r.text += r.detok->push(t);
+  if (!p.stop.empty()) {
+    size_t best = std::string::npos;
+    for (auto& s : p.stop) {
+      if (s.empty()) continue;
+      size_t from = r.text_emitted >= s.size() ? r.text_emitted - s.size() + 1 : 0;
+      size_t pos = r.text.find(s, from);
+      if (pos < best) best = pos;
+    }
+    if (best != std::string::npos) {
+      r.text.resize(best);
+      finish(r, FinishReason::stop, ev);
+      return true;
+    }
+  }
+  if (stop_id) {
+    finish(r, FinishReason::stop, ev);
+    return true;
+  }
+  if (r.num_generated() >= p.max_tokens || int64_t(r.tokens.size()) >= context_len) {
+    finish(r, FinishReason::length, ev);
+    return true;
+  }
+  return false;
+}
+
+void EngineImpl::finish(Request& r, FinishReason why, StreamEvent& ev) {
+  if (!r.terminal()) r.to(state::Finished{why});
+  ev.finished = true;
+  ev.reason = why;
+  for (auto& it : r.spec_trace) ev.spec_trace.emplace_back(it.drafts, it.accepted);
+  if (why != FinishReason::stop || r.params.stop.empty()) r.text += r.detok->flush();
+  emit(r, ev);
+  std::lock_guard<std::mutex> lk(metrics_mu_);
+  if (why == FinishReason::abort) ++metrics_.requests_aborted;
+  else ++metrics_.requests_finished;
+  metrics_.prompt_tokens += r.prompt_len;
+  metrics_.cached_prompt_tokens += r.cached_tokens;
+  metrics_.generation_tokens += r.num_generated();
+  if (r.has_first_token) {
+    metrics_.ttft_s.observe(secs(r.first_token - r.submitted));
+    metrics_.e2e_s.observe(secs(Clock::now() - r.submitted));
+  }
+}
+
+// Sends what is new since the last event. Text that could still become a stop string is held
+// back (cut to a UTF-8 boundary) until the next token decides.
+void EngineImpl::emit(Request& r, StreamEvent& ev) {
+  if (ev.tokens.empty() && !ev.finished) return;
+  size_t end = r.text.size();
+  if (!ev.finished && !r.params.stop.empty()) {
+    size_t hold = 0;
+    for (auto& s : r.params.stop) hold = std::max(hold, s.size() - 1);
+    end = end > hold ? end - hold : 0;
+    while (end > r.text_emitted && end < r.text.size() && (static_cast<unsigned char>(r.text[end]) & 0xC0) == 0x80) --end;
+  }
+  if (end > r.text_emitted) {
+    ev.text = r.text.substr(r.text_emitted, end - r.text_emitted);
+    r.text_emitted = end;
+  }
+  ev.prompt_tokens = r.prompt_len;
+  ev.completion_tokens = r.num_generated();
+  ev.cached_tokens = r.cached_tokens;
+  r.tokens_emitted = r.num_generated();
+  r.stream->push(std::move(ev));
+  ev = StreamEvent{};
+}
+
+void EngineImpl::update_metrics(double host_us) {
+  host_us_ewma_ = metrics_.steps == 0 ? host_us : 0.95 * host_us_ewma_ + 0.05 * host_us;
+  std::lock_guard<std::mutex> lk(metrics_mu_);
+  ++metrics_.steps;
+  metrics_.step_host_us_mean = host_us_ewma_;
+  metrics_.running = int(sched->running().size());
+  metrics_.waiting = int(sched->waiting().size());
+  metrics_.kv_used_blocks = kv->used_blocks();
+  metrics_.kv_usage = double(kv->used_blocks()) / double(kv->num_blocks());
+  metrics_.prefix_hit_rate = metrics_.prompt_tokens ? double(metrics_.cached_prompt_tokens) / double(metrics_.prompt_tokens) : 0;
+  metrics_.retractions = sched->retractions();
+  if (spec) {
+    metrics_.spec_verify_steps = spec->verify_steps();
+    metrics_.spec_accepted_tokens = spec->accepted_tokens();
+  }
+}
+
+Engine::Engine(const EngineOptions& opts) : impl_(std::make_unique<EngineImpl>(opts)) {}
+Engine::~Engine() = default;
+void Engine::start() { impl_->start(); }
+void Engine::stop() { impl_->stop(); }
+std::shared_ptr<Stream> Engine::submit(GenerateParams p) { return impl_->submit(std::move(p)); }
+EngineMetrics Engine::metrics() const { return impl_->metrics(); }
+const tok::Tokenizer& Engine::tokenizer() const { return *impl_->tokenizer; }
+std::shared_ptr<const tok::Tokenizer> Engine::tokenizer_ptr() const { return impl_->tokenizer; }
+int64_t Engine::context_length() const { return impl_->context_len; }
+int64_t Engine::vocab_size() const { return impl_->model->config().vocab_size; }
+std::vector<int32_t> Engine::eos_token_ids() const { return {impl_->eos.begin(), impl_->eos.end()}; }
+std::string Engine::model_dir() const { return impl_->opts.model_dir; }
+std::string Engine::device_name() const { return ::ts::device_name(impl_->device); }
+
+}  // namespace ts

@@ -1,0 +1,44 @@
+// CUDA linear (GEMV and cuBLASLt paths) vs the CPU reference.
+#include "cuda_test_util.h"
+
+using namespace ts;
+using namespace ts::test;
+
+namespace {
+void check_linear(int64_t M, int64_t N, int64_t K, bool bias, bool strided, int path) {
+  Pair x = Pair::rand({M, K}), w = Pair::rand({N, K}, 0.1f), b = Pair::rand({N});
+  const int64_t pad = strided ? 8 : 0;
+  Pair buf = Pair::rand({M, N + pad});
+  Tensor oh = buf.h.narrow(1, 0, N), od = buf.d.narrow(1, 0, N);
+  ops::cpu::linear(x.h, w.h, oh, bias ? &b.h : nullptr);
+  ops::cuda::set_linear_path(path);
+  ops::cuda::linear(x.d, w.d, od, bias ? &b.d : nullptr);
+  ops::cuda::set_linear_path(0);
+  EXPECT_CLOSE(buf.back(), buf.h,
+               fmt::format("linear M={} N={} K={} bias={} strided={} path={}", M, N, K, bias,
+                           strided, path));
+}
+}  // namespace
+
+TEST(CudaOps, LinearSmallM) {
+  TS_REQUIRE_CUDA();
+  for (int path : {0, 1, 2})
+    for (int64_t M : {0, 1, 2, 3, 5, 8})
+      for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{64, 64}, {100, 24}, {4096, 4096}, {256, 20}})
+        for (bool bias : {false, true}) check_linear(M, N, K, bias, M % 2 == 1, path);
+}
+
+TEST(CudaOps, LinearLargeM) {
+  TS_REQUIRE_CUDA();
+  for (int64_t M : {9, 17, 64, 130, 1000})
+    for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{64, 64}, {1000, 256}, {4096, 4096}})
+      for (bool bias : {false, true}) check_linear(M, N, K, bias, M % 2 == 0, 0);
+}
+
+TEST(CudaOps, LinearLlamaShapes) {
+  TS_REQUIRE_CUDA();
+  // Batch-1 decode shapes of Llama-3.1-8B (the LM head is covered with a smaller K).
+  for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{6144, 4096}, {28672, 4096}, {4096, 14336}})
+    for (int64_t M : {1, 4}) check_linear(M, N, K, false, false, 0);
+  check_linear(1, 128256, 512, false, false, 0);
+}
