@@ -190,6 +190,12 @@ void EngineImpl::intake() {
   for (auto& r : sched->running()) check(r);
   for (auto& r : sched->waiting()) check(r);
   sched->reap();
+  // Refresh the gauges here too: after an abort the engine may go idle without another step.
+  std::lock_guard<std::mutex> lk(metrics_mu_);
+  metrics_.running = int(sched->running().size());
+  metrics_.waiting = int(sched->waiting().size());
+  metrics_.kv_used_blocks = kv->used_blocks();
+  metrics_.kv_usage = double(kv->used_blocks()) / double(kv->num_blocks());
 }
 
 void EngineImpl::loop() {

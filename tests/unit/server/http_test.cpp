@@ -271,7 +271,7 @@ TEST_F(Fixture, ChatToolCalls) {
   start("hermes");
   backend->reply = "Let me check.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
   const std::string body = R"({"messages": [{"role": "user", "content": "weather?"}], "max_tokens": 200,
-    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])";
+    "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]})";
   auto r = post("/v1/chat/completions", body);
   ASSERT_EQ(r->status, 200) << r->body;
   Json j = J(r->body);
