@@ -36,6 +36,7 @@ int cmd_generate(int argc, char** argv) {
   app.add_option("--min-p", gp.min_p, "drop tokens below min_p * p(max)");
   app.add_option("--seed", seed, "sampling seed");
   app.add_flag("--ignore-eos", gp.ignore_eos, "do not stop at end-of-sequence tokens");
+  app.add_option("--logprobs", gp.logprobs, "also print each token's logprob and the top-k alternatives (JSON, stderr)");
   app.add_flag("--print-ids", print_ids, "print the generated token ids as a JSON list instead of text");
   app.add_option("--spec-trace", trace_file, "write the speculative decoding trace (tokens, drafts, accepted) as JSON");
   cli::add_engine_flags(app, eo);
@@ -59,6 +60,11 @@ int cmd_generate(int argc, char** argv) {
   while (true) {
     if (!st->pop(ev, 1000)) continue;
     out.insert(out.end(), ev.tokens.begin(), ev.tokens.end());
+    for (auto& lp : ev.logprobs) {
+      nlohmann::json j = {{"id", lp.id}, {"logprob", lp.logprob}, {"top", nlohmann::json::array()}};
+      for (auto& [id, v] : lp.top) j["top"].push_back({id, v});
+      std::fprintf(stderr, "%s\n", j.dump().c_str());
+    }
     if (!print_ids && !ev.text.empty()) {
       std::fwrite(ev.text.data(), 1, ev.text.size(), stdout);
       std::fflush(stdout);

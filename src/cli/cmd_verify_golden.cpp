@@ -72,14 +72,31 @@ int cmd_verify_golden(int argc, char** argv) {
       const float* b = ref.ptr<float>() + int64_t(r) * ref.size(1);
       for (int64_t v = 0; v < ref.size(1); ++v) diff = std::max(diff, double(std::fabs(a[v] - b[v])));
     }
-    // Greedy continuation through the incremental cache.
-    std::vector<int32_t> got{argmax_row(logits, int64_t(prompt.size()) - 1)};
-    while (got.size() < want.size()) {
-      int pos = int(prompt.size() + got.size() - 1);
-      SeqChunk d{&got.back(), 1, pos, &table, SeqChunk::Logits::last};
-      got.push_back(argmax_row(runner.run({d}), 0));
+    // Greedy continuation through the incremental cache. On the CPU (fp32) it runs free and
+    // must equal transformers exactly. In bf16 a near-tie may flip, so the GPU check is
+    // teacher-forced: each golden token must be our argmax or within atol of our max logit.
+    std::vector<int32_t> got;
+    int near_ties = 0;
+    bool exact = model->device() == Device::cpu;
+    Tensor step_logits = logits.slice_rows(int64_t(prompt.size()) - 1, int64_t(prompt.size()));
+    for (size_t k = 0; k < want.size(); ++k) {
+      int32_t a = argmax_row(step_logits, 0);
+      if (!exact && a != want[k]) {
+        const float* row = step_logits.ptr<float>();
+        if (row[a] - row[want[k]] <= atol) {
+          ++near_ties;
+          a = want[k];
+        }
+      }
+      got.push_back(exact ? a : want[k] == a ? a : -1 - a);
+      if (k + 1 == want.size()) break;
+      int32_t next = exact ? a : want[k];
+      int pos = int(prompt.size() + k);
+      SeqChunk d{&next, 1, pos, &table, SeqChunk::Logits::last};
+      step_logits = runner.run({d}).to_f32();
     }
     bool tok_ok = got == want, diff_ok = diff <= atol;
+    if (near_ties) std::printf("  %d greedy position(s) were near-ties within atol (teacher-forced check)\n", near_ties);
     ok = ok && tok_ok && diff_ok;
     worst = std::max(worst, diff);
     std::printf("prompt %zu: %zu tokens, max abs logit diff %.3g (%s), greedy %zu tokens %s\n", i, prompt.size(), diff,

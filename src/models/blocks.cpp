@@ -50,12 +50,11 @@ Tensor lm_head_logits(ForwardBatch& batch, const Tensor& x, const Tensor& norm_w
   Tensor rows = ws.alloc({n, hdim}, x.dtype);
   ops::gather_rows(x, batch.logits_index, rows);
   ops::rmsnorm(rows, norm_w, eps, rows);
-  Tensor logits = ws.alloc({n, vocab}, x.dtype);
+  // Logits come out of the GEMM in f32 on every backend: bf16 logits (3 significant digits)
+  // would flip near-tied greedy choices.
+  Tensor logits = ws.alloc({n, vocab}, DType::f32);
   ops::linear(rows, head, logits);
-  if (logits.dtype == DType::f32) return logits;
-  Tensor f = ws.alloc({n, vocab}, DType::f32);
-  ops::cast(logits, f);
-  return f;
+  return logits;
 }
 
 }  // namespace ts::models

@@ -56,6 +56,7 @@ class EngineImpl {
   void emit(Request& r, StreamEvent& ev);
   void fail_request(Request& r, const std::string& msg);
   void update_metrics(double host_us);
+  void refresh_gauges();  // running/waiting/KV usage
 
   std::thread thread_;
   std::mutex mu_;
@@ -190,7 +191,10 @@ void EngineImpl::intake() {
   for (auto& r : sched->running()) check(r);
   for (auto& r : sched->waiting()) check(r);
   sched->reap();
-  // Refresh the gauges here too: after an abort the engine may go idle without another step.
+  refresh_gauges();
+}
+
+void EngineImpl::refresh_gauges() {
   std::lock_guard<std::mutex> lk(metrics_mu_);
   metrics_.running = int(sched->running().size());
   metrics_.waiting = int(sched->waiting().size());
@@ -270,6 +274,7 @@ void EngineImpl::step() {
   }
   sched->reap();
   update_metrics(secs(Clock::now() - t0) * 1e6 - fwd_s * 1e6);
+  refresh_gauges();
 }
 
 bool EngineImpl::push_token(Request& r, int32_t t, const TokenLogprob* lp, StreamEvent& ev) {
@@ -361,10 +366,6 @@ void EngineImpl::update_metrics(double host_us) {
   std::lock_guard<std::mutex> lk(metrics_mu_);
   ++metrics_.steps;
   metrics_.step_host_us_mean = host_us_ewma_;
-  metrics_.running = int(sched->running().size());
-  metrics_.waiting = int(sched->waiting().size());
-  metrics_.kv_used_blocks = kv->used_blocks();
-  metrics_.kv_usage = double(kv->used_blocks()) / double(kv->num_blocks());
   metrics_.prefix_hit_rate = metrics_.prompt_tokens ? double(metrics_.cached_prompt_tokens) / double(metrics_.prompt_tokens) : 0;
   metrics_.retractions = sched->retractions();
   if (spec) {

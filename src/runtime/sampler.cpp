@@ -44,6 +44,25 @@ TokenLogprob token_logprob(const float* l, int64_t vocab, int32_t id, int k) {
   return lp;
 }
 
+int32_t verify_draft_token(std::vector<float>& p, int32_t draft, uint64_t seed, uint64_t counter, bool& accepted) {
+  // Separate counter streams: never reuse the plain sampler's draw for the same output index.
+  constexpr uint64_t kAcceptStream = 1ull << 40, kResampleStream = 2ull << 40;
+  accepted = ops::sampling_uniform(seed, counter + kAcceptStream) < p[size_t(draft)];
+  if (accepted) return draft;
+  p[size_t(draft)] = 0.0f;
+  double total = 0;
+  for (float x : p) total += x;
+  double u = double(ops::sampling_uniform(seed, counter + kResampleStream)) * total, c = 0;
+  int32_t last = -1;
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (p[i] <= 0) continue;
+    c += p[i];
+    last = int32_t(i);
+    if (u < c) return int32_t(i);
+  }
+  return last >= 0 ? last : draft;  // p was a point mass on the draft: nothing else to draw
+}
+
 void sample_batch(Tensor& logits, const std::vector<Request*>& reqs, std::vector<SampleResult>& out) {
   int64_t n = int64_t(reqs.size()), vocab = logits.size(-1);
   out.resize(size_t(n));

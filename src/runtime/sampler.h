@@ -18,6 +18,12 @@ void sample_batch(Tensor& logits, const std::vector<Request*>& reqs, std::vector
 
 // log-softmax value of `id` and the top-k (id, logprob), from raw logits of one row.
 TokenLogprob token_logprob(const float* logits, int64_t vocab, int32_t id, int k);
+// Speculative verification of one draft token against the target distribution p (dense,
+// normalised — what the plain sampler would draw from). The draft is a point mass, so it is
+// accepted with probability p[draft]; on rejection the token is drawn from p with the draft
+// removed (max(p - q, 0) renormalised). The result is distributed exactly as p.
+int32_t verify_draft_token(std::vector<float>& p, int32_t draft, uint64_t seed, uint64_t counter, bool& accepted);
+
 // Applies the request's penalties to one logits row.
 void apply_penalties(float* logits, int64_t vocab, const Request& r);
 

@@ -10,9 +10,6 @@ namespace ts {
 
 namespace {
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-// Uniform draws for acceptance and for the residual resample use their own counter ranges so
-// they never reuse the plain sampler's draw for the same output index.
-constexpr uint64_t kAcceptStream = 1ull << 40, kResampleStream = 2ull << 40;
 }  // namespace
 
 std::vector<int> SpecWorker::capture_layers_for(const EngineOptions& o, const io::ModelConfig& target) {
@@ -118,22 +115,8 @@ int SpecWorker::accept(Request& r, const std::vector<int32_t>& drafts, const flo
       is_draft = j < drafts.size() && tok == drafts[j];
     } else {
       ops::cpu::sampling_probs(row.data(), vocab, sp, p);
-      if (j < drafts.size() && ops::sampling_uniform(r.seed, ctr + kAcceptStream) < p[size_t(drafts[j])]) {
-        tok = drafts[j];  // the draft is a point mass q: accept with probability p(d)
-        is_draft = true;
-      } else if (j < drafts.size()) {
-        p[size_t(drafts[j])] = 0.0f;  // rejected: resample from max(p - q, 0), normalised
-        double total = 0;
-        for (float x : p) total += x;
-        double u = double(ops::sampling_uniform(r.seed, ctr + kResampleStream)) * total, c = 0;
-        tok = int32_t(vocab - 1);
-        for (int64_t i = 0; i < vocab; ++i) {
-          c += p[size_t(i)];
-          if (p[size_t(i)] > 0 && u < c) {
-            tok = int32_t(i);
-            break;
-          }
-        }
+      if (j < drafts.size()) {
+        tok = verify_draft_token(p, drafts[j], r.seed, ctr, is_draft);
       } else {
         std::vector<int32_t> one;
         Tensor lt = Tensor::from_blob(row.data(), {1, vocab}, DType::f32, Device::cpu);

@@ -53,50 +53,67 @@ namespace {
 constexpr size_t kMaxCachedWord = 256;  // longer words are rare and would crowd the cache
 
 // Word -> ids memo, one per thread and model (encode is const and runs on many threads).
-// Open addressing over flat arenas; it is simply emptied when full.
+// Open addressing over flat arenas; it starts small, grows to kMaxSlots and is then simply
+// emptied when full, which bounds its memory (~2 MB) however much text goes through.
 class WordCache {
  public:
-  WordCache() : slots_(1 << 16) {}
+  WordCache() : slots_(kMinSlots) {}
 
   bool get(uint64_t h, std::string_view key, std::vector<int32_t>& out) const {
-    for (size_t i = h & (slots_.size() - 1);; i = (i + 1) & (slots_.size() - 1)) {
-      const Slot& s = slots_[i];
-      if (s.hash == 0) return false;
-      if (s.hash == h && s.key_len == key.size() && std::string_view(keys_).substr(s.key_off, s.key_len) == key) {
-        out.insert(out.end(), ids_.begin() + s.ids_off, ids_.begin() + s.ids_off + s.n_ids);
-        return true;
-      }
-    }
+    const Slot& s = slots_[find(h, key)];
+    if (s.hash == 0) return false;
+    out.insert(out.end(), ids_.begin() + s.ids_off, ids_.begin() + s.ids_off + s.n_ids);
+    return true;
   }
 
   void put(uint64_t h, std::string_view key, const int32_t* ids, size_t n) {
-    if (count_ * 2 >= slots_.size() || keys_.size() > (16u << 20)) clear();
-    for (size_t i = h & (slots_.size() - 1);; i = (i + 1) & (slots_.size() - 1)) {
-      Slot& s = slots_[i];
-      if (s.hash == h && s.key_len == key.size() && std::string_view(keys_).substr(s.key_off, s.key_len) == key) return;
-      if (s.hash == 0) {
-        s = {h, static_cast<uint32_t>(keys_.size()), static_cast<uint32_t>(ids_.size()), static_cast<uint16_t>(key.size()),
-             static_cast<uint16_t>(n)};
-        keys_.append(key);
-        ids_.insert(ids_.end(), ids, ids + n);
-        ++count_;
-        return;
-      }
+    if ((count_ + 1) * 2 > slots_.size()) {
+      if (slots_.size() < kMaxSlots) grow();
+      else clear();
     }
+    if (keys_.size() + key.size() > kMaxKeyBytes) clear();
+    Slot& s = slots_[find(h, key)];
+    if (s.hash != 0) return;
+    s = {h, static_cast<uint32_t>(keys_.size()), static_cast<uint32_t>(ids_.size()), static_cast<uint16_t>(key.size()),
+          static_cast<uint16_t>(n)};
+    keys_.append(key);
+    ids_.insert(ids_.end(), ids, ids + n);
+    ++count_;
   }
 
  private:
+  static constexpr size_t kMinSlots = 1 << 12, kMaxSlots = 1 << 16, kMaxKeyBytes = 1 << 20;
+  struct Slot {
+    uint64_t hash = 0;  // 0 marks an empty slot (callers never pass 0)
+    uint32_t key_off = 0, ids_off = 0;
+    uint16_t key_len = 0, n_ids = 0;
+  };
+  // The slot holding `key`, or the empty slot where it would go.
+  size_t find(uint64_t h, std::string_view key) const {
+    size_t mask = slots_.size() - 1;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+      const Slot& s = slots_[i];
+      if (s.hash == 0) return i;
+      if (s.hash == h && s.key_len == key.size() && std::string_view(keys_).substr(s.key_off, s.key_len) == key) return i;
+    }
+  }
+  void grow() {
+    std::vector<Slot> old(slots_.size() * 2);
+    old.swap(slots_);
+    size_t mask = slots_.size() - 1;
+    for (const Slot& s : old) {
+      if (s.hash == 0) continue;
+      size_t i = s.hash & mask;
+      while (slots_[i].hash != 0) i = (i + 1) & mask;
+      slots_[i] = s;
+    }
+  }
   void clear() {
-    std::fill(slots_.begin(), slots_.end(), Slot{});
+    slots_.assign(kMinSlots, Slot{});
     keys_.clear();
     ids_.clear();
     count_ = 0;
   }
-  struct Slot {
-    uint64_t hash = 0;  // 0 marks an empty slot (hashes of 0 are remapped)
-    uint32_t key_off = 0, ids_off = 0;
-    uint16_t key_len = 0, n_ids = 0;
-  };
   std::vector<Slot> slots_;
   std::string keys_;
   std::vector<int32_t> ids_;

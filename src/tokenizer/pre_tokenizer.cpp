@@ -33,10 +33,23 @@ struct Seg {
 template <typename FindAll>
 void split_pieces(PreTokenized& pt, Behavior behavior, bool invert, FindAll&& find_all) {
   std::vector<Piece> out;
-  out.reserve(pt.pieces.size() * 2 + 4);
+  out.reserve(pt.pieces.size() + pt.text.size() / 4 + 4);
   std::vector<Seg> segs, groups;
   for (const Piece& pc : pt.pieces) {
     std::string_view s = pt.piece(pc);
+    auto push = [&](size_t b, size_t e) {
+      if (e > b) out.push_back({pc.off + static_cast<uint32_t>(b), static_cast<uint32_t>(e - b), pc.first && b == 0});
+    };
+    if (behavior == Behavior::Isolated && !invert) {  // the common case, without the segment list
+      size_t prev = 0;
+      find_all(s, [&](size_t b, size_t e) {
+        push(prev, b);
+        push(b, e);
+        prev = e;
+      });
+      push(prev, s.size());
+      continue;
+    }
     segs.clear();
     size_t prev = 0;
     find_all(s, [&](size_t b, size_t e) {
@@ -81,9 +94,7 @@ void split_pieces(PreTokenized& pt, Behavior behavior, bool invert, FindAll&& fi
         }
         break;
     }
-    for (const Seg& g : groups)
-      if (g.e > g.b)
-        out.push_back({pc.off + static_cast<uint32_t>(g.b), static_cast<uint32_t>(g.e - g.b), pc.first && g.b == 0});
+    for (const Seg& g : groups) push(g.b, g.e);
   }
   pt.pieces = std::move(out);
 }

@@ -3,6 +3,8 @@
 
 #include <pcre2.h>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "tokenizer/unicode.h"
 
@@ -113,12 +115,6 @@ size_t Regex::next_char(std::string_view s, size_t i) {
   unicode::decode(s, i, len);
   return i + len;
 }
-
-}  // namespace ts::tok
-
-#include <nlohmann/json.hpp>
-
-namespace ts::tok {
 
 Pattern::Pattern(const nlohmann::json& owner, const std::string& where) {
   if (!owner.contains("pattern") || !owner["pattern"].is_object()) fail("tokenizer.json: {}.pattern must be an object", where);

@@ -2,6 +2,8 @@
 // once, matched from many threads: match data and the JIT stack are thread-local.
 #pragma once
 #include <cstddef>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 
@@ -48,13 +50,6 @@ class Regex {
   bool jit_ = false;
   std::string pattern_;
 };
-
-}  // namespace ts::tok
-
-#include <memory>
-#include <nlohmann/json_fwd.hpp>
-
-namespace ts::tok {
 
 // A tokenizer.json "pattern": {"String": "..."} (literal) or {"Regex": "..."}.
 class Pattern {

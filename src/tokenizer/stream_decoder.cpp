@@ -14,17 +14,26 @@ bool ends_with_replacement(const std::string& s) {
   return s.size() >= 3 && s.compare(s.size() - 3, 3, "\xEF\xBF\xBD") == 0;
 }
 
-// Where `a` and `b` stop agreeing, backed up to a character boundary of `b`.
-size_t common_prefix(const std::string& a, const std::string& b) {
-  size_t n = 0;
-  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
-  while (n > 0 && n < b.size() && (static_cast<unsigned char>(b[n]) & 0xC0) == 0x80) --n;
-  return n;
-}
-
 }  // namespace
 
 StreamDecoder::StreamDecoder(const Tokenizer& tok, bool skip_special) : tok_(tok), skip_special_(skip_special) {}
+
+std::string StreamDecoder::emit(const std::string& text) {
+  std::string delta;
+  if (text.compare(0, prefix_text_.size(), prefix_text_) == 0) {
+    delta = text.substr(prefix_text_.size());
+  } else {
+    // The window no longer decodes to what was emitted: only an invalid byte run does this
+    // (ByteFallback then replaces every byte of the run). Emit the new tokens on their own.
+    delta = tok_.decode(ids_.data() + read_, ids_.size() - read_, skip_special_);
+  }
+  // Slide the window: it now starts at the first token of this emission.
+  size_t emitted = read_;
+  ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(emitted));
+  read_ = ids_.size();
+  prefix_text_ = tok_.decode(ids_.data(), read_, skip_special_);
+  return delta;
+}
 
 std::string StreamDecoder::push(int32_t id) {
   if (!tok_.is_valid_id(id)) fail("token id {} is not in the vocabulary (size {})", id, tok_.vocab_size());
@@ -33,31 +42,17 @@ std::string StreamDecoder::push(int32_t id) {
   std::string text = tok_.decode(ids_.data(), ids_.size(), skip_special_);
   // A trailing U+FFFD is (almost always) a character whose remaining bytes are still to come.
   if (text.size() <= prefix_text_.size() || ends_with_replacement(text)) return "";
-  size_t keep = text.compare(0, prefix_text_.size(), prefix_text_) == 0 ? prefix_text_.size() : common_prefix(prefix_text_, text);
-  std::string delta = text.substr(keep);
-  // Slide the window: it now starts at the first token of this emission.
-  size_t new_prefix = read_;
-  read_ = ids_.size();
-  ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(new_prefix));
-  read_ -= new_prefix;
-  prefix_text_ = tok_.decode(ids_.data(), read_, skip_special_);
-  return delta;
+  return emit(text);
 }
 
 std::string StreamDecoder::flush() {
   if (read_ == ids_.size()) return "";
   std::string text = tok_.decode(ids_.data(), ids_.size(), skip_special_);
-  std::string delta;
-  if (text.size() > prefix_text_.size()) {
-    size_t keep = text.compare(0, prefix_text_.size(), prefix_text_) == 0 ? prefix_text_.size() : common_prefix(prefix_text_, text);
-    delta = text.substr(keep);
+  if (text.size() <= prefix_text_.size() && text.compare(0, prefix_text_.size(), prefix_text_) == 0) {
+    read_ = ids_.size();  // the pending tokens add no text
+    return "";
   }
-  size_t new_prefix = read_;
-  read_ = ids_.size();
-  ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(new_prefix));
-  read_ -= new_prefix;
-  prefix_text_ = tok_.decode(ids_.data(), read_, skip_special_);
-  return delta;
+  return emit(text);
 }
 
 }  // namespace ts::tok

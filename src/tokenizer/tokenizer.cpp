@@ -64,6 +64,7 @@ std::shared_ptr<Tokenizer> Tokenizer::from_dir(const std::string& dir) {
 
 std::shared_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
   if (fs::is_directory(path)) return from_dir(path);
+  if (!fs::exists(path)) fail("tokenizer: {} does not exist (expected a model directory or a tokenizer.json)", path);
   return from_file(path);
 }
 
@@ -179,6 +180,7 @@ void Tokenizer::load_config(const std::string& dir) {
     eos_token_ = token_string("eos_token");
     add_bos_token_ = opt_bool("add_bos_token");
     add_eos_token_ = opt_bool("add_eos_token");
+    clean_up_tokenization_spaces_ = opt_bool("clean_up_tokenization_spaces");
     if (c.contains("chat_template") && !c["chat_template"].is_null()) {
       const auto& ct = c["chat_template"];
       if (ct.is_string()) {

@@ -59,6 +59,9 @@ class Tokenizer {
   std::string eos_token() const { return eos_token_; }
   std::optional<bool> add_bos_token() const { return add_bos_token_; }
   std::optional<bool> add_eos_token() const { return add_eos_token_; }
+  // transformers applies this clean-up in decode(); the tokenizer itself never does (as HF
+  // tokenizers), callers that want transformers' text can use it.
+  std::optional<bool> clean_up_tokenization_spaces() const { return clean_up_tokenization_spaces_; }
   // (name, template); a plain-string template (or chat_template.jinja) is named "default".
   const std::vector<std::pair<std::string, std::string>>& chat_templates() const { return chat_templates_; }
   std::optional<std::string> chat_template(std::string_view name = "default") const;
@@ -84,13 +87,15 @@ class Tokenizer {
   bool byte_decode_ = false;
 
   std::string bos_token_, eos_token_;
-  std::optional<bool> add_bos_token_, add_eos_token_;
+  std::optional<bool> add_bos_token_, add_eos_token_, clean_up_tokenization_spaces_;
   std::vector<std::pair<std::string, std::string>> chat_templates_;
 };
 
 // Incremental detokenizer for streaming: push ids one at a time and get the new text. A delta
 // never ends inside a UTF-8 character (incomplete bytes are held back until they complete),
-// and the concatenation of all deltas plus flush() equals decode(all ids, skip_special).
+// and the concatenation of all deltas plus flush() equals decode(all ids, skip_special) --
+// except after invalid UTF-8 in a byte-fallback run, which a full decode turns into U+FFFDs
+// from the start of the run, including characters that were already streamed.
 class StreamDecoder {
  public:
   explicit StreamDecoder(const Tokenizer& tok, bool skip_special = true);
@@ -99,6 +104,7 @@ class StreamDecoder {
   std::string flush();
 
  private:
+  std::string emit(const std::string& text);
   const Tokenizer& tok_;
   bool skip_special_;
   std::vector<int32_t> ids_;  // a window: the text of ids_[0..read_) was already emitted

@@ -189,9 +189,9 @@ void decompose_into(uint32_t cp, bool compat, std::vector<Unit>& out) {
 std::string normalize(std::string_view s, Form form) {
   bool compat = form == Form::NFKC || form == Form::NFKD;
   bool compose = form == Form::NFC || form == Form::NFKC;
-  // Below U+0300 (no byte >= 0xCC) nothing decomposes canonically and nothing combines; the
-  // compatibility forms already map Latin-1 (U+00A0 -> space), so they only skip pure ASCII.
-  const unsigned char first_unsafe = compat ? 0x80 : 0xCC;
+  // ASCII is invariant under every form. Under NFC so is all text below U+0300 (no byte
+  // >= 0xCC): those characters are all starters and none of them composes with another.
+  const unsigned char first_unsafe = form == Form::NFC ? 0xCC : 0x80;
   bool quick = std::all_of(s.begin(), s.end(), [&](char c) { return static_cast<unsigned char>(c) < first_unsafe; });
   if (quick) return std::string(s);
 

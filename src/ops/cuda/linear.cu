@@ -25,7 +25,9 @@ using namespace ::ts::cuda;
 namespace {
 
 int g_linear_path = 0;      // 0 auto, 1 cuBLASLt, 2 GEMV
-constexpr int kGemvMaxM = 8;
+// lab_linear on H200 (Llama-8B lm_head, K=4096): the GEMV matches cuBLASLt at M<=2 and falls
+// behind from M=4 (3.2 vs 4.3 TB/s), so it only takes M<=2.
+constexpr int kGemvMaxM = 2;
 constexpr int kGemvWarps = 8;
 constexpr int kGemvUnroll = 4;
 
@@ -132,10 +134,10 @@ int64_t m_bucket(int64_t m) {
 
 struct AlgoKey {
   int64_t mb, n, k, ldx, ldw, ldc;
-  int bias, ax, aw, ac, ab;
+  int bias, ax, aw, ac, ab, f32out;
   bool operator<(const AlgoKey& o) const {
-    return std::tie(mb, n, k, ldx, ldw, ldc, bias, ax, aw, ac, ab) <
-           std::tie(o.mb, o.n, o.k, o.ldx, o.ldw, o.ldc, o.bias, o.ax, o.aw, o.ac, o.ab);
+    return std::tie(mb, n, k, ldx, ldw, ldc, bias, ax, aw, ac, ab, f32out) <
+           std::tie(o.mb, o.n, o.k, o.ldx, o.ldw, o.ldc, o.bias, o.ax, o.aw, o.ac, o.ab, o.f32out);
   }
 };
 
@@ -170,7 +172,7 @@ struct Layouts {
 // Row-major out[M,N] = x[M,K] @ w[N,K]^T is column-major out^T[N,M] = op(A) B with A = w viewed as
 // column-major [K,N] (TRANSA = T) and B = x viewed as column-major [K,M].
 void lt_matmul(int64_t M, int64_t N, int64_t K, const void* x, int64_t ldx, const void* w,
-               int64_t ldw, const void* bias, void* out, int64_t ldc) {
+               int64_t ldw, const void* bias, void* out, int64_t ldc, bool f32out) {
   Lt& L = lt();
   Layouts d;
   TS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -188,10 +190,10 @@ void lt_matmul(int64_t M, int64_t N, int64_t K, const void* x, int64_t ldx, cons
   }
   TS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, CUDA_R_16BF, uint64_t(K), uint64_t(N), ldw));
   TS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, CUDA_R_16BF, uint64_t(K), uint64_t(M), ldx));
-  TS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, CUDA_R_16BF, uint64_t(N), uint64_t(M), ldc));
+  TS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, f32out ? CUDA_R_32F : CUDA_R_16BF, uint64_t(N), uint64_t(M), ldc));
 
   const AlgoKey key{m_bucket(M), N, K, ldx, ldw, ldc, bias ? 1 : 0, align_bytes(x), align_bytes(w),
-                    align_bytes(out), bias ? align_bytes(bias) : 16};
+                    align_bytes(out), bias ? align_bytes(bias) : 16, f32out ? 1 : 0};
   cublasLtMatmulAlgo_t algo;
   bool have = false;
   {
@@ -243,7 +245,9 @@ void set_linear_path(int path) { g_linear_path = path; }
 void linear(const Tensor& x, const Tensor& w, Tensor& out, const Tensor* bias) {
   check_dev(x, DType::bf16, "linear x");
   check_dev(w, DType::bf16, "linear w");
-  check_dev(out, DType::bf16, "linear out");
+  // f32 output (bf16 inputs, fp32 accumulate): the LM head keeps logits at full precision.
+  const bool f32out = out.dtype == DType::f32;
+  if (!f32out) check_dev(out, DType::bf16, "linear out");
   TS_CHECK(w.ndim == 2, "linear: weight must be [N, K], got {}", w.shape_str());
   const int64_t M = x.rows(), K = x.size(-1), N = w.size(0);
   TS_CHECK(w.size(1) == K && out.rows() == M && out.size(-1) == N,
@@ -260,13 +264,13 @@ void linear(const Tensor& x, const Tensor& w, Tensor& out, const Tensor* bias) {
   TS_CHECK(N <= 0x7fffffff && K <= 0x7fffffff, "linear: too large");
   const int64_t ldx = x.row_stride(), ldw = w.row_stride(), ldc = out.row_stride();
   const bool gemv_ok = M <= kGemvMaxM && vec8_ok(x.data, K, ldx) && vec8_ok(w.data, K, ldw);
-  const bool use_gemv = gemv_ok && g_linear_path != 1;
+  const bool use_gemv = gemv_ok && g_linear_path != 1 && !f32out;
   if (use_gemv) {
     gemv(int(M), x.ptr<__nv_bfloat16>(), ldx, w.ptr<__nv_bfloat16>(), ldw, bp,
          out.ptr<__nv_bfloat16>(), ldc, int(N), int(K));
     return;
   }
-  lt_matmul(M, N, K, x.data, ldx, w.data, ldw, bp, out.data, ldc);
+  lt_matmul(M, N, K, x.data, ldx, w.data, ldw, bp, out.data, ldc, f32out);
 }
 
 }  // namespace ts::ops::cuda

@@ -25,6 +25,8 @@ const GoldenSet kSets[] = {
     {"pycoder-8k", "models/pycoder"},
 };
 
+void PrintTo(const GoldenSet& s, std::ostream* os) { *os << s.name; }
+
 nlohmann::json load_golden(const std::string& name) {
   std::ifstream f(std::string(TS_SOURCE_DIR) + "/tests/data/tokenizers/" + name + ".golden.json");
   EXPECT_TRUE(f.good()) << name;
@@ -89,7 +91,7 @@ TEST_P(Golden, AllCases) {
   EXPECT_EQ(total, 30);
 }
 
-INSTANTIATE_TEST_SUITE_P(Tokenizers, Golden, ::testing::ValuesIn(kSets),
+INSTANTIATE_TEST_SUITE_P(tokenizer, Golden, ::testing::ValuesIn(kSets),
                          [](const auto& info) {
                            std::string n = info.param.name;
                            for (char& c : n)

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Packs prebuilt binaries and the few shared libraries the GPU machine's image lacks into
+# .device/ (git-ignored), for carrying to the GPU machine. Usage: scripts/device_bundle.sh [build]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=${1:-build}
+rm -rf .device && mkdir -p .device/bin .device/lib
+for f in "$B"/tokenspeed "$B"/test_cuda "$B"/lab_*; do
+  [ -x "$f" ] && strip -o ".device/bin/$(basename "$f")" "$f"
+done
+for lib in libfmt.so.9 libspdlog.so.1.10 libpcre2-8.so.0 libxxhash.so.0 libcpp-httplib.so.0.11 libgomp.so.1; do
+  p=$(ldconfig -p | awk -v l="$lib" '$1==l {print $NF; exit}')
+  [ -n "$p" ] && cp -L "$p" .device/lib/
+done
+du -sh .device

@@ -1,0 +1,189 @@
+// The serving core on the CPU: batch invariance (alone, batch of 32, cached prefix, any chunk
+// size), retraction under a tiny pool, stops, usage accounting and bad input.
+#include <gtest/gtest.h>
+
+#include "engine_test_util.h"
+#include "tokenizer/tokenizer.h"
+
+using namespace ts;
+using namespace ts::test;
+
+namespace {
+
+std::vector<Result> run_all(Engine& e, const std::vector<GenerateParams>& ps, bool concurrent) {
+  std::vector<Result> out;
+  if (concurrent) {
+    std::vector<std::shared_ptr<Stream>> st;
+    for (auto& p : ps) st.push_back(e.submit(p));
+    for (auto& s : st) out.push_back(collect(s));
+  } else {
+    for (auto& p : ps) out.push_back(collect(e.submit(p)));
+  }
+  return out;
+}
+
+class EngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    engine_ = new Engine(small_engine());
+    engine_->start();
+    prompts_ = code_prompts(*engine_, 32);
+    for (auto& p : prompts_) solo_.push_back(collect(engine_->submit(greedy(p, 12))).tokens);
+  }
+  static void TearDownTestSuite() {
+    delete engine_;
+    engine_ = nullptr;
+  }
+  static Engine* engine_;
+  static std::vector<std::vector<int32_t>> prompts_;
+  static std::vector<std::vector<int32_t>> solo_;
+};
+Engine* EngineTest::engine_ = nullptr;
+std::vector<std::vector<int32_t>> EngineTest::prompts_;
+std::vector<std::vector<int32_t>> EngineTest::solo_;
+
+TEST_F(EngineTest, BatchOf32EqualsSolo) {
+  std::vector<GenerateParams> ps;
+  for (auto& p : prompts_) ps.push_back(greedy(p, 12));
+  auto res = run_all(*engine_, ps, true);
+  for (size_t i = 0; i < res.size(); ++i) {
+    EXPECT_EQ(res[i].tokens, solo_[i]) << "prompt " << i;
+    EXPECT_EQ(res[i].completion_tokens, 12);
+    EXPECT_EQ(res[i].prompt_tokens, int(prompts_[i].size()));
+    EXPECT_EQ(res[i].reason, FinishReason::length);
+  }
+}
+
+TEST_F(EngineTest, CachedPrefixEqualsSolo) {
+  // The same prompts again: full blocks now come from the prefix cache.
+  int cached = 0;
+  for (size_t i = 0; i < prompts_.size(); ++i) {
+    Result r = collect(engine_->submit(greedy(prompts_[i], 12)));
+    EXPECT_EQ(r.tokens, solo_[i]) << "prompt " << i;
+    cached += r.cached_tokens;
+    EXPECT_LE(r.cached_tokens, int(prompts_[i].size()) - 1);
+  }
+  EXPECT_GT(cached, 0);
+  EngineMetrics m = engine_->metrics();
+  EXPECT_GT(m.prefix_hit_rate, 0.0);
+}
+
+TEST_F(EngineTest, LongPromptReusesAllFullBlocks) {
+  std::vector<int32_t> p;
+  for (auto& q : prompts_) p.insert(p.end(), q.begin(), q.end());
+  p.resize(600);
+  Result a = collect(engine_->submit(greedy(p, 4)));
+  Result b = collect(engine_->submit(greedy(p, 4)));
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_GE(b.cached_tokens, 600 - 16);  // every full block but the one holding the last token
+}
+
+TEST(EngineChunks, AnyChunkSizeEqualsSolo) {
+  for (int chunk : {1, 7, 64}) {
+    EngineOptions o = small_engine();
+    o.chunked_prefill_size = chunk;
+    o.disable_prefix_cache = true;
+    Engine e(o);
+    e.start();
+    auto prompts = code_prompts(e, 6);
+    std::vector<GenerateParams> ps;
+    for (auto& p : prompts) ps.push_back(greedy(p, 8));
+    auto conc = run_all(e, ps, true);
+    Engine ref(small_engine());
+    ref.start();
+    auto solo = run_all(ref, ps, false);
+    for (size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(conc[i].tokens, solo[i].tokens) << "chunk " << chunk << " prompt " << i;
+  }
+}
+
+TEST(EngineRetraction, TinyPoolRetractsAndStillMatchesSolo) {
+  EngineOptions o = small_engine(/*pool_tokens=*/256, /*block=*/16);
+  Engine e(o);
+  e.start();
+  auto prompts = code_prompts(e, 8);
+  std::vector<GenerateParams> ps;
+  for (auto& p : prompts) ps.push_back(greedy(p, 40));
+  auto solo = run_all(e, ps, false);
+  auto conc = run_all(e, ps, true);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    EXPECT_TRUE(conc[i].error.empty()) << conc[i].error;
+    EXPECT_EQ(conc[i].tokens, solo[i].tokens) << "prompt " << i;
+  }
+  EXPECT_GT(e.metrics().retractions, 0);
+}
+
+TEST(EngineStops, StopStringsEosAndMaxTokens) {
+  Engine e(small_engine());
+  e.start();
+  auto prompt = e.tokenizer().encode("def fibonacci(n):\n", true);
+  Result base = collect(e.submit(greedy(prompt, 40)));
+  ASSERT_GT(base.text.size(), 8u);
+  // Stop on a substring of the known greedy text: output ends right before it.
+  std::string stop = base.text.substr(base.text.size() / 2, 3);
+  GenerateParams p = greedy(prompt, 40);
+  p.stop = {stop};
+  Result r = collect(e.submit(p));
+  EXPECT_EQ(r.reason, FinishReason::stop);
+  EXPECT_EQ(r.text, base.text.substr(0, base.text.find(stop)));
+  EXPECT_EQ(int(r.tokens.size()), r.completion_tokens);
+  // A stop token id: the request ends on it and counts it.
+  GenerateParams q = greedy(prompt, 40);
+  q.stop_token_ids = {base.tokens[5]};
+  Result s = collect(e.submit(q));
+  EXPECT_EQ(s.reason, FinishReason::stop);
+  EXPECT_EQ(s.tokens.back(), base.tokens[5]);
+  EXPECT_LE(s.tokens.size(), 6u);
+  // max_tokens = 1
+  Result one = collect(e.submit(greedy(prompt, 1)));
+  EXPECT_EQ(one.tokens.size(), 1u);
+  EXPECT_EQ(one.reason, FinishReason::length);
+}
+
+TEST(EngineInput, BadRequestsAreRejected) {
+  Engine e(small_engine(4096));
+  e.start();
+  EXPECT_THROW(e.submit(greedy({}, 4)), InvalidRequest);
+  EXPECT_THROW(e.submit(greedy({1, 2, 99999}, 4)), InvalidRequest);
+  EXPECT_THROW(e.submit(greedy({1, 2}, 0)), InvalidRequest);
+  std::vector<int32_t> huge(5000, 5);
+  try {
+    e.submit(greedy(huge, 16));
+    FAIL() << "over-long prompt accepted";
+  } catch (const InvalidRequest& ex) {
+    EXPECT_NE(std::string(ex.what()).find("5000 in the prompt"), std::string::npos) << ex.what();
+  }
+  // One-token prompt is fine.
+  Result r = collect(e.submit(greedy({0}, 3)));
+  EXPECT_EQ(r.tokens.size(), 3u);
+}
+
+TEST(EngineCancel, CancelledStreamIsAbortedAndFreed) {
+  Engine e(small_engine());
+  e.start();
+  auto st = e.submit(greedy({0, 331, 291}, 2000));
+  StreamEvent ev;
+  ASSERT_TRUE(st->pop(ev, 60000));
+  st->cancel();
+  Result r = collect(st);
+  EXPECT_EQ(r.reason, FinishReason::abort);
+  for (int i = 0; i < 100 && e.metrics().kv_used_blocks > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(e.metrics().running, 0);
+  EXPECT_EQ(e.metrics().requests_aborted, 1);
+}
+
+TEST(EngineSampling, SeededSamplingIsReproducible) {
+  Engine e(small_engine());
+  e.start();
+  GenerateParams p = greedy(e.tokenizer().encode("import os\n", true), 16);
+  p.temperature = 0.8f;
+  p.top_p = 0.9f;
+  p.seed = 1234;
+  Result a = collect(e.submit(p));
+  Result b = collect(e.submit(p));
+  EXPECT_EQ(a.tokens, b.tokens);
+  p.seed = 4321;
+  Result c = collect(e.submit(p));
+  EXPECT_NE(a.tokens, c.tokens);
+}
+
+}  // namespace

@@ -1,0 +1,65 @@
+// Helpers for engine tests: the bundled demo model, greedy generation, prompts.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "runtime/engine.h"
+
+namespace ts::test {
+
+inline std::string demo_model() { return std::string(TS_SOURCE_DIR) + "/models/pycoder"; }
+inline std::string demo_draft() { return std::string(TS_SOURCE_DIR) + "/models/pycoder-eagle3"; }
+
+inline EngineOptions small_engine(int64_t pool_tokens = 16384, int block = 16) {
+  EngineOptions o;
+  o.model_dir = demo_model();
+  o.device = "cpu";
+  o.max_total_tokens = pool_tokens;
+  o.block_size = block;
+  return o;
+}
+
+struct Result {
+  std::vector<int32_t> tokens;
+  std::string text;
+  FinishReason reason = FinishReason::none;
+  int prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+  std::string error;
+  std::vector<std::pair<std::vector<int32_t>, int>> trace;
+};
+
+inline Result collect(const std::shared_ptr<Stream>& st) {
+  Result r;
+  StreamEvent ev;
+  while (true) {
+    if (!st->pop(ev, 60000)) {
+      r.error = "timeout";
+      return r;
+    }
+    r.tokens.insert(r.tokens.end(), ev.tokens.begin(), ev.tokens.end());
+    r.text += ev.text;
+    if (ev.finished) {
+      r.reason = ev.reason;
+      r.prompt_tokens = ev.prompt_tokens;
+      r.completion_tokens = ev.completion_tokens;
+      r.cached_tokens = ev.cached_tokens;
+      r.error = ev.error;
+      r.trace = ev.spec_trace;
+      return r;
+    }
+  }
+}
+
+inline GenerateParams greedy(std::vector<int32_t> prompt, int max_tokens) {
+  GenerateParams p;
+  p.prompt = std::move(prompt);
+  p.max_tokens = max_tokens;
+  p.temperature = 0.0f;
+  p.ignore_eos = true;
+  return p;
+}
+
+// Code-like prompts of varied lengths, tokenized by the engine's tokenizer.
+std::vector<std::vector<int32_t>> code_prompts(const Engine& e, int n);
+
+}  // namespace ts::test
