@@ -27,7 +27,8 @@ export async function startServer(args = [], { timeoutMs = 180000 } = {}) {
   const port = await freePort();
   const proc = spawn(BIN, ['serve', '--port', String(port), '--device', 'cpu', ...args], {
     stdio: ['ignore', 'pipe', 'pipe'],
-    env: { ...process.env, TS_LOG_LEVEL: process.env.TS_LOG_LEVEL || 'info' },
+    // One sleeping OpenMP thread unless told otherwise: tests share small CI machines.
+    env: { OMP_NUM_THREADS: '1', OMP_WAIT_POLICY: 'PASSIVE', ...process.env, TS_LOG_LEVEL: process.env.TS_LOG_LEVEL || 'info' },
   });
   let log = '';
   proc.stdout.on('data', (d) => { log += d; });
