@@ -4,14 +4,21 @@
 #include <fstream>
 #include <sstream>
 
+#if __has_include("chat/jinja.h")
 #include "chat/jinja.h"
+#define TS_HAVE_JINJA 1
+#endif
 #include "core/error.h"
 #include "core/log.h"
 
 namespace ts::server {
 
 struct ChatTemplates::Entry {
+#ifdef TS_HAVE_JINJA
   std::optional<chat::Template> tpl;
+#else
+  std::optional<std::string> tpl;  // never set: this build has no template engine
+#endif
   std::string error;  // parse error, reported per request
 };
 
@@ -38,7 +45,12 @@ std::string token_string(const Json& cfg, const char* key) {
 std::shared_ptr<const ChatTemplates::Entry> make_entry(const std::string& src, bool strict, const std::string& origin) {
   auto e = std::make_shared<ChatTemplates::Entry>();
   try {
+#ifdef TS_HAVE_JINJA
     e->tpl = chat::Template::parse(src);
+#else
+    (void)src;
+    fail("this build has no Jinja engine (src/chat)");
+#endif
   } catch (const std::exception& ex) {
     if (strict) fail("chat template {}: {}", origin, ex.what());
     e->error = fmt::format("The chat template ({}) failed to parse: {}", origin, ex.what());
@@ -136,10 +148,16 @@ std::string ChatTemplates::render(const Json& messages, const Json& tools, const
     for (auto& [k, v] : kwargs.items())
       if (k != "messages" && k != "tools") ctx[k] = v;
   try {
+#ifdef TS_HAVE_JINJA
     return e.tpl->render(ctx);
+#else
+    throw ApiError(500, "this build has no Jinja engine (src/chat)");
+#endif
+#ifdef TS_HAVE_JINJA
   } catch (const chat::TemplateError& ex) {
     throw ApiError(400, "Chat template error: " + (ex.kind == "TemplateError" ? ex.message : std::string(ex.what())),
                    "messages", "chat_template_error");
+#endif
   } catch (const ts::Error& ex) {
     throw ApiError(400, std::string("Chat template error: ") + ex.what(), "messages", "chat_template_error");
   }
