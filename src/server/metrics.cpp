@@ -109,6 +109,9 @@ std::string render_prometheus(const EngineMetrics* e, ServerMetrics& s, const st
   hist(e ? &e->ttft_s : nullptr, s.ttft, "tokenspeed_time_to_first_token_seconds", "Time to first token.");
   hist(e ? &e->itl_s : nullptr, s.itl, "tokenspeed_inter_token_latency_seconds", "Time between output tokens.");
   hist(e ? &e->e2e_s : nullptr, s.e2e, "tokenspeed_e2e_request_latency_seconds", "End-to-end request latency.");
+  metric(out, "tokenspeed_http_generate_requests_total", "counter",
+         "Completion and chat requests accepted by the HTTP layer (before n / batch fan-out).", l,
+         static_cast<double>(s.generate_requests.load()));
   out += "# HELP tokenspeed_http_requests_total HTTP responses by status code.\n"
          "# TYPE tokenspeed_http_requests_total counter\n";
   {

@@ -12,7 +12,7 @@ const char* error_type(int status) {
   switch (status) {
     case 400: return "invalid_request_error";
     case 401: return "authentication_error";
-    case 404: return "not_found_error";
+    case 404: return "invalid_request_error";  // as OpenAI answers model_not_found
     case 405: return "method_not_allowed";
     case 413: return "request_too_large";
     case 503: return "service_unavailable";

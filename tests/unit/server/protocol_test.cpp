@@ -49,7 +49,7 @@ ApiError expect_error(F fn, int status, const std::string& needle, const std::st
 TEST(Protocol, ErrorBodyShape) {
   Json e = error_body(404, "nope", "model", "model_not_found");
   EXPECT_EQ(e["error"]["message"], "nope");
-  EXPECT_EQ(e["error"]["type"], "not_found_error");
+  EXPECT_EQ(e["error"]["type"], "invalid_request_error");
   EXPECT_EQ(e["error"]["param"], "model");
   EXPECT_EQ(e["error"]["code"], "model_not_found");
   Json e2 = error_body(400, "bad");
