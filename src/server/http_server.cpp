@@ -115,8 +115,18 @@ void send_error(httplib::Response& res, int status, const std::string& msg, cons
 }
 }  // namespace
 
+// httplib's compiled listen backlog is 5: a burst of new connections (64 clients at once)
+// overflows it and some clients fail. listen() again on the bound socket raises it.
+class ListenServer : public httplib::Server {
+ public:
+  void raise_backlog(int n) {
+    socket_t s = svr_sock_;
+    if (s != INVALID_SOCKET) ::listen(s, n);
+  }
+};
+
 struct HttpServer::Impl {
-  httplib::Server svr;
+  ListenServer svr;
   ChatTemplates templates;
   ReasoningParser::Kind rkind = ReasoningParser::Kind::none;
   ToolCallParser::Kind tkind = ToolCallParser::Kind::none;
@@ -294,6 +304,7 @@ void HttpServer::bind() {
     if (!svr.bind_to_port(opts_.host, opts_.port)) fail("cannot bind {}:{} (in use?)", opts_.host, opts_.port);
     port_ = opts_.port;
   }
+  svr.raise_backlog(4096);
 }
 
 void HttpServer::run() {
