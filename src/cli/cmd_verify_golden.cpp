@@ -31,6 +31,8 @@ int cmd_verify_golden(int argc, char** argv) {
   app.add_option("dir", dir, "model directory holding golden.json")->required();
   app.add_option("--atol", atol, "max abs logit difference allowed");
   app.add_option("--device", device, "cpu | cuda | auto");
+  std::string only;
+  app.add_option("--prompts", only, "check only these prompt indices, e.g. 0,1,2 (default: all)");
   CLI11_PARSE(app, argc, argv);
 
   std::string gpath = dir + "/golden.json";
@@ -51,7 +53,9 @@ int cmd_verify_golden(int argc, char** argv) {
   ModelRunner runner(model, blocks, bs);
   bool ok = true;
   double worst = 0;
+  std::vector<int32_t> selected = only.empty() ? std::vector<int32_t>{} : cli::parse_ids(only);
   for (size_t i = 0; i < g["prompts"].size(); ++i) {
+    if (!selected.empty() && std::find(selected.begin(), selected.end(), int32_t(i)) == selected.end()) continue;
     auto prompt = g["prompts"][i].get<std::vector<int32_t>>();
     auto want = g["greedy"][i].get<std::vector<int32_t>>();
     std::vector<int32_t> table;

@@ -23,6 +23,19 @@ struct KvSpec {
   }
 };
 
+// Optional third per-token cache, paged like k/v: `heads` x `dim` per token on the layers
+// flagged in `layers` (MiniMax-M3: the lightning indexer's keys on its sparse layers).
+struct AuxKvSpec {
+  int heads = 0, dim = 0;
+  std::vector<uint8_t> layers;  // per layer: has the cache (1) or not (0)
+  bool on(int layer) const { return heads > 0 && size_t(layer) < layers.size() && layers[size_t(layer)]; }
+  size_t bytes_per_token(DType dt) const {
+    size_t n = 0;
+    for (size_t l = 0; l < layers.size(); ++l) n += on(int(l)) ? size_t(heads) * dim : 0;
+    return n * dtype_size(dt);
+  }
+};
+
 struct LoadOptions {
   Device device = Device::cpu;
   std::vector<int> capture_layers;  // EAGLE3: layers whose input residual is captured
@@ -33,6 +46,7 @@ class Model {
   virtual ~Model() = default;
   virtual const io::ModelConfig& config() const = 0;
   virtual KvSpec kv_spec() const = 0;
+  virtual AuxKvSpec aux_kv_spec() const { return {}; }
   // Runs one batch and returns logits [num_logits, vocab] (f32, on the model's device) for
   // the rows in batch.logits_index. Writes the batch's K/V into `kv` at batch.slot_mapping.
   virtual Tensor forward(ForwardBatch& batch, KvPool& kv) = 0;

@@ -7,6 +7,9 @@
 namespace ts::models {
 
 std::unique_ptr<Model> make_llama(const io::ModelConfig&, const LoadOptions&);
+std::unique_ptr<Model> make_qwen3_moe(const io::ModelConfig&, const LoadOptions&);
+std::unique_ptr<Model> make_deepseek_v3(const io::ModelConfig&, const LoadOptions&);
+std::unique_ptr<Model> make_minimax_m3(const io::ModelConfig&, const LoadOptions&);
 
 static const std::map<std::string, ModelFactory>& factories() {
   static const std::map<std::string, ModelFactory> f = {
@@ -14,6 +17,9 @@ static const std::map<std::string, ModelFactory>& factories() {
       {"MistralForCausalLM", make_llama},
       {"Qwen2ForCausalLM", make_llama},
       {"Qwen3ForCausalLM", make_llama},
+      {"Qwen3MoeForCausalLM", make_qwen3_moe},
+      {"DeepseekV3ForCausalLM", make_deepseek_v3},
+      {"MiniMaxM3VLForCausalLM", make_minimax_m3},
   };
   return f;
 }

@@ -31,14 +31,11 @@ RopeParams rope_params(const io::RopeScaling& r, int dim, int64_t max_pos_emb) {
       f = is_mid ? mid : scaled;
     }
   } else if (r.type == "yarn") {
+    // transformers 5 uses the config's `factor` (the max_position_embeddings /
+    // original_max_position_embeddings ratio only stands in when `factor` is missing); the
+    // correction range comes from the pretrained context, original_max_position_embeddings.
     double factor = r.factor;
-    double orig = double(max_pos_emb);
-    // DeepSeek-style configs carry the pretrained context; transformers then derives the
-    // factor from the ratio rather than trusting `factor`.
-    if (r.original_max_position_embeddings > 0) {
-      orig = double(r.original_max_position_embeddings);
-      factor = double(max_pos_emb) / orig;
-    }
+    double orig = r.original_max_position_embeddings > 0 ? double(r.original_max_position_embeddings) : double(max_pos_emb);
     double af;
     if (r.attention_factor) af = *r.attention_factor;
     else if (r.mscale && r.mscale_all_dim && *r.mscale != 0 && *r.mscale_all_dim != 0)

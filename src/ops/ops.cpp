@@ -57,4 +57,35 @@ void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, std::vec
   TS_DISPATCH(logits.device, sample, logits, rows, out);
 }
 
+
+// Ops whose CUDA kernels are not written yet: CPU only, whatever the build.
+#define TS_CPU_ONLY(dev, fn, ...)                                                    \
+  do {                                                                               \
+    TS_CHECK((dev) == Device::cpu, "op " #fn ": CUDA kernel not written yet");       \
+    return ::ts::ops::cpu::fn(__VA_ARGS__);                                          \
+  } while (0)
+
+void cache_write(const Tensor& x, Tensor& cache, const Tensor& slot_mapping) {
+  TS_CPU_ONLY(cache.device, cache_write, x, cache, slot_mapping);
+}
+void glu(const Tensor& x, Tensor& out, const GluAct& act) { TS_CPU_ONLY(x.device, glu, x, out, act); }
+void moe_route(const Tensor& logits, const Tensor* bias, const MoeRouting& r, Tensor& ids, Tensor& weights) {
+  TS_CPU_ONLY(logits.device, moe_route, logits, bias, r, ids, weights);
+}
+void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const Tensor& gate_up, const Tensor& down,
+                 const GluAct& act, Tensor& out) {
+  TS_CPU_ONLY(x.device, moe_experts, x, ids, weights, gate_up, down, act, out);
+}
+void mla_attention(const Tensor& q, const Tensor& latent_cache, const AttnMeta& meta, float scale, int64_t kv_rank,
+                   Tensor& out) {
+  TS_CPU_ONLY(latent_cache.device, mla_attention, q, latent_cache, meta, scale, kv_rank, out);
+}
+void block_indexer(const Tensor& q, const Tensor& k_cache, const AttnMeta& meta, const BlockIndexer& p, Tensor& out) {
+  TS_CPU_ONLY(k_cache.device, block_indexer, q, k_cache, meta, p, out);
+}
+void block_sparse_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttnMeta& meta,
+                            float scale, const Tensor& blocks, int sel_block_size, Tensor& out) {
+  TS_CPU_ONLY(k_cache.device, block_sparse_attention, q, k_cache, v_cache, meta, scale, blocks, sel_block_size, out);
+}
+
 }  // namespace ts::ops

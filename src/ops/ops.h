@@ -81,6 +81,72 @@ void cast(const Tensor& src, Tensor& dst);
 // Copies rows: out[i] = x[index[i]] (gathers the rows that need logits). index i32 [N].
 void gather_rows(const Tensor& x, const Tensor& index, Tensor& out);
 
+
+// --- Mixture of experts, MLA, block-sparse attention (CPU only so far) --------------------
+
+// Writes rows x [T, heads, dim] (rows may be strided) into cache [blocks, block_size, heads, dim]
+// at slot_mapping (slot < 0: padding, skipped). For caches with a single tensor per token (the
+// MLA latent, the MiniMax-M3 indexer keys).
+void cache_write(const Tensor& x, Tensor& cache, const Tensor& slot_mapping);
+
+// Gated activations over x [T, 2I] (gate then up) -> out [T, I].
+//  silu:       silu(gate) * up
+//  swiglu_oai: g = min(gate, limit), u = clamp(up, -limit, limit), g * sigmoid(alpha g) * (u + 1)
+enum class GluKind : uint8_t { silu, swiglu_oai };
+struct GluAct {
+  GluKind kind = GluKind::silu;
+  float alpha = 1.702f, limit = 7.0f;
+};
+void glu(const Tensor& x, Tensor& out, const GluAct& act);
+
+// Router: logits [T, E] (f32) -> the top_k experts of every token.
+//  softmax: p = softmax(logits); pick the top_k of p.
+//  sigmoid: p = sigmoid(logits); pick by p + bias (e_score_correction_bias, selection only),
+//           optionally grouped (DeepSeek-V3): the E experts form n_group groups, each ranked by
+//           the sum of its two best biased scores; only the topk_group best groups compete
+//           (the others' experts score 0, as transformers masks them).
+// weights = p of the picked experts, / their sum (+ renorm_eps) when renormalize, * scale.
+// ids i32 [T, top_k] come sorted by expert id (the order experts are summed in); ties pick the
+// lower id. weights f32 [T, top_k] follow ids.
+enum class MoeScoring : uint8_t { softmax, sigmoid };
+struct MoeRouting {
+  MoeScoring scoring = MoeScoring::softmax;
+  int top_k = 1;
+  int n_group = 1, topk_group = 1;
+  bool renormalize = false;
+  float renorm_eps = 0.0f;
+  float scale = 1.0f;
+};
+void moe_route(const Tensor& logits, const Tensor* bias, const MoeRouting& r, Tensor& ids, Tensor& weights);
+
+// Routed experts: out[t] = sum_j weights[t, j] * down[e] @ act(gate_up[e] @ x[t]), e = ids[t, j],
+// summed in j order (each token independently, so results do not depend on the batch).
+// x [T, H]; gate_up [E, 2I, H] (gate rows then up rows); down [E, H, I]; out [T, H].
+void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const Tensor& gate_up,
+                 const Tensor& down, const GluAct& act, Tensor& out);
+
+// Multi-head latent attention (DeepSeek-V2/V3) in the absorbed form over the paged latent cache
+// [blocks, block_size, 1, kv_rank + rope_dim], each token holding its normed latent c and its
+// roped k_pe. q [T, nh, kv_rank + rope_dim] is (q_nope absorbed through W_UK | roped q_pe).
+// out [T, nh, kv_rank] = softmax(scale * q . [c | k_pe]) @ c, causal as paged_attention.
+void mla_attention(const Tensor& q, const Tensor& latent_cache, const AttnMeta& meta, float scale, int64_t kv_rank,
+                   Tensor& out);
+
+// MiniMax-M3 lightning indexer. For query row r of sequence b at position p (see AttnMeta), key
+// block n (tokens [n*bs, (n+1)*bs) of the sequence) scores max over index heads h and keys
+// j <= p in the block of q[r, h] . k[j] (k_cache [blocks, block_size, 1, D]); the local_blocks
+// blocks ending at p's block score +inf; the top_k best blocks are kept (blocks after p's never
+// are). out i32 [T, top_k]: the kept block ids in ascending order, then -1.
+struct BlockIndexer {
+  int block_size = 0, top_k = 0, local_blocks = 0;
+};
+void block_indexer(const Tensor& q, const Tensor& k_cache, const AttnMeta& meta, const BlockIndexer& p, Tensor& out);
+
+// paged_attention restricted to the key blocks listed per query row in blocks i32 [T, S]
+// (ascending, -1 padded; blocks of sel_block_size tokens) and to keys at or before the query.
+void block_sparse_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttnMeta& meta,
+                            float scale, const Tensor& blocks, int sel_block_size, Tensor& out);
+
 }  // namespace ts::ops
 
 namespace ts::ops {

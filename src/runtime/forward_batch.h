@@ -27,9 +27,10 @@ struct ForwardBatch {
 };
 
 // Per-layer paged KV storage. k[l], v[l]: [num_blocks, block_size, kv_heads, head_dim].
-// MLA stores its compressed latent in k (v unused, undefined).
+// MLA stores its compressed latent in k (v unused, undefined). aux[l]: the optional third
+// cache of KvSpec (undefined on layers without one).
 struct KvPool {
-  std::vector<Tensor> k, v;
+  std::vector<Tensor> k, v, aux;
   int block_size = 0;
   int64_t num_blocks = 0;
 };

@@ -23,14 +23,25 @@ struct SeqChunk {
 
 // Turns sequence chunks into a ForwardBatch on `device`; the host staging vectors are reused
 // every step (they only grow).
+// Padding (CUDA-graph buckets): the batch is padded to pad_tokens rows and pad_seqs sequences;
+// table_width fixes the block-table row length; max_kv_bound is an upper bound on kv lengths
+// for kernels whose grid must not change between replays.
+struct BuildOptions {
+  int pad_tokens = 0, pad_seqs = 0, table_width = 0, max_kv_bound = 0;
+  bool all_logits = false;  // logits for every (padded) row, as a decode graph computes them
+  size_t reserve = 0;       // device buffer capacity in i32 elements (graphs: the largest bucket)
+};
+
 class BatchBuilder {
  public:
-  void build(const std::vector<SeqChunk>& chunks, int block_size, Device device, ForwardBatch& batch);
+  void build(const std::vector<SeqChunk>& chunks, int block_size, Device device, ForwardBatch& batch,
+             const BuildOptions& opt = {});
   // Row of the batch where chunk i starts (valid after build).
-  int chunk_row(size_t i) const { return cu_q_[i]; }
+  int chunk_row(size_t i) const { return cu_rows_[i]; }
 
  private:
-  std::vector<int32_t> ids_, pos_, slots_, cu_q_, kv_len_, tables_, logit_rows_;
+  std::vector<int32_t> host_, cu_rows_;
+  Tensor dev_, base_;
 };
 
 class ModelRunner {

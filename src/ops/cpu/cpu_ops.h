@@ -22,6 +22,16 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
 void copy_rows(const Tensor& src, Tensor& dst);
 void cast(const Tensor& src, Tensor& dst);
 void gather_rows(const Tensor& x, const Tensor& index, Tensor& out);
+void cache_write(const Tensor& x, Tensor& cache, const Tensor& slot_mapping);
+void glu(const Tensor& x, Tensor& out, const GluAct& act);
+void moe_route(const Tensor& logits, const Tensor* bias, const MoeRouting& r, Tensor& ids, Tensor& weights);
+void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const Tensor& gate_up,
+                 const Tensor& down, const GluAct& act, Tensor& out);
+void mla_attention(const Tensor& q, const Tensor& latent_cache, const AttnMeta& meta, float scale, int64_t kv_rank,
+                   Tensor& out);
+void block_indexer(const Tensor& q, const Tensor& k_cache, const AttnMeta& meta, const BlockIndexer& p, Tensor& out);
+void block_sparse_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttnMeta& meta,
+                            float scale, const Tensor& blocks, int sel_block_size, Tensor& out);
 void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, std::vector<int32_t>& out);
 
 // The exact distribution sample() draws from for one row (dense; filtered tokens are 0).

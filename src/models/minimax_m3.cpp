@@ -1,0 +1,278 @@
+// MiniMax-M3 text model (MiniMaxM3VLForCausalLM, model_type minimax_m3_vl_text; fields at the top
+// level or under text_config). GQA attention with per-head q/k norms and partial RoPE; layers of
+// type `minimax_m3_sparse` restrict attention to the key blocks picked by a lightning indexer
+// (index_n_heads x index_head_dim scores, max-pooled over blocks of index_block_size keys,
+// top index_topk_blocks per query, the index_local_blocks local ones always among them). MLPs are dense or a sigmoid
+// top-k MoE with a shared expert, all with the clamped SwiGLU-OAI activation. Every RMSNorm is
+// Gemma-style (scale 1 + w); the weights are stored as 1 + w at load.
+#include <cmath>
+
+#include "models/moe.h"
+#include "models/rope.h"
+#include "models/weights.h"
+
+namespace ts::models {
+namespace {
+
+// --- hyper-parameters ---------------------------------------------------------------------
+struct MiniMaxM3Params {
+  int64_t vocab, hidden, moe_inter, dense_inter, shared_inter, layers, heads, kv_heads, head_dim, experts;
+  int64_t rot_dim;
+  float eps;
+  bool tied;
+  ops::GluAct act;
+  ops::MoeRouting routing;
+  std::vector<uint8_t> sparse_mlp, sparse_attn;  // per layer
+  int64_t idx_heads = 0, idx_dim = 0;
+  ops::BlockIndexer indexer;
+};
+
+MiniMaxM3Params minimax_m3_params(const io::ModelConfig& c) {
+  MiniMaxM3Params p;
+  p.vocab = c.vocab_size;
+  p.hidden = c.hidden_size;
+  p.layers = c.num_layers;
+  p.heads = c.num_heads;
+  p.kv_heads = c.num_kv_heads;
+  p.head_dim = c.head_dim;
+  p.eps = float(c.rms_norm_eps);
+  p.tied = c.tie_word_embeddings;
+  p.experts = c.has("num_local_experts") ? c.require<int64_t>("num_local_experts") : c.get<int64_t>("num_experts", 0);
+  p.moe_inter = c.intermediate_size;
+  p.dense_inter = c.get<int64_t>("dense_intermediate_size", 0);
+  p.shared_inter = c.get<int64_t>("shared_intermediate_size", 0) * c.get<int64_t>("n_shared_experts", 1);
+  p.act.kind = ops::GluKind::swiglu_oai;
+  p.act.alpha = float(c.get<double>("swiglu_alpha", 1.702));
+  p.act.limit = float(c.get<double>("swiglu_limit", 7.0));
+  p.routing.scoring = ops::MoeScoring::sigmoid;
+  p.routing.top_k = c.require<int>("num_experts_per_tok");
+  p.routing.renormalize = true;
+  p.routing.scale = float(c.get<double>("routed_scaling_factor", 1.0));
+  // RoPE rotates head_dim * partial_rotary_factor channels (capped by rotary_dim when given).
+  p.rot_dim = int64_t(double(p.head_dim) * c.partial_rotary_factor);
+  if (c.has("rotary_dim")) p.rot_dim = std::min(p.rot_dim, c.require<int64_t>("rotary_dim"));
+  TS_CHECK(p.rot_dim > 0 && p.rot_dim % 2 == 0 && p.rot_dim <= p.head_dim, "{}: rotary dim {} vs head_dim {}", c.path,
+           p.rot_dim, p.head_dim);
+  // Per-layer MLP kind: mlp_layer_types ("dense"/"sparse") or moe_layer_freq (0/1).
+  if (c.has("mlp_layer_types")) {
+    auto t = c.require<std::vector<std::string>>("mlp_layer_types");
+    TS_CHECK(int64_t(t.size()) == p.layers, "{}: mlp_layer_types has {} entries for {} layers", c.path, t.size(), p.layers);
+    for (auto& s : t) {
+      TS_CHECK(s == "dense" || s == "sparse", "{}: unknown mlp_layer_types entry '{}'", c.path, s);
+      p.sparse_mlp.push_back(s == "sparse");
+    }
+  } else if (c.has("moe_layer_freq")) {
+    auto f = c.require<std::vector<int>>("moe_layer_freq");
+    TS_CHECK(int64_t(f.size()) == p.layers, "{}: moe_layer_freq has {} entries for {} layers", c.path, f.size(), p.layers);
+    for (int v : f) p.sparse_mlp.push_back(v != 0);
+  } else {
+    p.sparse_mlp.assign(size_t(p.layers), 1);
+  }
+  auto types = c.get<std::vector<std::string>>("layer_types", std::vector<std::string>(size_t(p.layers), "full_attention"));
+  TS_CHECK(int64_t(types.size()) == p.layers, "{}: layer_types has {} entries for {} layers", c.path, types.size(), p.layers);
+  for (auto& s : types) {
+    TS_CHECK(s == "full_attention" || s == "minimax_m3_sparse", "{}: unknown layer_types entry '{}'", c.path, s);
+    p.sparse_attn.push_back(s == "minimax_m3_sparse");
+  }
+  p.idx_heads = c.get<int64_t>("index_n_heads", 0);
+  p.idx_dim = c.get<int64_t>("index_head_dim", 0);
+  p.indexer.block_size = c.get<int>("index_block_size", 128);
+  p.indexer.top_k = c.get<int>("index_topk_blocks", 16);
+  p.indexer.local_blocks = c.get<int>("index_local_blocks", 1);
+  TS_CHECK(c.get<int>("index_init_blocks", 0) == 0 && c.get<int>("sparse_init_block", 0) == 0,
+           "{}: initial (sink) index blocks are not supported", c.path);
+  for (auto s : p.sparse_attn)
+    if (s) {
+      TS_CHECK(p.idx_heads > 0 && p.idx_dim >= p.rot_dim, "{}: indexer {} heads of {} (rotary dim {})", c.path, p.idx_heads,
+               p.idx_dim, p.rot_dim);
+      break;
+    }
+  return p;
+}
+
+// --- tensors --------------------------------------------------------------------------------
+struct IndexerWeights {
+  Tensor q, k;            // [Hi * D, H], [D, H]
+  Tensor q_norm, k_norm;  // [D] (1 + w)
+};
+
+struct MiniMaxM3Layer {
+  Tensor input_norm, post_norm;
+  AttentionWeights attn;
+  IndexerWeights idx;  // sparse-attention layers
+  MlpWeights mlp;      // dense layers
+  MoeWeights moe;      // sparse layers
+};
+
+class MiniMaxM3 final : public Model {
+ public:
+  MiniMaxM3(const io::ModelConfig& cfg, const LoadOptions& opts) : cfg_(cfg), p_(minimax_m3_params(cfg)), ws_(opts.device) {
+    capture_layers_ = opts.capture_layers;
+    WeightLoader wl(io::Checkpoint::open(cfg.dir), opts.device);
+    device_ = opts.device;
+    dtype_ = wl.dtype();
+    const int64_t H = p_.hidden, hd = p_.head_dim, qw = p_.heads * hd, kw = p_.kv_heads * hd, D = p_.idx_dim;
+    // Text-only checkpoints use model.*; the full VL checkpoint nests it in model.language_model.*.
+    std::string root = wl.has("model.language_model.embed_tokens.weight") ? "model.language_model." : "model.";
+    embed_ = wl.load(root + "embed_tokens.weight", {p_.vocab, H});
+    for (int64_t l = 0; l < p_.layers; ++l) {
+      std::string pre = root + "layers." + std::to_string(l) + ".";
+      std::string at = pre + "self_attn.";
+      MiniMaxM3Layer L;
+      L.input_norm = gemma_norm(wl, pre + "input_layernorm.weight", H);
+      L.post_norm = gemma_norm(wl, pre + "post_attention_layernorm.weight", H);
+      L.attn.qkv = wl.load_stacked({at + "q_proj.weight", at + "k_proj.weight", at + "v_proj.weight"}, {{qw, H}, {kw, H}, {kw, H}});
+      L.attn.o = wl.load(at + "o_proj.weight", {H, qw});
+      L.attn.q_norm = gemma_norm(wl, at + "q_norm.weight", hd);
+      L.attn.k_norm = gemma_norm(wl, at + "k_norm.weight", hd);
+      if (p_.sparse_attn[size_t(l)]) {
+        L.idx.q = wl.load(at + "indexer.q_proj.weight", {p_.idx_heads * D, H});
+        L.idx.k = wl.load(at + "indexer.k_proj.weight", {D, H});
+        L.idx.q_norm = gemma_norm(wl, at + "indexer.q_norm.weight", D);
+        L.idx.k_norm = gemma_norm(wl, at + "indexer.k_norm.weight", D);
+      }
+      if (p_.sparse_mlp[size_t(l)]) {
+        L.moe.router = wl.load(pre + "mlp.gate.weight", {p_.experts, H});
+        for (const char* n : {"mlp.gate.e_score_correction_bias", "mlp.e_score_correction_bias"})
+          if (!L.moe.router_bias.data && wl.has(pre + n)) L.moe.router_bias = wl.load(pre + n, {p_.experts});
+        load_experts(wl, pre + "mlp.experts", p_.experts, p_.moe_inter, H, L.moe);
+        if (wl.has(pre + "mlp.shared_experts.gate_up_proj.weight")) {
+          L.moe.shared.gate_up = wl.load(pre + "mlp.shared_experts.gate_up_proj.weight", {2 * p_.shared_inter, H});
+          L.moe.shared.down = wl.load(pre + "mlp.shared_experts.down_proj.weight", {H, p_.shared_inter});
+        }
+      } else {
+        L.mlp.gate_up = wl.load(pre + "mlp.gate_up_proj.weight", {2 * p_.dense_inter, H});
+        L.mlp.down = wl.load(pre + "mlp.down_proj.weight", {H, p_.dense_inter});
+      }
+      layers_.push_back(std::move(L));
+    }
+    norm_ = gemma_norm(wl, root + "norm.weight", H);
+    head_ = (p_.tied && !wl.has("lm_head.weight")) ? embed_ : wl.load("lm_head.weight", {p_.vocab, H});
+    weight_bytes_ = wl.bytes_loaded();
+    int64_t table = std::max<int64_t>(cfg.max_position_embeddings, 1);
+    rope_ = build_rope(cfg.rope, int(p_.rot_dim), cfg.max_position_embeddings, table, false, device_);
+    shape_ = {p_.heads, p_.kv_heads, hd, float(1.0 / std::sqrt(double(hd))), p_.eps};
+    moe_shape_.routing = p_.routing;
+    moe_shape_.act = p_.act;
+    for (int c : capture_layers_)
+      TS_CHECK(c >= 0 && c <= p_.layers, "capture layer {} outside 0..{}", c, p_.layers);
+  }
+
+  const io::ModelConfig& config() const override { return cfg_; }
+  KvSpec kv_spec() const override {
+    KvSpec s;
+    s.num_layers = int(p_.layers);
+    s.k_heads = s.v_heads = int(p_.kv_heads);
+    s.k_dim = s.v_dim = int(p_.head_dim);
+    return s;
+  }
+  // The indexer's keys: one head of index_head_dim per token, on the sparse-attention layers.
+  AuxKvSpec aux_kv_spec() const override {
+    AuxKvSpec s;
+    for (auto v : p_.sparse_attn)
+      if (v) {
+        s.heads = 1;
+        s.dim = int(p_.idx_dim);
+        s.layers = p_.sparse_attn;
+      }
+    return s;
+  }
+  Device device() const override { return device_; }
+  DType dtype() const override { return dtype_; }
+  Tensor embed_table() const override { return embed_; }
+  Tensor lm_head() const override { return head_; }
+  size_t weight_bytes() const override { return weight_bytes_; }
+
+  // --- forward ------------------------------------------------------------------------------
+  Tensor forward(ForwardBatch& b, KvPool& kv) override {
+    ws_.reset();
+    const int64_t T = b.num_tokens, H = p_.hidden;
+    Tensor residual = ws_.alloc({T, H}, dtype_);
+    Tensor x = ws_.alloc({T, H}, dtype_);
+    Tensor h = ws_.alloc({T, H}, dtype_);
+    ops::embedding(b.input_ids, embed_, residual);
+    for (int64_t l = 0; l < p_.layers; ++l) {
+      MiniMaxM3Layer& L = layers_[size_t(l)];
+      if (l == 0) {
+        capture_aux(b, residual, capture_slot(0));
+        ops::rmsnorm(residual, L.input_norm, p_.eps, h);
+      } else {
+        ops::fused_add_rmsnorm(x, residual, L.input_norm, p_.eps);
+        capture_aux(b, residual, capture_slot(int(l)));
+        h = x;
+      }
+      if (p_.sparse_attn[size_t(l)]) sparse_attention_block(h, L, b, kv.k[size_t(l)], kv.v[size_t(l)], kv.aux[size_t(l)], x);
+      else attention_block(h, L.attn, shape_, rope_, b, kv.k[size_t(l)], kv.v[size_t(l)], ws_, x);
+      ops::fused_add_rmsnorm(x, residual, L.post_norm, p_.eps);
+      Tensor out = ws_.alloc({T, H}, dtype_);
+      if (p_.sparse_mlp[size_t(l)]) moe_block(x, L.moe, moe_shape_, ws_, out);
+      else glu_mlp_block(x, L.mlp, p_.act, ws_, out);
+      x = out;
+    }
+    ops::add_inplace(residual, x);
+    capture_aux(b, residual, capture_slot(int(p_.layers)));
+    return lm_head_logits(b, residual, norm_, p_.eps, head_, ws_);
+  }
+
+ private:
+  // Gemma-style norm weight: the checkpoint stores w, the norm scales by 1 + w.
+  Tensor gemma_norm(WeightLoader& wl, const std::string& name, int64_t n) {
+    Tensor w = wl.checkpoint().get(name, {n}).to_f32();
+    for (int64_t i = 0; i < n; ++i) w.ptr<float>()[i] = 1.0f + w.ptr<float>()[i];
+    return convert(w, wl.dtype(), wl.device());
+  }
+
+  // Attention restricted to the key blocks the lightning indexer picks for each query.
+  void sparse_attention_block(const Tensor& h, const MiniMaxM3Layer& L, ForwardBatch& b, Tensor& kc, Tensor& vc,
+                              Tensor& idx_cache, Tensor& out) {
+    const int64_t T = h.rows(), nh = p_.heads, nkv = p_.kv_heads, hd = p_.head_dim, D = p_.idx_dim, Hi = p_.idx_heads;
+    const int64_t qw = nh * hd, kw = nkv * hd;
+    TS_CHECK(idx_cache.data || T == 0, "minimax_m3: no indexer cache for a sparse layer");
+    Tensor qkv = ws_.alloc({T, qw + 2 * kw}, dtype_);
+    ops::linear(h, L.attn.qkv, qkv);
+    Tensor q = as_heads(qkv.narrow(1, 0, qw), nh, hd);
+    Tensor k = as_heads(qkv.narrow(1, qw, kw), nkv, hd);
+    Tensor v = as_heads(qkv.narrow(1, qw + kw, kw), nkv, hd);
+    ops::qk_norm_rope(q, k, L.attn.q_norm, L.attn.k_norm, p_.eps, b.positions, rope_);
+    ops::kv_write(k, v, kc, vc, b.slot_mapping);
+    // Lightning indexer: normed, roped index queries/keys; keys cached per token.
+    Tensor iq = ws_.alloc({T, Hi * D}, dtype_);
+    ops::linear(h, L.idx.q, iq);
+    Tensor ik = ws_.alloc({T, D}, dtype_);
+    ops::linear(h, L.idx.k, ik);
+    Tensor iq3 = as_heads(iq, Hi, D), ik3 = as_heads(ik, 1, D);
+    ops::qk_norm_rope(iq3, ik3, L.idx.q_norm, L.idx.k_norm, p_.eps, b.positions, rope_);
+    ops::cache_write(ik3, idx_cache, b.slot_mapping);
+    Tensor sel = ws_.alloc({T, int64_t(p_.indexer.top_k)}, DType::i32);
+    ops::block_indexer(iq3, idx_cache, b.attn, p_.indexer, sel);
+    Tensor attn = ws_.alloc({T, nh, hd}, dtype_);
+    ops::block_sparse_attention(q, kc, vc, b.attn, shape_.scale, sel, p_.indexer.block_size, attn);
+    ops::linear(attn.view({T, qw}), L.attn.o, out);
+  }
+
+  int capture_slot(int layer) const {
+    for (size_t i = 0; i < capture_layers_.size(); ++i)
+      if (capture_layers_[i] == layer) return int(i);
+    return -1;
+  }
+
+  io::ModelConfig cfg_;
+  MiniMaxM3Params p_;
+  Workspace ws_;
+  Device device_ = Device::cpu;
+  DType dtype_ = DType::f32;
+  Tensor embed_, norm_, head_;
+  std::vector<MiniMaxM3Layer> layers_;
+  ops::Rope rope_;
+  AttentionShape shape_{};
+  MoeShape moe_shape_;
+  size_t weight_bytes_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_minimax_m3(const io::ModelConfig& c, const LoadOptions& o) {
+  return std::make_unique<MiniMaxM3>(c, o);
+}
+
+}  // namespace ts::models

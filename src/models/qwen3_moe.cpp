@@ -1,0 +1,175 @@
+// Qwen3MoeForCausalLM: the Qwen3 attention layer (GQA, per-head q/k RMSNorm) with a softmax
+// top-k mixture of experts on the sparse layers; dense MLP layers are those listed in
+// mlp_only_layers or off the decoder_sparse_step grid.
+#include <algorithm>
+#include <cmath>
+
+#include "models/moe.h"
+#include "models/rope.h"
+#include "models/weights.h"
+
+namespace ts::models {
+namespace {
+
+// --- hyper-parameters ---------------------------------------------------------------------
+struct Qwen3MoeParams {
+  int64_t vocab, hidden, inter, moe_inter, layers, heads, kv_heads, head_dim, experts;
+  float eps;
+  bool tied, qkv_bias;
+  ops::MoeRouting routing;
+  std::vector<uint8_t> sparse;  // per layer: MoE (1) or dense MLP (0)
+};
+
+Qwen3MoeParams qwen3_moe_params(const io::ModelConfig& c) {
+  Qwen3MoeParams p;
+  p.vocab = c.vocab_size;
+  p.hidden = c.hidden_size;
+  p.inter = c.intermediate_size;
+  p.layers = c.num_layers;
+  p.heads = c.num_heads;
+  p.kv_heads = c.num_kv_heads;
+  p.head_dim = c.head_dim;
+  p.eps = float(c.rms_norm_eps);
+  p.tied = c.tie_word_embeddings;
+  p.qkv_bias = c.attention_bias;
+  p.experts = c.has("num_experts") ? c.require<int64_t>("num_experts") : c.get<int64_t>("num_local_experts", 0);
+  p.moe_inter = c.require<int64_t>("moe_intermediate_size");
+  p.routing.scoring = ops::MoeScoring::softmax;
+  p.routing.top_k = c.require<int>("num_experts_per_tok");
+  p.routing.renormalize = c.get<bool>("norm_topk_prob", false);
+  auto mlp_only = c.get<std::vector<int64_t>>("mlp_only_layers", {});
+  int64_t step = c.get<int64_t>("decoder_sparse_step", 1);
+  TS_CHECK(step >= 1, "{}: decoder_sparse_step must be >= 1", c.path);
+  for (int64_t l = 0; l < p.layers; ++l) {
+    bool dense = std::find(mlp_only.begin(), mlp_only.end(), l) != mlp_only.end();
+    p.sparse.push_back(!dense && p.experts > 0 && (l + 1) % step == 0);
+  }
+  TS_CHECK(!c.mlp_bias, "{}: mlp_bias=true is not supported", c.path);
+  TS_CHECK(c.partial_rotary_factor == 1.0, "{}: partial_rotary_factor != 1 is not supported for {}", c.path,
+           c.architecture);
+  TS_CHECK(!c.get<bool>("use_sliding_window", false), "{}: sliding-window attention is not supported", c.path);
+  return p;
+}
+
+// --- tensors --------------------------------------------------------------------------------
+struct Qwen3MoeLayer {
+  Tensor input_norm, post_norm;
+  AttentionWeights attn;
+  MlpWeights mlp;  // dense layers
+  MoeWeights moe;  // sparse layers
+};
+
+class Qwen3Moe final : public Model {
+ public:
+  Qwen3Moe(const io::ModelConfig& cfg, const LoadOptions& opts) : cfg_(cfg), p_(qwen3_moe_params(cfg)), ws_(opts.device) {
+    capture_layers_ = opts.capture_layers;
+    WeightLoader wl(io::Checkpoint::open(cfg.dir), opts.device);
+    device_ = opts.device;
+    dtype_ = wl.dtype();
+    const int64_t H = p_.hidden, hd = p_.head_dim, qw = p_.heads * hd, kw = p_.kv_heads * hd;
+    embed_ = wl.load("model.embed_tokens.weight", {p_.vocab, H});
+    for (int64_t l = 0; l < p_.layers; ++l) {
+      std::string pre = "model.layers." + std::to_string(l) + ".";
+      Qwen3MoeLayer L;
+      L.input_norm = wl.load(pre + "input_layernorm.weight", {H});
+      L.post_norm = wl.load(pre + "post_attention_layernorm.weight", {H});
+      L.attn.qkv = wl.load_stacked({pre + "self_attn.q_proj.weight", pre + "self_attn.k_proj.weight", pre + "self_attn.v_proj.weight"},
+                                   {{qw, H}, {kw, H}, {kw, H}});
+      if (p_.qkv_bias)
+        L.attn.qkv_bias = wl.load_stacked({pre + "self_attn.q_proj.bias", pre + "self_attn.k_proj.bias", pre + "self_attn.v_proj.bias"},
+                                          {{qw}, {kw}, {kw}});
+      L.attn.o = wl.load(pre + "self_attn.o_proj.weight", {H, qw});
+      L.attn.q_norm = wl.load(pre + "self_attn.q_norm.weight", {hd});
+      L.attn.k_norm = wl.load(pre + "self_attn.k_norm.weight", {hd});
+      if (p_.sparse[size_t(l)]) {
+        L.moe.router = wl.load(pre + "mlp.gate.weight", {p_.experts, H});
+        load_experts(wl, pre + "mlp.experts", p_.experts, p_.moe_inter, H, L.moe);
+      } else {
+        TS_CHECK(p_.inter > 0, "{}: missing field intermediate_size", cfg.path);
+        L.mlp.gate_up = wl.load_stacked({pre + "mlp.gate_proj.weight", pre + "mlp.up_proj.weight"}, {{p_.inter, H}, {p_.inter, H}});
+        L.mlp.down = wl.load(pre + "mlp.down_proj.weight", {H, p_.inter});
+      }
+      layers_.push_back(std::move(L));
+    }
+    norm_ = wl.load("model.norm.weight", {H});
+    head_ = (p_.tied && !wl.has("lm_head.weight")) ? embed_ : wl.load("lm_head.weight", {p_.vocab, H});
+    weight_bytes_ = wl.bytes_loaded();
+    int64_t table = std::max<int64_t>(cfg.max_position_embeddings, 1);
+    rope_ = build_rope(cfg.rope, int(hd), cfg.max_position_embeddings, table, false, device_);
+    shape_ = {p_.heads, p_.kv_heads, hd, float(1.0 / std::sqrt(double(hd))), p_.eps};
+    moe_shape_.routing = p_.routing;
+    for (int c : capture_layers_)
+      TS_CHECK(c >= 0 && c <= p_.layers, "capture layer {} outside 0..{}", c, p_.layers);
+  }
+
+  const io::ModelConfig& config() const override { return cfg_; }
+  KvSpec kv_spec() const override {
+    KvSpec s;
+    s.num_layers = int(p_.layers);
+    s.k_heads = s.v_heads = int(p_.kv_heads);
+    s.k_dim = s.v_dim = int(p_.head_dim);
+    return s;
+  }
+  Device device() const override { return device_; }
+  DType dtype() const override { return dtype_; }
+  Tensor embed_table() const override { return embed_; }
+  Tensor lm_head() const override { return head_; }
+  size_t weight_bytes() const override { return weight_bytes_; }
+
+  // --- forward ------------------------------------------------------------------------------
+  Tensor forward(ForwardBatch& b, KvPool& kv) override {
+    ws_.reset();
+    const int64_t T = b.num_tokens, H = p_.hidden;
+    Tensor residual = ws_.alloc({T, H}, dtype_);
+    Tensor x = ws_.alloc({T, H}, dtype_);
+    Tensor h = ws_.alloc({T, H}, dtype_);
+    ops::embedding(b.input_ids, embed_, residual);
+    for (int64_t l = 0; l < p_.layers; ++l) {
+      Qwen3MoeLayer& L = layers_[size_t(l)];
+      if (l == 0) {
+        capture_aux(b, residual, capture_slot(0));
+        ops::rmsnorm(residual, L.input_norm, p_.eps, h);
+      } else {
+        ops::fused_add_rmsnorm(x, residual, L.input_norm, p_.eps);
+        capture_aux(b, residual, capture_slot(int(l)));
+        h = x;
+      }
+      attention_block(h, L.attn, shape_, rope_, b, kv.k[size_t(l)], kv.v[size_t(l)], ws_, x);
+      ops::fused_add_rmsnorm(x, residual, L.post_norm, p_.eps);
+      Tensor out = ws_.alloc({T, H}, dtype_);
+      if (p_.sparse[size_t(l)]) moe_block(x, L.moe, moe_shape_, ws_, out);
+      else mlp_block(x, L.mlp, ws_, out);
+      x = out;
+    }
+    ops::add_inplace(residual, x);
+    capture_aux(b, residual, capture_slot(int(p_.layers)));
+    return lm_head_logits(b, residual, norm_, p_.eps, head_, ws_);
+  }
+
+ private:
+  int capture_slot(int layer) const {
+    for (size_t i = 0; i < capture_layers_.size(); ++i)
+      if (capture_layers_[i] == layer) return int(i);
+    return -1;
+  }
+
+  io::ModelConfig cfg_;
+  Qwen3MoeParams p_;
+  Workspace ws_;
+  Device device_ = Device::cpu;
+  DType dtype_ = DType::f32;
+  Tensor embed_, norm_, head_;
+  std::vector<Qwen3MoeLayer> layers_;
+  ops::Rope rope_;
+  AttentionShape shape_{};
+  MoeShape moe_shape_;
+  size_t weight_bytes_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_qwen3_moe(const io::ModelConfig& c, const LoadOptions& o) {
+  return std::make_unique<Qwen3Moe>(c, o);
+}
+
+}  // namespace ts::models
