@@ -20,6 +20,17 @@ add_test(NAME cli_unsupported_architecture
           $<TARGET_FILE:tokenspeed> ${CMAKE_SOURCE_DIR}/tests/data/qwen3_5)
 set_tests_properties(cli_unsupported_architecture PROPERTIES LABELS "cli")
 
+# bench
+add_test(NAME cli_bench COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/bench_test.sh $<TARGET_FILE:tokenspeed>)
+set_tests_properties(cli_bench PROPERTIES LABELS "cli;bench" TIMEOUT 300)
+# bench agentic
+add_test(NAME bench_agentic_help COMMAND tokenspeed bench agentic --help)
+set_tests_properties(bench_agentic_help PROPERTIES LABELS "cli;bench"
+  PASS_REGULAR_EXPRESSION "--concurrency.*--first-turn-tokens.*--turns.*--ignore-eos.*--warmup.*--num-gpus.*--tokenizer.*--timeout")
+add_test(NAME bench_agentic_smoke
+  COMMAND bash ${CMAKE_SOURCE_DIR}/tests/bench/agentic_smoke.sh $<TARGET_FILE:tokenspeed>)
+set_tests_properties(bench_agentic_smoke PROPERTIES LABELS "server;bench" TIMEOUT 180 SKIP_RETURN_CODE 77)
+
 # server
 find_program(NODE_EXECUTABLE node)
 if(NODE_EXECUTABLE)
