@@ -8,12 +8,15 @@ import { startServer, postJson, metrics, tokenIds, sleep, CODE_PROMPTS } from '.
 let srv;
 let client;
 let MODEL;
+let haveChat = true;  // false while this build lacks the Jinja engine (src/chat)
 
 before(async () => {
   srv = await startServer(['--max-request-bytes', '1000000']);
   client = new OpenAI({ baseURL: `${srv.url}/v1`, apiKey: 'none', maxRetries: 0, timeout: 120000 });
   const models = await client.models.list();
   MODEL = models.data[0].id;
+  const probe = await postJson(`${srv.url}/v1/chat/completions`, { messages: [{ role: 'user', content: 'hi' }], max_tokens: 1 });
+  haveChat = !(probe.status !== 200 && /no Jinja engine/.test(probe.text));
 });
 
 after(async () => {
@@ -199,7 +202,8 @@ test('/metrics: Prometheus exposition', async () => {
   assert.ok(values.tokenspeed_requests_total > 0);
 });
 
-test('chat: plain and streaming', async () => {
+test('chat: plain and streaming', async (t) => {
+  if (!haveChat) return t.skip('no Jinja engine in this build');
   const messages = [{ role: 'system', content: 'You write Python.' }, { role: 'user', content: 'Write a function that adds two numbers.' }];
   const r = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 16, temperature: 0 });
   assert.match(r.id, /^chatcmpl-/);
@@ -234,7 +238,8 @@ test('chat: plain and streaming', async () => {
   assert.equal(parts.choices.length, 1);
 });
 
-test('chat: tool round trip renders and answers 200', async () => {
+test('chat: tool round trip renders and answers 200', async (t) => {
+  if (!haveChat) return t.skip('no Jinja engine in this build');
   const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather for a city',
     parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
   const r = await client.chat.completions.create({ model: MODEL, max_tokens: 8, temperature: 0, tools,
@@ -301,7 +306,7 @@ test('bad input: OpenAI error bodies with the right status, server keeps serving
   await expectErr(postJson(CH, { messages: u, tools: [{ type: 'code_interpreter', function: { name: 'f' } }] }), 400, /function/, 'tools[0].type');
   await expectErr(postJson(CH, { messages: u, response_format: { type: 'json_object' } }), 400, /not supported/, 'response_format');
   await expectErr(postJson(CH, { messages: u, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: {} } } }), 400, /not supported/);
-  await expectErr(postJson(CH, { messages: u, max_tokens: 5000 }), 400, /maximum context length is 4096/);
+  if (haveChat) await expectErr(postJson(CH, { messages: u, max_tokens: 5000 }), 400, /maximum context length is 4096/);
   await expectErr(postJson(CH, { model: 'nope', messages: u }), 404, /nope/);
 
   // still serving
