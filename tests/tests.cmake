@@ -30,8 +30,17 @@ set_tests_properties(bench_agentic_help PROPERTIES LABELS "cli;bench"
 add_test(NAME bench_agentic_smoke
   COMMAND bash ${CMAKE_SOURCE_DIR}/tests/bench/agentic_smoke.sh $<TARGET_FILE:tokenspeed>)
 set_tests_properties(bench_agentic_smoke PROPERTIES LABELS "server;bench" TIMEOUT 180 SKIP_RETURN_CODE 77)
-# Script tests that drive the real binary. Each feature keeps its lines under its own comment.
 
 # chat
 add_test(NAME cli_chat_template COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/chat_template_test.sh $<TARGET_FILE:tokenspeed>)
 set_tests_properties(cli_chat_template PROPERTIES LABELS "cli;chat")
+
+# server
+find_program(NODE_EXECUTABLE node)
+if(NODE_EXECUTABLE)
+  foreach(t openai preemption bench_serving)
+    add_test(NAME server_${t} COMMAND ${NODE_EXECUTABLE} --test ${CMAKE_SOURCE_DIR}/tests/server/${t}.test.mjs)
+    set_tests_properties(server_${t} PROPERTIES ENVIRONMENT "TOKENSPEED_BIN=$<TARGET_FILE:tokenspeed>"
+      LABELS server TIMEOUT 900)
+  endforeach()
+endif()
