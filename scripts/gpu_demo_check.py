@@ -16,6 +16,9 @@ for t in g['traces']:
     spec = subprocess.run(base + ['--speculative-algorithm', 'EAGLE3', '--speculative-draft-model-path', 'models/pycoder-eagle3',
                                   '--speculative-num-steps', '3', '--spec-trace', '/tmp/tr.json'], capture_output=True, text=True)
     sg = json.loads(spec.stdout.strip().splitlines()[-1])
+    eager = subprocess.run(base + ['--enforce-eager'], capture_output=True, text=True)
+    ge = json.loads(eager.stdout.strip().splitlines()[-1])
+    print(f"  graphs vs eager greedy identical: {ge == got}")
     tr = json.load(open('/tmp/tr.json'))
     acc_gpu.append(sum(i['accepted'] + 1 for i in tr['iterations']) / len(tr['iterations']))
     acc_cpu.append(sum(i['accepted'] + 1 for i in t['iterations']) / len(t['iterations']))

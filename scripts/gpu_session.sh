@@ -9,7 +9,7 @@ export NCCL_NVLS_ENABLE=0
 B=.device/bin
 [ -d $B ] || tar -C .device -xJf .device/bin.tar.xz
 OUT=${OUT:-/tmp/out}
-STEPS=${1:-tests,labs,golden,demo,bench8b,minimax}
+STEPS=${1:-tests,labs,golden,demo,graphs,bench8b,minimax}
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv,noheader
 if has tests; then
@@ -28,10 +28,15 @@ if has demo; then
   python3 scripts/gpu_demo_check.py $B/tokenspeed 2>&1 | tee $OUT/demo.log
   timeout 60 $B/tokenspeed bench-decode --device cuda --prompt-tokens 512 --gen-tokens 256 2>&1 | tail -3 | tee -a $OUT/demo.log
 fi
+if has graphs; then
+  timeout 120 $B/tokenspeed bench-decode --device cuda --graphs --prompt-tokens 512 --gen-tokens 128 2>&1 | grep -v "^\[[0-9]" | tee $OUT/graphs_demo.log
+fi
 if has bench8b; then
   timeout 120 $B/tokenspeed make-random-model --preset llama-3.1-8b --out /tmp/l8b > $OUT/make8b.log 2>&1; echo "make-random-model rc=$?"
   timeout 300 $B/tokenspeed bench --model /tmp/l8b --device cuda --json $OUT/bench8b.json > $OUT/bench8b.log 2>&1; echo "bench rc=$?"
-  cat $OUT/bench8b.log | grep -v "^\[" | tail -40
+  grep -v "^\[" $OUT/bench8b.log | tail -30
+  timeout 240 $B/tokenspeed bench-decode --model /tmp/l8b --device cuda --graphs --prompt-tokens 1024 --gen-tokens 64 \
+    --cached-prefix 32768 --new-tokens 64,256,800,2048 2>&1 | grep -v "^\[[0-9]" | tee $OUT/graphs_8b.log
 fi
 if has minimax; then
   python3 - <<'PY' > $OUT/minimax_src.log 2>&1

@@ -15,6 +15,10 @@ class Workspace {
   explicit Workspace(Device device = Device::cpu) : device_(device) {}
   void reserve(size_t bytes);   // ensure capacity (call before graph capture)
   void reset();                 // start a new forward; grows to the last high-water mark
+  // After freeze() the arena never moves (CUDA graphs hold its addresses); a forward that
+  // needs more takes the overflow from separate allocations.
+  void freeze() { frozen_ = true; }
+  size_t high_water() const { return high_water_; }
   Tensor alloc(std::vector<int64_t> shape, DType dtype);
   size_t capacity() const { return capacity_; }
   // LIFO scratch: everything allocated after mark() is reused after release(mark).
@@ -26,6 +30,7 @@ class Workspace {
   Device device_;
   std::shared_ptr<void> arena_;
   size_t capacity_ = 0, used_ = 0, high_water_ = 0;
+  bool frozen_ = false;
   std::vector<Tensor> overflow_;
 };
 

@@ -1,5 +1,7 @@
 #include "models/blocks.h"
 
+#include "ops/graph_hooks.h"
+
 namespace ts::models {
 
 Tensor as_heads(const Tensor& x, int64_t heads, int64_t hd) {
@@ -48,6 +50,7 @@ void capture_aux(ForwardBatch& batch, const Tensor& residual, int slot) {
 
 Tensor lm_head_logits(ForwardBatch& batch, const Tensor& x, const Tensor& norm_w, float eps, const Tensor& head,
                       Workspace& ws) {
+  ops::graph_segment_end();  // the LM head runs eagerly: its row count changes per batch
   int64_t n = batch.num_logits, hdim = x.size(-1), vocab = head.size(0);
   Tensor rows = ws.alloc({n, hdim}, x.dtype);
   ops::gather_rows(x, batch.logits_index, rows);

@@ -9,6 +9,7 @@
 
 #include "models/moe.h"
 #include "models/rope.h"
+#include "ops/graph_hooks.h"
 #include "models/weights.h"
 
 namespace ts::models {
@@ -182,6 +183,7 @@ class MiniMaxM3 final : public Model {
   Tensor embed_table() const override { return embed_; }
   Tensor lm_head() const override { return head_; }
   size_t weight_bytes() const override { return weight_bytes_; }
+  Workspace* workspace() override { return &ws_; }
 
   // --- forward ------------------------------------------------------------------------------
   Tensor forward(ForwardBatch& b, KvPool& kv) override {
@@ -192,6 +194,7 @@ class MiniMaxM3 final : public Model {
     Tensor h = ws_.alloc({T, H}, dtype_);
     Tensor y = ws_.alloc({T, H}, dtype_);  // ping-pong with x across layers
     ops::embedding(b.input_ids, embed_, residual);
+    ops::graph_segment_begin();  // the embedding stays outside the captured region
     for (int64_t l = 0; l < p_.layers; ++l) {
       MiniMaxM3Layer& L = layers_[size_t(l)];
       if (l == 0) {

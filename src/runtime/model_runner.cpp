@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/device_memory.h"
+#include "runtime/cuda_graph_runner.h"
 
 namespace ts {
 
@@ -109,15 +110,31 @@ void BatchBuilder::build(const std::vector<SeqChunk>& chunks, int bs, Device dev
   cu_rows_.assign(cu, cu + S + 1);
 }
 
-const Tensor& ModelRunner::run(const std::vector<SeqChunk>& chunks, bool capture_aux) {
-  builder_.build(chunks, kv_.block_size, model_->device(), batch_);
-  int n_cap = int(model_->capture_layers().size());
-  batch_.capture_aux = capture_aux && n_cap > 0;
-  if (batch_.capture_aux)
-    batch_.aux_hidden = Tensor::empty({batch_.num_tokens, n_cap * model_->config().hidden_size}, model_->dtype(), model_->device());
-  Tensor logits = model_->forward(batch_, kv_);
-  logits_host_ = logits.device == Device::cpu ? logits : logits.to(Device::cpu);
-  return logits_host_;
+ModelRunner::~ModelRunner() = default;
+
+void ModelRunner::enable_graphs(const GraphOptions& o) {
+  if (model_->device() != Device::cuda) return;
+  graphs_ = std::make_unique<CudaGraphRunner>(*this, o);
+  graphs_->capture_all();
+}
+
+Tensor ModelRunner::aux_buffer(int64_t rows) {
+  int64_t width = int64_t(model_->capture_layers().size()) * model_->config().hidden_size;
+  if (!aux_buf_.data || aux_buf_.size(0) < rows)
+    aux_buf_ = Tensor::empty({std::max<int64_t>(rows, 256), width}, model_->dtype(), model_->device());
+  return aux_buf_.slice_rows(0, rows);
+}
+
+const Tensor& ModelRunner::run(const std::vector<SeqChunk>& chunks, bool capture_aux, bool host_logits) {
+  bool cap = capture_aux && !model_->capture_layers().empty();
+  if (!graphs_ || !graphs_->try_run(chunks, cap, batch_, logits_)) {
+    builder_.build(chunks, kv_.block_size, model_->device(), batch_);
+    batch_.capture_aux = cap;
+    if (cap) batch_.aux_hidden = aux_buffer(batch_.num_tokens);
+    logits_ = model_->forward(batch_, kv_);
+  }
+  if (host_logits && logits_.device != Device::cpu) logits_ = logits_.to(Device::cpu);
+  return logits_;
 }
 
 }  // namespace ts

@@ -44,6 +44,9 @@ class BatchBuilder {
   Tensor dev_, base_;
 };
 
+class CudaGraphRunner;
+struct GraphOptions;
+
 class ModelRunner {
  public:
   ModelRunner(std::shared_ptr<models::Model> model, int64_t num_blocks, int block_size);
@@ -52,9 +55,16 @@ class ModelRunner {
   KvPool& kv() { return kv_; }
   int block_size() const { return kv_.block_size; }
   int64_t num_blocks() const { return kv_.num_blocks; }
-  // Runs one step. Returns f32 logits on the host, one row per requested logits row, in
-  // chunk order. With capture, aux hidden states of all rows are kept in last_aux().
-  const Tensor& run(const std::vector<SeqChunk>& chunks, bool capture_aux = false);
+  ~ModelRunner();
+  // Runs one step. Returns f32 logits, one row per requested logits row, in chunk order — on
+  // the host, or with host_logits=false on the model's device (valid until the next run).
+  // With capture, aux hidden states of all rows are kept in last_aux().
+  const Tensor& run(const std::vector<SeqChunk>& chunks, bool capture_aux = false, bool host_logits = true);
+  // Captures CUDA graphs (decode buckets, breakable prefill buckets); see cuda_graph_runner.h.
+  void enable_graphs(const GraphOptions& o);
+  const CudaGraphRunner* graphs() const { return graphs_.get(); }
+  // The persistent [rows, n_capture * H] aux buffer (grows only outside graph capture).
+  Tensor aux_buffer(int64_t rows);
   const Tensor& last_aux() const { return batch_.aux_hidden; }  // device, model dtype
   const BatchBuilder& builder() const { return builder_; }
   // Bytes of KV cache per token (all layers), for sizing the pool.
@@ -65,7 +75,8 @@ class ModelRunner {
   KvPool kv_;
   ForwardBatch batch_;
   BatchBuilder builder_;
-  Tensor logits_host_;
+  Tensor logits_, aux_buf_;
+  std::unique_ptr<CudaGraphRunner> graphs_;
 };
 
 }  // namespace ts

@@ -140,8 +140,10 @@ void* Workspace::get(size_t bytes) {
   TS_CHECK(!stream_capturing(),
            "CUDA workspace must grow to {} bytes during graph capture; run the shape eagerly first",
            bytes);
-  // The old buffer may still be in use by queued kernels: wait before freeing it.
-  if (ptr) TS_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  // The old buffer may still be in use by queued kernels, and captured CUDA graphs keep its
+  // address: retire it (never freed) instead of freeing it.
+  static std::vector<std::shared_ptr<void>> retired;
+  if (ptr) retired.push_back(ptr);
   size_t want = bytes < (size_t(1) << 20) ? (size_t(1) << 20) : bytes + bytes / 4;
   ptr = alloc(want);
   size = want;
