@@ -12,4 +12,6 @@ for lib in libfmt.so.9 libspdlog.so.1.10 libpcre2-8.so.0 libxxhash.so.0 libcpp-h
   p=$(ldconfig -p | awk -v l="$lib" '$1==l {print $NF; exit}')
   [ -n "$p" ] && cp -L "$p" .device/lib/
 done
+# The working tree that travels is capped (64 MiB with the models): ship the binaries compressed.
+tar -C .device -cJf .device/bin.tar.xz bin && rm -rf .device/bin
 du -sh .device

@@ -19,3 +19,28 @@ add_test(NAME cli_unsupported_architecture
   COMMAND sh -c "out=$(\"$0\" verify-golden \"$1\" 2>&1); rc=$?; echo \"$out\"; [ $rc -ne 0 ] && echo \"$out\" | grep -q 'unsupported architecture'"
           $<TARGET_FILE:tokenspeed> ${CMAKE_SOURCE_DIR}/tests/data/qwen3_5)
 set_tests_properties(cli_unsupported_architecture PROPERTIES LABELS "cli")
+
+# bench
+add_test(NAME cli_bench COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/bench_test.sh $<TARGET_FILE:tokenspeed>)
+set_tests_properties(cli_bench PROPERTIES LABELS "cli;bench" TIMEOUT 300)
+# bench agentic
+add_test(NAME bench_agentic_help COMMAND tokenspeed bench agentic --help)
+set_tests_properties(bench_agentic_help PROPERTIES LABELS "cli;bench"
+  PASS_REGULAR_EXPRESSION "--concurrency.*--first-turn-tokens.*--turns.*--ignore-eos.*--warmup.*--num-gpus.*--tokenizer.*--timeout")
+add_test(NAME bench_agentic_smoke
+  COMMAND bash ${CMAKE_SOURCE_DIR}/tests/bench/agentic_smoke.sh $<TARGET_FILE:tokenspeed>)
+set_tests_properties(bench_agentic_smoke PROPERTIES LABELS "server;bench" TIMEOUT 180 SKIP_RETURN_CODE 77)
+
+# chat
+add_test(NAME cli_chat_template COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/chat_template_test.sh $<TARGET_FILE:tokenspeed>)
+set_tests_properties(cli_chat_template PROPERTIES LABELS "cli;chat")
+
+# server
+find_program(NODE_EXECUTABLE node)
+if(NODE_EXECUTABLE)
+  foreach(t openai preemption bench_serving)
+    add_test(NAME server_${t} COMMAND ${NODE_EXECUTABLE} --test ${CMAKE_SOURCE_DIR}/tests/server/${t}.test.mjs)
+    set_tests_properties(server_${t} PROPERTIES ENVIRONMENT "TOKENSPEED_BIN=$<TARGET_FILE:tokenspeed>"
+      LABELS server TIMEOUT 900)
+  endforeach()
+endif()

@@ -64,4 +64,59 @@ inline double check_case(AttnCase& c, float scale) {
   return rel_err(c.out_d, ref);
 }
 
+// Extra copies of the case's K/V caches (same contents, different addresses) so that the timed
+// loop streams from HBM: enough copies that together they exceed ~3x L2 (at least 2).
+struct Rotation {
+  std::vector<ts::Tensor> kc, vc;
+};
+inline Rotation make_rotation(const AttnCase& c, double min_bytes = 180e6) {
+  Rotation r;
+  const double bytes = double(c.kc_d.nbytes() + c.vc_d.nbytes());
+  const int copies = std::max(2, int(std::ceil(min_bytes / std::max(bytes, 1.0))));
+  for (int i = 0; i < copies; ++i) {
+    if (i == 0) {
+      r.kc.push_back(c.kc_d);
+      r.vc.push_back(c.vc_d);
+      continue;
+    }
+    ts::Tensor k = ts::Tensor::empty(c.kc_d.dims(), ts::DType::bf16, ts::Device::cuda);
+    ts::Tensor v = ts::Tensor::empty(c.vc_d.dims(), ts::DType::bf16, ts::Device::cuda);
+    TS_CUDA_CHECK(cudaMemcpy(k.data, c.kc_d.data, k.nbytes(), cudaMemcpyDeviceToDevice));
+    TS_CUDA_CHECK(cudaMemcpy(v.data, c.vc_d.data, v.nbytes(), cudaMemcpyDeviceToDevice));
+    r.kc.push_back(k);
+    r.vc.push_back(v);
+  }
+  return r;
+}
+
+// Median per-call time (us) of back-to-back calls cycling through the rotation (one event pair
+// around each full cycle, so launch gaps are what a graph/stream of kernels would see).
+inline double time_rot_us(AttnCase& c, Rotation& r, float scale, int reps = 20, int warmup = 2) {
+  cudaStream_t s = ts::cuda::stream();
+  const int n = int(r.kc.size());
+  auto cycle = [&] {
+    for (int i = 0; i < n; ++i) ts::ops::cuda::paged_attention(c.q_d, r.kc[size_t(i)], r.vc[size_t(i)], c.md, scale, c.out_d);
+  };
+  for (int i = 0; i < warmup; ++i) cycle();
+  TS_CUDA_CHECK(cudaStreamSynchronize(s));
+  cudaEvent_t a, b;
+  TS_CUDA_CHECK(cudaEventCreate(&a));
+  TS_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<float> t;
+  for (int i = 0; i < reps; ++i) {
+    TS_CUDA_CHECK(cudaEventRecord(a, s));
+    cycle();
+    TS_CUDA_CHECK(cudaEventRecord(b, s));
+    TS_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    TS_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1000.0f / float(n));
+  }
+  TS_CUDA_CHECK(cudaEventDestroy(a));
+  TS_CUDA_CHECK(cudaEventDestroy(b));
+  TS_CUDA_CHECK(cudaGetLastError());
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
 }  // namespace lab

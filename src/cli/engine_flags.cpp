@@ -1,5 +1,10 @@
 #include "cli/engine_flags.h"
 
+#include <filesystem>
+
+#include "cli/common.h"
+#include "core/error.h"
+
 namespace ts::cli {
 
 void add_engine_flags(CLI::App& app, EngineOptions& o) {
@@ -11,6 +16,7 @@ void add_engine_flags(CLI::App& app, EngineOptions& o) {
   app.add_option("--chunked-prefill-size", o.chunked_prefill_size, "token budget per engine step (prefill chunk size)");
   app.add_option("--max-num-seqs,--max-running-requests", o.max_num_seqs, "max requests running at once");
   app.add_flag("--disable-prefix-cache,--disable-radix-cache", o.disable_prefix_cache, "do not reuse cached prefix blocks");
+  app.add_flag("--enable-cache-report")->description("accepted for compatibility: cached tokens are always reported");
   app.add_option("--context-length", o.context_length, "max tokens per request (default: model's max_position_embeddings)");
   app.add_option("--speculative-algorithm", o.speculative_algorithm, "EAGLE3 to enable speculative decoding");
   app.add_option("--speculative-draft-model-path", o.speculative_draft_model_path, "EAGLE3 draft checkpoint directory");
@@ -27,6 +33,16 @@ void add_engine_flags(CLI::App& app, EngineOptions& o) {
   app.add_option("--cuda-graph-max-bs", o.cuda_graph_max_bs, "largest decode batch captured in a graph");
   app.add_option("--prefill-graph-max-tokens", o.prefill_graph_max_tokens, "largest prefill captured in a graph");
   app.add_flag("--disable-pdl", o.disable_pdl, "no programmatic dependent launch");
+}
+
+void add_model_arg(CLI::App& app, std::string& model) {
+  app.add_option("model", model, "model directory (Hugging Face layout; default: the bundled demo models/pycoder)");
+  app.add_option("--model-path", model, "same as MODEL");
+}
+
+void resolve_model(const std::string& model, EngineOptions& o) {
+  o.model_dir = model.empty() ? default_model_dir() : model;
+  if (!std::filesystem::is_directory(o.model_dir)) fail("model directory '{}' does not exist", o.model_dir);
 }
 
 }  // namespace ts::cli

@@ -3,7 +3,7 @@
 namespace ts {
 
 void Workspace::reserve(size_t bytes) {
-  if (bytes <= capacity_) return;
+  if (bytes <= capacity_ || frozen_) return;
   Tensor t = Tensor::empty({int64_t(bytes)}, DType::u8, device_);
   arena_ = t.owner;
   capacity_ = bytes;
@@ -12,7 +12,7 @@ void Workspace::reserve(size_t bytes) {
 
 void Workspace::reset() {
   overflow_.clear();
-  if (high_water_ > capacity_) reserve(high_water_ + high_water_ / 4);
+  if (high_water_ > capacity_ && !frozen_) reserve(high_water_ + high_water_ / 4);
   used_ = 0;
 }
 

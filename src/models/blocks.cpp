@@ -1,5 +1,7 @@
 #include "models/blocks.h"
 
+#include "ops/graph_hooks.h"
+
 namespace ts::models {
 
 Tensor as_heads(const Tensor& x, int64_t heads, int64_t hd) {
@@ -14,6 +16,7 @@ Tensor as_heads(const Tensor& x, int64_t heads, int64_t hd) {
 
 void attention_block(const Tensor& h, const AttentionWeights& w, const AttentionShape& s, const ops::Rope& rope,
                      ForwardBatch& batch, Tensor& kv_k, Tensor& kv_v, Workspace& ws, Tensor& out) {
+  WorkspaceScope scope(ws);
   int64_t t_n = h.rows(), qw = s.num_heads * s.head_dim, kw = s.num_kv_heads * s.head_dim;
   Tensor qkv = ws.alloc({t_n, qw + 2 * kw}, h.dtype);
   ops::linear(h, w.qkv, qkv, w.qkv_bias.data ? &w.qkv_bias : nullptr);
@@ -29,6 +32,7 @@ void attention_block(const Tensor& h, const AttentionWeights& w, const Attention
 }
 
 void mlp_block(const Tensor& h, const MlpWeights& w, Workspace& ws, Tensor& out) {
+  WorkspaceScope scope(ws);
   int64_t t_n = h.rows(), inter = w.down.size(1);
   Tensor gu = ws.alloc({t_n, 2 * inter}, h.dtype);
   ops::linear(h, w.gate_up, gu);
@@ -46,6 +50,7 @@ void capture_aux(ForwardBatch& batch, const Tensor& residual, int slot) {
 
 Tensor lm_head_logits(ForwardBatch& batch, const Tensor& x, const Tensor& norm_w, float eps, const Tensor& head,
                       Workspace& ws) {
+  ops::graph_segment_end();  // the LM head runs eagerly: its row count changes per batch
   int64_t n = batch.num_logits, hdim = x.size(-1), vocab = head.size(0);
   Tensor rows = ws.alloc({n, hdim}, x.dtype);
   ops::gather_rows(x, batch.logits_index, rows);

@@ -10,6 +10,7 @@
 
 #include "models/moe.h"
 #include "models/rope.h"
+#include "ops/graph_hooks.h"
 #include "models/weights.h"
 
 namespace ts::models {
@@ -159,6 +160,7 @@ class DeepseekV3 final : public Model {
   Tensor embed_table() const override { return embed_; }
   Tensor lm_head() const override { return head_; }
   size_t weight_bytes() const override { return weight_bytes_; }
+  Workspace* workspace() override { return &ws_; }
 
   // --- forward ------------------------------------------------------------------------------
   Tensor forward(ForwardBatch& b, KvPool& kv) override {
@@ -167,7 +169,9 @@ class DeepseekV3 final : public Model {
     Tensor residual = ws_.alloc({T, H}, dtype_);
     Tensor x = ws_.alloc({T, H}, dtype_);
     Tensor h = ws_.alloc({T, H}, dtype_);
+    Tensor y = ws_.alloc({T, H}, dtype_);  // ping-pong with x across layers
     ops::embedding(b.input_ids, embed_, residual);
+    ops::graph_segment_begin();  // the embedding stays outside the captured region
     for (int64_t l = 0; l < p_.layers; ++l) {
       DeepseekLayer& L = layers_[size_t(l)];
       if (l == 0) {
@@ -180,10 +184,9 @@ class DeepseekV3 final : public Model {
       }
       mla_block(h, L.attn, b, kv.k[size_t(l)], x);
       ops::fused_add_rmsnorm(x, residual, L.post_norm, p_.eps);
-      Tensor out = ws_.alloc({T, H}, dtype_);
-      if (L.sparse) moe_block(x, L.moe, moe_shape_, ws_, out);
-      else mlp_block(x, L.mlp, ws_, out);
-      x = out;
+      if (L.sparse) moe_block(x, L.moe, moe_shape_, ws_, y);
+      else mlp_block(x, L.mlp, ws_, y);
+      std::swap(x, y);
     }
     ops::add_inplace(residual, x);
     capture_aux(b, residual, capture_slot(int(p_.layers)));
@@ -207,6 +210,7 @@ class DeepseekV3 final : public Model {
   void mla_block(const Tensor& h, const MlaWeights& w, ForwardBatch& b, Tensor& cache, Tensor& out) {
     const int64_t T = h.rows(), nh = p_.heads, nope = p_.nope, rd = p_.rope_dim, r = p_.kv_rank, vd = p_.v_dim;
     const int64_t qd = nope + rd, qa = p_.q_rank, kvw = r + rd;
+    WorkspaceScope scope(ws_);
     Tensor a = ws_.alloc({T, qa + kvw}, dtype_);
     ops::linear(h, w.qkv_a, a);
     Tensor q = ws_.alloc({T, nh * qd}, dtype_);

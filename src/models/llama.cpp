@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "models/blocks.h"
+#include "ops/graph_hooks.h"
 #include "models/rope.h"
 #include "models/weights.h"
 
@@ -90,6 +91,7 @@ class Llama final : public Model {
   Tensor embed_table() const override { return embed_; }
   Tensor lm_head() const override { return head_; }
   size_t weight_bytes() const override { return weight_bytes_; }
+  Workspace* workspace() override { return &ws_; }
 
   // --- forward ------------------------------------------------------------------------------
   Tensor forward(ForwardBatch& b, KvPool& kv) override {
@@ -98,7 +100,9 @@ class Llama final : public Model {
     Tensor residual = ws_.alloc({T, H}, dtype_);
     Tensor x = ws_.alloc({T, H}, dtype_);  // sub-layer output, then its normed sum
     Tensor h = ws_.alloc({T, H}, dtype_);
+    Tensor y = ws_.alloc({T, H}, dtype_);  // ping-pong with x across layers
     ops::embedding(b.input_ids, embed_, residual);
+    ops::graph_segment_begin();  // the embedding stays outside the captured region
     for (int64_t l = 0; l < p_.layers; ++l) {
       LlamaLayer& L = layers_[size_t(l)];
       if (l == 0) {
@@ -111,9 +115,8 @@ class Llama final : public Model {
       }
       attention_block(h, L.attn, shape_, rope_, b, kv.k[size_t(l)], kv.v[size_t(l)], ws_, x);
       ops::fused_add_rmsnorm(x, residual, L.post_norm, p_.eps);
-      Tensor out = ws_.alloc({T, H}, dtype_);
-      mlp_block(x, L.mlp, ws_, out);
-      x = out;
+      mlp_block(x, L.mlp, ws_, y);
+      std::swap(x, y);
     }
     ops::add_inplace(residual, x);  // the final residual stream
     capture_aux(b, residual, capture_slot(int(p_.layers)));

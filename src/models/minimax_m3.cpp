@@ -9,6 +9,7 @@
 
 #include "models/moe.h"
 #include "models/rope.h"
+#include "ops/graph_hooks.h"
 #include "models/weights.h"
 
 namespace ts::models {
@@ -182,6 +183,7 @@ class MiniMaxM3 final : public Model {
   Tensor embed_table() const override { return embed_; }
   Tensor lm_head() const override { return head_; }
   size_t weight_bytes() const override { return weight_bytes_; }
+  Workspace* workspace() override { return &ws_; }
 
   // --- forward ------------------------------------------------------------------------------
   Tensor forward(ForwardBatch& b, KvPool& kv) override {
@@ -190,7 +192,9 @@ class MiniMaxM3 final : public Model {
     Tensor residual = ws_.alloc({T, H}, dtype_);
     Tensor x = ws_.alloc({T, H}, dtype_);
     Tensor h = ws_.alloc({T, H}, dtype_);
+    Tensor y = ws_.alloc({T, H}, dtype_);  // ping-pong with x across layers
     ops::embedding(b.input_ids, embed_, residual);
+    ops::graph_segment_begin();  // the embedding stays outside the captured region
     for (int64_t l = 0; l < p_.layers; ++l) {
       MiniMaxM3Layer& L = layers_[size_t(l)];
       if (l == 0) {
@@ -204,10 +208,9 @@ class MiniMaxM3 final : public Model {
       if (p_.sparse_attn[size_t(l)]) sparse_attention_block(h, L, b, kv.k[size_t(l)], kv.v[size_t(l)], kv.aux[size_t(l)], x);
       else attention_block(h, L.attn, shape_, rope_, b, kv.k[size_t(l)], kv.v[size_t(l)], ws_, x);
       ops::fused_add_rmsnorm(x, residual, L.post_norm, p_.eps);
-      Tensor out = ws_.alloc({T, H}, dtype_);
-      if (p_.sparse_mlp[size_t(l)]) moe_block(x, L.moe, moe_shape_, ws_, out);
-      else glu_mlp_block(x, L.mlp, p_.act, ws_, out);
-      x = out;
+      if (p_.sparse_mlp[size_t(l)]) moe_block(x, L.moe, moe_shape_, ws_, y);
+      else glu_mlp_block(x, L.mlp, p_.act, ws_, y);
+      std::swap(x, y);
     }
     ops::add_inplace(residual, x);
     capture_aux(b, residual, capture_slot(int(p_.layers)));
@@ -228,6 +231,7 @@ class MiniMaxM3 final : public Model {
     const int64_t T = h.rows(), nh = p_.heads, nkv = p_.kv_heads, hd = p_.head_dim, D = p_.idx_dim, Hi = p_.idx_heads;
     const int64_t qw = nh * hd, kw = nkv * hd;
     TS_CHECK(idx_cache.data || T == 0, "minimax_m3: no indexer cache for a sparse layer");
+    WorkspaceScope scope(ws_);
     Tensor qkv = ws_.alloc({T, qw + 2 * kw}, dtype_);
     ops::linear(h, L.attn.qkv, qkv);
     Tensor q = as_heads(qkv.narrow(1, 0, qw), nh, hd);

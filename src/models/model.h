@@ -56,6 +56,8 @@ class Model {
   virtual Tensor embed_table() const = 0;
   virtual Tensor lm_head() const = 0;
   virtual size_t weight_bytes() const = 0;  // bytes of weights a decode step reads
+  // The forward's scratch arena (CUDA graphs pin its size before capturing).
+  virtual Workspace* workspace() { return nullptr; }
   const std::vector<int>& capture_layers() const { return capture_layers_; }
 
  protected:

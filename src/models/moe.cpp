@@ -3,6 +3,7 @@
 namespace ts::models {
 
 void glu_mlp_block(const Tensor& h, const MlpWeights& w, const ops::GluAct& act, Workspace& ws, Tensor& out) {
+  WorkspaceScope scope(ws);
   int64_t t_n = h.rows(), inter = w.down.size(1);
   Tensor gu = ws.alloc({t_n, 2 * inter}, h.dtype);
   ops::linear(h, w.gate_up, gu);
@@ -12,6 +13,7 @@ void glu_mlp_block(const Tensor& h, const MlpWeights& w, const ops::GluAct& act,
 }
 
 void moe_block(const Tensor& h, const MoeWeights& w, const MoeShape& s, Workspace& ws, Tensor& out) {
+  WorkspaceScope scope(ws);
   int64_t t_n = h.rows(), e_n = w.router.size(0), k = s.routing.top_k;
   Tensor logits = ws.alloc({t_n, e_n}, DType::f32);
   ops::linear(h, w.router, logits);

@@ -6,6 +6,7 @@
 
 #include "models/moe.h"
 #include "models/rope.h"
+#include "ops/graph_hooks.h"
 #include "models/weights.h"
 
 namespace ts::models {
@@ -115,6 +116,7 @@ class Qwen3Moe final : public Model {
   Tensor embed_table() const override { return embed_; }
   Tensor lm_head() const override { return head_; }
   size_t weight_bytes() const override { return weight_bytes_; }
+  Workspace* workspace() override { return &ws_; }
 
   // --- forward ------------------------------------------------------------------------------
   Tensor forward(ForwardBatch& b, KvPool& kv) override {
@@ -123,7 +125,9 @@ class Qwen3Moe final : public Model {
     Tensor residual = ws_.alloc({T, H}, dtype_);
     Tensor x = ws_.alloc({T, H}, dtype_);
     Tensor h = ws_.alloc({T, H}, dtype_);
+    Tensor y = ws_.alloc({T, H}, dtype_);  // ping-pong with x across layers
     ops::embedding(b.input_ids, embed_, residual);
+    ops::graph_segment_begin();  // the embedding stays outside the captured region
     for (int64_t l = 0; l < p_.layers; ++l) {
       Qwen3MoeLayer& L = layers_[size_t(l)];
       if (l == 0) {
@@ -136,10 +140,9 @@ class Qwen3Moe final : public Model {
       }
       attention_block(h, L.attn, shape_, rope_, b, kv.k[size_t(l)], kv.v[size_t(l)], ws_, x);
       ops::fused_add_rmsnorm(x, residual, L.post_norm, p_.eps);
-      Tensor out = ws_.alloc({T, H}, dtype_);
-      if (p_.sparse[size_t(l)]) moe_block(x, L.moe, moe_shape_, ws_, out);
-      else mlp_block(x, L.mlp, ws_, out);
-      x = out;
+      if (p_.sparse[size_t(l)]) moe_block(x, L.moe, moe_shape_, ws_, y);
+      else mlp_block(x, L.mlp, ws_, y);
+      std::swap(x, y);
     }
     ops::add_inplace(residual, x);
     capture_aux(b, residual, capture_slot(int(p_.layers)));

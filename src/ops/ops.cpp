@@ -2,12 +2,32 @@
 #include "ops/ops.h"
 
 #include "ops/cpu/cpu_ops.h"
+#include "ops/graph_hooks.h"
 
 #if defined(TS_WITH_CUDA) && __has_include("ops/cuda/cuda_ops.h")
 #include "ops/cuda/cuda_ops.h"
+// Ordinary ops: skipped while a breakable graph replays (their work is in a segment graph).
 #define TS_DISPATCH(dev, fn, ...)                                          \
   do {                                                                     \
-    if ((dev) == Device::cuda) return ::ts::ops::cuda::fn(__VA_ARGS__);    \
+    if ((dev) == Device::cuda) {                                           \
+      if (GraphHooks* h_ = graph_hooks(); h_ && h_->skip_ops()) return;    \
+      return ::ts::ops::cuda::fn(__VA_ARGS__);                             \
+    }                                                                      \
+    return ::ts::ops::cpu::fn(__VA_ARGS__);                                \
+  } while (0)
+// Break ops read per-batch attention metadata: always eager, between segment graphs.
+#define TS_DISPATCH_BREAK(dev, fn, ...)                                    \
+  do {                                                                     \
+    if ((dev) == Device::cuda) {                                           \
+      GraphHooks* h_ = graph_hooks();                                      \
+      if (h_ && h_->in_segment()) {                                        \
+        h_->before_break();                                                \
+        ::ts::ops::cuda::fn(__VA_ARGS__);                                  \
+        h_->after_break();                                                 \
+        return;                                                            \
+      }                                                                    \
+      return ::ts::ops::cuda::fn(__VA_ARGS__);                             \
+    }                                                                      \
     return ::ts::ops::cpu::fn(__VA_ARGS__);                                \
   } while (0)
 #else
@@ -16,9 +36,15 @@
     TS_CHECK((dev) == Device::cpu, "op " #fn ": no CUDA backend in this build"); \
     return ::ts::ops::cpu::fn(__VA_ARGS__);                                \
   } while (0)
+#define TS_DISPATCH_BREAK TS_DISPATCH
 #endif
 
 namespace ts::ops {
+
+GraphHooks*& graph_hooks() {
+  static thread_local GraphHooks* h = nullptr;
+  return h;
+}
 
 void embedding(const Tensor& ids, const Tensor& table, Tensor& out, int64_t vocab_start) {
   TS_DISPATCH(table.device, embedding, ids, table, out, vocab_start);
@@ -44,11 +70,11 @@ void linear(const Tensor& x, const Tensor& w, Tensor& out, const Tensor* bias) {
 }
 void add_inplace(Tensor& y, const Tensor& x) { TS_DISPATCH(y.device, add_inplace, y, x); }
 void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache, const Tensor& slot_mapping) {
-  TS_DISPATCH(k_cache.device, kv_write, k, v, k_cache, v_cache, slot_mapping);
+  TS_DISPATCH_BREAK(k_cache.device, kv_write, k, v, k_cache, v_cache, slot_mapping);
 }
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttnMeta& meta, float scale,
                      Tensor& out) {
-  TS_DISPATCH(k_cache.device, paged_attention, q, k_cache, v_cache, meta, scale, out);
+  TS_DISPATCH_BREAK(k_cache.device, paged_attention, q, k_cache, v_cache, meta, scale, out);
 }
 void gather_rows(const Tensor& x, const Tensor& index, Tensor& out) { TS_DISPATCH(x.device, gather_rows, x, index, out); }
 void copy_rows(const Tensor& src, Tensor& dst) { TS_DISPATCH(dst.device, copy_rows, src, dst); }

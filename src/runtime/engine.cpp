@@ -9,6 +9,7 @@
 #include "core/device_memory.h"
 #include "core/log.h"
 #include "models/model.h"
+#include "runtime/cuda_graph_runner.h"
 #include "runtime/model_runner.h"
 #include "runtime/sampler.h"
 #include "runtime/scheduler.h"
@@ -56,6 +57,7 @@ class EngineImpl {
   void emit(Request& r, StreamEvent& ev);
   void fail_request(Request& r, const std::string& msg);
   void update_metrics(double host_us);
+  void start_graphs(const EngineOptions& o, const SchedulerOptions& so);
   void refresh_gauges();  // running/waiting/KV usage
 
   std::thread thread_;
@@ -116,6 +118,7 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
     so.decode_tokens = spec->num_draft_tokens();
   }
   sched = std::make_unique<Scheduler>(*kv, so);
+  start_graphs(o, so);
   context_len = o.context_length > 0 ? std::min(o.context_length, cfg.max_position_embeddings) : cfg.max_position_embeddings;
   context_len = std::min<int64_t>(context_len, blocks * bs - so.decode_tokens);
   io::GenerationConfig gc = io::load_generation_config(o.model_dir);
@@ -128,6 +131,23 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   metrics_.e2e_s = Histogram({0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300});
   spdlog::info("engine: {} on {}, {} layers, KV pool {} blocks x {} tokens ({:.1f} MiB), context {}", cfg.architecture,
                device_name(device), cfg.num_layers, blocks, bs, double(blocks * bs * per_token) / (1 << 20), context_len);
+}
+
+void EngineImpl::start_graphs(const EngineOptions& o, const SchedulerOptions& so) {
+  if (device != Device::cuda) return;
+#ifdef TS_WITH_CUDA
+  cuda::set_pdl_enabled(!o.disable_pdl);
+#endif
+  if (o.enforce_eager || (o.disable_cuda_graph && o.disable_prefill_graph)) return;
+  GraphOptions g;
+  g.decode = !o.disable_cuda_graph;
+  g.prefill = !o.disable_prefill_graph;
+  g.max_bs = std::min(o.cuda_graph_max_bs, so.max_num_seqs);
+  g.max_prefill_tokens = o.prefill_graph_max_tokens;
+  g.max_context = int(std::min<int64_t>(model->config().max_position_embeddings, kv->num_blocks() * kv->block_size()));
+  g.eager_max_tokens = so.token_budget + so.max_num_seqs * so.decode_tokens;
+  g.capture_aux = spec != nullptr;
+  runner->enable_graphs(g);
 }
 
 void EngineImpl::stop() {
@@ -255,8 +275,11 @@ void EngineImpl::step() {
                              last ? SeqChunk::Logits::last : SeqChunk::Logits::none});
       if (last) sample_reqs_.push_back(&r);
     }
+    // Penalties and logprobs work on host logits; otherwise sampling runs where the logits are.
+    bool host = false;
+    for (Request* r : sample_reqs_) host = host || needs_host_logits(*r);
     auto f0 = Clock::now();
-    Tensor logits = runner->run(seq_chunks_);
+    Tensor logits = runner->run(seq_chunks_, false, host);
     fwd_s = secs(Clock::now() - f0);
     sample_batch(logits, sample_reqs_, samples_);
     size_t si = 0;

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include "core/device_memory.h"
+#include "runtime/cuda_graph_runner.h"
+
 namespace ts {
 
 size_t ModelRunner::kv_bytes_per_token(const models::Model& m) {
@@ -28,63 +31,110 @@ ModelRunner::ModelRunner(std::shared_ptr<models::Model> model, int64_t num_block
   }
 }
 
-// Moves a host vector into a device tensor (or wraps it on the CPU: no copy).
-static Tensor stage(std::vector<int32_t>& v, std::vector<int64_t> shape, Device dev) {
-  Tensor host = Tensor::from_blob(v.data(), std::move(shape), DType::i32, Device::cpu);
-  return dev == Device::cpu ? host : host.to(dev);
-}
-
-void BatchBuilder::build(const std::vector<SeqChunk>& chunks, int bs, Device dev, ForwardBatch& batch_) {
-  ids_.clear(), pos_.clear(), slots_.clear(), cu_q_.assign(1, 0), kv_len_.clear(), logit_rows_.clear();
-  size_t max_blocks = 1;
-  int max_q = 0, max_kv = 0;
-  for (auto& c : chunks) max_blocks = std::max(max_blocks, c.block_table->size());
-  tables_.assign(chunks.size() * max_blocks, 0);
-  for (size_t b = 0; b < chunks.size(); ++b) {
-    const SeqChunk& c = chunks[b];
+// All metadata of a step lives in one i32 buffer (one host->device copy per step):
+//   ids[T] pos[T] slots[T] logit_rows[T] cu_q[S+1] kv_len[S] tables[S*W]
+// T, S, W are the padded sizes, so a CUDA graph captured for a bucket always finds its
+// inputs at the same addresses.
+void BatchBuilder::build(const std::vector<SeqChunk>& chunks, int bs, Device dev, ForwardBatch& batch,
+                         const BuildOptions& opt) {
+  int real_t = 0, real_s = int(chunks.size()), max_q = 0, max_kv = 0;
+  size_t width = 1;
+  for (auto& c : chunks) {
+    real_t += c.num_tokens;
+    width = std::max(width, c.block_table->size());
+  }
+  int T = std::max(real_t, opt.pad_tokens), S = std::max(real_s, opt.pad_seqs);
+  int W = std::max(int(width), opt.table_width);
+  TS_CHECK(S - real_s <= T - real_t, "padding: {} dummy sequences need as many padding tokens", S - real_s);
+  size_t n = size_t(4 * T + 2 * S + 1 + S * W);
+  host_.assign(n, 0);
+  int32_t* ids = host_.data();
+  int32_t *pos = ids + T, *slots = pos + T, *lrows = slots + T, *cu = lrows + T, *kvl = cu + S + 1, *tab = kvl + S;
+  int t = 0, nl = 0;
+  for (int b = 0; b < real_s; ++b) {
+    const SeqChunk& c = chunks[size_t(b)];
     const auto& table = *c.block_table;
     int end = c.start_pos + c.num_tokens;
     TS_CHECK(int64_t(table.size()) * bs >= end, "block table covers {} tokens, needs {}", table.size() * bs, end);
-    for (int i = 0; i < c.num_tokens; ++i) {
+    for (int i = 0; i < c.num_tokens; ++i, ++t) {
       int p = c.start_pos + i;
-      if (c.logits == SeqChunk::Logits::all || (c.logits == SeqChunk::Logits::last && i == c.num_tokens - 1))
-        logit_rows_.push_back(int32_t(ids_.size()));
-      ids_.push_back(c.tokens[i]);
-      pos_.push_back(p);
-      slots_.push_back(table[size_t(p / bs)] * bs + p % bs);
+      if (!opt.all_logits && (c.logits == SeqChunk::Logits::all || (c.logits == SeqChunk::Logits::last && i == c.num_tokens - 1)))
+        lrows[nl++] = t;
+      ids[t] = c.tokens[i];
+      pos[t] = p;
+      slots[t] = table[size_t(p / bs)] * bs + p % bs;
     }
-    cu_q_.push_back(int32_t(ids_.size()));
-    kv_len_.push_back(end);
-    std::copy(table.begin(), table.end(), tables_.begin() + long(b * max_blocks));
+    cu[b + 1] = t;
+    kvl[b] = end;
+    std::copy(table.begin(), table.end(), tab + size_t(b) * size_t(W));
     max_q = std::max(max_q, c.num_tokens);
     max_kv = std::max(max_kv, end);
   }
-  int t_n = int(ids_.size()), b_n = int(chunks.size());
-  batch_.num_tokens = t_n;
-  batch_.input_ids = stage(ids_, {t_n}, dev);
-  batch_.positions = stage(pos_, {t_n}, dev);
-  batch_.slot_mapping = stage(slots_, {t_n}, dev);
-  batch_.attn.cu_q = stage(cu_q_, {b_n + 1}, dev);
-  batch_.attn.kv_len = stage(kv_len_, {b_n}, dev);
-  batch_.attn.block_tables = stage(tables_, {b_n, int64_t(max_blocks)}, dev);
-  batch_.attn.block_size = bs;
-  batch_.attn.num_seqs = b_n;
-  batch_.attn.max_q_len = max_q;
-  batch_.attn.max_kv_len = max_kv;
-  batch_.num_logits = int(logit_rows_.size());
-  batch_.logits_index = stage(logit_rows_, {batch_.num_logits}, dev);
-  batch_.mode = max_q <= 1 ? ForwardMode::decode : ForwardMode::prefill;
+  // Padding: dummy sequences (one token each, one cached token in block 0, never written),
+  // then rows that belong to no sequence (attention zeroes them).
+  for (int b = real_s; b < S; ++b, ++t) {
+    slots[t] = -1;
+    cu[b + 1] = t + 1;
+    kvl[b] = 1;
+  }
+  for (; t < T; ++t) slots[t] = -1;
+  if (opt.all_logits) {
+    for (int r = 0; r < T; ++r) lrows[r] = r;
+    nl = T;
+  }
+  if (dev == Device::cpu) {
+    base_ = Tensor::from_blob(host_.data(), {int64_t(n)}, DType::i32, Device::cpu);
+  } else {
+    if (!dev_.data || dev_.numel() < int64_t(n)) dev_ = Tensor::empty({int64_t(std::max(n, opt.reserve))}, DType::i32, dev);
+    device_copy(dev_.data, dev, host_.data(), Device::cpu, n * sizeof(int32_t));
+    base_ = dev_;
+  }
+  auto view = [&](int64_t off, std::vector<int64_t> shape) {
+    Tensor v = base_.narrow(0, off, [&] { int64_t k = 1; for (auto x : shape) k *= x; return k; }());
+    return v.view(std::move(shape));
+  };
+  batch.num_tokens = T;
+  batch.input_ids = view(0, {T});
+  batch.positions = view(T, {T});
+  batch.slot_mapping = view(2 * T, {T});
+  batch.logits_index = view(3 * T, {nl});
+  batch.num_logits = nl;
+  batch.attn.cu_q = view(4 * T, {S + 1});
+  batch.attn.kv_len = view(4 * T + S + 1, {S});
+  batch.attn.block_tables = view(4 * T + 2 * S + 1, {S, W});
+  batch.attn.block_size = bs;
+  batch.attn.num_seqs = S;
+  batch.attn.max_q_len = std::max(max_q, S > real_s ? 1 : 0);
+  batch.attn.max_kv_len = std::max(max_kv, opt.max_kv_bound);
+  batch.mode = max_q <= 1 ? ForwardMode::decode : ForwardMode::prefill;
+  cu_rows_.assign(cu, cu + S + 1);
 }
 
-const Tensor& ModelRunner::run(const std::vector<SeqChunk>& chunks, bool capture_aux) {
-  builder_.build(chunks, kv_.block_size, model_->device(), batch_);
-  int n_cap = int(model_->capture_layers().size());
-  batch_.capture_aux = capture_aux && n_cap > 0;
-  if (batch_.capture_aux)
-    batch_.aux_hidden = Tensor::empty({batch_.num_tokens, n_cap * model_->config().hidden_size}, model_->dtype(), model_->device());
-  Tensor logits = model_->forward(batch_, kv_);
-  logits_host_ = logits.device == Device::cpu ? logits : logits.to(Device::cpu);
-  return logits_host_;
+ModelRunner::~ModelRunner() = default;
+
+void ModelRunner::enable_graphs(const GraphOptions& o) {
+  if (model_->device() != Device::cuda) return;
+  graphs_ = std::make_unique<CudaGraphRunner>(*this, o);
+  graphs_->capture_all();
+}
+
+Tensor ModelRunner::aux_buffer(int64_t rows) {
+  int64_t width = int64_t(model_->capture_layers().size()) * model_->config().hidden_size;
+  if (!aux_buf_.data || aux_buf_.size(0) < rows)
+    aux_buf_ = Tensor::empty({std::max<int64_t>(rows, 256), width}, model_->dtype(), model_->device());
+  return aux_buf_.slice_rows(0, rows);
+}
+
+const Tensor& ModelRunner::run(const std::vector<SeqChunk>& chunks, bool capture_aux, bool host_logits) {
+  bool cap = capture_aux && !model_->capture_layers().empty();
+  if (!graphs_ || !graphs_->try_run(chunks, cap, batch_, logits_)) {
+    builder_.build(chunks, kv_.block_size, model_->device(), batch_);
+    batch_.capture_aux = cap;
+    if (cap) batch_.aux_hidden = aux_buffer(batch_.num_tokens);
+    logits_ = model_->forward(batch_, kv_);
+  }
+  if (host_logits && logits_.device != Device::cpu) logits_ = logits_.to(Device::cpu);
+  return logits_;
 }
 
 }  // namespace ts

@@ -23,15 +23,29 @@ struct SeqChunk {
 
 // Turns sequence chunks into a ForwardBatch on `device`; the host staging vectors are reused
 // every step (they only grow).
+// Padding (CUDA-graph buckets): the batch is padded to pad_tokens rows and pad_seqs sequences;
+// table_width fixes the block-table row length; max_kv_bound is an upper bound on kv lengths
+// for kernels whose grid must not change between replays.
+struct BuildOptions {
+  int pad_tokens = 0, pad_seqs = 0, table_width = 0, max_kv_bound = 0;
+  bool all_logits = false;  // logits for every (padded) row, as a decode graph computes them
+  size_t reserve = 0;       // device buffer capacity in i32 elements (graphs: the largest bucket)
+};
+
 class BatchBuilder {
  public:
-  void build(const std::vector<SeqChunk>& chunks, int block_size, Device device, ForwardBatch& batch);
+  void build(const std::vector<SeqChunk>& chunks, int block_size, Device device, ForwardBatch& batch,
+             const BuildOptions& opt = {});
   // Row of the batch where chunk i starts (valid after build).
-  int chunk_row(size_t i) const { return cu_q_[i]; }
+  int chunk_row(size_t i) const { return cu_rows_[i]; }
 
  private:
-  std::vector<int32_t> ids_, pos_, slots_, cu_q_, kv_len_, tables_, logit_rows_;
+  std::vector<int32_t> host_, cu_rows_;
+  Tensor dev_, base_;
 };
+
+class CudaGraphRunner;
+struct GraphOptions;
 
 class ModelRunner {
  public:
@@ -41,9 +55,16 @@ class ModelRunner {
   KvPool& kv() { return kv_; }
   int block_size() const { return kv_.block_size; }
   int64_t num_blocks() const { return kv_.num_blocks; }
-  // Runs one step. Returns f32 logits on the host, one row per requested logits row, in
-  // chunk order. With capture, aux hidden states of all rows are kept in last_aux().
-  const Tensor& run(const std::vector<SeqChunk>& chunks, bool capture_aux = false);
+  ~ModelRunner();
+  // Runs one step. Returns f32 logits, one row per requested logits row, in chunk order — on
+  // the host, or with host_logits=false on the model's device (valid until the next run).
+  // With capture, aux hidden states of all rows are kept in last_aux().
+  const Tensor& run(const std::vector<SeqChunk>& chunks, bool capture_aux = false, bool host_logits = true);
+  // Captures CUDA graphs (decode buckets, breakable prefill buckets); see cuda_graph_runner.h.
+  void enable_graphs(const GraphOptions& o);
+  const CudaGraphRunner* graphs() const { return graphs_.get(); }
+  // The persistent [rows, n_capture * H] aux buffer (grows only outside graph capture).
+  Tensor aux_buffer(int64_t rows);
   const Tensor& last_aux() const { return batch_.aux_hidden; }  // device, model dtype
   const BatchBuilder& builder() const { return builder_; }
   // Bytes of KV cache per token (all layers), for sizing the pool.
@@ -54,7 +75,8 @@ class ModelRunner {
   KvPool kv_;
   ForwardBatch batch_;
   BatchBuilder builder_;
-  Tensor logits_host_;
+  Tensor logits_, aux_buf_;
+  std::unique_ptr<CudaGraphRunner> graphs_;
 };
 
 }  // namespace ts

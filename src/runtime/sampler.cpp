@@ -63,8 +63,25 @@ int32_t verify_draft_token(std::vector<float>& p, int32_t draft, uint64_t seed, 
   return last >= 0 ? last : draft;  // p was a point mass on the draft: nothing else to draw
 }
 
+bool needs_host_logits(const Request& r) {
+  const GenerateParams& p = r.params;
+  return p.logprobs >= 0 || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+}
+
 void sample_batch(Tensor& logits, const std::vector<Request*>& reqs, std::vector<SampleResult>& out) {
   int64_t n = int64_t(reqs.size()), vocab = logits.size(-1);
+  if (logits.device != Device::cpu) {
+    std::vector<ops::SamplingRow> rows;
+    for (Request* r : reqs) {
+      TS_CHECK(!needs_host_logits(*r), "sample_batch: request {} needs host logits", r->id);
+      rows.push_back({r->params.temperature, r->params.top_k, r->params.top_p, r->params.min_p, r->seed, uint64_t(r->num_generated())});
+    }
+    std::vector<int32_t> ids;
+    ops::sample(logits, rows, ids);
+    out.resize(size_t(n));
+    for (int64_t i = 0; i < n; ++i) out[size_t(i)].token = ids[size_t(i)];
+    return;
+  }
   out.resize(size_t(n));
   std::vector<ops::SamplingRow> rows(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {

@@ -13,7 +13,10 @@ struct SampleResult {
   TokenLogprob logprob;  // filled when the request asked for logprobs
 };
 
-// logits: f32 host [N, V] (may be modified in place by penalties); reqs[i] owns row i.
+// Whether a request's sampling needs the logits on the host (penalties, logprobs).
+bool needs_host_logits(const Request& r);
+// logits: f32 [N, V] (host, modified in place by penalties; or on the device when no request
+// needs host logits); reqs[i] owns row i.
 void sample_batch(Tensor& logits, const std::vector<Request*>& reqs, std::vector<SampleResult>& out);
 
 // log-softmax value of `id` and the top-k (id, logprob), from raw logits of one row.

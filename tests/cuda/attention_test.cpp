@@ -1,6 +1,9 @@
-// CUDA paged attention (generic split-KV kernel and tensor-core kernel) vs the CPU reference:
-// decode, prefill, chunked prefill (cached prefix), mixed batches, padding rows, GQA 1/4/8,
-// head dims 16/64/128, block sizes 16/64, strided q and out.
+// CUDA paged attention vs the CPU reference, every kernel (path 1: generic split-KV, 2: v1
+// tensor-core, 3: v2 split-KV flash-decoding, 4/5/6: v2 FA2-style prefill; 0: the dispatcher):
+// decode and speculative verify (q_len 1..8 mixed), prefill, chunked prefill (cached prefix),
+// mixed batches, padding rows, GQA 1/4/8, head dims 16/64/96/128/192/256 (hd_v may differ),
+// block sizes 16/64, strided q and out, forced and empty KV splits (max_kv_len bound far above
+// the real lengths, as under CUDA-graph replay).
 #include "cuda_test_util.h"
 
 using namespace ts;
@@ -13,7 +16,9 @@ struct Seq {
 };
 
 void check_attention(const std::vector<Seq>& seqs, int64_t nkv, int64_t G, int64_t hd, int bs,
-                     int path, int splits = 0, int pad_rows = 0) {
+                     int path, int splits = 0, int pad_rows = 0, int64_t hd_v = 0,
+                     int max_kv_bound = 0) {
+  if (hd_v == 0) hd_v = hd;
   const int64_t nh = nkv * G, B = int64_t(seqs.size());
   std::vector<int32_t> cu{0}, kvl;
   int max_q = 0, max_kv = 0, max_blocks = 1;
@@ -46,26 +51,26 @@ void check_attention(const std::vector<Seq>& seqs, int64_t nkv, int64_t G, int64
   mh.block_size = bs;
   mh.num_seqs = int(B);
   mh.max_q_len = max_q;
-  mh.max_kv_len = max_kv;
+  mh.max_kv_len = std::max(max_kv, max_kv_bound);
   md = mh;
   md.cu_q = to_dev(mh.cu_q);
   md.kv_len = to_dev(mh.kv_len);
   md.block_tables = to_dev(bt);
 
-  Pair kc = Pair::rand({num_blocks, bs, nkv, hd}), vc = Pair::rand({num_blocks, bs, nkv, hd});
+  Pair kc = Pair::rand({num_blocks, bs, nkv, hd}), vc = Pair::rand({num_blocks, bs, nkv, hd_v});
   const int64_t W = (nh + 2 * nkv) * hd;
   Pair qkv = Pair::rand({T, W}, 2.0f);
   Tensor qh = heads_view(qkv.h, 0, nh, hd), qd = heads_view(qkv.d, 0, nh, hd);
-  Pair obuf = Pair::rand({T, nh * hd + 16});
-  Tensor oh = heads_view(obuf.h, 8, nh, hd), od = heads_view(obuf.d, 8, nh, hd);
+  Pair obuf = Pair::rand({T, nh * hd_v + 16});
+  Tensor oh = heads_view(obuf.h, 8, nh, hd_v), od = heads_view(obuf.d, 8, nh, hd_v);
   const float scale = 1.0f / std::sqrt(float(hd));
   ops::cpu::paged_attention(qh, kc.h, vc.h, mh, scale, oh);
   ops::cuda::set_attention_path(path, splits);
   ops::cuda::paged_attention(qd, kc.d, vc.d, md, scale, od);
   ops::cuda::set_attention_path(0, 0);
-  std::string desc = fmt::format("attn B={} q0={} kv0={} maxq={} maxkv={} nkv={} G={} hd={} bs={} path={} splits={} pad={}",
-                                 B, seqs[0].q_len, seqs[0].kv_len, max_q, max_kv, nkv, G, hd, bs,
-                                 path, splits, pad_rows);
+  std::string desc = fmt::format("attn B={} q0={} kv0={} maxq={} maxkv={} bound={} nkv={} G={} hd={} hd_v={} bs={} path={} splits={} pad={}",
+                                 B, seqs[0].q_len, seqs[0].kv_len, max_q, max_kv, mh.max_kv_len, nkv, G, hd,
+                                 hd_v, bs, path, splits, pad_rows);
   EXPECT_CLOSE(obuf.back(), obuf.h, desc);
 }
 
@@ -127,4 +132,117 @@ TEST(CudaAttention, ZeroTokens) {
   Tensor kc = Tensor::empty({2, 16, 2, 64}, DType::bf16, Device::cuda);
   ops::cuda::paged_attention(q, kc, kc, m, 0.125f, out);
   ::ts::cuda::synchronize();
+}
+
+// ---- v2 kernels -------------------------------------------------------------------------------
+
+// Decode and speculative verify: q_len 1..8 mixed within a batch, kv lengths around tile and
+// block edges, auto and forced split counts, auto dispatch and the forced split-KV kernel.
+TEST(CudaAttention, DecodeSplitKV) {
+  TS_REQUIRE_CUDA();
+  for (int64_t hd : {64, 128})
+    for (int bs : {16, 64})
+      for (int64_t G : {1, 4, 8})
+        for (int kv : {1, 15, 16, 17, 63, 64, 65, 1000})
+          for (int path : {0, 3}) {
+            const int kv2 = std::max(1, kv / 2);
+            check_attention({{1, kv}, {std::min(8, kv), kv}, {std::min(3, kv2), kv2}, {std::min(5, kv + 3), kv + 3}},
+                            2, G, hd, bs, path);
+          }
+}
+
+TEST(CudaAttention, DecodeSplitKVForcedSplits) {
+  TS_REQUIRE_CUDA();
+  for (int splits : {1, 2, 3, 7, 64})
+    for (int64_t hd : {64, 128})
+      for (int64_t G : {1, 8})
+        check_attention({{1, 500}, {1, 1}, {4, 129}, {8, 64}, {2, 2}}, 2, G, hd, 16, 3, splits, 2);
+}
+
+TEST(CudaAttention, DecodeSplitKVLong) {
+  TS_REQUIRE_CUDA();
+  check_attention({{1, 32768}}, 1, 8, 128, 64, 0);
+  check_attention({{1, 32768}, {5, 32768}, {8, 1000}}, 1, 8, 128, 64, 0);
+  check_attention({{1, 32768}, {1, 5000}}, 2, 4, 64, 16, 0);
+  check_attention({{4, 32768}}, 8, 1, 128, 64, 3);
+  check_attention({{1, 32768}}, 2, 8, 64, 64, 3, 512);
+}
+
+// Many query rows per kv head (G * q_len > 64): several row chunks per (sequence, kv head).
+TEST(CudaAttention, DecodeSplitKVRowChunks) {
+  TS_REQUIRE_CUDA();
+  for (int path : {0, 3}) {
+    check_attention({{8, 300}, {7, 40}, {1, 9}}, 1, 16, 128, 16, path);
+    check_attention({{6, 200}, {8, 8}}, 2, 12, 64, 64, path, 0, 1);
+  }
+}
+
+// Graph-replay shape: the split grid comes from a max_kv_len bound far above the real lengths,
+// so most splits of every sequence are empty; padding rows at the end.
+TEST(CudaAttention, DecodeSplitKVEmptySplits) {
+  TS_REQUIRE_CUDA();
+  for (int64_t hd : {64, 128})
+    for (int path : {0, 3})
+      for (int splits : {0, 5}) {
+        check_attention({{1, 1}, {1, 15}, {4, 17}, {1, 1000}, {8, 65}}, 2, 4, hd, 16, path, splits, 3,
+                        0, 32768);
+        check_attention({{1, 64}, {2, 2}}, 1, 8, hd, 64, path, splits, 0, 0, 100000);
+      }
+}
+
+// Head dims without a v2 fast path go to the generic kernel (also hd_v != hd, MLA-like).
+TEST(CudaAttention, GenericHeadDims) {
+  TS_REQUIRE_CUDA();
+  struct HD { int64_t k, v; };
+  for (HD d : {HD{16, 16}, HD{96, 96}, HD{192, 128}, HD{256, 256}, HD{128, 64}})
+    for (int path : {0, 3, 4}) {
+      check_attention({{1, 300}, {4, 77}, {1, 1}}, 2, 4, d.k, 16, path, 0, 2, d.v, 4096);
+      check_attention({{37, 200}, {1, 65}}, 1, 8, d.k, 16, path, 0, 0, d.v);
+    }
+}
+
+TEST(CudaAttention, PrefillV2) {
+  TS_REQUIRE_CUDA();
+  for (int64_t hd : {64, 128})
+    for (int64_t G : {1, 4, 8})
+      for (int path : {4, 5, 6})
+        for (int q : {1, 17, 100, 300}) check_attention({{q, q}, {q / 2 + 1, q / 2 + 1}}, 2, G, hd, 16, path);
+  // The dispatcher's wide-block pick (max_q_len * G >= 512).
+  for (int64_t hd : {64, 128}) check_attention({{600, 600}, {1, 1}, {130, 1000}}, 2, 4, hd, 64, 0);
+}
+
+TEST(CudaAttention, ChunkedPrefillAndMixedV2) {
+  TS_REQUIRE_CUDA();
+  for (int64_t hd : {64, 128})
+    for (int bs : {16, 64})
+      for (int path : {4, 5, 6}) {
+        check_attention({{37, 200}, {64, 64}, {1, 77}, {5, 1000}}, 2, 4, hd, bs, path);
+        check_attention({{1, 65}, {128, 300}, {1, 1}, {3, 3}}, 1, 8, hd, bs, path, 0, 3);
+        check_attention({{200, 2100}, {129, 129}}, 2, 1, hd, bs, path, 0, 1);
+      }
+}
+
+TEST(CudaAttention, ZeroTokensAllPaths) {
+  TS_REQUIRE_CUDA();
+  ops::AttnMeta m;
+  m.cu_q = to_dev(i32_host({0}));
+  m.kv_len = Tensor::empty({0}, DType::i32, Device::cuda);
+  m.block_tables = Tensor::empty({0, 1}, DType::i32, Device::cuda);
+  m.block_size = 16;
+  Tensor q = Tensor::empty({0, 4, 128}, DType::bf16, Device::cuda);
+  Tensor out = Tensor::empty({0, 4, 128}, DType::bf16, Device::cuda);
+  Tensor kc = Tensor::empty({2, 16, 2, 128}, DType::bf16, Device::cuda);
+  for (int path = 0; path <= 6; ++path) {
+    ops::cuda::set_attention_path(path, 0);
+    ops::cuda::paged_attention(q, kc, kc, m, 0.125f, out);
+  }
+  ops::cuda::set_attention_path(0, 0);
+  ::ts::cuda::synchronize();
+}
+
+// Only padding rows (no sequences' rows, B > 0): every path zeroes them.
+TEST(CudaAttention, OnlyPaddingRows) {
+  TS_REQUIRE_CUDA();
+  for (int path : {0, 3, 4, 5})
+    check_attention({{0, 5}, {0, 70}}, 2, 4, 128, 16, path, 0, 4);
 }

@@ -1,4 +1,12 @@
 // Paged causal attention over a mixed batch.
+// The dispatcher (paged_attention, bottom) picks per call, from host-side shapes only:
+//  - v2 split-KV flash-decoding kernel (attention_v2.cuh) for max_q_len <= kDecodeMaxQLen with
+//    head dim 64/128: tensor cores, GQA rows packed per KV head, a cp.async ring, splits sized
+//    from max_kv_len (graph-safe), then a merge kernel;
+//  - v2 FA2-style prefill kernel (attention_v2.cuh) for longer queries, 64- or 128-row blocks;
+//  - the v1 generic CUDA-core kernel below for every other head dim (any hd <= 256, hd_v may
+//    differ). The v1 tensor-core kernel stays for comparison (set_attention_path(2)).
+// v1 kernels:
 //  - Generic kernel (CUDA cores, any head dim): one block per (sequence, kv head, packed-row
 //    chunk, KV split). Rows are packed (query, head-in-group) pairs of one KV head, so K/V are
 //    read once for the whole GQA group. With more than one split (flash-decoding, chosen for
@@ -6,6 +14,7 @@
 //  - Tensor-core kernel (mma.sync m16n8k16 bf16, fp32 accumulation, online softmax) for head
 //    dims 64 and 128: 64 packed rows x 64-token KV tiles per block; used for prefill.
 #include <algorithm>
+#include <climits>
 #include <cmath>
 
 #include "ops/cuda/common.cuh"
@@ -16,8 +25,29 @@ using namespace ::ts::cuda;
 
 namespace {
 
-int g_attn_path = 0;   // 0 auto, 1 generic, 2 tensor cores where possible
+int g_attn_path = 0;   // see set_attention_path in cuda_ops.h
 int g_attn_splits = 0; // 0 heuristic
+
+// ---- dispatcher thresholds -------------------------------------------------------------------
+// First guesses from the kernel design; to be tuned from lab_attention_decode and
+// lab_attention_prefill on the H200 (the labs print every variant side by side).
+// max_q_len at or below: split-KV decode kernel (decode, speculative verify); above: prefill.
+constexpr int kDecodeMaxQLen = 8;
+// The decode split count aims at one full wave: the kernel's occupancy (queried: 2 blocks/SM at
+// hd 128 — 104 KB smem — and 4 at hd 64), capped at this many blocks per SM...
+constexpr int kDecodeMaxCtasPerSm = 4;
+// ...with at least this many 64-token tiles per split, and at most this many splits.
+constexpr int kDecodeMinSplitTiles = 1;
+constexpr int kDecodeMaxSplits = 512;
+// Split merge: about this many splits summed per thread (sets the merge's split groups).
+constexpr int kMergeSplitsPerThread = 8;
+// Prefill: max_q_len * G (packed rows per sequence and kv head) at or above this uses 128-row
+// blocks (4 warps x 32 rows, less smem traffic per MMA); below, 64-row blocks (more blocks).
+constexpr int64_t kPrefillWideMinRows = 512;
+// Wide-block variant per head dim: 5 = S in 32-token slices (hd 128: 255 registers, ~20 B
+// spill), 6 = 64-token slices (hd 128 spills ~90 B; hd 64: 239 registers, no spill).
+constexpr int kPrefillWidePath128 = 5;
+constexpr int kPrefillWidePath64 = 6;
 
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -40,6 +70,10 @@ struct AttnParams {
   float* part_o;           // [splits, T, nh, hd_v]
   float* part_ml;          // [splits, T, nh, 2]
   int T, B;
+  bool q_vec;              // q rows/heads 16-byte aligned: cp.async straight from q
+  bool o_vec2;             // out 4-byte aligned with even strides: bf16x2 stores
+  int bs_shift;            // log2(block_size) for power-of-two block sizes, else -1
+  int merge_groups;        // attn_merge_kernel: split groups per row (power of two)
 };
 
 // Rows past cu_q[B] are padding: written as zeros (as the CPU reference does) by the blocks of
@@ -58,7 +92,7 @@ __device__ __forceinline__ void zero_padding_rows(const AttnParams& p) {
 
 // Physical cache slot of token `tok` of sequence b (tok < kv_len, so its block exists).
 __device__ __forceinline__ int64_t slot_of(const AttnParams& p, int b, int tok) {
-  const int blk = tok / p.block_size;
+  const int blk = p.bs_shift >= 0 ? tok >> p.bs_shift : tok / p.block_size;
   return int64_t(p.bt[b * p.bt_ld + blk]) * p.block_size + (tok - blk * p.block_size);
 }
 
@@ -422,6 +456,43 @@ void tc_launch(const AttnParams& p, int chunks) {
          dim3(kTThreads), smem, true, p);
 }
 
+
+#include "ops/cuda/attention_v2.cuh"
+
+// Blocks of attn_decode_kernel<HD> resident per SM (registers/smem as compiled), queried once.
+template <int HD>
+int decode_occupancy() {
+  static const int occ = [] {
+    constexpr size_t smem = dec_smem<HD>();
+    set_smem(attn_decode_kernel<HD>, smem);
+    int n = 0;
+    TS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_decode_kernel<HD>,
+                                                                kDThreads, smem));
+    return std::max(n, 1);
+  }();
+  return occ;
+}
+
+template <int HD>
+void decode_launch(const AttnParams& p, int chunks) {
+  constexpr size_t smem = dec_smem<HD>();
+  (void)decode_occupancy<HD>();  // also opts the kernel into its smem size
+  launch(attn_decode_kernel<HD>,
+         dim3(unsigned(p.num_splits), unsigned(p.nkv * chunks), unsigned(p.B + 1)),
+         dim3(kDThreads), smem, true, p, chunks);
+}
+
+template <int HD, int MW, int NS>
+void prefill_launch(const AttnParams& p, int chunks) {
+  constexpr size_t smem = prefill_smem<HD, MW>();
+  static bool once = [] {
+    set_smem(attn_prefill_kernel<HD, MW, NS>, smem);
+    return true;
+  }();
+  (void)once;
+  launch(attn_prefill_kernel<HD, MW, NS>, dim3(unsigned(p.nkv), unsigned(chunks), unsigned(p.B + 1)),
+         dim3(kPThreads), smem, true, p);
+}
 }  // namespace
 
 void set_attention_path(int path, int num_splits) {
@@ -457,6 +528,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
            "paged_attention: metadata shapes cu_q {} kv_len {} block_tables {} for {} seqs",
            meta.cu_q.shape_str(), meta.kv_len.shape_str(), meta.block_tables.shape_str(), B);
   if (T == 0 || B == 0 || nh == 0) return;
+  TS_CHECK(scale > 0.0f && std::isfinite(scale), "paged_attention: scale {} must be positive", scale);
   TS_CHECK(meta.block_size > 0 && meta.max_q_len >= 0 && meta.max_kv_len >= 0,
            "paged_attention: bad block_size/max lens");
   TS_CHECK(B < 65535 && nkv * 64 <= 65535, "paged_attention: batch or heads too large");
@@ -486,18 +558,92 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   p.o_s1 = out.stride[1];
   p.T = int(T);
   p.B = int(B);
+  p.bs_shift = -1;
+  for (int sh = 0; sh < 31; ++sh)
+    if ((1 << sh) == meta.block_size) p.bs_shift = sh;
+  p.q_vec = vec8_ok(p.q, hd, p.q_s1) && p.q_s0 % 8 == 0;
+  p.o_vec2 = (reinterpret_cast<uintptr_t>(p.out) & 3) == 0 && p.o_s0 % 2 == 0 && p.o_s1 % 2 == 0;
   const int64_t rows = int64_t(meta.max_q_len) * p.G;
 
-  const bool tc_ok = (hd == 64 || hd == 128) && hd_v == hd && aligned16(p.kc) && aligned16(p.vc);
-  const bool decode_like = meta.max_q_len <= 8;
-  const bool use_tc = tc_ok && g_attn_path != 1 && (g_attn_path == 2 || !decode_like);
-  if (use_tc) {
+  // v2 kernels: head dims 64/128 with hd_v == hd and 16-byte aligned caches.
+  const bool v2_ok = (hd == 64 || hd == 128) && hd_v == hd && aligned16(p.kc) && aligned16(p.vc);
+  int path = g_attn_path;
+  if (path == 0) {
+    if (!v2_ok) path = 1;
+    else if (meta.max_q_len <= kDecodeMaxQLen) path = 3;
+    else if (rows < kPrefillWideMinRows) path = 4;
+    else path = hd == 128 ? kPrefillWidePath128 : kPrefillWidePath64;
+  }
+  if (path >= 2 && !v2_ok) path = 1;  // forced tensor-core path on an unsupported shape
+
+  if (path == 3) {
+    const int64_t chunks = std::max<int64_t>(1, ceil_div(rows, kDRows));
+    TS_CHECK(nkv * chunks <= 65535, "paged_attention: {} kv heads x {} row chunks", nkv, chunks);
+    // Split count from host-side bounds only (graph-safe): max_kv_len bounds every kv_len;
+    // blocks whose split starts past their sequence's real length exit, the merge skips them.
+    const int64_t tiles = std::max<int64_t>(1, ceil_div(meta.max_kv_len, kDTile));
+    int64_t splits;
+    if (g_attn_splits > 0) {
+      splits = g_attn_splits;
+    } else {
+      const int64_t base = B * nkv * chunks;
+      const int occ = hd == 64 ? decode_occupancy<64>() : decode_occupancy<128>();
+      const int64_t target = int64_t(std::min(occ, kDecodeMaxCtasPerSm)) * sm_count();
+      // Round down: base * splits stays within one wave of resident blocks (no 1.2-wave tails).
+      splits = std::clamp<int64_t>(target / base, 1,
+                                   std::max<int64_t>(1, std::min<int64_t>(tiles / kDecodeMinSplitTiles, kDecodeMaxSplits)));
+    }
+    const int64_t split_len = ceil_div(tiles, splits) * kDTile;
+    splits = ceil_div(tiles * kDTile, split_len);
+    TS_CHECK(splits <= 0x7fffffff && split_len <= 0x7fffffff, "paged_attention: bad split");
+    p.num_splits = int(splits);
+    p.split_len = int(split_len);
+    if (splits > 1) {
+      const size_t n_o = size_t(splits) * size_t(T) * size_t(nh) * size_t(hd_v);
+      const size_t n_ml = size_t(splits) * size_t(T) * size_t(nh) * 2;
+      float* ws = static_cast<float*>(workspace(0).get((n_o + n_ml) * sizeof(float)));
+      p.part_o = ws;
+      p.part_ml = ws + n_o;
+    }
+    if (hd == 64) decode_launch<64>(p, int(chunks));
+    else decode_launch<128>(p, int(chunks));
+    if (splits > 1) {
+      // ~kMergeSplitsPerThread splits per thread: groups = pow2 >= splits / that, capped so a
+      // row (hd_v / 4 columns x groups) fits the block.
+      const int nc = int(hd_v / 4);
+      int groups = 1;
+      while (groups * nc < kMThreads && groups * kMergeSplitsPerThread < splits) groups *= 2;
+      p.merge_groups = groups;
+      const int rpb = kMThreads / (nc * groups);
+      const int64_t mx = ceil_div(int64_t(std::max(meta.max_q_len, 1)) * nh, rpb);
+      TS_CHECK(mx <= 0x7fffffff, "paged_attention: too many rows");
+      launch(attn_merge_kernel, dim3(unsigned(mx), unsigned(B)), dim3(kMThreads), 0, true, p);
+    }
+    return;
+  }
+  if (path == 4 || path == 5 || path == 6) {
+    const int bm = path == 4 ? 64 : 128;
+    const int64_t chunks = std::max<int64_t>(1, ceil_div(rows, bm));
+    TS_CHECK(chunks <= 65535, "paged_attention: {} row chunks of {}", chunks, bm);
+    if (hd == 64) {
+      if (path == 4) prefill_launch<64, 1, 64>(p, int(chunks));
+      else if (path == 5) prefill_launch<64, 2, 32>(p, int(chunks));
+      else prefill_launch<64, 2, 64>(p, int(chunks));
+    } else {
+      if (path == 4) prefill_launch<128, 1, 64>(p, int(chunks));
+      else if (path == 5) prefill_launch<128, 2, 32>(p, int(chunks));
+      else prefill_launch<128, 2, 64>(p, int(chunks));
+    }
+    return;
+  }
+  if (path == 2) {
     const int64_t chunks = std::max<int64_t>(1, ceil_div(rows, kTM));
     TS_CHECK(chunks <= 0x7fffffff, "paged_attention: too many rows");
     if (hd == 64) tc_launch<64>(p, int(chunks));
     else tc_launch<128>(p, int(chunks));
     return;
   }
+  const bool decode_like = meta.max_q_len <= 8;
 
   // Generic kernel, with a KV split for decode-like batches.
   const int64_t chunks = std::max<int64_t>(1, ceil_div(rows, kGR));

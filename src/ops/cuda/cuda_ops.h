@@ -77,8 +77,11 @@ void set_linear_path(int path);
 void set_moe_tile(int nt);
 
 // Attention path selection for benchmarks and tests: 0 auto, 1 force the generic (CUDA-core,
-// split-KV) kernel, 2 force the tensor-core kernel where the head dim allows.
-// num_splits > 0 forces the split count of the generic kernel (0: heuristic).
+// split-KV) kernel; where the head dim allows (64/128, hd_v == hd; otherwise generic):
+// 2 the v1 tensor-core kernel, 3 the split-KV flash-decoding kernel (any q_len),
+// 4 the FA2-style prefill kernel with 64-row blocks, 5 with 128-row blocks and 32-token score
+// slices, 6 with 128-row blocks and 64-token slices.
+// num_splits > 0 forces the split count of the generic and split-KV kernels (0: heuristic).
 void set_attention_path(int path, int num_splits = 0);
 
 }  // namespace ts::ops::cuda

@@ -1,5 +1,7 @@
+#include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <vector>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/runtime.h"
@@ -44,6 +46,41 @@ size_t total_memory() {
   size_t free = 0, total = 0;
   TS_CUDA_CHECK(cudaMemGetInfo(&free, &total));
   return total;
+}
+
+std::string device_description() {
+  int dev = 0;
+  TS_CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp p;
+  TS_CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+  return fmt::format("{}, {} SMs, {:.1f} GiB", p.name, p.multiProcessorCount, double(p.totalGlobalMem) / double(1ull << 30));
+}
+
+void copy_async(void* dst, const void* src, size_t bytes) {
+  if (bytes) TS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
+}
+
+double time_ms(const std::function<void()>& fn, int iters, int warmup) {
+  cudaStream_t s = stream();
+  for (int i = 0; i < warmup; ++i) fn();
+  TS_CUDA_CHECK(cudaStreamSynchronize(s));
+  cudaEvent_t a, b;
+  TS_CUDA_CHECK(cudaEventCreate(&a));
+  TS_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<float> t;
+  for (int i = 0; i < std::max(iters, 1); ++i) {
+    TS_CUDA_CHECK(cudaEventRecord(a, s));
+    fn();
+    TS_CUDA_CHECK(cudaEventRecord(b, s));
+    TS_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    TS_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  TS_CUDA_CHECK(cudaEventDestroy(a));
+  TS_CUDA_CHECK(cudaEventDestroy(b));
+  std::sort(t.begin(), t.end());
+  return double(t[t.size() / 2]);
 }
 
 namespace {
@@ -103,8 +140,10 @@ void* Workspace::get(size_t bytes) {
   TS_CHECK(!stream_capturing(),
            "CUDA workspace must grow to {} bytes during graph capture; run the shape eagerly first",
            bytes);
-  // The old buffer may still be in use by queued kernels: wait before freeing it.
-  if (ptr) TS_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  // The old buffer may still be in use by queued kernels, and captured CUDA graphs keep its
+  // address: retire it (never freed) instead of freeing it.
+  static std::vector<std::shared_ptr<void>> retired;
+  if (ptr) retired.push_back(ptr);
   size_t want = bytes < (size_t(1) << 20) ? (size_t(1) << 20) : bytes + bytes / 4;
   ptr = alloc(want);
   size = want;

@@ -3,7 +3,9 @@
 // (kernels get the typed stream from ops/cuda/common.cuh).
 #pragma once
 #include <cstddef>
+#include <functional>
 #include <memory>
+#include <string>
 
 namespace ts::cuda {
 int device_count();                                  // 0 when no driver/GPU
@@ -13,6 +15,12 @@ void copy(void* dst, bool dst_dev, const void* src, bool src_dev, size_t bytes);
 void synchronize();
 size_t free_memory();                                // bytes free on the current device
 size_t total_memory();                               // bytes on the current device
+std::string device_description();                    // e.g. "NVIDIA H200, 132 SMs, 139.8 GiB"
+void copy_async(void* dst, const void* src, size_t bytes);  // device to device, on stream()
+
+// Median milliseconds per call of fn() (work enqueued on stream()), each call timed with CUDA
+// events after `warmup` untimed calls. For benchmarks and kernel labs.
+double time_ms(const std::function<void()>& fn, int iters, int warmup = 2);
 
 // The stream every op launches on. Default: a blocking stream created on first use (so the
 // synchronous cudaMemcpy/cudaMemset above, which use the legacy default stream, stay ordered

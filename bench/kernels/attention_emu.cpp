@@ -1,0 +1,437 @@
+// Host emulation harness for the v2 attention kernels (src/ops/cuda/attention_v2.cuh): runs the
+// kernel source on the CPU, one std::thread per CUDA thread, with warp-collective emulations of
+// shfl / ldmatrix / mma.sync m16n8k16 and a deferred cp.async queue (copies land at
+// cp.async.wait_group, so reading a stage before its wait sees stale bytes), then compares with
+// an fp64 reference. For logic checks without a GPU (indices, masks, pipeline, split merge);
+// not part of the build:
+//   g++ -std=c++20 -O1 -pthread -w -DTS_ATTN_EMU -I src -I /usr/local/cuda/include \
+//       bench/kernels/attention_emu.cpp -o /tmp/attention_emu && /tmp/attention_emu
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <barrier>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+// ---- CUDA built-ins -------------------------------------------------------------------------
+#undef __global__
+#undef __device__
+#undef __forceinline__
+#undef __shared__
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+
+struct Idx3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+thread_local Idx3 threadIdx, blockIdx;
+Idx3 gridDim, blockDim;
+using std::max;
+using std::min;
+
+constexpr int kMaxThreads = 256;
+alignas(16) unsigned char g_smem[240 * 1024];
+std::unique_ptr<std::barrier<>> g_block_bar;
+std::unique_ptr<std::barrier<>> g_warp_bar[kMaxThreads / 32];
+uint64_t g_xchg[kMaxThreads / 32][32][8];
+
+inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
+inline int lane_id() { return int(threadIdx.x) & 31; }
+inline int warp_id() { return int(threadIdx.x) >> 5; }
+inline void warp_sync() { g_warp_bar[warp_id()]->arrive_and_wait(); }
+
+inline float __shfl_xor_sync(unsigned, float v, int o) {
+  uint64_t* me = g_xchg[warp_id()][lane_id()];
+  std::memcpy(me, &v, 4);
+  warp_sync();
+  float r;
+  std::memcpy(&r, g_xchg[warp_id()][lane_id() ^ o], 4);
+  warp_sync();
+  return r;
+}
+inline size_t __cvta_generic_to_shared(const void* p) {
+  return size_t(static_cast<const unsigned char*>(p) - g_smem);
+}
+
+namespace ts::cuda {
+inline float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+}  // namespace ts::cuda
+
+// ---- deferred cp.async ---------------------------------------------------------------------
+struct CpOp {
+  void* dst;
+  const void* src;
+};
+thread_local std::vector<std::vector<CpOp>> t_groups;  // committed groups, oldest first
+thread_local std::vector<CpOp> t_pending;              // not yet committed
+
+namespace ts::ops::cuda {
+namespace {
+
+struct AttnParams {
+  const __nv_bfloat16* q;
+  int64_t q_s0, q_s1;
+  const __nv_bfloat16* kc;
+  const __nv_bfloat16* vc;
+  int64_t kc_tok, vc_tok;
+  const int32_t* cu_q;
+  const int32_t* kv_len;
+  const int32_t* bt;
+  int64_t bt_ld;
+  int max_blocks;
+  int block_size, nh, nkv, G, hd, hd_v;
+  float scale_log2;
+  __nv_bfloat16* out;
+  int64_t o_s0, o_s1;
+  int num_splits, split_len;
+  float* part_o;
+  float* part_ml;
+  int T, B;
+  bool q_vec;
+  bool o_vec2;
+  int bs_shift;
+  int merge_groups;
+};
+
+// Copies of attention.cu's helpers (kept in sync by hand: tiny).
+inline void pdl_wait() {}
+inline void pdl_trigger() {}
+inline void zero_padding_rows(const AttnParams& p) {
+  const int64_t first = p.cu_q[p.B];
+  const int64_t nblk = int64_t(gridDim.x) * gridDim.y;
+  const int64_t bid = int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
+  const int64_t per_tok = int64_t(p.nh) * p.hd_v;
+  for (int64_t i = bid * blockDim.x + threadIdx.x; i < (p.T - first) * per_tok; i += nblk * blockDim.x) {
+    const int64_t tok = first + i / per_tok, r = i % per_tok, h = r / p.hd_v, d = r % p.hd_v;
+    p.out[tok * p.o_s0 + h * p.o_s1 + d] = __float2bfloat16(0.0f);
+  }
+}
+inline int64_t slot_of(const AttnParams& p, int b, int tok) {
+  const int blk = p.bs_shift >= 0 ? tok >> p.bs_shift : tok / p.block_size;
+  return int64_t(p.bt[b * p.bt_ld + blk]) * p.block_size + (tok - blk * p.block_size);
+}
+inline uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  return u;
+}
+inline uint32_t pack_bf16(__nv_bfloat16 lo, __nv_bfloat16 hi) {
+  return uint32_t(__bfloat16_as_ushort(lo)) | (uint32_t(__bfloat16_as_ushort(hi)) << 16);
+}
+inline float bf_lo(uint32_t u) { return __bfloat162float(__ushort_as_bfloat16(uint16_t(u & 0xffff))); }
+inline float bf_hi(uint32_t u) { return __bfloat162float(__ushort_as_bfloat16(uint16_t(u >> 16))); }
+inline float bf_at(const unsigned char* p) {
+  uint16_t u;
+  std::memcpy(&u, p, 2);
+  return __bfloat162float(__ushort_as_bfloat16(u));
+}
+
+// mma.sync.m16n8k16.row.col f32.bf16.bf16.f32, PTX fragment layout.
+inline void mma_bf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  uint64_t* me = g_xchg[warp_id()][lane_id()];
+  for (int i = 0; i < 4; ++i) me[i] = a[i];
+  me[4] = b0;
+  me[5] = b1;
+  warp_sync();
+  auto A = [&](int r, int k) {
+    const uint64_t* src = g_xchg[warp_id()][(r % 8) * 4 + (k % 8) / 2];
+    const uint32_t v = uint32_t(src[(r / 8) + 2 * (k / 8)]);
+    return (k & 1) ? bf_hi(v) : bf_lo(v);
+  };
+  auto Bm = [&](int k, int n) {
+    const uint64_t* src = g_xchg[warp_id()][n * 4 + (k % 8) / 2];
+    const uint32_t v = uint32_t(src[4 + k / 8]);
+    return (k & 1) ? bf_hi(v) : bf_lo(v);
+  };
+  const int gq = lane_id() >> 2, tq = lane_id() & 3;
+  float r[4];
+  for (int e = 0; e < 4; ++e) {
+    const int row = gq + 8 * (e >> 1), col = 2 * tq + (e & 1);
+    double acc = c[e];
+    for (int k = 0; k < 16; ++k) acc += double(A(row, k)) * double(Bm(k, col));
+    r[e] = float(acc);
+  }
+  warp_sync();
+  for (int e = 0; e < 4; ++e) c[e] = r[e];
+}
+
+inline void cp_async16(void* smem, const void* gmem) { t_pending.push_back({smem, gmem}); }
+
+}  // namespace
+}  // namespace ts::ops::cuda
+
+// PTX helpers of attention_v2.cuh.
+namespace ts::ops::cuda {
+namespace {
+#define TS_DYN_SMEM(name) unsigned char* name = g_smem
+inline uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+inline void ldsm_impl(uint32_t* r, uint32_t a, bool trans) {
+  uint64_t* me = g_xchg[warp_id()][lane_id()];
+  me[0] = a;
+  warp_sync();
+  const int t = lane_id();
+  for (int i = 0; i < 4; ++i) {
+    uint16_t h[2];
+    for (int j = 0; j < 2; ++j) {
+      const unsigned char* p;
+      if (!trans) p = g_smem + g_xchg[warp_id()][i * 8 + t / 4][0] + 2 * (2 * (t % 4) + j);
+      else p = g_smem + g_xchg[warp_id()][i * 8 + 2 * (t % 4) + j][0] + 2 * (t / 4);
+      std::memcpy(&h[j], p, 2);
+    }
+    r[i] = uint32_t(h[0]) | (uint32_t(h[1]) << 16);
+  }
+  warp_sync();
+}
+inline void ldsm_x4(uint32_t* r, uint32_t a) { ldsm_impl(r, a, false); }
+inline void ldsm_x4_t(uint32_t* r, uint32_t a) { ldsm_impl(r, a, true); }
+inline void cp_async_commit() {
+  t_groups.push_back(std::move(t_pending));
+  t_pending.clear();
+}
+template <int N>
+inline void cp_async_wait() {
+  while (int(t_groups.size()) > N) {
+    for (const CpOp& op : t_groups.front()) std::memcpy(op.dst, op.src, 16);
+    t_groups.erase(t_groups.begin());
+  }
+}
+inline float fast_exp2(float x) { return std::exp2(x); }
+}  // namespace
+}  // namespace ts::ops::cuda
+
+#define TS_ATTN_EMU 1
+namespace ts::ops::cuda {
+using namespace ::ts::cuda;
+namespace {
+#include "ops/cuda/attention_v2.cuh"
+}
+}  // namespace ts::ops::cuda
+
+using namespace ts::ops::cuda;
+
+// Runs one grid: every block's threads as std::threads, blocks one after another.
+static void run_grid(Idx3 grid, int threads, const std::function<void()>& body) {
+  gridDim = grid;
+  blockDim = {unsigned(threads), 1, 1};
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        std::memset(g_smem, 0xcd, sizeof(g_smem));  // stale garbage (finite-ish bytes)
+        g_block_bar = std::make_unique<std::barrier<>>(threads);
+        for (int w = 0; w < threads / 32; ++w) g_warp_bar[w] = std::make_unique<std::barrier<>>(32);
+        std::vector<std::thread> ts;
+        for (int t = 0; t < threads; ++t)
+          ts.emplace_back([&, t, x, y, z] {
+            threadIdx = {unsigned(t), 0, 0};
+            blockIdx = {x, y, z};
+            t_groups.clear();
+            t_pending.clear();
+            body();
+            if (!t_pending.empty() || !t_groups.empty()) cp_async_wait<0>();
+            g_warp_bar[t / 32]->arrive_and_drop();
+            g_block_bar->arrive_and_drop();
+          });
+        for (auto& th : ts) th.join();
+      }
+}
+
+static std::mt19937 g_rng(5);
+static int g_merge_spt = 8;  // kMergeSplitsPerThread (varied below to cover 1..8 groups)
+static uint16_t rbf() {
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  return __bfloat16_as_ushort(__float2bfloat16(d(g_rng)));
+}
+static float bf(uint16_t u) { return __bfloat162float(__ushort_as_bfloat16(u)); }
+
+struct Seq {
+  int q_len, kv_len;
+};
+
+// path 3: decode (forced splits; 0 = 1 split), 4/5/6: prefill variants.
+static bool run_case(const std::vector<Seq>& seqs, int nkv, int G, int hd, int bs, int path, int splits,
+                     int pad, int bound = 0) {
+  const int B = int(seqs.size()), nh = nkv * G;
+  std::vector<int32_t> cu{0}, kvl;
+  int max_q = 0, max_kv = 0, max_blocks = 1, total_blocks = 0;
+  for (auto& s : seqs) {
+    cu.push_back(cu.back() + s.q_len);
+    kvl.push_back(s.kv_len);
+    max_q = std::max(max_q, s.q_len);
+    max_kv = std::max(max_kv, s.kv_len);
+    max_blocks = std::max(max_blocks, (s.kv_len + bs - 1) / bs);
+    total_blocks += (s.kv_len + bs - 1) / bs;
+  }
+  max_kv = std::max(max_kv, bound);
+  const int nblk = total_blocks + 2;
+  std::vector<int32_t> perm(size_t(nblk), 0);
+  for (int i = 0; i < nblk; ++i) perm[size_t(i)] = i;
+  std::shuffle(perm.begin(), perm.end(), g_rng);
+  std::vector<int32_t> bt(size_t(B * max_blocks), -1);
+  size_t next = 0;
+  for (int b = 0; b < B; ++b)
+    for (int j = 0; j < (seqs[size_t(b)].kv_len + bs - 1) / bs; ++j) bt[size_t(b * max_blocks + j)] = perm[next++];
+  const int T = cu.back() + pad;
+  const int64_t qw = int64_t(nh + 2 * nkv) * hd;  // fused-qkv row stride, like the tests
+  std::vector<uint16_t> q(size_t(T * qw)), kc(size_t(nblk) * bs * nkv * hd), vc(kc.size());
+  for (auto& v : q) v = rbf();
+  for (auto& v : kc) v = rbf();
+  for (auto& v : vc) v = rbf();
+  const int64_t ow = int64_t(nh) * hd + 16;
+  std::vector<uint16_t> out(size_t(T * ow), 0x7fc0);  // NaN fill: every row must be written
+  AttnParams p{};
+  p.q = reinterpret_cast<const __nv_bfloat16*>(q.data());
+  p.q_s0 = qw;
+  p.q_s1 = hd;
+  p.kc = reinterpret_cast<const __nv_bfloat16*>(kc.data());
+  p.vc = reinterpret_cast<const __nv_bfloat16*>(vc.data());
+  p.kc_tok = p.vc_tok = int64_t(nkv) * hd;
+  p.cu_q = cu.data();
+  p.kv_len = kvl.data();
+  p.bt = bt.data();
+  p.bt_ld = max_blocks;
+  p.max_blocks = max_blocks;
+  p.block_size = bs;
+  p.nh = nh;
+  p.nkv = nkv;
+  p.G = G;
+  p.hd = p.hd_v = hd;
+  const float scale = 1.0f / std::sqrt(float(hd));
+  p.scale_log2 = scale * 1.4426950408889634f;
+  p.out = reinterpret_cast<__nv_bfloat16*>(out.data()) + 8;
+  p.o_s0 = ow;
+  p.o_s1 = hd;
+  p.T = T;
+  p.B = B;
+  p.q_vec = true;
+  p.o_vec2 = true;
+  p.bs_shift = -1;
+  for (int sh = 0; sh < 31; ++sh)
+    if ((1 << sh) == bs) p.bs_shift = sh;
+  const int64_t rows = int64_t(max_q) * G;
+  std::vector<float> ws;
+  if (path == 3) {
+    const int chunks = int(std::max<int64_t>(1, (rows + kDRows - 1) / kDRows));
+    const int64_t tiles = std::max<int64_t>(1, (max_kv + kDTile - 1) / kDTile);
+    int64_t ns = std::max(splits, 1);
+    const int64_t split_len = (tiles + ns - 1) / ns * kDTile;
+    ns = (tiles * kDTile + split_len - 1) / split_len;
+    p.num_splits = int(ns);
+    p.split_len = int(split_len);
+    ws.assign(size_t(ns) * T * nh * (hd + 2), std::nanf(""));
+    p.part_o = ws.data();
+    p.part_ml = ws.data() + size_t(ns) * T * nh * hd;
+    run_grid({unsigned(ns), unsigned(nkv * chunks), unsigned(B + 1)}, kDThreads, [&] {
+      if (hd == 64) attn_decode_kernel<64>(p, chunks);
+      else attn_decode_kernel<128>(p, chunks);
+    });
+    if (ns > 1) {
+      const int nc = hd / 4;
+      int groups = 1;
+      while (groups * nc < kMThreads && groups * g_merge_spt < ns) groups *= 2;
+      p.merge_groups = groups;
+      const int rpb = kMThreads / (nc * groups);
+      run_grid({unsigned((std::max(max_q, 1) * nh + rpb - 1) / rpb), unsigned(B), 1}, kMThreads,
+               [&] { attn_merge_kernel(p); });
+    }
+  } else {
+    const int bm = path == 4 ? 64 : 128;
+    const int chunks = int(std::max<int64_t>(1, (rows + bm - 1) / bm));
+    run_grid({unsigned(nkv), unsigned(chunks), unsigned(B + 1)}, kPThreads, [&] {
+      if (hd == 64) {
+        if (path == 4) attn_prefill_kernel<64, 1, 64>(p);
+        else if (path == 5) attn_prefill_kernel<64, 2, 32>(p);
+        else attn_prefill_kernel<64, 2, 64>(p);
+      } else {
+        if (path == 4) attn_prefill_kernel<128, 1, 64>(p);
+        else if (path == 5) attn_prefill_kernel<128, 2, 32>(p);
+        else attn_prefill_kernel<128, 2, 64>(p);
+      }
+    });
+  }
+  // fp64 reference.
+  double num = 0, den = 0;
+  bool nan = false;
+  for (int b = -1; b < B; ++b) {
+    const int r_begin = b < 0 ? cu[size_t(B)] : cu[size_t(b)], r_end = b < 0 ? T : cu[size_t(b) + 1];
+    for (int r = r_begin; r < r_end; ++r)
+      for (int h = 0; h < nh; ++h) {
+        std::vector<double> ref(size_t(hd), 0.0);
+        if (b >= 0) {
+          const int pos = kvl[size_t(b)] - (r_end - r_begin) + (r - r_begin), kvh = h / G;
+          std::vector<double> sc(size_t(std::max(pos + 1, 0)));
+          double mx = -INFINITY;
+          for (int t = 0; t <= pos; ++t) {
+            const int64_t slot = int64_t(bt[size_t(b * max_blocks + t / bs)]) * bs + t % bs;
+            double d = 0;
+            for (int k = 0; k < hd; ++k) d += double(bf(q[size_t(r * qw + h * hd + k)])) * bf(kc[size_t((slot * nkv + kvh) * hd + k)]);
+            sc[size_t(t)] = d * scale;
+            mx = std::max(mx, sc[size_t(t)]);
+          }
+          double sum = 0;
+          for (auto& v : sc) sum += (v = std::exp(v - mx));
+          for (int t = 0; t <= pos; ++t) {
+            const int64_t slot = int64_t(bt[size_t(b * max_blocks + t / bs)]) * bs + t % bs;
+            for (int k = 0; k < hd; ++k) ref[size_t(k)] += sc[size_t(t)] / sum * bf(vc[size_t((slot * nkv + kvh) * hd + k)]);
+          }
+        }
+        for (int k = 0; k < hd; ++k) {
+          const float g = bf(out[size_t(r * ow + 8 + h * hd + k)]);
+          if (std::isnan(g)) nan = true;
+          num += (g - ref[size_t(k)]) * (g - ref[size_t(k)]);
+          den += ref[size_t(k)] * ref[size_t(k)];
+        }
+      }
+  }
+  const double err = std::sqrt(num / std::max(den, 1e-30));
+  const bool ok = !nan && err < 1e-2;
+  std::printf("%s path=%d splits=%d B=%d q0=%d kv0=%d nkv=%d G=%d hd=%d bs=%d pad=%d bound=%d err=%.2e%s\n",
+              ok ? "OK  " : "FAIL", path, splits, B, seqs[0].q_len, seqs[0].kv_len, nkv, G, hd, bs, pad, bound,
+              err, nan ? " (NaN/unwritten)" : "");
+  return ok;
+}
+
+int main() {
+  bool ok = true;
+  for (int hd : {64, 128}) {
+    // decode / verify: q_len 1..8 mixed, tile/block edges, splits 1/2/3/7, empty splits, padding
+    ok &= run_case({{1, 1}, {8, 17}, {3, 65}, {5, 130}}, 2, 4, hd, 16, 3, 1, 2);
+    ok &= run_case({{1, 200}, {8, 64}, {2, 15}, {1, 16}}, 2, 8, hd, 64, 3, 3, 0);
+    ok &= run_case({{4, 300}, {1, 63}}, 1, 1, hd, 16, 3, 7, 1);
+    ok &= run_case({{1, 40}, {6, 70}}, 1, 8, hd, 16, 3, 5, 2, 4096);
+    ok &= run_case({{8, 150}, {7, 40}}, 1, 16, hd, 16, 3, 2, 0);  // 2 row chunks
+    ok &= run_case({{3, 90}}, 1, 12, hd, 64, 3, 1, 0);            // RT = 4 with a partial m-tile
+    ok &= run_case({{8, 66}, {2, 3}}, 1, 16, hd, 16, 3, 2, 1);     // split past chunk 0's rows
+    ok &= run_case({{2, 100}, {1, 7}}, 2, 2, hd, 24, 3, 4, 0, 700); // block size not a power of 2
+    // prefill
+    for (int path : {4, 5, 6}) {
+      ok &= run_case({{70, 70}, {1, 1}, {33, 200}}, 2, 4, hd, 16, path, 0, 3);
+      ok &= run_case({{130, 130}}, 1, 1, hd, 64, path, 0, 0);
+      ok &= run_case({{20, 150}, {9, 9}}, 1, 8, hd, 16, path, 0, 1);
+      ok &= run_case({{100, 100}}, 1, 3, hd, 24, path, 0, 0);       // G = 3, block size 24
+    }
+  }
+  // Merge shapes: 1 group (several rows per block), several groups, a row wider than a warp.
+  for (int spt : {1, 2, 64}) {
+    g_merge_spt = spt;
+    ok &= run_case({{1, 700}, {3, 500}}, 2, 4, 64, 16, 3, 11, 1);
+    ok &= run_case({{2, 900}}, 1, 8, 128, 64, 3, 13, 0, 1200);
+  }
+  std::printf(ok ? "ALL OK\n" : "SOME FAILED\n");
+  return ok ? 0 : 1;
+}

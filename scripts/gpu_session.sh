@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One GPU-machine session with prebuilt binaries (scripts/device_bundle.sh): CUDA op tests,
+# kernel labs, goldens on the GPU, the demo pair on the GPU, and the Llama-3.1-8B-shaped bench.
+# Logs go to $OUT. Steps: a comma list of tests,labs,golden,demo,bench8b,minimax (default all).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export LD_LIBRARY_PATH=$PWD/.device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export NCCL_NVLS_ENABLE=0
+B=.device/bin
+[ -d $B ] || tar -C .device -xJf .device/bin.tar.xz
+OUT=${OUT:-/tmp/out}
+STEPS=${1:-tests,labs,golden,demo,graphs,bench8b,minimax}
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
+nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv,noheader
+if has tests; then
+  timeout 240 $B/test_cuda > $OUT/test_cuda.log 2>&1; echo "test_cuda rc=$?"
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|tests ran" $OUT/test_cuda.log | head -20
+fi
+if has labs; then
+  for l in $B/lab_*; do timeout 120 $l > $OUT/$(basename $l).log 2>&1; echo "$(basename $l) rc=$?"; done
+fi
+if has golden; then
+  for m in llama3 llama2_mha qwen3 qwen3_moe deepseek_v3; do
+    timeout 60 $B/tokenspeed verify-golden tests/data/$m --device cuda --atol 0.1 2>&1 | tail -3
+  done 2>&1 | tee $OUT/golden.log
+fi
+if has demo; then
+  python3 scripts/gpu_demo_check.py $B/tokenspeed 2>&1 | tee $OUT/demo.log
+  timeout 60 $B/tokenspeed bench-decode --device cuda --prompt-tokens 512 --gen-tokens 256 2>&1 | tail -3 | tee -a $OUT/demo.log
+fi
+if has graphs; then
+  timeout 120 $B/tokenspeed bench-decode --device cuda --graphs --prompt-tokens 512 --gen-tokens 128 2>&1 | grep -v "^\[[0-9]" | tee $OUT/graphs_demo.log
+fi
+if has bench8b; then
+  timeout 120 $B/tokenspeed make-random-model --preset llama-3.1-8b --out /tmp/l8b > $OUT/make8b.log 2>&1; echo "make-random-model rc=$?"
+  timeout 300 $B/tokenspeed bench --model /tmp/l8b --device cuda --json $OUT/bench8b.json > $OUT/bench8b.log 2>&1; echo "bench rc=$?"
+  grep -v "^\[" $OUT/bench8b.log | tail -30
+  timeout 240 $B/tokenspeed bench-decode --model /tmp/l8b --device cuda --graphs --prompt-tokens 1024 --gen-tokens 64 \
+    --cached-prefix 32768 --new-tokens 64,256,800,2048 2>&1 | grep -v "^\[[0-9]" | tee $OUT/graphs_8b.log
+fi
+if has minimax; then
+  python3 - <<'PY' > $OUT/minimax_src.log 2>&1
+import os, shutil, pkgutil, transformers.models as tm
+names = [m.name for m in pkgutil.iter_modules(tm.__path__) if 'minimax' in m.name]
+print(names)
+os.makedirs(os.environ.get('OUT', '/tmp') + '/mm', exist_ok=True)
+for n in names:
+    d = os.path.join(tm.__path__[0], n)
+    for f in os.listdir(d):
+        if f.startswith('modeling') or f.startswith('modular'):
+            shutil.copy(os.path.join(d, f), os.environ.get('OUT', '/tmp') + '/mm/' + n + '__' + f)
+            print('copied', n, f)
+PY
+  tail -5 $OUT/minimax_src.log
+fi

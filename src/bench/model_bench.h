@@ -1,0 +1,49 @@
+// `tokenspeed bench`: a model's prefill and decode speed next to this machine's ceilings, all
+// measured in one run (see ceilings.h). Figures:
+//  - prefill at each prompt length: one ModelRunner::run of one sequence, tok/s and TFLOP/s
+//    (FLOPs = 2*P_layers*T + 2*P_head + 2*L*heads*hd*T^2, the last term causal attention
+//    QK^T + PV) as a share of the GEMM ceiling;
+//  - batch-1 decode after that prefill, and decode at batch B with context C: tok/s and GB/s
+//    (bytes = weights read per step + B * ctx * KV bytes per token) as a share of the copy ceiling.
+// Decode grid caches are not prefilled: each sequence gets C tokens' worth of blocks whose
+// contents are whatever the pool holds (zeros or earlier data). Attention reads all C tokens
+// either way, so the timing equals a real cache's, without the prefill cost.
+// Times are wall time of ModelRunner::run (batch build, host->device metadata, forward, logits
+// to host — what the engine pays per step), device-synchronised, after warm-up; forward_only
+// times the batch build and Model::forward alone.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace ts::bench {
+
+struct BenchOptions {
+  std::string model_dir;
+  Device device = Device::cpu;
+  std::vector<int> prompt_lens = {1024, 8192};
+  std::vector<int> batches = {1, 8, 32, 64, 128};
+  std::vector<int> contexts = {1024, 8192};
+  int decode_steps = 32;
+  int prefill_repeats = 3;
+  int block_size = 64;
+  double mem_fraction = 0.9;  // CUDA: share of GPU memory for weights + KV pool
+  double cpu_kv_gb = 2.0;     // CPU: KV pool limit
+  int64_t kv_tokens = 0;      // explicit KV pool size (0: from memory)
+  int64_t gemm_size = 0;      // GEMM ceiling M = N = K (0: default)
+  size_t copy_bytes = 0;      // copy ceiling buffer (0: default)
+  uint64_t seed = 1;
+  bool forward_only = false;  // time BatchBuilder + Model::forward instead of ModelRunner::run
+};
+
+struct BenchResult {
+  nlohmann::json json;   // everything, machine-readable
+  std::string markdown;  // the report table
+};
+
+BenchResult run_model_bench(const BenchOptions& o);
+
+}  // namespace ts::bench

@@ -1,0 +1,55 @@
+// bench: a model's prefill and decode speed next to the machine's measured ceilings (copy
+// bandwidth, GEMM TFLOP/s), as a markdown table and optionally JSON. See src/bench/model_bench.h.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+
+#include "bench/model_bench.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+
+namespace {
+
+using namespace ts;
+
+int cmd_bench(int argc, char** argv) {
+  CLI::App app{"Benchmark a model against this machine's ceilings: prefill TFLOP/s vs GEMM, decode GB/s vs copy bandwidth"};
+  bench::BenchOptions o;
+  o.model_dir = cli::default_model_dir();
+  std::string device = "auto", json_file;
+  double copy_mb = 0;
+  app.add_option("--model,--model-path", o.model_dir, "model directory (default: the bundled demo model)");
+  app.add_option("--device", device, "auto | cpu | cuda");
+  app.add_option("--prompt-lens", o.prompt_lens, "prefill lengths (each followed by a batch-1 decode)")->delimiter(',');
+  app.add_option("--batches", o.batches, "decode batch sizes")->delimiter(',');
+  app.add_option("--contexts", o.contexts, "cached tokens per sequence for the decode grid")->delimiter(',');
+  app.add_option("--decode-steps", o.decode_steps, "timed decode steps per measurement");
+  app.add_option("--repeats", o.prefill_repeats, "prefill runs (median reported)");
+  app.add_option("--block-size", o.block_size, "tokens per KV-cache block");
+  app.add_option("--mem-fraction", o.mem_fraction, "CUDA: share of GPU memory for weights + KV pool");
+  app.add_option("--kv-tokens", o.kv_tokens, "KV pool size in tokens (default: from free memory)");
+  app.add_option("--cpu-kv-gb", o.cpu_kv_gb, "CPU: KV pool limit in GB");
+  app.add_option("--gemm-size", o.gemm_size, "GEMM ceiling M = N = K (default 8192 on CUDA, 1024 on the CPU)");
+  app.add_option("--copy-mb", copy_mb, "copy ceiling buffer in MiB (default 1024 on CUDA, 256 on the CPU)");
+  app.add_option("--seed", o.seed, "seed of the random token ids");
+  app.add_flag("--forward-only", o.forward_only,
+               "time the batch build + Model::forward only (no logits copy to the host) instead of ModelRunner::run");
+  app.add_option("--json", json_file, "also write the results as JSON to FILE");
+  CLI11_PARSE(app, argc, argv);
+  o.device = cli::parse_device(device);
+  if (copy_mb > 0) o.copy_bytes = size_t(copy_mb * double(1 << 20));
+  bench::BenchResult r = bench::run_model_bench(o);
+  std::fwrite(r.markdown.data(), 1, r.markdown.size(), stdout);
+  std::fflush(stdout);
+  if (!json_file.empty()) {
+    std::ofstream f(json_file);
+    TS_CHECK(f.good(), "--json {}: cannot write", json_file);
+    f << r.json.dump(2) << "\n";
+    TS_CHECK(f.good(), "--json {}: write failed", json_file);
+  }
+  return 0;
+}
+
+}  // namespace
+
+TS_COMMAND("bench", "benchmark prefill/decode against measured copy and GEMM ceilings (markdown + JSON)", cmd_bench);

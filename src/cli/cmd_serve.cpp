@@ -1,0 +1,93 @@
+// tokenspeed serve: the OpenAI-compatible HTTP server. It listens at once (GET /health is 503
+// while the model loads, 200 once it serves) and stops cleanly on SIGINT/SIGTERM.
+#include <csignal>
+#include <pthread.h>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/engine_flags.h"
+#include "core/log.h"
+#include "server/http_server.h"
+
+namespace {
+
+int cmd_serve(int argc, char** argv) {
+  CLI::App app{"tokenspeed serve: OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/models, "
+               "/health, /metrics)"};
+  std::string model;
+  ts::server::ServerOptions so;
+  ts::EngineOptions eo;
+  size_t max_request_bytes = so.max_request_bytes;
+  ts::cli::add_model_arg(app, model);
+  app.add_option("--host", so.host, "address to listen on")->capture_default_str();
+  app.add_option("--port", so.port, "port to listen on (0: any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
+  app.add_option("--served-model-name", so.served_model_name, "the model name clients use (default: MODEL as given, or pycoder)");
+  app.add_option("--chat-template", so.chat_template_file, "Jinja chat template file (overrides the model's)");
+  app.add_option("--tool-call-parser", so.tool_call_parser, "hermes | qwen | qwen25 | llama3 | llama3_json");
+  app.add_option("--reasoning-parser", so.reasoning_parser, "qwen3 | deepseek-r1");
+  app.add_option("--max-request-bytes", max_request_bytes, "largest request body (larger: 413)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--http-threads", so.http_threads, "HTTP worker threads (more connections queue)")
+      ->check(CLI::Range(8, 4096))
+      ->capture_default_str();
+  ts::cli::add_engine_flags(app, eo);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  so.max_request_bytes = max_request_bytes;
+  ts::cli::resolve_model(model, eo);
+  so.model_path = eo.model_dir;
+  if (so.served_model_name.empty()) so.served_model_name = model.empty() ? "pycoder" : model;
+
+  // Signals: handled by one thread (sigwait), never asynchronously; a dead client never kills us.
+  std::signal(SIGPIPE, SIG_IGN);
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+
+  ts::server::HttpServer server(so);
+  server.bind();
+  spdlog::info("listening on http://{}:{} (model '{}' loading from {})", so.host, server.port(), so.served_model_name,
+               eo.model_dir);
+
+  std::thread([&server, set] {
+    int sig = 0;
+    sigwait(&set, &sig);
+    spdlog::info("signal {}: shutting down", sig);
+    server.stop();
+  }).detach();
+
+  std::shared_ptr<ts::server::Backend> backend;
+  std::string load_error;
+  std::thread loader([&] {
+    try {
+      auto t0 = std::chrono::steady_clock::now();
+      backend = ts::server::make_engine_backend(eo);
+      server.set_backend(backend);
+      spdlog::info("model ready in {:.2f}s: context {} tokens, vocab {}",
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                   backend->context_length(), backend->vocab_size());
+    } catch (const std::exception& e) {
+      load_error = e.what();
+      spdlog::error("model load failed: {}", load_error);
+      for (int i = 0; i < 1000 && !server.running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      server.stop();
+    }
+  });
+  server.run();
+  loader.join();
+  if (backend) backend->stop();
+  if (!load_error.empty()) {
+    std::fprintf(stderr, "error: %s\n", load_error.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+TS_COMMAND("serve", "OpenAI-compatible HTTP server", cmd_serve);

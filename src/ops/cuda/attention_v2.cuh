@@ -1,0 +1,602 @@
+// v2 attention kernels (included by attention.cu inside its anonymous namespace, after
+// AttnParams, slot_of, zero_padding_rows, mma_bf16, pack_bf16 and cp_async16): the split-KV
+// flash-decoding kernel, its merge kernel and the FA2-style prefill kernel.
+// TS_ATTN_EMU builds them as host code for the thread-level emulation harness
+// (bench/kernels/attention_emu.cpp): the few PTX helpers below then come from the harness.
+#pragma once
+
+// ==== FlashAttention-2 style kernels (v2) ====================================================
+// Shared pieces: ldmatrix fragment loads, pipelined cp.async, ex2.approx.
+//
+// Fragment conventions (mma.sync m16n8k16, gq = lane / 4, tq = lane % 4):
+//   A (16 x 16, row): a0 = A[gq][2tq..], a1 = A[gq+8][2tq..], a2 = A[gq][8+2tq..], a3 = A[gq+8][8+2tq..]
+//   B (16 x 8, col):  b0 = B[2tq..][gq], b1 = B[8+2tq..][gq]
+//   C (16 x 8):       c0,c1 = C[gq][2tq..], c2,c3 = C[gq+8][2tq..]
+// K tiles live in smem as [token][dim] (rows padded by 16 bytes: conflict-free ldmatrix), which
+// is exactly the "col" B operand of S = Q K^T, so plain ldmatrix gives the B fragments; V tiles
+// are [token][dim] too and are the "row" B of O = P V, so ldmatrix.trans gives them.
+
+#ifndef TS_ATTN_EMU
+#define TS_DYN_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return uint32_t(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t* r, uint32_t a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t* r, uint32_t a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+// 2^x (MUFU); ex2.approx.ftz(-inf) = +0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+#endif  // TS_ATTN_EMU
+__device__ __forceinline__ void zero16(void* smem) {
+  *reinterpret_cast<uint4*>(smem) = make_uint4(0, 0, 0, 0);
+}
+
+// Copies KV tokens [t0, t0 + NTOK) of sequence b, kv head g, into smem tiles [NTOK][LD] for K
+// and V with 16-byte cp.async; tokens at or past t_lim are zero-filled (so masked scores meet
+// zero V rows, never stale NaN/Inf bytes). All kThreads threads of the block take part.
+template <int HD, int NTOK, int NTHR>
+__device__ __forceinline__ void load_kv_tile(const AttnParams& p, int b, int g, int t0, int t_lim,
+                                             __nv_bfloat16* sk, __nv_bfloat16* sv) {
+  constexpr int LD = HD + 8, CH = HD / 8;
+  static_assert((NTOK * CH) % NTHR == 0, "tile chunks must split evenly over the block");
+  const int tid = threadIdx.x;
+#pragma unroll
+  for (int it = 0; it < NTOK * CH / NTHR; ++it) {
+    const int i = it * NTHR + tid;
+    const int r = i / CH, c = i % CH, tok = t0 + r;
+    __nv_bfloat16* kd = sk + r * LD + c * 8;
+    __nv_bfloat16* vd = sv + r * LD + c * 8;
+    if (tok < t_lim) {
+      const int64_t slot = slot_of(p, b, tok);
+      cp_async16(kd, p.kc + slot * p.kc_tok + int64_t(g) * HD + c * 8);
+      cp_async16(vd, p.vc + slot * p.vc_tok + int64_t(g) * HD + c * 8);
+    } else {
+      zero16(kd);
+      zero16(vd);
+    }
+  }
+}
+
+// ---- split-KV flash-decoding kernel (tensor cores) -------------------------------------------
+// grid: x = KV split, y = kv head * row chunks + chunk, z = sequence (z == B: padding rows).
+// A block owns up to kDRows packed rows (query i, head-in-group j -> row i*G + j) of one KV head
+// and the split's token range [split * split_len, +split_len) clipped to the causal range. K/V
+// stream through a kDStages-deep cp.async ring of kDTile-token tiles. The rows form RT m16 tiles
+// (1, 2 or 4); each m16 tile is served by 4/RT warps that take interleaved 16-token slices of
+// every KV tile, each keeping its own online softmax; the warps of an m16 tile are merged
+// through smem at the end. One split: normalised bf16 out; several: fp32 partials (o unnormalised,
+// m in the log2 domain, l) merged by attn_merge_kernel.
+constexpr int kDTile = 64;
+constexpr int kDStages = 3;
+constexpr int kDThreads = 128;
+constexpr int kDRows = 64;
+
+template <int HD>
+constexpr size_t dec_smem() {
+  constexpr size_t pipe = size_t(kDStages) * 2 * kDTile * (HD + 8) * sizeof(__nv_bfloat16);
+  constexpr size_t comb = sizeof(float) * (size_t(4) * 16 * (HD + 4) + 2 * 4 * 16 + 2 * kDRows);
+  return pipe > comb ? pipe : comb;
+}
+
+template <int HD>
+__global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p, int chunks) {
+  constexpr int LD = HD + 8;
+  TS_DYN_SMEM(smraw);
+  __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(smraw);  // [stages][kDTile][LD]
+  __nv_bfloat16* sV = sK + kDStages * kDTile * LD;               // [stages][kDTile][LD]
+  pdl_wait();
+  if (int(blockIdx.z) == p.B) {
+    zero_padding_rows(p);
+    return;
+  }
+  const int b = blockIdx.z, g = blockIdx.y / chunks, chunk = blockIdx.y % chunks;
+  const int split = blockIdx.x;
+  const int q0 = p.cu_q[b], q_len = p.cu_q[b + 1] - q0, kv_len = p.kv_len[b];
+  const int rows_total = q_len * p.G, r0 = chunk * kDRows;
+  const int t_begin = split * p.split_len;
+  // Splits at or past the real length write nothing (the merge reads only live splits); split 0
+  // always runs, so a (degenerate) empty sequence still gets its zero rows.
+  if (r0 >= rows_total || (split > 0 && t_begin >= kv_len)) return;
+  const int nrows = min(kDRows, rows_total - r0);
+  const int off = kv_len - q_len;                       // position of query 0
+  const int min_pos = off + r0 / p.G;                   // first row's position
+  const int max_pos = off + (r0 + nrows - 1) / p.G;     // last row's position
+  const int t_end = min(min(t_begin + p.split_len, kv_len), max_pos + 1);
+  const int n_tiles = t_end > t_begin ? (t_end - t_begin + kDTile - 1) / kDTile : 0;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int gq = lane >> 2, tq = lane & 3;
+  const int RT = nrows <= 16 ? 1 : nrows <= 32 ? 2 : 4;  // m16 tiles
+  const int WPM = 4 / RT;                                // warps per m16 tile
+  const int mt = warp / WPM, sub = warp % WPM;
+  // Per-lane ldmatrix row addresses (bytes): K x4 = {tok 0-7, tok 8-15} x {dims +0, +8},
+  // V x4.trans = {dims +0, +8} x {tok 0-7, tok 8-15}.
+  const uint32_t k_lane = smem_u32(sK) + ((((lane >> 4) << 3) + (lane & 7)) * LD + ((lane >> 3) & 1) * 8) * 2;
+  const uint32_t v_lane = smem_u32(sV) + ((((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8) * 2;
+
+  // Prologue: start the first kDStages-1 tiles.
+#pragma unroll
+  for (int s = 0; s < kDStages - 1; ++s) {
+    if (s < n_tiles)
+      load_kv_tile<HD, kDTile, kDThreads>(p, b, g, t_begin + s * kDTile, t_end,
+                                          sK + s * kDTile * LD, sV + s * kDTile * LD);
+    cp_async_commit();
+  }
+
+  // This thread's rows (mt*16 + gq, + 8) and Q fragments (registers for the whole split).
+  int pos[2];
+  uint32_t qf[HD / 16][4];
+  {
+    int64_t qoff[2];
+    bool valid[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = mt * 16 + gq + 8 * i;
+      valid[i] = r < nrows;
+      const int pr = r0 + (valid[i] ? r : 0), qi = pr / p.G, h = g * p.G + pr % p.G;
+      pos[i] = valid[i] ? off + qi : INT_MAX;  // padding rows: unmasked, never written
+      qoff[i] = int64_t(q0 + qi) * p.q_s0 + int64_t(h) * p.q_s1;
+    }
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int i = j & 1, col = kk * 16 + 2 * tq + (j >> 1) * 8;
+        qf[kk][j] = valid[i] ? pack_bf16(p.q[qoff[i] + col], p.q[qoff[i] + col + 1]) : 0u;
+      }
+  }
+
+  float o[HD / 8][4];
+#pragma unroll
+  for (int i = 0; i < HD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+  for (int it = 0; it < n_tiles; ++it) {
+    cp_async_wait<kDStages - 2>();
+    __syncthreads();  // tile `it` visible to all; tile it-1's stage free for reuse
+    {
+      const int nt = it + kDStages - 1;
+      if (nt < n_tiles) {
+        const int st = nt % kDStages;
+        load_kv_tile<HD, kDTile, kDThreads>(p, b, g, t_begin + nt * kDTile, t_end,
+                                            sK + st * kDTile * LD, sV + st * kDTile * LD);
+      }
+      cp_async_commit();
+    }
+    const int st = it % kDStages;
+    const int t0 = t_begin + it * kDTile;
+    for (int j = sub; j < kDTile / 16; j += WPM) {
+      const int tb = t0 + j * 16;
+      if (tb >= t_end) break;
+      const uint32_t kb = k_lane + (st * kDTile + j * 16) * LD * 2;
+      const uint32_t vb = v_lane + (st * kDTile + j * 16) * LD * 2;
+      float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; ++kk) {
+        uint32_t bk[4];
+        ldsm_x4(bk, kb + kk * 32);
+        mma_bf16(s[0], qf[kk], bk[0], bk[1]);
+        mma_bf16(s[1], qf[kk], bk[2], bk[3]);
+      }
+      const bool need_mask = tb + 15 >= t_end || tb + 15 > min_pos;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float v = s[nt][e] * p.scale_log2;
+          if (need_mask) {
+            const int tok = tb + nt * 8 + 2 * tq + (e & 1);
+            if (tok >= t_end || tok > pos[e >> 1]) v = -INFINITY;
+          }
+          s[nt][e] = v;
+        }
+      float ref[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float mx = fmaxf(fmaxf(s[0][2 * i], s[0][2 * i + 1]), fmaxf(s[1][2 * i], s[1][2 * i + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[i], mx);
+        ref[i] = m_new == -INFINITY ? 0.0f : m_new;
+        const float alpha = fast_exp2(m[i] - ref[i]);
+        m[i] = m_new;
+        l[i] *= alpha;
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; ++dt) {
+          o[dt][2 * i] *= alpha;
+          o[dt][2 * i + 1] *= alpha;
+        }
+      }
+      uint32_t pf[4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const float p0 = fast_exp2(s[nt][0] - ref[0]), p1 = fast_exp2(s[nt][1] - ref[0]);
+        const float p2 = fast_exp2(s[nt][2] - ref[1]), p3 = fast_exp2(s[nt][3] - ref[1]);
+        l[0] += p0 + p1;
+        l[1] += p2 + p3;
+        pf[nt * 2 + 0] = pack_bf16(p0, p1);
+        pf[nt * 2 + 1] = pack_bf16(p2, p3);
+      }
+#pragma unroll
+      for (int dt2 = 0; dt2 < HD / 16; ++dt2) {
+        uint32_t bv[4];
+        ldsm_x4_t(bv, vb + dt2 * 32);
+        mma_bf16(o[2 * dt2], pf, bv[0], bv[1]);
+        mma_bf16(o[2 * dt2 + 1], pf, bv[2], bv[3]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // all warps done with the ring: reuse it for the cross-warp merge
+  pdl_trigger();
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+    l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+  }
+  float* co = reinterpret_cast<float*>(smraw);  // [4 warps][16][HD + 4]
+  float* cm = co + 4 * 16 * (HD + 4);           // [4][16]
+  float* cl = cm + 4 * 16;                      // [4][16]
+  float* rowM = cl + 4 * 16;                    // [kDRows]
+  float* rowL = rowM + kDRows;                  // [kDRows]
+  if (tq == 0) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      cm[warp * 16 + gq + 8 * i] = m[i];
+      cl[warp * 16 + gq + 8 * i] = l[i];
+    }
+  }
+  __syncthreads();
+  const bool single = p.num_splits == 1;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int rr = gq + 8 * i;
+    float M = -INFINITY;
+    for (int k = 0; k < WPM; ++k) M = fmaxf(M, cm[(mt * WPM + k) * 16 + rr]);
+    float L = 0.0f;
+    for (int k = 0; k < WPM; ++k) {
+      const float mk = cm[(mt * WPM + k) * 16 + rr];
+      if (mk != -INFINITY) L += fast_exp2(mk - M) * cl[(mt * WPM + k) * 16 + rr];
+    }
+    float w = m[i] == -INFINITY ? 0.0f : fast_exp2(m[i] - M);
+    if (single) w = L > 0.0f ? w / L : 0.0f;
+    float* dst = co + (warp * 16 + rr) * (HD + 4);
+#pragma unroll
+    for (int dt = 0; dt < HD / 8; ++dt)
+      *reinterpret_cast<float2*>(dst + dt * 8 + 2 * tq) = make_float2(o[dt][2 * i] * w, o[dt][2 * i + 1] * w);
+    if (sub == 0 && tq == 0) {
+      rowM[mt * 16 + rr] = M;
+      rowL[mt * 16 + rr] = L;
+    }
+  }
+  __syncthreads();
+  for (int i = tid; i < nrows * HD; i += kDThreads) {
+    const int r = i / HD, d = i % HD, rm = r >> 4, rr = r & 15;
+    float acc = 0.0f;
+    for (int k = 0; k < WPM; ++k) acc += co[((rm * WPM + k) * 16 + rr) * (HD + 4) + d];
+    const int pr = r0 + r, qi = pr / p.G, h = g * p.G + pr % p.G;
+    const int64_t tok = q0 + qi;
+    if (single) {
+      p.out[tok * p.o_s0 + int64_t(h) * p.o_s1 + d] = __float2bfloat16(acc);
+    } else {
+      const int64_t row = (int64_t(split) * p.T + tok) * p.nh + h;
+      p.part_o[row * HD + d] = acc;
+      if (d == 0) {
+        p.part_ml[row * 2] = rowM[r];
+        p.part_ml[row * 2 + 1] = rowL[r];
+      }
+    }
+  }
+}
+
+// Merges the live splits of each (query, head) row (hd_v % 4 == 0, hd_v <= 256). A row gets
+// tpr = nc * ng threads (nc = hd_v / 4 float4 columns, ng = p.merge_groups split groups, both
+// powers of two; tpr <= kMThreads): group k sums splits k, k + ng, ... (independent loads, so
+// the latency chain is only ~n_live / ng deep), then the groups are reduced through smem.
+// A block holds kMThreads / tpr rows. The host sizes ng from the split count (~8 splits per
+// thread), so many-row / few-split merges pack several rows per block and one-row / many-split
+// merges spread a row over the block.
+// grid: x = ceil(max_q_len * nh / rows per block), y = sequence; kMThreads threads.
+constexpr int kMThreads = 256;
+__global__ void __launch_bounds__(kMThreads) attn_merge_kernel(AttnParams p) {
+  __shared__ float4 red[kMThreads];
+  __shared__ float redl[kMThreads];
+  __shared__ float redm[kMThreads / 32];
+  pdl_wait();
+  const int b = blockIdx.y, tid = threadIdx.x;
+  const int nc = p.hd_v / 4, ng = p.merge_groups, tpr = nc * ng, rpb = kMThreads / tpr;
+  const int lr = tid / tpr, t2 = tid % tpr, c = t2 % nc, grp = t2 / nc;
+  const int q0 = p.cu_q[b], q_len = p.cu_q[b + 1] - q0, kv_len = p.kv_len[b];
+  const int row = blockIdx.x * rpb + lr;
+  const bool live = lr < rpb && row < q_len * p.nh;
+  const int qi = live ? row / p.nh : 0, h = live ? row % p.nh : 0;
+  const int64_t tok = q0 + qi;
+  const int n_live = live ? min(p.num_splits, (kv_len + p.split_len - 1) / p.split_len) : 0;
+  const int64_t stride = int64_t(p.T) * p.nh;  // rows per split
+  const int64_t base = tok * p.nh + h;
+  // Row max of m over the live splits: strided over the row's threads, then reduced over them
+  // (xor offsets below tpr stay inside the row's aligned lane group; rows wider than a warp
+  // finish through smem).
+  float M = -INFINITY;
+  for (int s = t2; s < n_live; s += tpr) M = fmaxf(M, p.part_ml[(s * stride + base) * 2]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    if (o < tpr) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+  if (tpr > 32) {
+    if ((tid & 31) == 0) redm[tid >> 5] = M;
+    __syncthreads();
+    const int w0 = (lr * tpr) >> 5;
+    M = redm[w0];
+    for (int w = 1; w < tpr / 32; ++w) M = fmaxf(M, redm[w0 + w]);
+  }
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float L = 0.0f;
+#pragma unroll 4
+  for (int s = grp; s < n_live; s += ng) {
+    const int64_t r = s * stride + base;
+    const float2 ml = *reinterpret_cast<const float2*>(p.part_ml + r * 2);
+    const float4 v = *reinterpret_cast<const float4*>(p.part_o + r * p.hd_v + c * 4);
+    const float w = ml.x == -INFINITY ? 0.0f : fast_exp2(ml.x - M);
+    L += w * ml.y;
+    acc.x += w * v.x;
+    acc.y += w * v.y;
+    acc.z += w * v.z;
+    acc.w += w * v.w;
+  }
+  if (ng > 1) {
+    red[tid] = acc;
+    redl[tid] = L;
+    __syncthreads();
+    if (grp == 0) {
+      for (int k = 1; k < ng; ++k) {
+        const float4 v = red[tid + k * nc];
+        acc.x += v.x;
+        acc.y += v.y;
+        acc.z += v.z;
+        acc.w += v.w;
+        L += redl[tid + k * nc];
+      }
+    }
+  }
+  pdl_trigger();
+  if (!live || grp != 0) return;
+  const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+  __nv_bfloat16* orow = p.out + tok * p.o_s0 + int64_t(h) * p.o_s1 + c * 4;
+  if (p.o_vec2) {
+    reinterpret_cast<__nv_bfloat162*>(orow)[0] = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
+    reinterpret_cast<__nv_bfloat162*>(orow)[1] = __floats2bfloat162_rn(acc.z * inv, acc.w * inv);
+  } else {
+    orow[0] = __float2bfloat16(acc.x * inv);
+    orow[1] = __float2bfloat16(acc.y * inv);
+    orow[2] = __float2bfloat16(acc.z * inv);
+    orow[3] = __float2bfloat16(acc.w * inv);
+  }
+}
+
+// ---- FA2-style prefill kernel (tensor cores) ---------------------------------------------------
+// grid: x = kv head, y = packed-row chunk of BM = 64*MW rows (reversed: the heaviest causal
+// chunks of every head are scheduled first), z = sequence (z == B: padding rows). 4 warps, each owning 16*MW rows; Q tile in smem
+// (ldmatrix per k-step), K/V 64-token tiles double-buffered with cp.async; S computed in NS-token
+// slices (exp2 online softmax with the log2e-prescaled scale); tiles past the chunk's last
+// position are never loaded, warps whose rows end before a tile skip it, and the causal mask is
+// applied only on tiles that cross a warp's first position.
+constexpr int kPThreads = 128;
+constexpr int kPBN = 64;
+
+template <int HD, int MW>
+constexpr size_t prefill_smem() {
+  return (size_t(64) * MW + 4 * kPBN) * (HD + 8) * sizeof(__nv_bfloat16) + 64 * MW * sizeof(int);
+}
+
+template <int HD, int MW, int NS>
+__global__ void __launch_bounds__(kPThreads) attn_prefill_kernel(AttnParams p) {
+  constexpr int LD = HD + 8, CH = HD / 8, BM = 64 * MW, BN = kPBN;
+  static_assert(BN % NS == 0 && NS % 16 == 0, "bad NS");
+  TS_DYN_SMEM(smraw);
+  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smraw);  // [BM][LD]
+  __nv_bfloat16* sK = sQ + BM * LD;                              // [2][BN][LD]
+  __nv_bfloat16* sV = sK + 2 * BN * LD;                          // [2][BN][LD]
+  pdl_wait();
+  if (int(blockIdx.z) == p.B) {
+    zero_padding_rows(p);
+    return;
+  }
+  const int b = blockIdx.z, g = blockIdx.x;
+  const int chunk = int(gridDim.y) - 1 - int(blockIdx.y);
+  const int q0 = p.cu_q[b], q_len = p.cu_q[b + 1] - q0, kv_len = p.kv_len[b];
+  const int rows_total = q_len * p.G, r0 = chunk * BM;
+  if (r0 >= rows_total) return;
+  const int nrows = min(BM, rows_total - r0);
+  const int off = kv_len - q_len;
+  const int t_end = min(kv_len, off + (r0 + nrows - 1) / p.G + 1);
+  const int n_tiles = t_end > 0 ? (t_end + BN - 1) / BN : 0;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int gq = lane >> 2, tq = lane & 3;
+
+  // Q tile -> smem (zero rows past nrows), joined to the first K/V commit group.
+  for (int i = tid; i < BM * CH; i += kPThreads) {
+    const int r = i / CH, c = i % CH;
+    __nv_bfloat16* dst = sQ + r * LD + c * 8;
+    if (r < nrows) {
+      const int pr = r0 + r, qi = pr / p.G, h = g * p.G + pr - qi * p.G;
+      const __nv_bfloat16* src = p.q + int64_t(q0 + qi) * p.q_s0 + int64_t(h) * p.q_s1 + c * 8;
+      if (p.q_vec) {
+        cp_async16(dst, src);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) dst[e] = src[e];
+      }
+    } else {
+      zero16(dst);
+    }
+  }
+  if (n_tiles > 0) load_kv_tile<HD, BN, kPThreads>(p, b, g, 0, t_end, sK, sV);
+  cp_async_commit();
+
+  const int wrow0 = warp * 16 * MW;                 // warp's first row in the chunk
+  // Per-lane ldmatrix row addresses (bytes): Q x4 = {rows 0-7, 8-15} x {k +0, +8};
+  // K x4 = {tok 0-7, tok 8-15} x {dims +0, +8}; V x4.trans = {dims +0, +8} x {tok 0-7, 8-15}.
+  const uint32_t q_lane = smem_u32(sQ) + ((wrow0 + (lane & 15)) * LD + (lane >> 4) * 8) * 2;
+  const uint32_t k_lane = smem_u32(sK) + ((((lane >> 4) << 3) + (lane & 7)) * LD + ((lane >> 3) & 1) * 8) * 2;
+  const uint32_t v_lane = smem_u32(sV) + ((((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8) * 2;
+  const bool warp_live = wrow0 < nrows;
+  const int w_min_pos = off + (r0 + wrow0) / p.G;
+  const int w_max_pos = warp_live ? off + (r0 + min(wrow0 + 16 * MW, nrows) - 1) / p.G : -1;
+  // Row positions live in smem (read only on tiles that need the causal mask: saves registers).
+  int* spos = reinterpret_cast<int*>(sV + 2 * BN * LD);  // [BM]
+  for (int r = tid; r < BM; r += kPThreads)
+    spos[r] = r < nrows ? off + (r0 + r) / p.G : INT_MAX;  // padding rows: never written
+
+  float o[MW][HD / 8][4];
+#pragma unroll
+  for (int mi = 0; mi < MW; ++mi)
+#pragma unroll
+    for (int i = 0; i < HD / 8; ++i) o[mi][i][0] = o[mi][i][1] = o[mi][i][2] = o[mi][i][3] = 0.0f;
+  float m[MW][2], l[MW][2];
+#pragma unroll
+  for (int mi = 0; mi < MW; ++mi) m[mi][0] = m[mi][1] = -INFINITY, l[mi][0] = l[mi][1] = 0.0f;
+
+  for (int j = 0; j < n_tiles; ++j) {
+    if (j + 1 < n_tiles)
+      load_kv_tile<HD, BN, kPThreads>(p, b, g, (j + 1) * BN, t_end, sK + ((j + 1) & 1) * BN * LD,
+                                      sV + ((j + 1) & 1) * BN * LD);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const int stg = j & 1, t0 = j * BN;
+    if (t0 <= w_max_pos) {
+#pragma unroll
+      for (int hf = 0; hf < BN / NS; ++hf) {
+        const int tb = t0 + hf * NS;
+        if (tb > w_max_pos) break;
+        const uint32_t kb = k_lane + (stg * BN + hf * NS) * LD * 2;
+        const uint32_t vb = v_lane + (stg * BN + hf * NS) * LD * 2;
+        float s[MW][NS / 8][4];
+#pragma unroll
+        for (int mi = 0; mi < MW; ++mi)
+#pragma unroll
+          for (int nt = 0; nt < NS / 8; ++nt) s[mi][nt][0] = s[mi][nt][1] = s[mi][nt][2] = s[mi][nt][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk) {
+          uint32_t a[MW][4];
+#pragma unroll
+          for (int mi = 0; mi < MW; ++mi)
+            ldsm_x4(a[mi], q_lane + (mi * 16 * LD + kk * 16) * 2);
+#pragma unroll
+          for (int n2 = 0; n2 < NS / 16; ++n2) {
+            uint32_t bk[4];
+            ldsm_x4(bk, kb + (n2 * 16 * LD + kk * 16) * 2);
+#pragma unroll
+            for (int mi = 0; mi < MW; ++mi) {
+              mma_bf16(s[mi][2 * n2], a[mi], bk[0], bk[1]);
+              mma_bf16(s[mi][2 * n2 + 1], a[mi], bk[2], bk[3]);
+            }
+          }
+        }
+        // Scores stay raw (m too); scale_log2 > 0 folds into the exponent: p = 2^(s*c - m*c).
+        if (tb + NS - 1 > w_min_pos) {
+#pragma unroll
+          for (int mi = 0; mi < MW; ++mi)
+#pragma unroll
+            for (int nt = 0; nt < NS / 8; ++nt)
+#pragma unroll
+              for (int e = 0; e < 4; ++e)
+                if (tb + nt * 8 + 2 * tq + (e & 1) > spos[wrow0 + mi * 16 + gq + 8 * (e >> 1)])
+                  s[mi][nt][e] = -INFINITY;
+        }
+        const float sl2 = p.scale_log2;
+        uint32_t pf[MW][NS / 16][4];
+#pragma unroll
+        for (int mi = 0; mi < MW; ++mi) {
+          float ref[2];
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < NS / 8; ++nt) mx = fmaxf(mx, fmaxf(s[mi][nt][2 * i], s[mi][nt][2 * i + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m[mi][i], mx);
+            ref[i] = m_new == -INFINITY ? 0.0f : m_new * sl2;
+            const float alpha = fast_exp2(fmaf(m[mi][i], sl2, -ref[i]));
+            m[mi][i] = m_new;
+            l[mi][i] *= alpha;
+#pragma unroll
+            for (int dt = 0; dt < HD / 8; ++dt) {
+              o[mi][dt][2 * i] *= alpha;
+              o[mi][dt][2 * i + 1] *= alpha;
+            }
+          }
+#pragma unroll
+          for (int nt = 0; nt < NS / 8; ++nt) {
+            const float p0 = fast_exp2(fmaf(s[mi][nt][0], sl2, -ref[0]));
+            const float p1 = fast_exp2(fmaf(s[mi][nt][1], sl2, -ref[0]));
+            const float p2 = fast_exp2(fmaf(s[mi][nt][2], sl2, -ref[1]));
+            const float p3 = fast_exp2(fmaf(s[mi][nt][3], sl2, -ref[1]));
+            l[mi][0] += p0 + p1;
+            l[mi][1] += p2 + p3;
+            pf[mi][nt >> 1][(nt & 1) * 2 + 0] = pack_bf16(p0, p1);
+            pf[mi][nt >> 1][(nt & 1) * 2 + 1] = pack_bf16(p2, p3);
+          }
+        }
+#pragma unroll
+        for (int kc = 0; kc < NS / 16; ++kc)
+#pragma unroll
+          for (int dt2 = 0; dt2 < HD / 16; ++dt2) {
+            uint32_t bv[4];
+            ldsm_x4_t(bv, vb + (kc * 16 * LD + dt2 * 16) * 2);
+#pragma unroll
+            for (int mi = 0; mi < MW; ++mi) {
+              mma_bf16(o[mi][2 * dt2], pf[mi][kc], bv[0], bv[1]);
+              mma_bf16(o[mi][2 * dt2 + 1], pf[mi][kc], bv[2], bv[3]);
+            }
+          }
+      }
+    }
+    __syncthreads();  // stage j&1 is refilled by the next iteration's prefetch
+  }
+  pdl_trigger();
+#pragma unroll
+  for (int mi = 0; mi < MW; ++mi)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float li = l[mi][i];
+      li += __shfl_xor_sync(0xffffffffu, li, 1);
+      li += __shfl_xor_sync(0xffffffffu, li, 2);
+      const int r = wrow0 + mi * 16 + gq + 8 * i;
+      if (r >= nrows) continue;
+      const int pr = r0 + r, qi = pr / p.G, h = g * p.G + pr - qi * p.G;
+      __nv_bfloat16* orow = p.out + int64_t(q0 + qi) * p.o_s0 + int64_t(h) * p.o_s1;
+      const float inv = li > 0.0f ? 1.0f / li : 0.0f;
+#pragma unroll
+      for (int dt = 0; dt < HD / 8; ++dt) {
+        const float v0 = o[mi][dt][2 * i] * inv, v1 = o[mi][dt][2 * i + 1] * inv;
+        if (p.o_vec2) {
+          *reinterpret_cast<__nv_bfloat162*>(orow + dt * 8 + 2 * tq) = __floats2bfloat162_rn(v0, v1);
+        } else {
+          orow[dt * 8 + 2 * tq] = __float2bfloat16(v0);
+          orow[dt * 8 + 2 * tq + 1] = __float2bfloat16(v1);
+        }
+      }
+    }
+}
+

@@ -1,0 +1,300 @@
+#include "runtime/cuda_graph_runner.h"
+
+#include <chrono>
+#include <cstdio>
+
+#include "core/log.h"
+#include "ops/graph_hooks.h"
+
+#ifdef TS_WITH_CUDA
+#include "ops/cuda/graph.h"
+#include "ops/cuda/runtime.h"
+#endif
+
+namespace ts {
+
+std::vector<int> decode_buckets(int max_bs) {
+  std::vector<int> b;
+  for (int s : {1, 2, 4, 8})
+    if (s <= max_bs) b.push_back(s);
+  for (int s = 16; s <= max_bs; s += 8) b.push_back(s);
+  if (!b.empty() && b.back() != max_bs && max_bs > 8) b.push_back(max_bs);
+  return b;
+}
+
+std::vector<int> prefill_buckets(int max_tokens) {
+  std::vector<int> b;
+  for (int s = 16; s <= max_tokens;) {
+    b.push_back(s);
+    int step = 1;
+    while (step * 2 <= s / 8) step *= 2;
+    s += std::min(step, 512);
+  }
+  if (max_tokens >= 16 && b.back() != max_tokens) b.push_back(max_tokens);
+  return b;
+}
+
+#ifdef TS_WITH_CUDA
+
+namespace {
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+void progress(const char* what, size_t done, size_t total, int bucket) {
+  int width = 30, filled = int(width * done / std::max<size_t>(total, 1));
+  std::fprintf(stderr, "\r%s [%.*s%*s] %zu/%zu (bucket=%d avail_mem=%.1f GB)", what, filled,
+               "##############################", width - filled, "", done, total, bucket,
+               double(cuda::free_memory()) / 1e9);
+  if (done == total) std::fprintf(stderr, "\n");
+  std::fflush(stderr);
+}
+
+// Records segment graphs between break ops (see ops/graph_hooks.h).
+class CaptureHooks final : public ops::GraphHooks {
+ public:
+  explicit CaptureHooks(std::vector<std::unique_ptr<cuda::Graph>>& segs) : segs_(segs) {}
+  bool in_segment() const override { return in_; }
+  bool skip_ops() const override { return false; }
+  void before_break() override { end(); }
+  void after_break() override { begin(); }
+  void segment_begin() override {
+    in_ = true;
+    begin();
+  }
+  void segment_end() override {
+    if (!in_) return;
+    end();
+    in_ = false;
+  }
+
+ private:
+  void begin() {
+    segs_.push_back(std::make_unique<cuda::Graph>());
+    segs_.back()->begin_capture();
+  }
+  void end() { segs_.back()->end_capture(); }
+  std::vector<std::unique_ptr<cuda::Graph>>& segs_;
+  bool in_ = false;
+};
+
+class ReplayHooks final : public ops::GraphHooks {
+ public:
+  explicit ReplayHooks(const std::vector<std::unique_ptr<cuda::Graph>>& segs) : segs_(segs) {}
+  bool in_segment() const override { return in_; }
+  bool skip_ops() const override { return in_; }
+  void before_break() override { next(); }
+  void after_break() override {}
+  void segment_begin() override { in_ = true; }
+  void segment_end() override {
+    if (!in_) return;
+    next();
+    in_ = false;
+  }
+
+ private:
+  void next() {
+    TS_CHECK(i_ < segs_.size(), "prefill graph replay: more segments than were captured");
+    segs_[i_++]->replay();
+  }
+  const std::vector<std::unique_ptr<cuda::Graph>>& segs_;
+  size_t i_ = 0;
+  bool in_ = false;
+};
+
+struct HooksGuard {
+  explicit HooksGuard(ops::GraphHooks* h) { ops::graph_hooks() = h; }
+  ~HooksGuard() { ops::graph_hooks() = nullptr; }
+};
+
+}  // namespace
+
+struct CudaGraphRunner::Impl {
+  ModelRunner& runner;
+  GraphOptions o;
+  BatchBuilder builder;
+  BuildOptions reserve_opts;
+  int width = 1;  // block-table row length of every graph batch
+  struct Decode {
+    std::unique_ptr<cuda::Graph> graph;
+    Tensor logits;
+  };
+  std::map<int, Decode> decode;                                              // bs -> graph
+  std::map<int, std::vector<std::unique_ptr<cuda::Graph>>> prefill;          // tokens -> segments
+  std::vector<int32_t> dummy_ids;
+  std::vector<std::vector<int32_t>> dummy_tables;
+
+  Impl(ModelRunner& r, const GraphOptions& opt) : runner(r), o(opt) {
+    int bs = r.block_size();
+    width = (o.max_context + bs - 1) / bs;
+  }
+
+  BuildOptions decode_opts(int bs) const {
+    BuildOptions b;
+    b.pad_tokens = b.pad_seqs = bs;
+    b.table_width = width;
+    b.max_kv_bound = o.max_context;
+    b.all_logits = true;
+    b.reserve = reserve_elems();
+    return b;
+  }
+  void set_aux(ForwardBatch& batch) {
+    batch.capture_aux = o.capture_aux;
+    if (o.capture_aux) batch.aux_hidden = runner.aux_buffer(batch.num_tokens);
+  }
+  BuildOptions prefill_opts(int tokens) const {
+    BuildOptions b;
+    b.pad_tokens = tokens;
+    b.reserve = reserve_elems();
+    return b;
+  }
+  size_t reserve_elems() const {
+    size_t t = size_t(std::max(o.eager_max_tokens, std::max(o.max_prefill_tokens, o.max_bs)));
+    size_t s = size_t(std::max(o.max_bs, 256));
+    return 4 * t + 2 * s + 1 + s * size_t(width);
+  }
+
+  // `n` dummy sequences of `len` tokens each, caches in the first blocks of the pool.
+  std::vector<SeqChunk> dummy(int n, int len) {
+    int bs = runner.block_size();
+    int blocks = (len + bs - 1) / bs;
+    TS_CHECK(int64_t(blocks) <= runner.num_blocks(), "graph capture needs {} KV blocks, the pool has {}", blocks, runner.num_blocks());
+    dummy_ids.assign(size_t(len), 0);
+    dummy_tables.assign(size_t(n), std::vector<int32_t>());
+    for (auto& t : dummy_tables)
+      for (int i = 0; i < blocks; ++i) t.push_back(i);
+    std::vector<SeqChunk> c;
+    for (int i = 0; i < n; ++i) c.push_back({dummy_ids.data(), len, 0, &dummy_tables[size_t(i)], SeqChunk::Logits::last});
+    return c;
+  }
+};
+
+CudaGraphRunner::CudaGraphRunner(ModelRunner& runner, const GraphOptions& o) : impl_(std::make_unique<Impl>(runner, o)) {}
+CudaGraphRunner::~CudaGraphRunner() = default;
+
+void CudaGraphRunner::capture_all() {
+  Impl& I = *impl_;
+  models::Model& m = I.runner.model();
+  Workspace* ws = m.workspace();
+  TS_CHECK(ws, "CUDA graphs need a model with a workspace arena");
+  double t0 = now_s();
+  ForwardBatch batch;
+  // 1. Size the arena for the largest eager forward, then freeze it: captured graphs keep
+  //    pointing into it.
+  int eager_t = int(std::min<int64_t>(I.o.eager_max_tokens, I.runner.num_blocks() * I.runner.block_size()));
+  I.builder.build(I.dummy(1, eager_t), I.runner.block_size(), Device::cuda, batch, I.prefill_opts(eager_t));
+  I.set_aux(batch);
+  m.forward(batch, I.runner.kv());
+  auto dec = I.o.decode ? decode_buckets(I.o.max_bs) : std::vector<int>{};
+  for (auto it = dec.rbegin(); it != dec.rend(); ++it) {  // the largest decode batch too
+    I.builder.build(I.dummy(*it, 1), I.runner.block_size(), Device::cuda, batch, I.decode_opts(*it));
+    m.forward(batch, I.runner.kv());
+    break;
+  }
+  cuda::synchronize();
+  ws->reset();
+  ws->freeze();
+  // 2. Decode graphs, largest first.
+  size_t done = 0;
+  for (auto it = dec.rbegin(); it != dec.rend(); ++it) {
+    int bs = *it;
+    try {
+      I.builder.build(I.dummy(bs, 1), I.runner.block_size(), Device::cuda, batch, I.decode_opts(bs));
+      m.forward(batch, I.runner.kv());  // warm-up: GEMM algorithms, kernel workspaces
+      cuda::synchronize();
+      auto g = std::make_unique<cuda::Graph>();
+      g->begin_capture();
+      Tensor logits;
+      try {
+        logits = m.forward(batch, I.runner.kv());
+      } catch (...) {
+        try { g->end_capture(); } catch (...) {}
+        throw;
+      }
+      g->end_capture();
+      I.decode[bs] = {std::move(g), logits};
+    } catch (const std::exception& e) {
+      spdlog::warn("decode graph bs={} not captured ({}); that batch size runs eagerly", bs, e.what());
+    }
+    if (I.o.progress) progress("Capturing decode buckets", ++done, dec.size(), bs);
+  }
+  // 3. Breakable prefill graphs, largest first.
+  auto pre = I.o.prefill ? prefill_buckets(I.o.max_prefill_tokens) : std::vector<int>{};
+  done = 0;
+  for (auto it = pre.rbegin(); it != pre.rend(); ++it) {
+    int t = *it;
+    std::vector<std::unique_ptr<cuda::Graph>> segs;
+    try {
+      I.builder.build(I.dummy(1, t), I.runner.block_size(), Device::cuda, batch, I.prefill_opts(t));
+      I.set_aux(batch);
+      m.forward(batch, I.runner.kv());
+      cuda::synchronize();
+      CaptureHooks hooks(segs);
+      {
+        HooksGuard guard(&hooks);
+        m.forward(batch, I.runner.kv());
+      }
+      cuda::synchronize();
+      I.prefill[t] = std::move(segs);
+    } catch (const std::exception& e) {
+      ops::graph_hooks() = nullptr;
+      spdlog::warn("prefill graph tokens={} not captured ({}); that size runs eagerly", t, e.what());
+    }
+    if (I.o.progress) progress("Capturing prefill buckets", ++done, pre.size(), t);
+  }
+  cuda::synchronize();
+  capture_s_ = now_s() - t0;
+  spdlog::info("CUDA graphs: {} decode + {} prefill buckets captured in {:.2f} s, shared pool {:.1f} MiB", I.decode.size(),
+               I.prefill.size(), capture_s_, double(pool_bytes()) / (1 << 20));
+}
+
+bool CudaGraphRunner::try_run(const std::vector<SeqChunk>& chunks, bool capture_aux, ForwardBatch& batch, Tensor& logits) {
+  Impl& I = *impl_;
+  if (chunks.empty()) return false;
+  int tokens = 0;
+  bool decode = true;
+  for (auto& c : chunks) {
+    tokens += c.num_tokens;
+    decode = decode && c.num_tokens == 1 && c.logits == SeqChunk::Logits::last;
+    if (int(c.block_table->size()) > I.width) return false;
+  }
+  models::Model& m = I.runner.model();
+  if (decode && !capture_aux) {
+    auto it = I.decode.lower_bound(int(chunks.size()));
+    if (it == I.decode.end()) return false;
+    I.builder.build(chunks, I.runner.block_size(), Device::cuda, batch, I.decode_opts(it->first));
+    it->second.graph->replay();
+    logits = it->second.logits.slice_rows(0, int64_t(chunks.size()));
+    return true;
+  }
+  if (capture_aux && !I.o.capture_aux) return false;
+  auto it = I.prefill.lower_bound(tokens);
+  if (it == I.prefill.end()) return false;
+  I.builder.build(chunks, I.runner.block_size(), Device::cuda, batch, I.prefill_opts(it->first));
+  I.set_aux(batch);
+  ReplayHooks hooks(it->second);
+  HooksGuard guard(&hooks);
+  logits = m.forward(batch, I.runner.kv());
+  return true;
+}
+
+size_t CudaGraphRunner::pool_bytes() const {
+  Workspace* ws = impl_->runner.model().workspace();
+  return ws ? ws->capacity() : 0;
+}
+int CudaGraphRunner::decode_graphs() const { return int(impl_->decode.size()); }
+int CudaGraphRunner::prefill_graphs() const { return int(impl_->prefill.size()); }
+
+#else  // no CUDA backend: graphs never apply
+
+struct CudaGraphRunner::Impl {};
+CudaGraphRunner::CudaGraphRunner(ModelRunner&, const GraphOptions&) {}
+CudaGraphRunner::~CudaGraphRunner() = default;
+void CudaGraphRunner::capture_all() {}
+bool CudaGraphRunner::try_run(const std::vector<SeqChunk>&, bool, ForwardBatch&, Tensor&) { return false; }
+size_t CudaGraphRunner::pool_bytes() const { return 0; }
+int CudaGraphRunner::decode_graphs() const { return 0; }
+int CudaGraphRunner::prefill_graphs() const { return 0; }
+
+#endif
+
+}  // namespace ts

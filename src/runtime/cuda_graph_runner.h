@@ -1,0 +1,54 @@
+// CudaGraphRunner: CUDA graphs for the ModelRunner.
+//  - Decode: one graph per batch-size bucket (1, 2, 4, 8, then steps of 8 up to max_bs), the
+//    whole forward captured, inputs in the BatchBuilder's fixed buffers, batches padded with
+//    dummy sequences, attention sized for the longest context (kernels read real lengths
+//    from device memory).
+//  - Prefill: "breakable" graphs per total-token bucket (16, then steps of the largest power
+//    of two <= size/8, capped at 512, up to max_prefill_tokens). The forward is captured as
+//    segments; attention and KV writes run eagerly between segment replays (ops/graph_hooks.h),
+//    the embedding before and the LM head after stay eager. One graph serves any mix of
+//    sequences whose tokens fit the bucket.
+// All buckets share the model's workspace arena (captured largest first; the arena is frozen
+// afterwards so captured addresses stay valid). A failed capture leaves that bucket eager.
+// Engine-thread only.
+#pragma once
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "runtime/model_runner.h"
+
+namespace ts {
+
+struct GraphOptions {
+  bool decode = true, prefill = true;
+  int max_bs = 160;
+  int max_prefill_tokens = 2048;
+  int max_context = 4096;   // longest sequence (sizes the block-table width and attention grids)
+  int eager_max_tokens = 8192;  // largest eager forward (the arena is sized for it before freezing)
+  bool progress = true;     // progress bars on stderr (rank 0)
+  bool capture_aux = false; // EAGLE3: prefill graphs also copy the aux hidden states
+};
+
+std::vector<int> decode_buckets(int max_bs);
+std::vector<int> prefill_buckets(int max_tokens);
+
+class CudaGraphRunner {
+ public:
+  CudaGraphRunner(ModelRunner& runner, const GraphOptions& o);
+  ~CudaGraphRunner();
+  void capture_all();
+  // Runs the step through a graph when one fits. Returns false (nothing done) otherwise.
+  bool try_run(const std::vector<SeqChunk>& chunks, bool capture_aux, ForwardBatch& batch, Tensor& logits);
+  double capture_seconds() const { return capture_s_; }
+  size_t pool_bytes() const;
+  int decode_graphs() const;
+  int prefill_graphs() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  double capture_s_ = 0;
+};
+
+}  // namespace ts

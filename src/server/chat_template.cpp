@@ -1,0 +1,166 @@
+#include "server/chat_template.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#if __has_include("chat/jinja.h")
+#include "chat/jinja.h"
+#define TS_HAVE_JINJA 1
+#endif
+#include "core/error.h"
+#include "core/log.h"
+
+namespace ts::server {
+
+struct ChatTemplates::Entry {
+#ifdef TS_HAVE_JINJA
+  std::optional<chat::Template> tpl;
+#else
+  std::optional<std::string> tpl;  // never set: this build has no template engine
+#endif
+  std::string error;  // parse error, reported per request
+};
+
+namespace {
+namespace fs = std::filesystem;
+
+std::optional<std::string> read_file(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  if (!f) return std::nullopt;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+
+std::string token_string(const Json& cfg, const char* key) {
+  auto it = cfg.find(key);
+  if (it == cfg.end() || it->is_null()) return "";
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) return (*it)["content"].get<std::string>();
+  return "";
+}
+
+std::shared_ptr<const ChatTemplates::Entry> make_entry(const std::string& src, bool strict, const std::string& origin) {
+  auto e = std::make_shared<ChatTemplates::Entry>();
+  try {
+#ifdef TS_HAVE_JINJA
+    e->tpl = chat::Template::parse(src);
+#else
+    (void)src;
+    fail("this build has no Jinja engine (src/chat)");
+#endif
+  } catch (const std::exception& ex) {
+    if (strict) fail("chat template {}: {}", origin, ex.what());
+    e->error = fmt::format("The chat template ({}) failed to parse: {}", origin, ex.what());
+    spdlog::warn("{}", e->error);
+  }
+  return e;
+}
+}  // namespace
+
+ChatTemplates ChatTemplates::from_sources(const std::string& default_src, const std::string& tool_use_src,
+                                          const std::string& bos, const std::string& eos) {
+  ChatTemplates t;
+  t.bos_ = bos;
+  t.eos_ = eos;
+  t.origin_ = "inline";
+  if (!default_src.empty()) t.default_ = make_entry(default_src, true, "inline");
+  if (!tool_use_src.empty()) t.tool_use_ = make_entry(tool_use_src, true, "inline tool_use");
+  return t;
+}
+
+ChatTemplates ChatTemplates::load(const std::string& model_dir, const std::string& template_file) {
+  ChatTemplates t;
+  fs::path dir(model_dir);
+  Json cfg = Json::object();
+  if (auto s = read_file(dir / "tokenizer_config.json")) {
+    Json j = Json::parse(*s, nullptr, false);
+    if (j.is_object()) cfg = std::move(j);
+  }
+  t.bos_ = token_string(cfg, "bos_token");
+  t.eos_ = token_string(cfg, "eos_token");
+
+  if (!template_file.empty()) {
+    auto src = read_file(template_file);
+    if (!src) fail("--chat-template: cannot read '{}'", template_file);
+    t.origin_ = template_file;
+    t.default_ = make_entry(*src, true, template_file);
+    return t;
+  }
+  if (auto it = cfg.find("chat_template"); it != cfg.end() && !it->is_null()) {
+    std::string origin = (dir / "tokenizer_config.json").string();
+    if (it->is_string()) {
+      t.origin_ = origin;
+      t.default_ = make_entry(it->get<std::string>(), false, origin);
+      return t;
+    }
+    if (it->is_array()) {
+      std::shared_ptr<const Entry> first;
+      for (auto& e : *it) {
+        if (!e.is_object() || !e.contains("template") || !e["template"].is_string()) continue;
+        std::string name = e.value("name", "");
+        auto entry = make_entry(e["template"].get<std::string>(), false, origin + " (" + name + ")");
+        if (!first) first = entry;
+        if (name == "default") t.default_ = entry;
+        if (name == "tool_use") t.tool_use_ = entry;
+      }
+      if (!t.default_) t.default_ = first;
+      if (t.default_) {
+        t.origin_ = origin;
+        return t;
+      }
+    }
+  }
+  if (auto s = read_file(dir / "chat_template.jinja")) {
+    t.origin_ = (dir / "chat_template.jinja").string();
+    t.default_ = make_entry(*s, false, t.origin_);
+    return t;
+  }
+  if (auto s = read_file(dir / "chat_template.json")) {
+    Json j = Json::parse(*s, nullptr, false);
+    if (j.is_object() && j.contains("chat_template") && j["chat_template"].is_string()) {
+      t.origin_ = (dir / "chat_template.json").string();
+      t.default_ = make_entry(j["chat_template"].get<std::string>(), false, t.origin_);
+    }
+  }
+  return t;
+}
+
+std::string ChatTemplates::render(const Json& messages, const Json& tools, const Json& kwargs,
+                                  bool add_generation_prompt) const {
+  if (!default_)
+    throw ApiError(400,
+                   "This model has no chat template (none in tokenizer_config.json, chat_template.jinja or "
+                   "chat_template.json); start the server with --chat-template FILE to chat with it, or use "
+                   "/v1/completions",
+                   "messages", "no_chat_template");
+  const Entry& e = (tool_use_ && !tools.is_null() && !tools.empty()) ? *tool_use_ : *default_;
+  if (!e.tpl) throw ApiError(400, e.error, "", "chat_template_error");
+  Json ctx = Json::object();
+  ctx["messages"] = messages;
+  ctx["tools"] = tools;
+  ctx["add_generation_prompt"] = add_generation_prompt;
+  ctx["bos_token"] = bos_;
+  ctx["eos_token"] = eos_;
+  if (kwargs.is_object())
+    for (auto& [k, v] : kwargs.items())
+      if (k != "messages" && k != "tools") ctx[k] = v;
+  try {
+#ifdef TS_HAVE_JINJA
+    return e.tpl->render(ctx);
+#else
+    throw ApiError(500, "this build has no Jinja engine (src/chat)");
+#endif
+#ifdef TS_HAVE_JINJA
+  } catch (const chat::TemplateError& ex) {
+    throw ApiError(400, "Chat template error: " + (ex.kind == "TemplateError" ? ex.message : std::string(ex.what())),
+                   "messages", "chat_template_error");
+#endif
+  } catch (const ts::Error& ex) {
+    throw ApiError(400, std::string("Chat template error: ") + ex.what(), "messages", "chat_template_error");
+  }
+}
+
+}  // namespace ts::server

@@ -1,0 +1,46 @@
+// Chat templates for /v1/chat/completions: where the template comes from and how it is rendered.
+// Resolution: --chat-template FILE; else tokenizer_config.json "chat_template" (a string, or a
+// list of {name, template}: "tool_use" when the request has tools and it exists, else "default",
+// else the first); else chat_template.jinja, else chat_template.json in the model directory.
+// The context is what transformers passes: messages, tools, add_generation_prompt, bos_token,
+// eos_token (strings from tokenizer_config.json), plus chat_template_kwargs.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "server/protocol.h"
+
+namespace ts::chat {
+class Template;
+}
+
+namespace ts::server {
+
+class ChatTemplates {
+ public:
+  // Throws ts::Error when `template_file` is given but cannot be read or parsed. A template from
+  // the model directory that fails to parse is kept as an error each chat request reports (400).
+  static ChatTemplates load(const std::string& model_dir, const std::string& template_file = "");
+  // Builds from sources directly (tests): an empty default means "no template".
+  static ChatTemplates from_sources(const std::string& default_src, const std::string& tool_use_src = "",
+                                    const std::string& bos = "", const std::string& eos = "");
+
+  bool available() const { return default_ != nullptr; }
+  const std::string& origin() const { return origin_; }
+  const std::string& bos_token() const { return bos_; }
+  const std::string& eos_token() const { return eos_; }
+
+  // The prompt text. Throws ApiError 400 when there is no template (naming --chat-template) or
+  // when the template raises (with its message).
+  std::string render(const Json& messages, const Json& tools, const Json& kwargs,
+                     bool add_generation_prompt = true) const;
+
+  struct Entry;  // a parsed template, or the parse error to report
+
+ private:
+  std::shared_ptr<const Entry> default_, tool_use_;
+  std::string bos_, eos_, origin_;
+};
+
+}  // namespace ts::server

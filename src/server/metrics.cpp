@@ -1,0 +1,125 @@
+#include "server/metrics.h"
+
+#include <cmath>
+#include <fmt/format.h>
+
+namespace ts::server {
+
+namespace {
+std::string num(double v) {
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  if (std::isnan(v)) return "NaN";
+  return fmt::format("{}", v);
+}
+void metric(std::string& out, const char* name, const char* type, const char* help, const std::string& labels,
+            double v) {
+  out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{}{} {}\n", name, help, name, type, name, labels, num(v));
+}
+// ts::Histogram counts are cumulative already (counts[i] = observations <= bounds[i], last = +Inf).
+void render_engine_histogram(std::string& out, const Histogram& h, const std::string& name, const std::string& help) {
+  out += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+  for (size_t i = 0; i < h.bounds.size(); ++i)
+    out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, num(h.bounds[i]), h.counts[i]);
+  out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, h.counts.back(), name, num(h.sum),
+                     name, h.count);
+}
+}  // namespace
+
+LatencyHistogram::LatencyHistogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void LatencyHistogram::observe(double v, int64_t count) {
+  if (count <= 0) return;
+  size_t i = 0;
+  while (i < bounds_.size() && v > bounds_[i]) ++i;
+  std::lock_guard<std::mutex> lk(mu_);
+  counts_[i] += count;
+  sum_ += v * static_cast<double>(count);
+  n_ += count;
+}
+
+void LatencyHistogram::render(std::string& out, const std::string& name, const std::string& help) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  out += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+  int64_t cum = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cum += counts_[i];
+    out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, num(bounds_[i]), cum);
+  }
+  cum += counts_.back();
+  out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, cum, name, num(sum_), name, n_);
+}
+
+ServerMetrics::ServerMetrics()
+    : ttft({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}),
+      itl({0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
+           0.5, 0.75, 1, 2.5}),
+      e2e({0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320}) {}
+
+void ServerMetrics::count_http(int status) {
+  std::lock_guard<std::mutex> lk(mu);
+  ++http_by_status[status];
+}
+
+std::string render_prometheus(const EngineMetrics* e, ServerMetrics& s, const std::string& model_name) {
+  std::string out;
+  std::string l = fmt::format("{{model_name=\"{}\"}}", model_name);
+  metric(out, "tokenspeed_model_ready", "gauge", "1 once the model is loaded and serving.", l, e ? 1 : 0);
+  if (e) {
+    metric(out, "tokenspeed_requests_total", "counter", "Generation requests submitted to the engine.", l,
+           static_cast<double>(e->requests_total));
+    metric(out, "tokenspeed_requests_finished_total", "counter", "Requests that finished (stop or length).", l,
+           static_cast<double>(e->requests_finished));
+    metric(out, "tokenspeed_requests_aborted_total", "counter", "Requests aborted (client gone, cancel, error).", l,
+           static_cast<double>(e->requests_aborted));
+    metric(out, "tokenspeed_prompt_tokens_total", "counter", "Prompt tokens processed.", l,
+           static_cast<double>(e->prompt_tokens));
+    metric(out, "tokenspeed_generation_tokens_total", "counter", "Tokens generated.", l,
+           static_cast<double>(e->generation_tokens));
+    metric(out, "tokenspeed_cached_prompt_tokens_total", "counter", "Prompt tokens served from the prefix cache.", l,
+           static_cast<double>(e->cached_prompt_tokens));
+    metric(out, "tokenspeed_num_requests_running", "gauge", "Requests in the running batch.", l, e->running);
+    metric(out, "tokenspeed_num_requests_waiting", "gauge", "Requests waiting to be scheduled.", l, e->waiting);
+    metric(out, "tokenspeed_kv_cache_usage_ratio", "gauge", "Fraction of KV cache blocks in use.", l, e->kv_usage);
+    metric(out, "tokenspeed_kv_cache_total_blocks", "gauge", "KV cache blocks in the pool.", l,
+           static_cast<double>(e->kv_total_blocks));
+    metric(out, "tokenspeed_kv_cache_used_blocks", "gauge", "KV cache blocks in use.", l,
+           static_cast<double>(e->kv_used_blocks));
+    metric(out, "tokenspeed_prefix_cache_hit_rate", "gauge", "Cached prompt tokens / prompt tokens.", l,
+           e->prefix_hit_rate);
+    metric(out, "tokenspeed_engine_step_host_time_us", "gauge", "Mean host time per engine step (microseconds).", l,
+           e->step_host_us_mean);
+    metric(out, "tokenspeed_engine_steps_total", "counter", "Engine steps run.", l, static_cast<double>(e->steps));
+    metric(out, "tokenspeed_retractions_total", "counter", "Requests preempted (retracted) for lack of KV blocks.", l,
+           static_cast<double>(e->retractions));
+    if (e->spec_verify_steps > 0) {
+      metric(out, "tokenspeed_spec_decode_verify_steps_total", "counter", "Speculative verify steps.", l,
+             static_cast<double>(e->spec_verify_steps));
+      metric(out, "tokenspeed_spec_decode_accepted_tokens_total", "counter", "Tokens accepted by verification.", l,
+             static_cast<double>(e->spec_accepted_tokens));
+      metric(out, "tokenspeed_spec_decode_accepted_length", "gauge", "Mean tokens accepted per verify step.", l,
+             static_cast<double>(e->spec_accepted_tokens) / static_cast<double>(e->spec_verify_steps));
+    }
+  }
+  // Latency histograms: the engine's (measured on the engine thread) when it keeps them, else the
+  // ones the HTTP layer observes.
+  auto hist = [&](const Histogram* eh, const LatencyHistogram& sh, const char* name, const char* help) {
+    if (eh && !eh->bounds.empty() && eh->counts.size() == eh->bounds.size() + 1) render_engine_histogram(out, *eh, name, help);
+    else sh.render(out, name, help);
+  };
+  hist(e ? &e->ttft_s : nullptr, s.ttft, "tokenspeed_time_to_first_token_seconds", "Time to first token.");
+  hist(e ? &e->itl_s : nullptr, s.itl, "tokenspeed_inter_token_latency_seconds", "Time between output tokens.");
+  hist(e ? &e->e2e_s : nullptr, s.e2e, "tokenspeed_e2e_request_latency_seconds", "End-to-end request latency.");
+  metric(out, "tokenspeed_http_generate_requests_total", "counter",
+         "Completion and chat requests accepted by the HTTP layer (before n / batch fan-out).", l,
+         static_cast<double>(s.generate_requests.load()));
+  out += "# HELP tokenspeed_http_requests_total HTTP responses by status code.\n"
+         "# TYPE tokenspeed_http_requests_total counter\n";
+  {
+    std::lock_guard<std::mutex> lk(s.mu);
+    for (auto& [code, n] : s.http_by_status)
+      out += fmt::format("tokenspeed_http_requests_total{{code=\"{}\"}} {}\n", code, n);
+  }
+  return out;
+}
+
+}  // namespace ts::server

@@ -1,0 +1,276 @@
+#include "server/output_parsers.h"
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "server/protocol.h"
+
+namespace ts::server {
+
+namespace {
+constexpr std::string_view kThinkOpen = "<think>", kThinkClose = "</think>";
+constexpr std::string_view kCallOpen = "<tool_call>", kCallClose = "</tool_call>";
+constexpr std::string_view kPythonTag = "<|python_tag|>";
+
+// Length of the longest suffix of `buf` that is a proper prefix of `tag` (held back: the tag
+// may complete in the next piece).
+size_t partial_suffix(std::string_view buf, std::string_view tag) {
+  size_t max = std::min(buf.size(), tag.size() - 1);
+  for (size_t n = max; n > 0; --n)
+    if (buf.substr(buf.size() - n) == tag.substr(0, n)) return n;
+  return 0;
+}
+
+bool is_ws(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && is_ws(s.front())) s.remove_prefix(1);
+  while (!s.empty() && is_ws(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+// Splits "{...}; {...}" into top-level JSON objects (string-aware); false on anything else.
+bool split_objects(std::string_view s, std::vector<std::string_view>& out) {
+  size_t i = 0;
+  while (true) {
+    while (i < s.size() && (is_ws(s[i]) || s[i] == ';')) ++i;
+    if (i == s.size()) return !out.empty();
+    if (s[i] != '{') return false;
+    size_t start = i;
+    int depth = 0;
+    bool in_str = false, esc = false;
+    for (; i < s.size(); ++i) {
+      char c = s[i];
+      if (in_str) {
+        if (esc) esc = false;
+        else if (c == '\\') esc = true;
+        else if (c == '"') in_str = false;
+      } else if (c == '"') {
+        in_str = true;
+      } else if (c == '{' || c == '[') {
+        ++depth;
+      } else if (c == '}' || c == ']') {
+        if (--depth == 0) {
+          ++i;
+          break;
+        }
+      }
+    }
+    if (depth != 0) return false;
+    out.push_back(s.substr(start, i - start));
+  }
+}
+}  // namespace
+
+bool parse_tool_call_json(std::string_view text, ToolCall& call) {
+  Json j = Json::parse(text.begin(), text.end(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return false;
+  auto name = j.find("name");
+  if (name == j.end() || !name->is_string() || name->get<std::string>().empty()) return false;
+  call.name = name->get<std::string>();
+  auto args = j.find("arguments");
+  if (args == j.end()) args = j.find("parameters");
+  if (args == j.end() || args->is_null()) call.arguments = "{}";
+  else if (args->is_string()) call.arguments = args->get<std::string>();
+  else call.arguments = dump(*args);
+  return true;
+}
+
+// --- reasoning ---------------------------------------------------------------------------------
+ReasoningParser::Kind ReasoningParser::kind_from_name(const std::string& name) {
+  if (name.empty() || name == "none") return Kind::none;
+  if (name == "qwen3") return Kind::qwen3;
+  if (name == "deepseek-r1" || name == "deepseek_r1") return Kind::deepseek_r1;
+  fail("unknown --reasoning-parser '{}' (expected qwen3 or deepseek-r1)", name);
+}
+
+ReasoningParser::ReasoningParser(Kind k) : kind_(k), state_(k == Kind::none ? State::content : State::start) {}
+
+void ReasoningParser::feed(std::string_view text, std::string& reasoning, std::string& content) {
+  buf_.append(text);
+  while (true) {
+    if (state_ == State::start) {
+      if (buf_.size() < kThinkOpen.size() && kThinkOpen.substr(0, buf_.size()) == buf_) return;
+      if (buf_.starts_with(kThinkOpen)) {
+        buf_.erase(0, kThinkOpen.size());
+        state_ = State::reasoning;
+      } else {
+        state_ = kind_ == Kind::deepseek_r1 ? State::reasoning : State::content;
+      }
+    } else if (state_ == State::reasoning) {
+      size_t pos = buf_.find(kThinkClose);
+      if (pos != std::string::npos) {
+        reasoning.append(buf_, 0, pos);
+        buf_.erase(0, pos + kThinkClose.size());
+        state_ = State::content;
+        continue;
+      }
+      size_t keep = partial_suffix(buf_, kThinkClose);
+      reasoning.append(buf_, 0, buf_.size() - keep);
+      buf_.erase(0, buf_.size() - keep);
+      return;
+    } else {
+      content += buf_;
+      buf_.clear();
+      return;
+    }
+  }
+}
+
+void ReasoningParser::finish(std::string& reasoning, std::string& content) {
+  bool to_reasoning = state_ == State::reasoning || (state_ == State::start && kind_ == Kind::deepseek_r1);
+  (to_reasoning ? reasoning : content) += buf_;
+  buf_.clear();
+}
+
+// --- tool calls --------------------------------------------------------------------------------
+ToolCallParser::Kind ToolCallParser::kind_from_name(const std::string& name) {
+  if (name.empty() || name == "none") return Kind::none;
+  if (name == "hermes" || name == "qwen" || name == "qwen25" || name == "qwen3") return Kind::hermes;
+  if (name == "llama3" || name == "llama3_json" || name == "llama") return Kind::llama3;
+  fail("unknown --tool-call-parser '{}' (expected hermes, qwen, qwen25, llama3 or llama3_json)", name);
+}
+
+ToolCallParser::ToolCallParser(Kind k)
+    : kind_(k), state_(k == Kind::llama3 ? State::start : State::text) {}
+
+void ToolCallParser::emit_text(std::string_view s, std::string& content) {
+  if (ncalls_ == 0) {
+    content.append(s);
+    return;
+  }
+  // After a call, whitespace between/after calls is dropped; other text is kept.
+  ws_.append(s);
+  for (char c : ws_)
+    if (!is_ws(c)) {
+      content += ws_;
+      ws_.clear();
+      return;
+    }
+}
+
+void ToolCallParser::close_call(std::string& content, std::vector<ToolCall>& calls, bool closed) {
+  ToolCall call;
+  if (parse_tool_call_json(trim(buf_), call)) {
+    call.id = random_id("call_");
+    calls.push_back(std::move(call));
+    ++ncalls_;
+    ws_.clear();
+  } else {
+    emit_text(std::string(kCallOpen) + buf_ + (closed ? std::string(kCallClose) : ""), content);
+  }
+  buf_.clear();
+}
+
+void ToolCallParser::feed(std::string_view text, std::string& content, std::vector<ToolCall>& calls) {
+  if (kind_ == Kind::none) {
+    content.append(text);
+    return;
+  }
+  buf_.append(text);
+  while (true) {
+    switch (state_) {
+      case State::text: {
+        if (kind_ == Kind::llama3) {
+          content += buf_;
+          buf_.clear();
+          return;
+        }
+        size_t pos = buf_.find(kCallOpen);
+        if (pos != std::string::npos) {
+          emit_text(std::string_view(buf_).substr(0, pos), content);
+          ws_.clear();
+          buf_.erase(0, pos + kCallOpen.size());
+          state_ = State::call;
+          continue;
+        }
+        size_t keep = partial_suffix(buf_, kCallOpen);
+        emit_text(std::string_view(buf_).substr(0, buf_.size() - keep), content);
+        buf_.erase(0, buf_.size() - keep);
+        return;
+      }
+      case State::call: {
+        size_t pos = buf_.find(kCallClose);
+        if (pos == std::string::npos) return;
+        std::string rest = buf_.substr(pos + kCallClose.size());
+        buf_.resize(pos);
+        close_call(content, calls, true);
+        buf_ = std::move(rest);
+        state_ = State::text;
+        continue;
+      }
+      case State::start: {  // llama3: decide from the first non-space characters
+        size_t i = 0;
+        while (i < buf_.size() && is_ws(buf_[i])) ++i;
+        if (i == buf_.size()) return;
+        std::string_view rest = std::string_view(buf_).substr(i);
+        if (rest[0] == '{' || rest.starts_with(kPythonTag)) {
+          state_ = State::json;
+          return;
+        }
+        if (rest.size() < kPythonTag.size() && kPythonTag.substr(0, rest.size()) == rest) return;
+        state_ = State::text;
+        continue;
+      }
+      case State::json:
+        return;  // decided at finish()
+    }
+  }
+}
+
+void ToolCallParser::finish(std::string& content, std::vector<ToolCall>& calls) {
+  if (kind_ == Kind::none) return;
+  switch (state_) {
+    case State::call:
+      close_call(content, calls, false);
+      break;
+    case State::json: {
+      std::string_view s = trim(buf_);
+      if (s.starts_with(kPythonTag)) s.remove_prefix(kPythonTag.size());
+      std::vector<std::string_view> objs;
+      std::vector<ToolCall> parsed;
+      bool ok = split_objects(s, objs);
+      for (size_t i = 0; ok && i < objs.size(); ++i) {
+        ToolCall c;
+        ok = parse_tool_call_json(objs[i], c);
+        if (ok) {
+          c.id = random_id("call_");
+          parsed.push_back(std::move(c));
+        }
+      }
+      if (ok) {
+        ncalls_ += static_cast<int>(parsed.size());
+        for (auto& c : parsed) calls.push_back(std::move(c));
+      } else {
+        content += buf_;
+      }
+      break;
+    }
+    default:
+      emit_text(buf_, content);
+      break;
+  }
+  buf_.clear();
+  ws_.clear();
+  state_ = State::text;
+}
+
+// --- chained ------------------------------------------------------------------------------------
+ChatDelta ChatOutputParser::feed(std::string_view text) {
+  ChatDelta d;
+  std::string content;
+  reasoning_.feed(text, d.reasoning, content);
+  if (!content.empty()) tools_.feed(content, d.content, d.tool_calls);
+  return d;
+}
+
+ChatDelta ChatOutputParser::finish() {
+  ChatDelta d;
+  std::string content;
+  reasoning_.finish(d.reasoning, content);
+  if (!content.empty()) tools_.feed(content, d.content, d.tool_calls);
+  tools_.finish(d.content, d.tool_calls);
+  return d;
+}
+
+}  // namespace ts::server

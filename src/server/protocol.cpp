@@ -1,0 +1,529 @@
+#include "server/protocol.h"
+
+#include <chrono>
+#include <cmath>
+#include <fmt/format.h>
+#include <random>
+
+namespace ts::server {
+
+namespace {
+const char* error_type(int status) {
+  switch (status) {
+    case 400: return "invalid_request_error";
+    case 401: return "authentication_error";
+    case 404: return "invalid_request_error";  // as OpenAI answers model_not_found
+    case 405: return "method_not_allowed";
+    case 413: return "request_too_large";
+    case 503: return "service_unavailable";
+    default: return status >= 500 ? "server_error" : "invalid_request_error";
+  }
+}
+
+[[noreturn]] void bad(const std::string& msg, const std::string& param = "") {
+  throw ApiError(400, msg, param);
+}
+
+const char* type_name(const Json& v) {
+  switch (v.type()) {
+    case Json::value_t::null: return "null";
+    case Json::value_t::boolean: return "boolean";
+    case Json::value_t::string: return "string";
+    case Json::value_t::array: return "array";
+    case Json::value_t::object: return "object";
+    case Json::value_t::number_float: return "number";
+    default: return "integer";
+  }
+}
+}  // namespace
+
+Json error_body(int status, const std::string& message, const std::string& param, const std::string& code) {
+  Json e = Json::object();
+  e["message"] = message;
+  e["type"] = error_type(status);
+  e["param"] = param.empty() ? Json(nullptr) : Json(param);
+  e["code"] = code.empty() ? Json(nullptr) : Json(code);
+  Json out = Json::object();
+  out["error"] = std::move(e);
+  return out;
+}
+
+std::string dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+Json parse_body(const std::string& body) {
+  Json j;
+  try {
+    j = Json::parse(body);
+  } catch (const Json::parse_error& e) {
+    std::string what = e.what();
+    // nlohmann: "[json.exception.parse_error.101] parse error at line 1, column 5: ..."
+    auto pos = what.find("] ");
+    throw ApiError(400, "Invalid JSON body: " + (pos == std::string::npos ? what : what.substr(pos + 2)));
+  }
+  if (!j.is_object()) throw ApiError(400, std::string("The request body must be a JSON object, got ") + type_name(j));
+  return j;
+}
+
+std::optional<int64_t> get_int(const Json& o, const char* key) {
+  auto it = o.find(key);
+  if (it == o.end() || it->is_null()) return std::nullopt;
+  if (it->is_number_integer()) return it->get<int64_t>();
+  if (it->is_number_float()) {
+    double d = it->get<double>();
+    if (std::isfinite(d) && d == std::floor(d) && std::abs(d) < 9e18) return static_cast<int64_t>(d);
+  }
+  bad(fmt::format("'{}' must be an integer, got {}", key, type_name(*it)), key);
+}
+
+std::optional<double> get_number(const Json& o, const char* key) {
+  auto it = o.find(key);
+  if (it == o.end() || it->is_null()) return std::nullopt;
+  if (it->is_number()) return it->get<double>();
+  bad(fmt::format("'{}' must be a number, got {}", key, type_name(*it)), key);
+}
+
+std::optional<bool> get_bool(const Json& o, const char* key) {
+  auto it = o.find(key);
+  if (it == o.end() || it->is_null()) return std::nullopt;
+  if (it->is_boolean()) return it->get<bool>();
+  bad(fmt::format("'{}' must be a boolean, got {}", key, type_name(*it)), key);
+}
+
+std::optional<std::string> get_string(const Json& o, const char* key) {
+  auto it = o.find(key);
+  if (it == o.end() || it->is_null()) return std::nullopt;
+  if (it->is_string()) return it->get<std::string>();
+  bad(fmt::format("'{}' must be a string, got {}", key, type_name(*it)), key);
+}
+
+void check_model(const Json& body, const ModelInfo& info) {
+  auto m = get_string(body, "model");
+  if (!m || m->empty() || *m == info.served_name || *m == info.model_path) return;
+  throw ApiError(404, fmt::format("The model '{}' does not exist; this server serves '{}'", *m, info.served_name),
+                 "model", "model_not_found");
+}
+
+void parse_sampling(const Json& body, GenerateParams& p, int64_t vocab_size) {
+  if (auto t = get_number(body, "temperature")) {
+    if (!(*t >= 0) || !std::isfinite(*t)) bad(fmt::format("'temperature' must be >= 0, got {}", *t), "temperature");
+    p.temperature = static_cast<float>(*t);
+  }
+  if (auto t = get_number(body, "top_p")) {
+    if (!(*t > 0 && *t <= 1)) bad(fmt::format("'top_p' must be in (0, 1], got {}", *t), "top_p");
+    p.top_p = static_cast<float>(*t);
+  }
+  if (auto k = get_int(body, "top_k")) {
+    if (*k < -1) bad(fmt::format("'top_k' must be -1 (off), 0 (off) or a positive integer, got {}", *k), "top_k");
+    p.top_k = *k <= 0 ? 0 : static_cast<int>(std::min<int64_t>(*k, 1 << 30));
+  }
+  if (auto m = get_number(body, "min_p")) {
+    if (!(*m >= 0 && *m <= 1)) bad(fmt::format("'min_p' must be in [0, 1], got {}", *m), "min_p");
+    p.min_p = static_cast<float>(*m);
+  }
+  if (auto s = get_int(body, "seed")) p.seed = static_cast<uint64_t>(*s);
+  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
+    if (auto v = get_number(body, key)) {
+      if (!(*v >= -2 && *v <= 2)) bad(fmt::format("'{}' must be in [-2, 2], got {}", key, *v), key);
+      (std::string(key) == "presence_penalty" ? p.presence_penalty : p.frequency_penalty) = static_cast<float>(*v);
+    }
+  }
+  if (auto v = get_number(body, "repetition_penalty")) {
+    if (!(*v > 0) || !std::isfinite(*v)) bad(fmt::format("'repetition_penalty' must be > 0, got {}", *v), "repetition_penalty");
+    p.repetition_penalty = static_cast<float>(*v);
+  }
+  if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
+    if (it->is_string()) {
+      if (!it->get<std::string>().empty()) p.stop.push_back(it->get<std::string>());
+    } else if (it->is_array()) {
+      for (auto& s : *it) {
+        if (!s.is_string()) bad("'stop' must be a string or a list of strings", "stop");
+        if (!s.get<std::string>().empty()) p.stop.push_back(s.get<std::string>());
+      }
+    } else {
+      bad(fmt::format("'stop' must be a string or a list of strings, got {}", type_name(*it)), "stop");
+    }
+  }
+  if (auto it = body.find("stop_token_ids"); it != body.end() && !it->is_null()) {
+    if (!it->is_array()) bad("'stop_token_ids' must be a list of integers", "stop_token_ids");
+    for (auto& v : *it) {
+      if (!v.is_number_integer()) bad("'stop_token_ids' must be a list of integers", "stop_token_ids");
+      int64_t id = v.get<int64_t>();
+      if (id < 0 || id >= vocab_size)
+        bad(fmt::format("'stop_token_ids' contains {}, outside the vocabulary [0, {})", id, vocab_size), "stop_token_ids");
+      p.stop_token_ids.push_back(static_cast<int32_t>(id));
+    }
+  }
+  if (auto b = get_bool(body, "ignore_eos")) p.ignore_eos = *b;
+}
+
+std::optional<int64_t> parse_max_tokens(const Json& body, const char* alt) {
+  const char* key = "max_tokens";
+  auto m = get_int(body, key);
+  if (!m && alt) {
+    key = alt;
+    m = get_int(body, alt);
+  }
+  if (m && *m <= 0) bad(fmt::format("'{}' must be at least 1, got {}", key, *m), key);
+  return m;
+}
+
+int parse_n(const Json& body) {
+  auto n = get_int(body, "n");
+  if (!n) return 1;
+  if (*n < 1 || *n > 128) bad(fmt::format("'n' must be in [1, 128], got {}", *n), "n");
+  return static_cast<int>(*n);
+}
+
+void parse_stream(const Json& body, bool& stream, bool& include_usage) {
+  stream = get_bool(body, "stream").value_or(false);
+  include_usage = false;
+  if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) bad("'stream_options' must be an object", "stream_options");
+    if (!stream) bad("'stream_options' is only allowed when 'stream' is true", "stream_options");
+    include_usage = get_bool(*it, "include_usage").value_or(false);
+  }
+}
+
+void check_context(int64_t prompt_tokens, int64_t max_tokens, int64_t context_length, const char* what) {
+  if (prompt_tokens + max_tokens > context_length) {
+    throw ApiError(400,
+                   fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens "
+                               "({} in the {}, {} for the completion). Please reduce the length of the {} or "
+                               "completion.",
+                               context_length, prompt_tokens + max_tokens, prompt_tokens,
+                               std::string(what) == "prompt" ? "prompt" : "messages", max_tokens,
+                               std::string(what) == "prompt" ? "prompt" : "messages"),
+                   what);
+  }
+}
+
+void check_token_ids(const std::vector<int32_t>& ids, int64_t vocab_size, const char* param) {
+  for (int32_t id : ids)
+    if (id < 0 || id >= vocab_size)
+      bad(fmt::format("Token id {} is outside the vocabulary [0, {})", id, vocab_size), param);
+}
+
+// --- completions -----------------------------------------------------------------------------
+CompletionRequest parse_completion_request(const Json& body, const ModelInfo& info, const EncodeFn& encode,
+                                           const DecodeFn& decode) {
+  check_model(body, info);
+  CompletionRequest r;
+  auto it = body.find("prompt");
+  if (it == body.end() || it->is_null()) bad("'prompt' is required", "prompt");
+  auto ids_of = [&](const Json& arr) {
+    std::vector<int32_t> ids;
+    ids.reserve(arr.size());
+    for (auto& v : arr) {
+      if (!v.is_number_integer()) bad("'prompt' token lists must contain only integers", "prompt");
+      int64_t id = v.get<int64_t>();
+      if (id < 0 || id >= info.vocab_size)
+        bad(fmt::format("Token id {} in 'prompt' is outside the vocabulary [0, {})", id, info.vocab_size), "prompt");
+      ids.push_back(static_cast<int32_t>(id));
+    }
+    return ids;
+  };
+  std::vector<Json> items;
+  if (it->is_string()) {
+    items.push_back(*it);
+  } else if (it->is_array()) {
+    if (it->empty()) bad("'prompt' must not be empty", "prompt");
+    if ((*it)[0].is_number()) {
+      items.push_back(*it);  // one prompt of token ids
+    } else {
+      for (auto& v : *it) {
+        if (!v.is_string() && !v.is_array())
+          bad("'prompt' must be a string, a list of token ids, or a list of either", "prompt");
+        items.push_back(v);
+      }
+    }
+  } else {
+    bad(fmt::format("'prompt' must be a string, a list of token ids, or a list of either, got {}", type_name(*it)),
+        "prompt");
+  }
+  for (auto& v : items) {
+    PromptInput pi;
+    if (v.is_string()) {
+      pi.text = v.get<std::string>();
+      pi.from_text = true;
+      if (pi.text.empty()) bad("'prompt' must not be empty", "prompt");
+      pi.ids = encode(pi.text);
+    } else {
+      pi.ids = ids_of(v);
+    }
+    if (pi.ids.empty()) bad("'prompt' must not be empty", "prompt");
+    r.prompts.push_back(std::move(pi));
+  }
+
+  auto mt = parse_max_tokens(body);
+  int64_t max_tokens = mt.value_or(16);
+  parse_sampling(body, r.params, info.vocab_size);
+  r.n = parse_n(body);
+  parse_stream(body, r.stream, r.include_usage);
+  r.echo = get_bool(body, "echo").value_or(false);
+  if (auto lp = body.find("logprobs"); lp != body.end() && !lp->is_null()) {
+    if (lp->is_boolean()) bad("'logprobs' must be an integer (the number of top tokens) for completions", "logprobs");
+    auto k = get_int(body, "logprobs");
+    if (*k < 0 || *k > 20) bad(fmt::format("'logprobs' must be in [0, 20], got {}", *k), "logprobs");
+    r.logprobs = static_cast<int>(*k);
+  }
+  if (auto bo = get_int(body, "best_of"); bo && *bo != r.n && *bo != 1)
+    bad("'best_of' is not supported (only best_of == n)", "best_of");
+  if (auto s = get_string(body, "suffix"); s && !s->empty()) bad("'suffix' is not supported", "suffix");
+
+  for (auto& pi : r.prompts) {
+    check_context(static_cast<int64_t>(pi.ids.size()), max_tokens, info.context_length, "prompt");
+    if (!pi.from_text && r.echo) pi.text = decode(pi.ids);
+  }
+  r.params.max_tokens = static_cast<int>(max_tokens);
+  r.params.logprobs = r.logprobs;
+  return r;
+}
+
+// --- chat ------------------------------------------------------------------------------------
+namespace {
+std::string content_to_string(const Json& content, size_t i) {
+  std::string param = fmt::format("messages[{}].content", i);
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) bad(fmt::format("'{}' must be a string or a list of content parts", param), param);
+  std::string out;
+  bool first = true;
+  for (auto& part : content) {
+    if (!part.is_object()) bad(fmt::format("'{}' parts must be objects", param), param);
+    auto type = get_string(part, "type");
+    if (!type) bad(fmt::format("'{}' parts need a 'type'", param), param);
+    if (*type != "text")
+      bad(fmt::format("Content part type '{}' is not supported (only 'text')", *type), param);
+    auto text = get_string(part, "text");
+    if (!text) bad(fmt::format("'{}' text parts need a 'text' string", param), param);
+    if (!first) out += "\n";
+    out += *text;
+    first = false;
+  }
+  return out;
+}
+}  // namespace
+
+ChatRequest parse_chat_request(const Json& body, const ModelInfo& info) {
+  check_model(body, info);
+  ChatRequest r;
+  auto mit = body.find("messages");
+  if (mit == body.end() || mit->is_null()) bad("'messages' is required", "messages");
+  if (!mit->is_array()) bad("'messages' must be a list", "messages");
+  if (mit->empty()) bad("'messages' must not be empty", "messages");
+  for (size_t i = 0; i < mit->size(); ++i) {
+    const Json& m = (*mit)[i];
+    std::string mp = fmt::format("messages[{}]", i);
+    if (!m.is_object()) bad(fmt::format("'{}' must be an object", mp), mp);
+    auto rit = m.find("role");
+    if (rit == m.end() || !rit->is_string()) bad(fmt::format("'{}.role' is required (a string)", mp), mp + ".role");
+    std::string role = rit->get<std::string>();
+    if (role != "system" && role != "developer" && role != "user" && role != "assistant" && role != "tool")
+      bad(fmt::format("'{}.role' is '{}'; expected one of system, developer, user, assistant, tool", mp, role),
+          mp + ".role");
+    Json out = Json::object();
+    for (auto& [k, v] : m.items()) out[k] = v;
+    auto cit = m.find("content");
+    bool has_tool_calls = false;
+    if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null()) {
+      if (role != "assistant") bad(fmt::format("'{}.tool_calls' is only allowed for assistant messages", mp), mp + ".tool_calls");
+      if (!tc->is_array()) bad(fmt::format("'{}.tool_calls' must be a list", mp), mp + ".tool_calls");
+      Json calls = Json::array();
+      for (size_t j = 0; j < tc->size(); ++j) {
+        const Json& c = (*tc)[j];
+        std::string cp = fmt::format("{}.tool_calls[{}]", mp, j);
+        if (!c.is_object()) bad(fmt::format("'{}' must be an object", cp), cp);
+        auto fit = c.find("function");
+        if (fit == c.end() || !fit->is_object()) bad(fmt::format("'{}.function' is required", cp), cp + ".function");
+        if (!get_string(*fit, "name")) bad(fmt::format("'{}.function.name' is required", cp), cp + ".function.name");
+        Json call = c;
+        // Templates expect arguments as a mapping (transformers' convention); OpenAI sends a string.
+        if (auto ait = fit->find("arguments"); ait != fit->end() && ait->is_string()) {
+          try {
+            Json parsed = Json::parse(ait->get<std::string>());
+            if (parsed.is_object()) call["function"]["arguments"] = std::move(parsed);
+          } catch (const Json::exception&) {
+          }
+        }
+        calls.push_back(std::move(call));
+      }
+      out["tool_calls"] = std::move(calls);
+      has_tool_calls = !tc->empty();
+    }
+    if (cit == m.end() || cit->is_null()) {
+      if (!(role == "assistant" && has_tool_calls))
+        bad(fmt::format("'{}.content' is required for role '{}'", mp, role), mp + ".content");
+      out["content"] = nullptr;
+    } else {
+      out["content"] = content_to_string(*cit, i);
+    }
+    if (role == "tool") {
+      if (auto id = m.find("tool_call_id"); id != m.end() && !id->is_null() && !id->is_string())
+        bad(fmt::format("'{}.tool_call_id' must be a string", mp), mp + ".tool_call_id");
+    }
+    r.messages.push_back(std::move(out));
+  }
+
+  if (auto tit = body.find("tools"); tit != body.end() && !tit->is_null()) {
+    if (!tit->is_array()) bad("'tools' must be a list", "tools");
+    for (size_t i = 0; i < tit->size(); ++i) {
+      const Json& t = (*tit)[i];
+      std::string tp = fmt::format("tools[{}]", i);
+      if (!t.is_object()) bad(fmt::format("'{}' must be an object", tp), tp);
+      auto type = get_string(t, "type");
+      if (!type || *type != "function")
+        bad(fmt::format("'{}.type' must be \"function\"", tp), tp + ".type");
+      auto fit = t.find("function");
+      if (fit == t.end() || !fit->is_object()) bad(fmt::format("'{}.function' is required (an object)", tp), tp + ".function");
+      auto name = fit->find("name");
+      if (name == fit->end() || !name->is_string() || name->get<std::string>().empty())
+        bad(fmt::format("'{}.function.name' is required (a non-empty string)", tp), tp + ".function.name");
+      if (auto pit = fit->find("parameters"); pit != fit->end() && !pit->is_null() && !pit->is_object())
+        bad(fmt::format("'{}.function.parameters' must be an object (a JSON schema)", tp), tp + ".function.parameters");
+    }
+    if (!tit->empty()) r.tools = *tit;
+  }
+  if (auto cit = body.find("tool_choice"); cit != body.end() && !cit->is_null()) {
+    if (cit->is_string()) {
+      std::string c = cit->get<std::string>();
+      if (c == "none") r.tool_choice = ToolChoice::none;
+      else if (c == "auto") r.tool_choice = ToolChoice::auto_;
+      else if (c == "required") r.tool_choice = ToolChoice::required;
+      else bad(fmt::format("'tool_choice' must be none, auto, required or a named function, got '{}'", c), "tool_choice");
+    } else if (cit->is_object()) {
+      auto fit = cit->find("function");
+      std::string name;
+      if (fit != cit->end() && fit->is_object()) name = get_string(*fit, "name").value_or("");
+      if (name.empty()) bad("'tool_choice.function.name' is required", "tool_choice");
+      r.tool_choice = ToolChoice::named;
+      r.tool_choice_name = name;
+    } else {
+      bad("'tool_choice' must be a string or an object", "tool_choice");
+    }
+    if (r.tool_choice != ToolChoice::none && r.tool_choice != ToolChoice::auto_ && r.tools.is_null())
+      bad("'tool_choice' requires 'tools'", "tool_choice");
+    if (r.tool_choice == ToolChoice::named) {
+      bool found = false;
+      for (auto& t : r.tools) found |= t["function"]["name"] == r.tool_choice_name;
+      if (!found) bad(fmt::format("'tool_choice' names '{}', which is not in 'tools'", r.tool_choice_name), "tool_choice");
+    }
+  }
+  if (auto rf = body.find("response_format"); rf != body.end() && !rf->is_null()) {
+    if (!rf->is_object()) bad("'response_format' must be an object", "response_format");
+    auto type = get_string(*rf, "type").value_or("text");
+    if (type != "text")
+      bad(fmt::format("response_format type '{}' is not supported by this server", type), "response_format");
+  }
+  if (auto kw = body.find("chat_template_kwargs"); kw != body.end() && !kw->is_null()) {
+    if (!kw->is_object()) bad("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+    r.template_kwargs = *kw;
+  }
+
+  r.max_tokens = parse_max_tokens(body, "max_completion_tokens");
+  parse_sampling(body, r.params, info.vocab_size);
+  r.n = parse_n(body);
+  parse_stream(body, r.stream, r.include_usage);
+  r.logprobs = get_bool(body, "logprobs").value_or(false);
+  if (auto k = get_int(body, "top_logprobs")) {
+    if (*k < 0 || *k > 20) bad(fmt::format("'top_logprobs' must be in [0, 20], got {}", *k), "top_logprobs");
+    if (!r.logprobs && *k > 0) bad("'top_logprobs' requires 'logprobs': true", "top_logprobs");
+    r.top_logprobs = static_cast<int>(*k);
+  }
+  r.params.logprobs = r.logprobs ? r.top_logprobs : -1;
+  return r;
+}
+
+// --- responses -------------------------------------------------------------------------------
+std::string random_id(const std::string& prefix) {
+  static const char alphabet[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::string s = prefix;
+  for (int i = 0; i < 24; ++i) s += alphabet[rng() % (sizeof(alphabet) - 1)];
+  return s;
+}
+
+int64_t unix_time() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+const char* finish_reason_str(FinishReason r) {
+  switch (r) {
+    case FinishReason::stop: return "stop";
+    case FinishReason::length: return "length";
+    case FinishReason::abort: return "abort";
+    default: return "";
+  }
+}
+
+Json usage_json(const Usage& u) {
+  Json j = Json::object();
+  j["prompt_tokens"] = u.prompt_tokens;
+  j["completion_tokens"] = u.completion_tokens;
+  j["total_tokens"] = u.prompt_tokens + u.completion_tokens;
+  j["prompt_tokens_details"] = Json{{"cached_tokens", u.cached_tokens}};
+  return j;
+}
+
+void CompletionLogprobs::add(const std::vector<TokenLogprob>& lps, const std::function<std::string(int32_t)>& piece,
+                             size_t& offset) {
+  for (auto& lp : lps) {
+    std::string tok = piece(lp.id);
+    tokens.push_back(tok);
+    token_logprobs.push_back(lp.logprob);
+    Json top = Json::object();
+    for (auto& [id, l] : lp.top) {
+      std::string t = piece(id);
+      if (!top.contains(t)) top[t] = l;
+    }
+    top_logprobs.push_back(std::move(top));
+    text_offset.push_back(offset);
+    offset += tok.size();
+  }
+}
+
+void CompletionLogprobs::add_prompt(const std::vector<int32_t>& ids, const std::function<std::string(int32_t)>& piece,
+                                    size_t& offset) {
+  for (int32_t id : ids) {
+    std::string tok = piece(id);
+    tokens.push_back(tok);
+    token_logprobs.push_back(nullptr);
+    top_logprobs.push_back(nullptr);
+    text_offset.push_back(offset);
+    offset += tok.size();
+  }
+}
+
+Json CompletionLogprobs::to_json() const {
+  Json j = Json::object();
+  j["tokens"] = tokens;
+  j["token_logprobs"] = token_logprobs;
+  j["top_logprobs"] = top_logprobs;
+  j["text_offset"] = text_offset;
+  return j;
+}
+
+Json chat_logprobs_content(const std::vector<TokenLogprob>& lps, int top,
+                           const std::function<std::string(int32_t)>& piece) {
+  auto bytes_of = [](const std::string& s) {
+    Json b = Json::array();
+    for (unsigned char c : s) b.push_back(static_cast<int>(c));
+    return b;
+  };
+  Json out = Json::array();
+  for (auto& lp : lps) {
+    std::string tok = piece(lp.id);
+    Json e = Json::object();
+    e["token"] = tok;
+    e["logprob"] = lp.logprob;
+    e["bytes"] = bytes_of(tok);
+    Json tl = Json::array();
+    for (size_t i = 0; i < lp.top.size() && static_cast<int>(i) < top; ++i) {
+      std::string t = piece(lp.top[i].first);
+      tl.push_back(Json{{"token", t}, {"logprob", lp.top[i].second}, {"bytes", bytes_of(t)}});
+    }
+    e["top_logprobs"] = std::move(tl);
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+}  // namespace ts::server

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# make-random-model + generate + bench on the CPU: a tiny random Llama-3.1-shaped checkpoint
+# with a generated tokenizer must load, generate, and benchmark (the table prints).
+set -euo pipefail
+TS=$1
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+"$TS" make-random-model --preset llama-3.1-8b --num-layers 2 --hidden-size 128 --intermediate-size 256 \
+  --vocab-size 2048 --num-heads 4 --num-kv-heads 2 --head-dim 32 --seed 3 --out "$dir/m" | tee "$dir/make.txt"
+grep -q "tokenizer generated" "$dir/make.txt" || fail "expected a generated tokenizer"
+for f in config.json generation_config.json model.safetensors tokenizer.json tokenizer_config.json; do
+  [ -f "$dir/m/$f" ] || fail "missing $f"
+done
+grep -q '"rope_type": "llama3"' "$dir/m/config.json" || fail "config.json lost the llama3 rope scaling"
+
+ids=$("$TS" generate --model "$dir/m" --device cpu --prompt-ids 1,2,3 --max-tokens 4 --ignore-eos --print-ids)
+echo "generated ids: $ids"
+[[ "$ids" =~ ^\[[0-9]+,[0-9]+,[0-9]+,[0-9]+\]$ ]] || fail "expected 4 ids, got '$ids'"
+"$TS" generate --model "$dir/m" --device cpu --prompt "hello world" --max-tokens 4 --ignore-eos > /dev/null
+
+"$TS" bench --model "$dir/m" --device cpu --prompt-lens 64 --batches 1,2 --contexts 64 --decode-steps 2 \
+  --json "$dir/bench.json" | tee "$dir/bench.md"
+grep -q "| memory bandwidth |" "$dir/bench.md" || fail "no copy ceiling row"
+grep -q "| GEMM |" "$dir/bench.md" || fail "no GEMM ceiling row"
+grep -qE "^\| prefill \| 1 \| 64 \| 64 \|.*TFLOP/s \|.*% of GEMM \|" "$dir/bench.md" || fail "no prefill row"
+grep -qE "^\| decode-after-prefill \| 1 \| 64 \|.*GB/s \|.*% of copy \|" "$dir/bench.md" || fail "no batch-1 decode row"
+grep -qE "^\| decode \| 2 \| 64 \| 2 x 2 \|.*GB/s \|.*% of copy \|" "$dir/bench.md" || fail "no batch-2 decode row"
+grep -q '"gemm_tflops"' "$dir/bench.json" || fail "no JSON"
+echo PASS

@@ -1,0 +1,27 @@
+// Smoke test for `tokenspeed bench serving` against a spawned CPU server.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { startServer, BIN } from './lib.mjs';
+
+let srv;
+before(async () => { srv = await startServer(); });
+after(async () => { if (srv) await srv.stop(); });
+
+test('bench serving prints a table for each concurrency', () => {
+  const r = spawnSync(BIN, ['bench', 'serving', '--base-url', srv.url, '--concurrency', '1,4', '--num-prompts', '6',
+    '--prompt-tokens', '32', '--max-tokens', '8', '--seed', '3'], { encoding: 'utf8', timeout: 300000 });
+  process.stdout.write(r.stdout);
+  process.stderr.write(r.stderr);
+  assert.equal(r.status, 0);
+  const lines = r.stdout.trim().split('\n');
+  assert.match(lines[0], /concurrency\s+requests\s+failed.*req\/s\s+out_tok\/s\s+ttft_p50ms\s+ttft_p99ms\s+itl_p50ms\s+itl_p99ms/);
+  const rows = lines.slice(1).map((l) => l.trim().split(/\s+/));
+  assert.equal(rows.length, 2);
+  assert.deepEqual(rows.map((r) => r[0]), ['1', '4']);
+  for (const row of rows) {
+    assert.equal(row[1], '6');
+    assert.equal(row[2], '0');
+    assert.ok(Number(row[5]) > 0, 'output tok/s');
+  }
+});

@@ -1,0 +1,125 @@
+// Helpers for the server integration tests: spawn the real binary on a free port, wait for
+// /health, and tear it down; raw fetch helpers for the error cases.
+import { spawn } from 'node:child_process';
+import net from 'node:net';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
+export const BIN = process.env.TOKENSPEED_BIN || path.join(ROOT, 'build/tokenspeed');
+
+export function freePort() {
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.unref();
+    s.on('error', reject);
+    s.listen(0, '127.0.0.1', () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+// Starts `tokenspeed serve` with extra args; resolves once GET /health is 200.
+export async function startServer(args = [], { timeoutMs = 180000 } = {}) {
+  const port = await freePort();
+  const proc = spawn(BIN, ['serve', '--port', String(port), '--device', 'cpu', ...args], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+    // One sleeping OpenMP thread unless told otherwise: tests share small CI machines.
+    env: { OMP_NUM_THREADS: '1', OMP_WAIT_POLICY: 'PASSIVE', ...process.env, TS_LOG_LEVEL: process.env.TS_LOG_LEVEL || 'info' },
+  });
+  let log = '';
+  proc.stdout.on('data', (d) => { log += d; });
+  proc.stderr.on('data', (d) => { log += d; });
+  let exited = null;
+  proc.on('exit', (code, sig) => { exited = { code, sig }; });
+  const url = `http://127.0.0.1:${port}`;
+  const t0 = Date.now();
+  let sawLoading = false;
+  while (true) {
+    if (exited) throw new Error(`server exited early (${JSON.stringify(exited)}):\n${log}`);
+    if (Date.now() - t0 > timeoutMs) {
+      proc.kill('SIGKILL');
+      throw new Error(`server not healthy after ${timeoutMs} ms:\n${log}`);
+    }
+    try {
+      const r = await fetch(`${url}/health`);
+      if (r.status === 200) break;
+      if (r.status === 503) sawLoading = true;
+    } catch { /* not listening yet */ }
+    await sleep(50);
+  }
+  return {
+    url,
+    port,
+    proc,
+    sawLoading,
+    log: () => log,
+    async stop() {
+      if (exited) return exited;
+      const done = new Promise((r) => proc.on('exit', (code, sig) => r({ code, sig })));
+      proc.kill('SIGTERM');
+      const t = setTimeout(() => proc.kill('SIGKILL'), 15000);
+      const res = await done;
+      clearTimeout(t);
+      return res;
+    },
+  };
+}
+
+export async function postJson(url, body, init = {}) {
+  const r = await fetch(url, {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json' },
+    body: typeof body === 'string' || body instanceof Uint8Array ? body : JSON.stringify(body),
+    ...init,
+  });
+  const text = await r.text();
+  let json = null;
+  try { json = JSON.parse(text); } catch { /* not JSON */ }
+  return { status: r.status, text, json };
+}
+
+// Parses /metrics into { name{labels}: value } and { name: value } (labels dropped, summed).
+export async function metrics(url) {
+  const text = await (await fetch(`${url}/metrics`)).text();
+  const out = {};
+  for (const line of text.split('\n')) {
+    if (!line || line.startsWith('#')) continue;
+    const m = line.match(/^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$/);
+    if (!m) continue;
+    const [, name, labels = '', v] = m;
+    if (!labels) out[name] = Number(v);
+    else {
+      out[name + labels] = Number(v);
+      if (!labels.includes('le=')) out[name] = (out[name] ?? 0) + Number(v);
+    }
+  }
+  return { text, values: out };
+}
+
+// Deterministic pseudo-random token ids in [lo, hi).
+export function tokenIds(n, seed, lo = 100, hi = 8000) {
+  let x = seed >>> 0 || 1;
+  const ids = [];
+  for (let i = 0; i < n; i++) {
+    x ^= x << 13; x >>>= 0;
+    x ^= x >>> 17;
+    x ^= x << 5; x >>>= 0;
+    ids.push(lo + (x % (hi - lo)));
+  }
+  return ids;
+}
+
+export const CODE_PROMPTS = [
+  'def fibonacci(n):\n',
+  'import os\nimport sys\n\ndef main():\n',
+  'class Stack:\n    def __init__(self):\n',
+  'def is_prime(n):\n    if n < 2:\n',
+  'for i in range(10):\n',
+  'def read_file(path):\n    with open(path) as f:\n',
+  '# Sort a list of numbers\ndef sort_numbers(xs):\n',
+  'def add(a, b):\n    return',
+];

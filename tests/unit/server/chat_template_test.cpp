@@ -1,0 +1,106 @@
+// Chat template resolution (explicit file, tokenizer_config.json string / named list,
+// chat_template.jinja) and rendering errors (no template, raise_exception).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "server/chat_template.h"
+
+using namespace ts;
+using namespace ts::server;
+namespace fs = std::filesystem;
+
+// Chat templates need the Jinja engine (src/chat); skip where this build lacks it.
+#if __has_include("chat/jinja.h")
+#define NEED_JINJA() (void)0
+#else
+#define NEED_JINJA() GTEST_SKIP() << "no Jinja engine in this build"
+#endif
+
+namespace {
+struct TempDir {
+  fs::path p;
+  explicit TempDir(const std::string& name) : p(fs::temp_directory_path() / (name + std::to_string(::getpid()))) {
+    fs::remove_all(p);
+    fs::create_directories(p);
+  }
+  ~TempDir() { fs::remove_all(p); }
+  void write(const std::string& file, const std::string& text) const { std::ofstream(p / file) << text; }
+};
+Json user(const std::string& s) { return Json::array({Json{{"role", "user"}, {"content", s}}}); }
+}  // namespace
+
+TEST(ChatTemplate, ContextHasTransformersVariables) {
+  NEED_JINJA();
+  auto t = ChatTemplates::from_sources(
+      "{{ bos_token }}{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}"
+      "{% if tools %}T{{ tools | length }}{% endif %}{% if enable_thinking is defined %}E{{ enable_thinking }}{% endif %}"
+      "{% if add_generation_prompt %}>{% endif %}{{ eos_token }}",
+      "", "<s>", "</s>");
+  EXPECT_EQ(t.render(user("hi"), nullptr, Json::object()), "<s>[user:hi]></s>");
+  Json tools = Json::array({Json{{"type", "function"}, {"function", {{"name", "f"}}}}});
+  EXPECT_EQ(t.render(user("hi"), tools, Json{{"enable_thinking", false}}), "<s>[user:hi]T1EFalse></s>");
+}
+
+TEST(ChatTemplate, RaiseExceptionIs400WithItsMessage) {
+  NEED_JINJA();
+  auto t = ChatTemplates::from_sources("{{ raise_exception('Conversation roles must alternate user/assistant') }}");
+  try {
+    t.render(user("x"), nullptr, Json::object());
+    FAIL() << "no error";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_NE(std::string(e.what()).find("Conversation roles must alternate user/assistant"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ChatTemplate, NoTemplateNamesTheFix) {
+  TempDir d("ts_ct_none_");
+  auto t = ChatTemplates::load(d.p.string());
+  EXPECT_FALSE(t.available());
+  try {
+    t.render(user("x"), nullptr, Json::object());
+    FAIL() << "no error";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_NE(std::string(e.what()).find("--chat-template"), std::string::npos);
+  }
+}
+
+TEST(ChatTemplate, Resolution) {
+  NEED_JINJA();
+  TempDir d("ts_ct_res_");
+  d.write("chat_template.jinja", "JINJA");
+  EXPECT_EQ(ChatTemplates::load(d.p.string()).render(user("x"), nullptr, Json::object()), "JINJA");
+  // tokenizer_config.json wins over chat_template.jinja; bos/eos as AddedToken dicts.
+  d.write("tokenizer_config.json",
+          R"({"bos_token": {"content": "<B>"}, "eos_token": "<E>", "chat_template": [
+               {"name": "tool_use", "template": "TOOLS{{ bos_token }}"}, {"name": "default", "template": "DEF{{ eos_token }}"}]})");
+  auto t = ChatTemplates::load(d.p.string());
+  EXPECT_EQ(t.bos_token(), "<B>");
+  EXPECT_EQ(t.render(user("x"), nullptr, Json::object()), "DEF<E>");
+  Json tools = Json::array({Json{{"type", "function"}, {"function", {{"name", "f"}}}}});
+  EXPECT_EQ(t.render(user("x"), tools, Json::object()), "TOOLS<B>");
+  // --chat-template FILE wins over everything; a broken one is a startup error.
+  d.write("mine.jinja", "MINE");
+  EXPECT_EQ(ChatTemplates::load(d.p.string(), (d.p / "mine.jinja").string()).render(user("x"), nullptr, Json::object()),
+            "MINE");
+  d.write("bad.jinja", "{% for %}");
+  EXPECT_THROW(ChatTemplates::load(d.p.string(), (d.p / "bad.jinja").string()), ts::Error);
+  EXPECT_THROW(ChatTemplates::load(d.p.string(), (d.p / "missing.jinja").string()), ts::Error);
+  // A broken model template is reported per request (400), not at startup.
+  d.write("tokenizer_config.json", R"({"chat_template": "{% if %}"})");
+  auto broken = ChatTemplates::load(d.p.string());
+  EXPECT_THROW(broken.render(user("x"), nullptr, Json::object()), ApiError);
+}
+
+TEST(ChatTemplate, DemoModelTemplate) {
+  NEED_JINJA();
+  auto t = ChatTemplates::load(std::string(TS_SOURCE_DIR) + "/models/pycoder");
+  ASSERT_TRUE(t.available());
+  std::string s = t.render(user(" hi "), nullptr, Json::object());
+  EXPECT_EQ(s, "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+               "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
