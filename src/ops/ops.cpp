@@ -83,9 +83,10 @@ void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, std::vec
   TS_DISPATCH(logits.device, sample, logits, rows, out);
 }
 
-
+// MoE: ordinary (capturable) ops. The latent / indexer cache writes and MLA / block-sparse
+// attention read per-batch metadata: break ops, like kv_write and paged_attention.
 void cache_write(const Tensor& x, Tensor& cache, const Tensor& slot_mapping) {
-  TS_DISPATCH(cache.device, cache_write, x, cache, slot_mapping);
+  TS_DISPATCH_BREAK(cache.device, cache_write, x, cache, slot_mapping);
 }
 void glu(const Tensor& x, Tensor& out, const GluAct& act) { TS_DISPATCH(x.device, glu, x, out, act); }
 void moe_route(const Tensor& logits, const Tensor* bias, const MoeRouting& r, Tensor& ids, Tensor& weights) {
@@ -97,14 +98,14 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
 }
 void mla_attention(const Tensor& q, const Tensor& latent_cache, const AttnMeta& meta, float scale, int64_t kv_rank,
                    Tensor& out) {
-  TS_DISPATCH(latent_cache.device, mla_attention, q, latent_cache, meta, scale, kv_rank, out);
+  TS_DISPATCH_BREAK(latent_cache.device, mla_attention, q, latent_cache, meta, scale, kv_rank, out);
 }
 void block_indexer(const Tensor& q, const Tensor& k_cache, const AttnMeta& meta, const BlockIndexer& p, Tensor& out) {
-  TS_DISPATCH(k_cache.device, block_indexer, q, k_cache, meta, p, out);
+  TS_DISPATCH_BREAK(k_cache.device, block_indexer, q, k_cache, meta, p, out);
 }
 void block_sparse_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttnMeta& meta,
                             float scale, const Tensor& blocks, int sel_block_size, Tensor& out) {
-  TS_DISPATCH(k_cache.device, block_sparse_attention, q, k_cache, v_cache, meta, scale, blocks, sel_block_size, out);
+  TS_DISPATCH_BREAK(k_cache.device, block_sparse_attention, q, k_cache, v_cache, meta, scale, blocks, sel_block_size, out);
 }
 
 }  // namespace ts::ops
