@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-machine session with prebuilt binaries (scripts/device_bundle.sh): CUDA op tests,
 # kernel labs, goldens on the GPU, the demo pair on the GPU, and the Llama-3.1-8B-shaped bench.
-# Logs go to $OUT. Steps: a comma list of tests,labs,golden,demo,bench8b,minimax (default all).
+# Logs go to $OUT. Steps: a comma list of tests,labs,golden,demo,graphs,bench8b,moe30b,minimax (default all).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=$PWD/.device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -9,7 +9,7 @@ export NCCL_NVLS_ENABLE=0
 B=.device/bin
 [ -d $B ] || tar -C .device -xJf .device/bin.tar.xz
 OUT=${OUT:-/tmp/out}
-STEPS=${1:-tests,labs,golden,demo,graphs,bench8b,minimax}
+STEPS=${1:-tests,labs,golden,demo,graphs,bench8b,moe30b,minimax}
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv,noheader
 if has tests; then
@@ -23,6 +23,7 @@ if has golden; then
   for m in llama3 llama2_mha qwen3 qwen3_moe deepseek_v3; do
     timeout 60 $B/tokenspeed verify-golden tests/data/$m --device cuda --atol 0.1 2>&1 | tail -3
   done 2>&1 | tee $OUT/golden.log
+  timeout 60 $B/tokenspeed verify-golden tests/data/minimax_m3 --device cuda --atol 0.1 --prompts 0,1,2 2>&1 | tail -4 | tee -a $OUT/golden.log
 fi
 if has demo; then
   python3 scripts/gpu_demo_check.py $B/tokenspeed 2>&1 | tee $OUT/demo.log
@@ -37,6 +38,12 @@ if has bench8b; then
   grep -v "^\[" $OUT/bench8b.log | tail -30
   timeout 240 $B/tokenspeed bench-decode --model /tmp/l8b --device cuda --graphs --prompt-tokens 1024 --gen-tokens 64 \
     --cached-prefix 32768 --new-tokens 64,256,800,2048 2>&1 | grep -v "^\[[0-9]" | tee $OUT/graphs_8b.log
+fi
+if has moe30b; then
+  # Qwen3-30B-A3B shapes (8 of 48 layers: real per-layer MoE traffic, smaller checkpoint).
+  timeout 180 $B/tokenspeed make-random-model --preset qwen3-30b-a3b --num-layers 8 --out /tmp/q30 > $OUT/make30b.log 2>&1; echo "make-random-model rc=$?"
+  timeout 240 $B/tokenspeed bench-decode --model /tmp/q30 --device cuda --graphs --prompt-tokens 512 --gen-tokens 64 2>&1 \
+    | grep -v "^\[[0-9]" | tee $OUT/moe30b.log
 fi
 if has minimax; then
   python3 - <<'PY' > $OUT/minimax_src.log 2>&1
