@@ -33,6 +33,8 @@ int g_attn_splits = 0; // 0 heuristic
 // lab_attention_prefill on the H200 (the labs print every variant side by side).
 // max_q_len at or below: split-KV decode kernel (decode, speculative verify); above: prefill.
 constexpr int kDecodeMaxQLen = 8;
+constexpr int kSplitMaxQLen = 512;   // longer chunks have enough query tiles for the prefill kernel
+constexpr int kSplitMinKvPerQ = 16;  // prefix at least this many times the chunk
 // The decode split count aims at one full wave: the kernel's occupancy (queried: 2 blocks/SM at
 // hd 128 — 104 KB smem — and 4 at hd 64), capped at this many blocks per SM...
 constexpr int kDecodeMaxCtasPerSm = 4;
@@ -571,6 +573,10 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   if (path == 0) {
     if (!v2_ok) path = 1;
     else if (meta.max_q_len <= kDecodeMaxQLen) path = 3;
+    // A short chunk over a long cached prefix (the agentic turn): the prefill kernel has one
+    // block per 64-128 query rows and walks the whole prefix serially (41 ms for 64 new tokens
+    // after 32k on H200); split-KV spreads the prefix over the GPU instead.
+    else if (meta.max_q_len <= kSplitMaxQLen && meta.max_kv_len >= kSplitMinKvPerQ * meta.max_q_len) path = 3;
     else if (rows < kPrefillWideMinRows) path = 4;
     else path = hd == 128 ? kPrefillWidePath128 : kPrefillWidePath64;
   }
