@@ -35,8 +35,10 @@ std::vector<void*> nccl_init_all(int n) {
   TS_CHECK(n >= 1 && n <= device_count(), "NCCL: {} ranks but {} GPUs visible", n, device_count());
   // NVLink SHARP (multicast objects) stays off in this project.
   setenv("NCCL_NVLS_ENABLE", "0", 1);
-  std::vector<ncclComm_t> comms(size_t(n), nullptr);
-  std::vector<int> devs(size_t(n));
+  std::vector<ncclComm_t> comms;
+  comms.assign(size_t(n), nullptr);
+  std::vector<int> devs;
+  devs.resize(size_t(n));
   for (int i = 0; i < n; ++i) devs[size_t(i)] = i;
   int cur = 0;
   TS_CUDA_CHECK(cudaGetDevice(&cur));
