@@ -15,6 +15,8 @@ for t in g['traces']:
     first_diff.append(k)
     spec = subprocess.run(base + ['--speculative-algorithm', 'EAGLE3', '--speculative-draft-model-path', 'models/pycoder-eagle3',
                                   '--speculative-num-steps', '3', '--spec-trace', '/tmp/tr.json'], capture_output=True, text=True)
+    if spec.returncode != 0:
+        print('spec generate failed:', spec.stderr[-3000:]); sys.exit(1)
     sg = json.loads(spec.stdout.strip().splitlines()[-1])
     eager = subprocess.run(base + ['--enforce-eager'], capture_output=True, text=True)
     ge = json.loads(eager.stdout.strip().splitlines()[-1])

@@ -33,8 +33,8 @@ if has graphs; then
   timeout 120 $B/tokenspeed bench-decode --device cuda --graphs --prompt-tokens 512 --gen-tokens 128 2>&1 | grep -v "^\[[0-9]" | tee $OUT/graphs_demo.log
 fi
 if has bench8b; then
-  timeout 120 $B/tokenspeed make-random-model --preset llama-3.1-8b --out /tmp/l8b > $OUT/make8b.log 2>&1; echo "make-random-model rc=$?"
-  timeout 300 $B/tokenspeed bench --model /tmp/l8b --device cuda --json $OUT/bench8b.json > $OUT/bench8b.log 2>&1; echo "bench rc=$?"
+  timeout 120 $B/tokenspeed make-random-model --preset llama-3.1-8b --out /tmp/l8b > /tmp/make8b.log 2>&1; echo "make-random-model rc=$?"
+  timeout 300 $B/tokenspeed bench --model /tmp/l8b --device cuda > $OUT/bench8b.log 2>&1; echo "bench rc=$?"
   grep -v "^\[" $OUT/bench8b.log | tail -30
   timeout 240 $B/tokenspeed bench-decode --model /tmp/l8b --device cuda --graphs --prompt-tokens 1024 --gen-tokens 64 \
     --cached-prefix 32768 --new-tokens 64,256,800,2048 2>&1 | grep -v "^\[[0-9]" | tee $OUT/graphs_8b.log
@@ -46,7 +46,7 @@ if has moe30b; then
     | grep -v "^\[[0-9]" | tee $OUT/moe30b.log
 fi
 if has minimax; then
-  python3 - <<'PY' > $OUT/minimax_src.log 2>&1
+  python3 - <<'PY' > /tmp/minimax_src.log 2>&1
 import os, shutil, pkgutil, transformers.models as tm
 names = [m.name for m in pkgutil.iter_modules(tm.__path__) if 'minimax' in m.name]
 print(names)
@@ -58,5 +58,5 @@ for n in names:
             shutil.copy(os.path.join(d, f), os.environ.get('OUT', '/tmp') + '/mm/' + n + '__' + f)
             print('copied', n, f)
 PY
-  tail -5 $OUT/minimax_src.log
+  tail -3 /tmp/minimax_src.log; (cd $OUT && tar czf mm.tgz mm && rm -rf mm)
 fi

@@ -3,7 +3,11 @@
 set -euo pipefail
 PKGS=(build-essential cmake ninja-build pkg-config libpcre2-dev nlohmann-json3-dev libcpp-httplib-dev
       libcli11-dev libfmt-dev libspdlog-dev libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev
-      libopenblas-dev nodejs npm python3 curl)
+      libopenblas-dev python3 curl)
+# Node.js + npm (the test client) may come from another source than Debian's packages (e.g. a
+# nodejs package that bundles npm, which conflicts with Debian's npm): only ask apt when missing.
+command -v node >/dev/null 2>&1 || PKGS+=(nodejs)
+command -v npm >/dev/null 2>&1 || PKGS+=(npm)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -6,14 +6,12 @@ add_test(NAME cli_tokenize COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/tokenize_t
 set_tests_properties(cli_tokenize PROPERTIES LABELS "cli;tokenizer")
 
 # models
-foreach(fixture llama3 llama2_mha qwen3 qwen3_moe deepseek_v3)
+foreach(fixture llama3 llama2_mha qwen3 qwen3_moe deepseek_v3 minimax_m3)
   add_test(NAME golden_${fixture} COMMAND $<TARGET_FILE:tokenspeed> verify-golden ${CMAKE_SOURCE_DIR}/tests/data/${fixture})
   set_tests_properties(golden_${fixture} PROPERTIES LABELS "golden")
 endforeach()
-# MiniMax-M3: prompts 0-2 stay within the dense window of its block-sparse attention and match;
-# the long prompt 3 (sparse path) does not match transformers yet — see README "Known gaps".
-add_test(NAME golden_minimax_m3_dense COMMAND $<TARGET_FILE:tokenspeed> verify-golden ${CMAKE_SOURCE_DIR}/tests/data/minimax_m3 --prompts 0,1,2)
-set_tests_properties(golden_minimax_m3_dense PROPERTIES LABELS "golden")
+# minimax_m3's long prompt (743 tokens past 4 x 16-token index blocks) decides its logits
+# through the block-sparse path.
 # An architecture without a model file must fail loudly, naming the problem.
 add_test(NAME cli_unsupported_architecture
   COMMAND sh -c "out=$(\"$0\" verify-golden \"$1\" 2>&1); rc=$?; echo \"$out\"; [ $rc -ne 0 ] && echo \"$out\" | grep -q 'unsupported architecture'"

@@ -13,6 +13,7 @@
 #include "models/model.h"
 #include "runtime/cuda_graph_runner.h"
 #include "runtime/model_runner.h"
+#include "runtime/tp_workers.h"
 
 #ifdef TS_WITH_CUDA
 #include "ops/cuda/runtime.h"
@@ -76,6 +77,11 @@ int cmd_bench_decode(int argc, char** argv) {
   app.add_option("--prompt-tokens", prompt_tokens, "prompt length");
   app.add_option("--gen-tokens", gen_tokens, "tokens decoded after the prompt");
   app.add_option("--device", device, "auto | cpu | cuda");
+  int tp_size = 1, fusion = 2048;
+  bool replicate = false;
+  app.add_option("--tp-size", tp_size, "GPUs to split the model over (tensor parallelism)");
+  app.add_flag("--replicate-embedding", replicate, "with --tp-size: replicated instead of vocab-parallel embedding");
+  app.add_option("--comm-fusion-max-num-tokens", fusion, "fused one-shot all-reduce + norm up to this many tokens (0: off)");
   app.add_flag("--graphs", graphs, "also run with CUDA graphs (decode + breakable prefill) and compare");
   app.add_option("--cached-prefix", cached_prefix, "with --graphs: prefill latency of new tokens after this many cached tokens");
   app.add_option("--new-tokens", new_tokens_s, "with --cached-prefix: new-token counts to time");
@@ -84,7 +90,14 @@ int cmd_bench_decode(int argc, char** argv) {
   models::LoadOptions lo;
   lo.device = cli::parse_device(device);
   Setup s;
-  s.model = models::load_model(model_dir, lo);
+  lo.replicate_embedding = replicate;
+  TpModels tpm;
+  if (tp_size > 1) {
+    tpm = load_tp_models(io::load_config(model_dir), lo, tp_size, 1, fusion);
+    s.model = tpm.shards[0];
+  } else {
+    s.model = models::load_model(model_dir, lo);
+  }
   std::vector<int32_t> news = cli::parse_ids(new_tokens_s);
   int max_new = news.empty() ? 0 : *std::max_element(news.begin(), news.end());
   int64_t total = std::max<int64_t>(prompt_tokens + gen_tokens + 1, cached_prefix + max_new + 1);
@@ -102,7 +115,9 @@ int cmd_bench_decode(int argc, char** argv) {
               wbytes / double(dtype_size(s.model->dtype())) / 1e6, wbytes / 1e6, dtype_name(s.model->dtype()));
   bool with_graphs = graphs && s.model->device() == Device::cuda;
   for (int pass = 0; pass < (with_graphs ? 2 : 1); ++pass) {
-    ModelRunner r(s.model, blocks, s.bs);
+    std::unique_ptr<ModelRunner> rp =
+        tp_size > 1 ? make_tp_runner(tpm, blocks, s.bs) : std::make_unique<ModelRunner>(s.model, blocks, s.bs);
+    ModelRunner& r = *rp;
     const char* mode = pass ? "cuda graphs" : "eager";
     if (pass) {
       GraphOptions g;
@@ -118,6 +133,18 @@ int cmd_bench_decode(int argc, char** argv) {
     double pre = time_chunk(r, s, ids, 0, prompt_tokens, 3);
     double dec = time_decode(r, s, prompt_tokens, gen_tokens);
     double kv_read = kv_tok * (prompt_tokens + gen_tokens / 2.0);
+#ifdef TS_WITH_CUDA
+    if (tp_size > 1) {  // memory in use on every GPU (weights + KV pool + graphs + workspaces)
+      std::vector<double> used(size_t(tp_size), 0);
+      tpm.workers->run([&](int rank) { used[size_t(rank)] = double(cuda::total_memory() - cuda::free_memory()) / double(1 << 30); });
+      models::EmbedLayout el = s.model->embed_layout();
+      for (int rank = 0; rank < tp_size; ++rank)
+        std::printf("[%s] tp %d (%s embedding, %.1f MiB per GPU): GPU %d uses %.2f GiB\n", mode, tp_size,
+                    el.tp_size > 1 ? "vocab-parallel" : "replicated",
+                    double(el.rows * s.model->config().hidden_size * int64_t(dtype_size(s.model->dtype()))) / double(1 << 20),
+                    rank, used[size_t(rank)]);
+    }
+#endif
     std::printf("[%s] prefill %d tokens: %.2f ms, %.0f tok/s\n", mode, prompt_tokens, pre * 1e3, prompt_tokens / pre);
     std::printf("[%s] decode batch 1 at %d context: %.3f ms/token, %.1f tok/s, %.1f GB/s (weights %.1f MB + KV %.2f MB per token)\n",
                 mode, prompt_tokens, dec * 1e3, 1.0 / dec, (wbytes + kv_read) / dec / 1e9, wbytes / 1e6, kv_read / 1e6);

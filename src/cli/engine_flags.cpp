@@ -33,6 +33,12 @@ void add_engine_flags(CLI::App& app, EngineOptions& o) {
   app.add_option("--cuda-graph-max-bs", o.cuda_graph_max_bs, "largest decode batch captured in a graph");
   app.add_option("--prefill-graph-max-tokens", o.prefill_graph_max_tokens, "largest prefill captured in a graph");
   app.add_flag("--disable-pdl", o.disable_pdl, "no programmatic dependent launch");
+  app.add_option("--tp-size,--tensor-parallel-size", o.tp_size, "GPUs the model is split over (tensor parallelism, one process)");
+  app.add_option("--ep-size,--expert-parallel-size", o.ep_size, "MoE expert-parallel size (dense models: 1)");
+  app.add_flag("--replicate-embedding", o.replicate_embedding,
+               "keep the whole embedding table on every GPU (no vocab mask, no all-reduce, more memory)");
+  app.add_option("--comm-fusion-max-num-tokens", o.comm_fusion_max_num_tokens,
+                 "up to this many tokens, all-reduce + residual add + RMSNorm run as one fused kernel (0: off)");
 }
 
 void add_model_arg(CLI::App& app, std::string& model) {

@@ -23,7 +23,7 @@ class Workspace {
   size_t capacity() const { return capacity_; }
   // LIFO scratch: everything allocated after mark() is reused after release(mark).
   size_t mark() const { return used_; }
-  void release(size_t m) { used_ = std::min(used_, m); }
+  void release(size_t m);
   Device device() const { return device_; }
 
  private:
@@ -31,7 +31,7 @@ class Workspace {
   std::shared_ptr<void> arena_;
   size_t capacity_ = 0, used_ = 0, high_water_ = 0;
   bool frozen_ = false;
-  std::vector<Tensor> overflow_;
+  std::vector<std::pair<size_t, Tensor>> overflow_;  // (position, allocation) past the arena
 };
 
 // Releases a block's temporaries when it returns: per-layer scratch is reused by the next

@@ -62,4 +62,33 @@ Tensor lm_head_logits(ForwardBatch& batch, const Tensor& x, const Tensor& norm_w
   return logits;
 }
 
+Tensor lm_head_logits_tp(ForwardBatch& batch, const Tensor& x, const Tensor& norm_w, float eps, const Tensor& head_shard,
+                         int64_t vocab, parallel::Comm& comm, Workspace& ws) {
+  ops::graph_segment_end();  // eager, as lm_head_logits
+  const int tp = comm.size();
+  const int64_t n = batch.num_logits, hdim = x.size(-1);
+  const parallel::VocabShard mine = parallel::shard_vocab(vocab, tp, comm.rank());
+  TS_CHECK(head_shard.size(0) == mine.count, "LM head shard has {} rows, rank {} owns {}", head_shard.size(0), comm.rank(),
+           mine.count);
+  Tensor rows = ws.alloc({n, hdim}, x.dtype);
+  ops::gather_rows(x, batch.logits_index, rows);
+  ops::rmsnorm(rows, norm_w, eps, rows);
+  // Every shard is gathered at the padded width; columns past a shard's count are not read.
+  Tensor local = ws.alloc({n, mine.padded}, DType::f32);
+  Tensor cols = local.narrow(1, 0, mine.count);
+  ops::linear(rows, head_shard, cols);
+  Tensor gathered = ws.alloc({int64_t(tp), n, mine.padded}, DType::f32);
+  comm.all_gather(local, gathered);
+  Tensor logits = ws.alloc({n, vocab}, DType::f32);
+  if (n == 0) return logits;
+  for (int p = 0; p < tp; ++p) {
+    parallel::VocabShard v = parallel::shard_vocab(vocab, tp, p);
+    if (v.count == 0) continue;
+    Tensor src = gathered.row(p).narrow(1, 0, v.count);
+    Tensor dst = logits.narrow(1, v.start, v.count);
+    ops::copy_rows(src, dst);
+  }
+  return logits;
+}
+
 }  // namespace ts::models

@@ -4,6 +4,7 @@
 #include "core/workspace.h"
 #include "models/model.h"
 #include "ops/ops.h"
+#include "parallel/comm.h"
 
 namespace ts::models {
 
@@ -40,5 +41,11 @@ void capture_aux(ForwardBatch& batch, const Tensor& residual, int slot);
 // Final norm over the rows that need logits, then the LM head: returns f32 logits [N, V].
 Tensor lm_head_logits(ForwardBatch& batch, const Tensor& x, const Tensor& norm_w, float eps, const Tensor& head,
                       Workspace& ws);
+
+// Vocab-parallel LM head: every rank computes f32 logits of its vocabulary shard (head_shard:
+// rows [shard.start, shard.start + shard.count)), all-gathers them and returns the full
+// [N, vocab] logits (on every rank).
+Tensor lm_head_logits_tp(ForwardBatch& batch, const Tensor& x, const Tensor& norm_w, float eps, const Tensor& head_shard,
+                         int64_t vocab, parallel::Comm& comm, Workspace& ws);
 
 }  // namespace ts::models

@@ -1,11 +1,22 @@
 #include "models/eagle3_draft.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "models/rope.h"
 #include "models/weights.h"
+#include <spdlog/spdlog.h>
 
 namespace ts::models {
+
+DraftEmbed resolve_draft_embed(int64_t rows, int64_t cols, int64_t vocab, int64_t hidden, int target_tp) {
+  if (rows == vocab && cols == hidden) return DraftEmbed::share;
+  const parallel::VocabShard v = parallel::shard_vocab(vocab, std::max(target_tp, 1), 0);
+  if (target_tp > 1 && rows == v.count && cols == hidden) return DraftEmbed::rebuild;
+  fail("EAGLE3: cannot share the target embedding of shape [{}, {}]: the draft expects [{}, {}] (replicated) or [{}, {}] "
+       "(vocab-parallel over {} GPUs)",
+       rows, cols, vocab, hidden, v.count, hidden, target_tp);
+}
 
 Eagle3Draft::Eagle3Draft(const std::string& dir, const Model& target)
     : device_(target.device()), dtype_(target.dtype()), ws_(target.device()) {
@@ -28,10 +39,20 @@ Eagle3Draft::Eagle3Draft(const std::string& dir, const Model& target)
   }
   int64_t k = int64_t(aux_layers_.size());
   WeightLoader wl(io::Checkpoint::open(dir), device_);
-  // The draft shares the target's embedding; its layout must match the target's vocabulary.
-  embed_ = target.embed_table();
-  TS_CHECK(embed_.size(0) == tc.vocab_size && embed_.size(1) == H,
-           "{}: draft hidden size {} does not match the target embedding {}", c.path, H, embed_.shape_str());
+  // The draft shares the target's embedding when the layouts match; a vocab-parallel target
+  // table (tensor parallelism) is rebuilt as the draft's own replicated table.
+  Tensor te = target.embed_table();
+  const bool target_sharded = target.embed_layout().tp_size > 1;
+  const bool head_sharded = target.mapping().tp_size > 1;
+  DraftEmbed how = resolve_draft_embed(te.size(0), te.size(1), tc.vocab_size, H, target_sharded ? target.mapping().tp_size : 1);
+  if (how == DraftEmbed::share) {
+    embed_ = te;
+  } else {
+    WeightLoader tl(io::Checkpoint::open(tc.dir), device_);
+    embed_ = tl.load("model.embed_tokens.weight", {tc.vocab_size, H});
+    spdlog::info("EAGLE3: the target embedding is vocab-parallel ({}); the draft rebuilt a replicated table [{}, {}]",
+                 te.shape_str(), tc.vocab_size, H);
+  }
   fc_ = wl.load("fc.weight", {H, k * Ht});
   bool fc_norm = c.get<bool>("fc_norm", false) || c.get<bool>("norm_before_fc", false);
   if (fc_norm)
@@ -56,8 +77,13 @@ Eagle3Draft::Eagle3Draft(const std::string& dir, const Model& target)
     d2t_.assign(d2t.ptr<int64_t>(), d2t.ptr<int64_t>() + dv);
     for (int64_t i = 0; i < dv; ++i)
       TS_CHECK(i + d2t_[size_t(i)] >= 0 && i + d2t_[size_t(i)] < tc.vocab_size, "{}: d2t[{}] maps outside the target vocabulary", c.path, i);
-  } else {
+  } else if (!head_sharded) {
     head_ = target.lm_head();  // no own vocabulary: share the target's LM head
+  } else {
+    // The target's head is vocab-parallel: the (unsharded) draft loads the whole head.
+    WeightLoader tl(io::Checkpoint::open(tc.dir), device_);
+    bool tied = tc.tie_word_embeddings && !tl.has("lm_head.weight");
+    head_ = tied ? embed_ : tl.load("lm_head.weight", {tc.vocab_size, H});  // embed_ is the whole table here
   }
   shape_ = {nh, nkv, hd, float(1.0 / std::sqrt(double(hd))), eps_};
   rope_ = build_rope(c.rope, int(hd), c.max_position_embeddings, std::max(c.max_position_embeddings, tc.max_position_embeddings),

@@ -12,6 +12,14 @@
 
 namespace ts::models {
 
+// The draft runs unsharded (on rank 0 under tensor parallelism), so its default embedding
+// layout is the replicated table [vocab, hidden]. Given the shape of the target's table on
+// rank 0: share it when it is the replicated table; rebuild the draft's own replicated table
+// (loaded from the target checkpoint) when it is the target's vocab-parallel shard
+// [ceil(vocab / target_tp), hidden]; any other shape is an error naming both expected shapes.
+enum class DraftEmbed { share, rebuild };
+DraftEmbed resolve_draft_embed(int64_t rows, int64_t cols, int64_t vocab, int64_t hidden, int target_tp);
+
 class Eagle3Draft {
  public:
   // Loads DIR, sharing `target`'s embedding (and LM head when the draft has no own vocab).

@@ -247,7 +247,7 @@ class MiniMaxM3 final : public Model {
     Tensor iq3 = as_heads(iq, Hi, D), ik3 = as_heads(ik, 1, D);
     ops::qk_norm_rope(iq3, ik3, L.idx.q_norm, L.idx.k_norm, p_.eps, b.positions, rope_);
     ops::cache_write(ik3, idx_cache, b.slot_mapping);
-    Tensor sel = ws_.alloc({T, int64_t(p_.indexer.top_k)}, DType::i32);
+    Tensor sel = ws_.alloc({T, Hi, int64_t(p_.indexer.top_k)}, DType::i32);  // per indexer head
     ops::block_indexer(iq3, idx_cache, b.attn, p_.indexer, sel);
     Tensor attn = ws_.alloc({T, nh, hd}, dtype_);
     ops::block_sparse_attention(q, kc, vc, b.attn, shape_.scale, sel, p_.indexer.block_size, attn);

@@ -9,7 +9,12 @@
 #include "core/tensor.h"
 #include "core/workspace.h"
 #include "io/config.h"
+#include "parallel/mapping.h"
 #include "runtime/forward_batch.h"
+
+namespace ts::parallel {
+class Comm;
+}
 
 namespace ts::models {
 
@@ -39,6 +44,19 @@ struct AuxKvSpec {
 struct LoadOptions {
   Device device = Device::cpu;
   std::vector<int> capture_layers;  // EAGLE3: layers whose input residual is captured
+  // Tensor parallelism: this rank's place (tp_size 1: the whole model) and its communicator
+  // (required when tp_size > 1; used only from this rank's thread).
+  parallel::Mapping mapping;
+  std::shared_ptr<parallel::Comm> comm;
+  bool replicate_embedding = false;  // --replicate-embedding: force a replicated table
+};
+
+// How the token embedding table is laid out on this rank: tp_size 1 = replicated (the whole
+// vocabulary, no mask, no all-reduce); tp_size > 1 = vocab-parallel (rows [vocab_start,
+// vocab_start + rows) of the vocabulary; lookups are masked and all-reduced).
+struct EmbedLayout {
+  int tp_size = 1;
+  int64_t vocab_start = 0, rows = 0;
 };
 
 class Model {
@@ -56,12 +74,22 @@ class Model {
   virtual Tensor embed_table() const = 0;
   virtual Tensor lm_head() const = 0;
   virtual size_t weight_bytes() const = 0;  // bytes of weights a decode step reads
+  // Tensor parallelism (defaults: unsharded).
+  virtual const parallel::Mapping& mapping() const { return mapping_; }
+  virtual EmbedLayout embed_layout() const { return {1, 0, embed_table().size(0)}; }
   // The forward's scratch arena (CUDA graphs pin its size before capturing).
   virtual Workspace* workspace() { return nullptr; }
   const std::vector<int>& capture_layers() const { return capture_layers_; }
 
  protected:
+  // The embedding's tp size for this model under `m`: vocab-parallel (m.tp_size) by default,
+  // replicated (1) when forced; a model whose table is cheap to replicate, or whose lookups
+  // should skip the all-reduce, overrides it.
+  virtual int resolve_embed(const parallel::Mapping& m, bool force_replicate) const {
+    return force_replicate ? 1 : m.tp_size;
+  }
   std::vector<int> capture_layers_;
+  parallel::Mapping mapping_;
 };
 
 using ModelFactory = std::function<std::unique_ptr<Model>(const io::ModelConfig&, const LoadOptions&)>;

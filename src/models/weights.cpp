@@ -78,4 +78,52 @@ Tensor WeightLoader::load_stacked(const std::vector<std::string>& names,
   return out;
 }
 
+// A contiguous host copy (same dtype) of t's [start, start + count) along dim (0 or 1).
+static Tensor host_slice(const Tensor& t, int dim, int64_t start, int64_t count, const std::string& name) {
+  TS_CHECK(t.is_contiguous(), "{}: checkpoint tensor must be contiguous", name);
+  TS_CHECK(dim == 0 || (dim == 1 && t.ndim == 2), "{}: cannot shard dim {} of a {}-D tensor", name, dim, t.ndim);
+  TS_CHECK(start >= 0 && count >= 0 && start + count <= t.size(dim), "{}: shard [{}, {}) outside dim {} of {}", name, start,
+           start + count, dim, t.shape_str());
+  if (start == 0 && count == t.size(dim)) return t;
+  const size_t es = dtype_size(t.dtype);
+  std::vector<int64_t> shape = t.dims();
+  shape[size_t(dim)] = count;
+  Tensor out = Tensor::empty(shape, t.dtype, Device::cpu);
+  const int64_t inner = t.ndim == 1 ? 1 : t.size(1);
+  if (dim == 0) {
+    std::memcpy(out.data, static_cast<const char*>(t.data) + size_t(start * inner) * es, size_t(count * inner) * es);
+  } else {
+    for (int64_t r = 0; r < t.size(0); ++r)
+      std::memcpy(static_cast<char*>(out.data) + size_t(r * count) * es,
+                  static_cast<const char*>(t.data) + size_t(r * inner + start) * es, size_t(count) * es);
+  }
+  return out;
+}
+
+Tensor WeightLoader::load_parts(const std::vector<Part>& parts) {
+  TS_CHECK(!parts.empty(), "load_parts: no parts");
+  std::vector<Tensor> slices;
+  int64_t rows = 0;
+  for (auto& p : parts) {
+    Tensor t = ckpt_.get(p.name, p.shape);
+    check_float(t, ckpt_.file_of(p.name), p.name);
+    int64_t count = p.count < 0 ? t.size(p.dim) - p.start : p.count;
+    slices.push_back(host_slice(t, p.dim, p.start, count, p.name));
+    rows += slices.back().size(0);
+  }
+  const Tensor& f = slices[0];
+  for (auto& s : slices)
+    TS_CHECK(s.ndim == f.ndim && (s.ndim == 1 || s.size(1) == f.size(1)), "load_parts: {} column mismatch", parts[0].name);
+  std::vector<int64_t> shape = f.ndim == 1 ? std::vector<int64_t>{rows} : std::vector<int64_t>{rows, f.size(1)};
+  Tensor host = Tensor::empty(shape, dtype_, Device::cpu);
+  size_t off = 0;
+  for (auto& s : slices) {
+    convert_into(s, dtype_, static_cast<char*>(host.data) + off);
+    off += size_t(s.numel()) * dtype_size(dtype_);
+  }
+  Tensor out = device_ == Device::cpu ? host : host.to(device_);
+  bytes_ += out.nbytes();
+  return out;
+}
+
 }  // namespace ts::models

@@ -22,6 +22,17 @@ class WeightLoader {
   Tensor load_f32(const std::string& name, const std::vector<int64_t>& shape);
   // Loads several [rows_i, cols] tensors stacked along dim 0 into one [sum rows_i, cols].
   Tensor load_stacked(const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes);
+  // One part of a (possibly sharded) load: rows or columns [start, start + count) of `name`
+  // (full checkpoint shape `shape`) along `dim` (0: rows, 1: columns of a 2-D weight);
+  // count < 0: the whole dimension.
+  struct Part {
+    std::string name;
+    std::vector<int64_t> shape;
+    int dim = 0;
+    int64_t start = 0, count = -1;
+  };
+  // Loads the parts (each sliced) stacked along dim 0.
+  Tensor load_parts(const std::vector<Part>& parts);
   // Raw host tensor (any dtype, no conversion), e.g. int64 index maps.
   Tensor raw(const std::string& name) const { return ckpt_.get(name); }
   size_t bytes_loaded() const { return bytes_; }

@@ -118,7 +118,8 @@ struct CudaGraphRunner::Impl {
     std::unique_ptr<cuda::Graph> graph;
     Tensor logits;
   };
-  std::map<int, Decode> decode;                                              // bs -> graph
+  std::map<std::pair<int, int>, Decode> decode;  // (kv bound, bs) -> graph
+  std::vector<int> kv_bounds;                     // context buckets of the decode graphs
   std::map<int, std::vector<std::unique_ptr<cuda::Graph>>> prefill;          // tokens -> segments
   std::vector<int32_t> dummy_ids;
   std::vector<std::vector<int32_t>> dummy_tables;
@@ -126,13 +127,24 @@ struct CudaGraphRunner::Impl {
   Impl(ModelRunner& r, const GraphOptions& opt) : runner(r), o(opt) {
     int bs = r.block_size();
     width = (o.max_context + bs - 1) / bs;
+    // Decode attention sizes its split-KV grid from the context bound baked into the graph;
+    // one bound for all contexts would make short contexts pay for the longest (on H200 an
+    // 8B decode at 1k context ran 20% slower than eager). So each batch size has a graph
+    // per context bucket.
+    for (int k = 1024; k < o.max_context; k *= 4) kv_bounds.push_back(k);
+    kv_bounds.push_back(o.max_context);
   }
 
-  BuildOptions decode_opts(int bs) const {
+  // Decode graphs never copy aux hidden states (EAGLE3 verifies run through prefill graphs).
+  static void no_aux(ForwardBatch& batch) {
+    batch.capture_aux = false;
+    batch.aux_hidden = Tensor();
+  }
+  BuildOptions decode_opts(int bs, int kv_bound) const {
     BuildOptions b;
     b.pad_tokens = b.pad_seqs = bs;
     b.table_width = width;
-    b.max_kv_bound = o.max_context;
+    b.max_kv_bound = kv_bound;
     b.all_logits = true;
     b.reserve = reserve_elems();
     return b;
@@ -186,19 +198,21 @@ void CudaGraphRunner::capture_all() {
   m.forward(batch, I.runner.kv());
   auto dec = I.o.decode ? decode_buckets(I.o.max_bs) : std::vector<int>{};
   for (auto it = dec.rbegin(); it != dec.rend(); ++it) {  // the largest decode batch too
-    I.builder.build(I.dummy(*it, 1), I.runner.block_size(), Device::cuda, batch, I.decode_opts(*it));
+    I.builder.build(I.dummy(*it, 1), I.runner.block_size(), Device::cuda, batch, I.decode_opts(*it, I.o.max_context));
+    I.no_aux(batch);
     m.forward(batch, I.runner.kv());
     break;
   }
   cuda::synchronize();
   ws->reset();
   ws->freeze();
-  // 2. Decode graphs, largest first.
+  // 2. Decode graphs, largest first, one per context bucket.
   size_t done = 0;
   for (auto it = dec.rbegin(); it != dec.rend(); ++it) {
     int bs = *it;
-    try {
-      I.builder.build(I.dummy(bs, 1), I.runner.block_size(), Device::cuda, batch, I.decode_opts(bs));
+    for (int kvb : I.kv_bounds) try {
+      I.builder.build(I.dummy(bs, 1), I.runner.block_size(), Device::cuda, batch, I.decode_opts(bs, kvb));
+      I.no_aux(batch);
       m.forward(batch, I.runner.kv());  // warm-up: GEMM algorithms, kernel workspaces
       cuda::synchronize();
       auto g = std::make_unique<cuda::Graph>();
@@ -211,9 +225,9 @@ void CudaGraphRunner::capture_all() {
         throw;
       }
       g->end_capture();
-      I.decode[bs] = {std::move(g), logits};
+      I.decode[{kvb, bs}] = {std::move(g), logits};
     } catch (const std::exception& e) {
-      spdlog::warn("decode graph bs={} not captured ({}); that batch size runs eagerly", bs, e.what());
+      spdlog::warn("decode graph bs={} context<={} not captured ({}); it runs eagerly", bs, kvb, e.what());
     }
     if (I.o.progress) progress("Capturing decode buckets", ++done, dec.size(), bs);
   }
@@ -250,18 +264,22 @@ void CudaGraphRunner::capture_all() {
 bool CudaGraphRunner::try_run(const std::vector<SeqChunk>& chunks, bool capture_aux, ForwardBatch& batch, Tensor& logits) {
   Impl& I = *impl_;
   if (chunks.empty()) return false;
-  int tokens = 0;
+  int tokens = 0, max_kv = 0;
   bool decode = true;
   for (auto& c : chunks) {
     tokens += c.num_tokens;
+    max_kv = std::max(max_kv, c.start_pos + c.num_tokens);
     decode = decode && c.num_tokens == 1 && c.logits == SeqChunk::Logits::last;
     if (int(c.block_table->size()) > I.width) return false;
   }
   models::Model& m = I.runner.model();
   if (decode && !capture_aux) {
-    auto it = I.decode.lower_bound(int(chunks.size()));
-    if (it == I.decode.end()) return false;
-    I.builder.build(chunks, I.runner.block_size(), Device::cuda, batch, I.decode_opts(it->first));
+    auto kv = std::lower_bound(I.kv_bounds.begin(), I.kv_bounds.end(), max_kv);
+    if (kv == I.kv_bounds.end()) return false;
+    auto it = I.decode.lower_bound({*kv, int(chunks.size())});
+    if (it == I.decode.end() || it->first.first != *kv) return false;
+    I.builder.build(chunks, I.runner.block_size(), Device::cuda, batch, I.decode_opts(it->first.second, *kv));
+    I.no_aux(batch);
     it->second.graph->replay();
     logits = it->second.logits.slice_rows(0, int64_t(chunks.size()));
     return true;

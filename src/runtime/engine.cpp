@@ -14,6 +14,7 @@
 #include "runtime/sampler.h"
 #include "runtime/scheduler.h"
 #include "runtime/spec_worker.h"
+#include "runtime/tp_workers.h"
 #include "tokenizer/tokenizer.h"
 
 #ifdef TS_WITH_CUDA
@@ -85,7 +86,17 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   models::LoadOptions lo;
   lo.device = device;
   if (!o.speculative_algorithm.empty()) lo.capture_layers = SpecWorker::capture_layers_for(o, cfg);
-  model = models::create_model(cfg, lo);
+  lo.replicate_embedding = o.replicate_embedding;
+  TS_CHECK(o.tp_size >= 1, "--tp-size must be at least 1 (got {})", o.tp_size);
+  TS_CHECK(o.ep_size == 1 || o.ep_size == o.tp_size, "--ep-size {} must be 1 or the tp size {}", o.ep_size, o.tp_size);
+  TpModels tpm;
+  if (o.tp_size > 1) {
+    TS_CHECK(device == Device::cuda, "--tp-size {} needs --device cuda", o.tp_size);
+    tpm = load_tp_models(cfg, lo, o.tp_size, o.ep_size, o.comm_fusion_max_num_tokens);
+    model = tpm.shards[0];
+  } else {
+    model = models::create_model(cfg, lo);
+  }
   // KV pool: explicit token count, else a share of memory.
   size_t per_token = ModelRunner::kv_bytes_per_token(*model);
   int64_t tokens = o.max_total_tokens;
@@ -108,7 +119,9 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   int bs = o.block_size;
   TS_CHECK(bs > 0 && bs <= 1024, "--block-size must be in 1..1024 (got {})", bs);
   int64_t blocks = std::max<int64_t>(tokens / bs, 1);
-  runner = std::make_unique<ModelRunner>(model, blocks, bs);
+  // Under TP every GPU holds its shard of the weights and of the KV heads; the pool size in
+  // tokens comes from GPU 0 (the shards are the same size) and is the same on every GPU.
+  runner = o.tp_size > 1 ? make_tp_runner(tpm, blocks, bs) : std::make_unique<ModelRunner>(model, blocks, bs);
   kv = std::make_unique<KvCache>(blocks, bs, !o.disable_prefix_cache);
   SchedulerOptions so;
   so.token_budget = std::max(o.chunked_prefill_size, 1);

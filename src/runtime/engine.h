@@ -102,6 +102,13 @@ struct EngineOptions {
   bool disable_cuda_graph = false, disable_prefill_graph = false, enforce_eager = false, disable_pdl = false;
   int cuda_graph_max_bs = 160;
   int prefill_graph_max_tokens = 2048;
+  // Parallelism (one process, one thread per GPU): tensor-parallel size (attention and dense
+  // TP), MoE expert-parallel size, a forced replicated embedding, and the largest token count
+  // whose all-reduce runs as the fused one-shot all-reduce + residual add + RMSNorm kernel.
+  int tp_size = 1;
+  int ep_size = 1;
+  bool replicate_embedding = false;
+  int comm_fusion_max_num_tokens = 2048;
 };
 
 // Cumulative histogram (Prometheus semantics: counts[i] = observations <= bounds[i]; the last

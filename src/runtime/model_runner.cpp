@@ -4,6 +4,7 @@
 
 #include "core/device_memory.h"
 #include "runtime/cuda_graph_runner.h"
+#include "runtime/tp_workers.h"
 
 namespace ts {
 
@@ -110,9 +111,45 @@ void BatchBuilder::build(const std::vector<SeqChunk>& chunks, int bs, Device dev
   cu_rows_.assign(cu, cu + S + 1);
 }
 
-ModelRunner::~ModelRunner() = default;
+ModelRunner::~ModelRunner() {
+  if (tp_ && !peers_.empty()) {
+    // Each shard is torn down on its own GPU's thread.
+    try {
+      tp_->run([&](int r) {
+        if (r > 0) peers_[size_t(r)].reset();
+      });
+    } catch (...) {
+    }
+  }
+}
+
+void ModelRunner::attach_tp(std::shared_ptr<TpWorkers> workers, std::vector<std::unique_ptr<ModelRunner>> peers) {
+  TS_CHECK(workers && int(peers.size()) == workers->size(), "attach_tp: {} peers for {} ranks", peers.size(),
+           workers ? workers->size() : 0);
+  for (int r = 1; r < workers->size(); ++r) {
+    TS_CHECK(peers[size_t(r)], "attach_tp: rank {} has no runner", r);
+    TS_CHECK(peers[size_t(r)]->num_blocks() == num_blocks() && peers[size_t(r)]->block_size() == block_size(),
+             "attach_tp: rank {} KV pool differs from rank 0's", r);
+  }
+  tp_ = std::move(workers);
+  peers_ = std::move(peers);
+}
+
+int ModelRunner::tp_size() const { return tp_ ? tp_->size() : 1; }
 
 void ModelRunner::enable_graphs(const GraphOptions& o) {
+  if (!tp_) return enable_graphs_local(o);
+  // Every rank captures its own graphs, all at once: the warm-up forwards between captures
+  // run collectives that need every rank. Only rank 0 draws progress bars.
+  tp_->run([&](int r) {
+    if (r == 0) return enable_graphs_local(o);
+    GraphOptions po = o;
+    po.progress = false;
+    peers_[size_t(r)]->enable_graphs_local(po);
+  });
+}
+
+void ModelRunner::enable_graphs_local(const GraphOptions& o) {
   if (model_->device() != Device::cuda) return;
   graphs_ = std::make_unique<CudaGraphRunner>(*this, o);
   graphs_->capture_all();
@@ -126,6 +163,16 @@ Tensor ModelRunner::aux_buffer(int64_t rows) {
 }
 
 const Tensor& ModelRunner::run(const std::vector<SeqChunk>& chunks, bool capture_aux, bool host_logits) {
+  if (!tp_) return run_local(chunks, capture_aux, host_logits);
+  // All ranks run the same step; only rank 0's logits are returned (all ranks hold them).
+  tp_->run([&](int r) {
+    if (r == 0) run_local(chunks, capture_aux, host_logits);
+    else peers_[size_t(r)]->run_local(chunks, capture_aux, false);
+  });
+  return logits_;
+}
+
+const Tensor& ModelRunner::run_local(const std::vector<SeqChunk>& chunks, bool capture_aux, bool host_logits) {
   bool cap = capture_aux && !model_->capture_layers().empty();
   if (!graphs_ || !graphs_->try_run(chunks, cap, batch_, logits_)) {
     builder_.build(chunks, kv_.block_size, model_->device(), batch_);

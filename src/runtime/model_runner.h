@@ -46,6 +46,7 @@ class BatchBuilder {
 
 class CudaGraphRunner;
 struct GraphOptions;
+class TpWorkers;
 
 class ModelRunner {
  public:
@@ -70,6 +71,15 @@ class ModelRunner {
   // Bytes of KV cache per token (all layers), for sizing the pool.
   static size_t kv_bytes_per_token(const models::Model& m);
 
+  // Tensor parallelism: this runner is rank 0 (its model is shard 0, driven by the calling
+  // thread); peers[r] (r >= 1, each built on worker r's thread) hold the other shards. run()
+  // and enable_graphs() then drive every rank at once (same chunks, each rank building its own
+  // batch on its GPU) and return rank 0's results.
+  void attach_tp(std::shared_ptr<TpWorkers> workers, std::vector<std::unique_ptr<ModelRunner>> peers);
+  int tp_size() const;
+  ModelRunner* peer(int rank) { return rank == 0 ? this : peers_.at(size_t(rank)).get(); }
+  const std::shared_ptr<TpWorkers>& tp_workers() const { return tp_; }
+
  private:
   std::shared_ptr<models::Model> model_;
   KvPool kv_;
@@ -77,6 +87,10 @@ class ModelRunner {
   BatchBuilder builder_;
   Tensor logits_, aux_buf_;
   std::unique_ptr<CudaGraphRunner> graphs_;
+  std::shared_ptr<TpWorkers> tp_;
+  std::vector<std::unique_ptr<ModelRunner>> peers_;  // index = rank; [0] empty
+  const Tensor& run_local(const std::vector<SeqChunk>& chunks, bool capture_aux, bool host_logits);
+  void enable_graphs_local(const GraphOptions& o);
 };
 
 }  // namespace ts

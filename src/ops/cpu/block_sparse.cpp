@@ -18,12 +18,12 @@ static std::vector<int32_t> rows_to_seqs(const AttnMeta& m, int64_t t_n) {
 }
 
 void block_indexer(const Tensor& q, const Tensor& k_cache, const AttnMeta& m, const BlockIndexer& p, Tensor& out) {
-  int64_t t_n = q.size(0);
+  // transformers: one independent selection per indexer head (= per KV / GQA group).
+  int64_t t_n = q.size(0), nh = q.size(1), dim = q.size(2);
   const int64_t width = p.top_k;
-  TS_CHECK(out.dtype == DType::i32 && out.rows() == t_n && out.size(-1) == width, "block_indexer: out {} for {} x {}",
-           out.shape_str(), t_n, width);
+  TS_CHECK(out.dtype == DType::i32 && out.ndim == 3 && out.size(0) == t_n && out.size(1) == nh && out.size(2) == width,
+           "block_indexer: out {} for [{}, {}, {}]", out.shape_str(), t_n, nh, width);
   if (t_n == 0) return;
-  int64_t nh = q.size(1), dim = q.size(2);
   TS_CHECK(k_cache.ndim == 4 && k_cache.size(2) == 1 && k_cache.size(3) == dim, "block_indexer: q {} k_cache {}",
            q.shape_str(), k_cache.shape_str());
   TS_CHECK(p.block_size > 0 && p.top_k >= 0 && p.local_blocks >= 0, "block_indexer: bad parameters");
@@ -33,15 +33,16 @@ void block_indexer(const Tensor& q, const Tensor& k_cache, const AttnMeta& m, co
   const int32_t* bt = m.block_tables.ptr<int32_t>();
   std::vector<int32_t> row_seq = rows_to_seqs(m, t_n);
   const float* kc = k_cache.ptr<float>();
-  int64_t os = out.row_stride();
+  int64_t os = out.stride[0];
 #pragma omp parallel
   {
     std::vector<float> score;
     std::vector<int> order;
     std::vector<int32_t> sel;
 #pragma omp for schedule(dynamic, 4)
-    for (int64_t r = 0; r < t_n; ++r) {
-      int32_t* o = out.ptr<int32_t>() + r * os;
+    for (int64_t it = 0; it < t_n * nh; ++it) {
+      int64_t r = it / nh, h = it % nh;
+      int32_t* o = out.ptr<int32_t>() + r * os + h * out.stride[1];
       std::fill(o, o + width, -1);
       int b = row_seq[size_t(r)];
       if (b < 0) continue;
@@ -57,8 +58,7 @@ void block_indexer(const Tensor& q, const Tensor& k_cache, const AttnMeta& m, co
         for (int64_t j = n * ibs; j < std::min((n + 1) * ibs, pos + 1); ++j) {
           int64_t slot = int64_t(bt[b * max_blocks + j / bs]) * bs + j % bs;
           const float* kv = kc + slot * dim;
-          for (int64_t h = 0; h < nh; ++h)
-            best = std::max(best, dot(q.ptr<float>() + r * q.stride[0] + h * q.stride[1], kv, dim));
+          best = std::max(best, dot(q.ptr<float>() + r * q.stride[0] + h * q.stride[1], kv, dim));
         }
         score[size_t(n)] = best;
       }
@@ -81,11 +81,11 @@ void block_sparse_attention(const Tensor& q, const Tensor& k_cache, const Tensor
   int64_t t_n = q.size(0);
   if (t_n == 0 || m.num_seqs == 0) return;
   int64_t nh = q.size(1), hd = q.size(2), nkv = k_cache.size(2), hdv = v_cache.size(3);
-  TS_CHECK(nh % nkv == 0 && k_cache.size(3) == hd && blocks.dtype == DType::i32 && blocks.rows() == t_n &&
-               sel_block_size > 0,
+  TS_CHECK(nh % nkv == 0 && k_cache.size(3) == hd && blocks.dtype == DType::i32 && blocks.ndim == 3 &&
+               blocks.size(0) == t_n && nh % blocks.size(1) == 0 && sel_block_size > 0,
            "block_sparse_attention: q {} k_cache {} blocks {}", q.shape_str(), k_cache.shape_str(), blocks.shape_str());
   int64_t group = nh / nkv, bs = m.block_size, max_blocks = m.block_tables.size(1), sbs = sel_block_size;
-  int64_t n_sel = blocks.size(-1), bstride = blocks.row_stride();
+  int64_t n_sel = blocks.size(2), sel_group = nh / blocks.size(1);
   const int32_t* cu = m.cu_q.ptr<int32_t>();
   const int32_t* kv_len = m.kv_len.ptr<int32_t>();
   const int32_t* bt = m.block_tables.ptr<int32_t>();
@@ -104,7 +104,8 @@ void block_sparse_attention(const Tensor& q, const Tensor& k_cache, const Tensor
       if (b < 0) continue;
       int64_t pos = kv_len[b] - (cu[b + 1] - cu[b]) + (r - cu[b]);
       keys.clear();
-      const int32_t* sel = blocks.ptr<int32_t>() + r * bstride;
+      // Attention head h reads the selection of its indexer head (heads grouped like GQA).
+      const int32_t* sel = blocks.ptr<int32_t>() + r * blocks.stride[0] + (h / sel_group) * blocks.stride[1];
       for (int64_t i = 0; i < n_sel; ++i) {
         if (sel[i] < 0) continue;
         for (int64_t j = int64_t(sel[i]) * sbs; j < std::min<int64_t>((int64_t(sel[i]) + 1) * sbs, pos + 1); ++j)

@@ -17,6 +17,8 @@
 #include <climits>
 #include <cmath>
 
+#include <mutex>
+
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
 
@@ -33,6 +35,8 @@ int g_attn_splits = 0; // 0 heuristic
 // lab_attention_prefill on the H200 (the labs print every variant side by side).
 // max_q_len at or below: split-KV decode kernel (decode, speculative verify); above: prefill.
 constexpr int kDecodeMaxQLen = 8;
+constexpr int kSplitMaxQLen = 512;   // longer chunks have enough query tiles for the prefill kernel
+constexpr int kSplitMinKvPerQ = 16;  // prefix at least this many times the chunk
 // The decode split count aims at one full wave: the kernel's occupancy (queried: 2 blocks/SM at
 // hd 128 — 104 KB smem — and 4 at hd 64), capped at this many blocks per SM...
 constexpr int kDecodeMaxCtasPerSm = 4;
@@ -447,11 +451,8 @@ __global__ void __launch_bounds__(kTThreads) attn_tc_kernel(AttnParams p) {
 template <int HD>
 void tc_launch(const AttnParams& p, int chunks) {
   constexpr size_t smem = tc_smem<HD>();
-  static bool once = [] {
-    set_smem(attn_tc_kernel<HD>, smem);
-    return true;
-  }();
-  (void)once;
+  static std::atomic<uint32_t> done{0};  // per device: the attribute is a device setting
+  if (once_per_device(done)) set_smem(attn_tc_kernel<HD>, smem);
   launch(attn_tc_kernel<HD>, dim3(unsigned(chunks), unsigned(p.nkv), unsigned(p.B + 1)),
          dim3(kTThreads), smem, true, p);
 }
@@ -462,15 +463,20 @@ void tc_launch(const AttnParams& p, int chunks) {
 // Blocks of attn_decode_kernel<HD> resident per SM (registers/smem as compiled), queried once.
 template <int HD>
 int decode_occupancy() {
-  static const int occ = [] {
+  static std::atomic<uint32_t> done{0};  // per device: the smem attribute is a device setting
+  static std::atomic<int> occ{0};
+  if (once_per_device(done)) {
     constexpr size_t smem = dec_smem<HD>();
     set_smem(attn_decode_kernel<HD>, smem);
     int n = 0;
     TS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_decode_kernel<HD>,
                                                                 kDThreads, smem));
-    return std::max(n, 1);
-  }();
-  return occ;
+    occ.store(std::max(n, 1));
+  }
+  // Same GPU model on every device of a TP group; until the first device stored it, wait.
+  int v = occ.load();
+  while (v == 0) v = occ.load();
+  return v;
 }
 
 template <int HD>
@@ -485,11 +491,8 @@ void decode_launch(const AttnParams& p, int chunks) {
 template <int HD, int MW, int NS>
 void prefill_launch(const AttnParams& p, int chunks) {
   constexpr size_t smem = prefill_smem<HD, MW>();
-  static bool once = [] {
-    set_smem(attn_prefill_kernel<HD, MW, NS>, smem);
-    return true;
-  }();
-  (void)once;
+  static std::atomic<uint32_t> done{0};  // per device
+  if (once_per_device(done)) set_smem(attn_prefill_kernel<HD, MW, NS>, smem);
   launch(attn_prefill_kernel<HD, MW, NS>, dim3(unsigned(p.nkv), unsigned(chunks), unsigned(p.B + 1)),
          dim3(kPThreads), smem, true, p);
 }
@@ -571,6 +574,10 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   if (path == 0) {
     if (!v2_ok) path = 1;
     else if (meta.max_q_len <= kDecodeMaxQLen) path = 3;
+    // A short chunk over a long cached prefix (the agentic turn): the prefill kernel has one
+    // block per 64-128 query rows and walks the whole prefix serially (41 ms for 64 new tokens
+    // after 32k on H200); split-KV spreads the prefix over the GPU instead.
+    else if (meta.max_q_len <= kSplitMaxQLen && meta.max_kv_len >= kSplitMinKvPerQ * meta.max_q_len) path = 3;
     else if (rows < kPrefillWideMinRows) path = 4;
     else path = hd == 128 ? kPrefillWidePath128 : kPrefillWidePath64;
   }
@@ -672,10 +679,15 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   }
   const size_t smem = generic_smem(int(hd), int(hd_v));
   TS_CHECK(smem <= 200 * 1024, "paged_attention: head dim {} too large for the generic kernel", hd);
-  static size_t smem_set = 48 * 1024;
-  if (smem > smem_set) {
-    set_smem(attn_generic_kernel, smem);
-    smem_set = smem;
+  static std::mutex smem_mu;  // the largest size opted into, per device
+  static size_t smem_set[32] = {};
+  {
+    std::lock_guard<std::mutex> lk(smem_mu);
+    size_t& cur = smem_set[current_device() & 31];
+    if (smem > std::max<size_t>(cur, 48 * 1024)) {
+      set_smem(attn_generic_kernel, smem);
+      cur = smem;
+    }
   }
   launch(attn_generic_kernel, dim3(unsigned(chunks), unsigned(nkv * splits), unsigned(B + 1)),
          dim3(kGThreads), smem, true, p);

@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <utility>
@@ -32,7 +33,10 @@ struct Workspace {
   size_t size = 0;
   void* get(size_t bytes);
 };
-Workspace& workspace(int which);  // 0: attention, 1: sampling, 2-3: spare
+Workspace& workspace(int which);  // per device; 0: attention, 1: sampling, 2-3: spare
+// True the first time it is called for the current device with this mask (one bit per device):
+// for per-device one-time setup such as cudaFuncSetAttribute.
+bool once_per_device(std::atomic<uint32_t>& mask);
 
 // Launches kernel on the current stream; with pdl (and PDL enabled) the launch may overlap the
 // previous kernel's tail, so the kernel must call pdl_wait() before touching global memory.

@@ -154,8 +154,14 @@ struct Lt {
 };
 
 Lt& lt() {
-  static Lt* s = new Lt();  // never destroyed: outlives static tensors at exit
-  return *s;
+  // One per device (handle, workspace and algorithm cache); never destroyed: they outlive
+  // static tensors at exit.
+  static std::mutex mu;
+  static Lt* s[32] = {};
+  std::lock_guard<std::mutex> g(mu);
+  Lt*& l = s[current_device() & 31];
+  if (!l) l = new Lt();
+  return *l;
 }
 
 struct Layouts {

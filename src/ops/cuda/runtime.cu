@@ -20,7 +20,19 @@ int device_count() {
 std::shared_ptr<void> alloc(size_t bytes) {
   void* p = nullptr;
   if (bytes) TS_CUDA_CHECK(cudaMalloc(&p, bytes));
-  return std::shared_ptr<void>(p, [](void* q) { if (q) cudaFree(q); });
+  // Freed on the device that owns it (the last reference may drop on another GPU's thread).
+  const int dev = current_device();
+  return std::shared_ptr<void>(p, [dev](void* q) {
+    if (!q) return;
+    int cur = -1;
+    if (cudaGetDevice(&cur) == cudaSuccess && cur != dev) {
+      cudaSetDevice(dev);
+      cudaFree(q);
+      cudaSetDevice(cur);
+    } else {
+      cudaFree(q);
+    }
+  });
 }
 
 void memset(void* p, int value, size_t bytes) {
@@ -29,8 +41,8 @@ void memset(void* p, int value, size_t bytes) {
 
 void copy(void* dst, bool dst_dev, const void* src, bool src_dev, size_t bytes) {
   if (!bytes) return;
-  cudaMemcpyKind k = dst_dev ? (src_dev ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
-                             : (src_dev ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
+  // cudaMemcpyDefault (unified addressing): a pointer on another GPU of this process is fine.
+  cudaMemcpyKind k = (dst_dev || src_dev) ? cudaMemcpyDefault : cudaMemcpyHostToHost;
   TS_CUDA_CHECK(cudaMemcpy(dst, src, bytes, k));
 }
 
@@ -49,8 +61,7 @@ size_t total_memory() {
 }
 
 std::string device_description() {
-  int dev = 0;
-  TS_CUDA_CHECK(cudaGetDevice(&dev));
+  int dev = current_device();
   cudaDeviceProp p;
   TS_CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
   return fmt::format("{}, {} SMs, {:.1f} GiB", p.name, p.multiProcessorCount, double(p.totalGlobalMem) / double(1ull << 30));
@@ -84,28 +95,49 @@ double time_ms(const std::function<void()>& fn, int iters, int warmup) {
 }
 
 namespace {
+constexpr int kMaxDevices = 16;
 std::atomic<bool> g_pdl{true};
-std::atomic<bool> g_user_stream_set{false};
-cudaStream_t g_user_stream = nullptr;
-cudaStream_t g_default_stream = nullptr;
-std::once_flag g_default_once;
+// Per thread: the GPU this thread drives (-1: never set, i.e. device 0 — the single-GPU
+// behaviour) and an optional caller-chosen stream for it.
+thread_local int t_device = -1;
+thread_local cudaStream_t t_user_stream = nullptr;
+thread_local bool t_user_stream_set = false;
+// Per device: the blocking stream all ops of that GPU launch on, created on first use.
+cudaStream_t g_default_stream[kMaxDevices] = {};
+std::once_flag g_default_once[kMaxDevices];
 }  // namespace
 
+int current_device() { return t_device < 0 ? 0 : t_device; }
+
+void set_device(int dev) {
+  int n = device_count();
+  TS_CHECK(dev >= 0 && dev < n && dev < kMaxDevices, "cuda::set_device({}): {} GPUs visible", dev, n);
+  TS_CUDA_CHECK(cudaSetDevice(dev));
+  t_device = dev;
+  t_user_stream = nullptr;
+  t_user_stream_set = false;
+}
+
 cudaStream_t stream() {
-  if (g_user_stream_set.load(std::memory_order_acquire)) return g_user_stream;
-  std::call_once(g_default_once, [] {
+  if (t_user_stream_set) return t_user_stream;
+  const int dev = current_device();
+  std::call_once(g_default_once[dev], [dev] {
     // Blocking (not cudaStreamNonBlocking): the legacy default stream used by cudaMemcpy
     // synchronises with it, so host copies see finished kernels.
-    TS_CUDA_CHECK(cudaStreamCreate(&g_default_stream));
+    int cur = 0;
+    TS_CUDA_CHECK(cudaGetDevice(&cur));
+    if (cur != dev) TS_CUDA_CHECK(cudaSetDevice(dev));
+    TS_CUDA_CHECK(cudaStreamCreate(&g_default_stream[dev]));
+    if (cur != dev) TS_CUDA_CHECK(cudaSetDevice(cur));
   });
-  return g_default_stream;
+  return g_default_stream[dev];
 }
 
 void* stream_handle() { return static_cast<void*>(stream()); }
 
 void set_stream(void* s) {
-  g_user_stream = static_cast<cudaStream_t>(s);
-  g_user_stream_set.store(s != nullptr, std::memory_order_release);
+  t_user_stream = static_cast<cudaStream_t>(s);
+  t_user_stream_set = s != nullptr;
 }
 
 void stream_synchronize() { TS_CUDA_CHECK(cudaStreamSynchronize(stream())); }
@@ -120,19 +152,26 @@ bool stream_capturing() {
 }
 
 int sm_count() {
-  static int n = [] {
-    int dev = 0, v = 0;
-    TS_CUDA_CHECK(cudaGetDevice(&dev));
-    TS_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    return v > 0 ? v : 1;
-  }();
-  return n;
+  static std::atomic<int> n[kMaxDevices] = {};
+  const int dev = current_device();
+  int v = n[dev].load(std::memory_order_relaxed);
+  if (v > 0) return v;
+  TS_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+  v = v > 0 ? v : 1;
+  n[dev].store(v, std::memory_order_relaxed);
+  return v;
 }
 
 Workspace& workspace(int which) {
-  static Workspace ws[4];
+  // One set per device: each GPU's thread grows and uses only its own.
+  static Workspace ws[kMaxDevices][4];
   TS_CHECK(which >= 0 && which < 4, "workspace index {}", which);
-  return ws[which];
+  return ws[current_device()][which];
+}
+
+bool once_per_device(std::atomic<uint32_t>& mask) {
+  const uint32_t bit = 1u << current_device();
+  return (mask.fetch_or(bit) & bit) == 0;
 }
 
 void* Workspace::get(size_t bytes) {
@@ -142,8 +181,12 @@ void* Workspace::get(size_t bytes) {
            bytes);
   // The old buffer may still be in use by queued kernels, and captured CUDA graphs keep its
   // address: retire it (never freed) instead of freeing it.
+  static std::mutex retired_mu;
   static std::vector<std::shared_ptr<void>> retired;
-  if (ptr) retired.push_back(ptr);
+  if (ptr) {
+    std::lock_guard<std::mutex> lk(retired_mu);
+    retired.push_back(ptr);
+  }
   size_t want = bytes < (size_t(1) << 20) ? (size_t(1) << 20) : bytes + bytes / 4;
   ptr = alloc(want);
   size = want;

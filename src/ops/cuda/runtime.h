@@ -9,6 +9,11 @@
 
 namespace ts::cuda {
 int device_count();                                  // 0 when no driver/GPU
+// The GPU the calling thread drives (thread-local; a thread that never called set_device
+// drives device 0, so single-GPU code is unchanged). set_device also makes it the CUDA
+// runtime's current device for this thread and resets this thread's stream to that GPU's.
+int current_device();
+void set_device(int dev);
 std::shared_ptr<void> alloc(size_t bytes);           // cudaMalloc, freed on last reference
 void memset(void* p, int value, size_t bytes);
 void copy(void* dst, bool dst_dev, const void* src, bool src_dev, size_t bytes);
@@ -22,9 +27,10 @@ void copy_async(void* dst, const void* src, size_t bytes);  // device to device,
 // events after `warmup` untimed calls. For benchmarks and kernel labs.
 double time_ms(const std::function<void()>& fn, int iters, int warmup = 2);
 
-// The stream every op launches on. Default: a blocking stream created on first use (so the
+// The stream every op launches on: per device, a blocking stream created on first use (so the
 // synchronous cudaMemcpy/cudaMemset above, which use the legacy default stream, stay ordered
-// with the kernels). set_stream(s) switches to the caller's cudaStream_t (nullptr: default).
+// with the kernels); the calling thread's device picks it. set_stream(s) switches this thread
+// to the caller's cudaStream_t (nullptr: back to the device's stream).
 void* stream_handle();
 void set_stream(void* cuda_stream);
 void stream_synchronize();                           // waits for the current stream only

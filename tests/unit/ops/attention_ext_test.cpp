@@ -158,7 +158,7 @@ TEST(BlockIndexer, SelectsTopBlocksWithLocal) {
   Tensor q = Tensor::zeros({10, 1, 2}, DType::f32);
   for (int j = 0; j < 10; ++j) q.ptr<float>()[j * 2] = 1.0f;
   ops::BlockIndexer p{2, 3, 1};
-  Tensor out = Tensor::empty({10, 3}, DType::i32);
+  Tensor out = Tensor::empty({10, 1, 3}, DType::i32);  // [T, indexer heads, top-k]
   ops::block_indexer(q, cache, bt.meta, p, out);
   auto row = [&](int r) { return std::vector<int32_t>(out.ptr<int32_t>() + r * 3, out.ptr<int32_t>() + r * 3 + 3); };
   // Block scores (max over keys): b0 5, b1 1, b2 9 (9 only from position 5 on), b3 2, b4 0.
@@ -181,14 +181,31 @@ TEST(BlockSparseAttention, AllBlocksEqualsPagedAttention) {
   ops::paged_attention(q, kc, vc, bt.meta, 0.3f, ref);
   // Every block of 3 tokens listed (index blocks need not match the cache's paging).
   const int sbs = 3;
-  Tensor sel = Tensor::empty({T, 6}, DType::i32);
+  Tensor sel = Tensor::empty({T, 1, 6}, DType::i32);  // one indexer head: shared by all heads
   for (int64_t t = 0; t < T; ++t)
     for (int i = 0; i < 6; ++i) sel.ptr<int32_t>()[t * 6 + i] = i < 5 ? i : -1;
   ops::block_sparse_attention(q, kc, vc, bt.meta, 0.3f, sel, sbs, out);
   for (int64_t i = 0; i < ref.numel(); ++i) EXPECT_NEAR(out.ptr<float>()[i], ref.ptr<float>()[i], 1e-6);
+  // Two indexer heads: heads 0-1 read selection 0 (every block), heads 2-3 selection 1 (block 0
+  // only) — heads 0-1 still equal full attention, heads 2-3 of a long row do not.
+  Tensor sel2 = Tensor::empty({T, 2, 6}, DType::i32);
+  for (int64_t t = 0; t < T; ++t)
+    for (int i = 0; i < 6; ++i) {
+      sel2.ptr<int32_t>()[(t * 2 + 0) * 6 + i] = i < 5 ? i : -1;
+      sel2.ptr<int32_t>()[(t * 2 + 1) * 6 + i] = i == 0 ? 0 : -1;
+    }
+  ops::block_sparse_attention(q, kc, vc, bt.meta, 0.3f, sel2, sbs, out);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t e = 0; e < hd; ++e)
+        EXPECT_NEAR(out.ptr<float>()[(t * nh + h) * hd + e], ref.ptr<float>()[(t * nh + h) * hd + e], 1e-6);
+  int64_t last = bt.cu[1] - 1;  // position 10 of sequence 0: blocks 1-3 dropped for heads 2-3
+  double diff = 0;
+  for (int64_t e = 0; e < hd; ++e) diff += std::fabs(out.ptr<float>()[(last * nh + 2) * hd + e] - ref.ptr<float>()[(last * nh + 2) * hd + e]);
+  EXPECT_GT(diff, 1e-3);
   // Only block 0 (tokens 0..2): row 0 of sequence 2 (position 3) attends to tokens 0..2 only.
   for (int64_t t = 0; t < T; ++t)
-    for (int i = 0; i < 6; ++i) sel.ptr<int32_t>()[t * 6 + i] = i == 0 ? 0 : -1;
+    for (int i = 0; i < 6; ++i) sel.ptr<int32_t>()[t * 6 + i] = i == 0 ? 0 : -1;  // [T, 1, 6]
   ops::block_sparse_attention(q, kc, vc, bt.meta, 0.3f, sel, sbs, out);
   int64_t r = bt.cu[2];  // first row of sequence 2, position 3
   for (int64_t h = 0; h < nh; ++h) {
@@ -218,7 +235,7 @@ TEST(BlockSparse, ZeroTokens) {
   Batch bt({}, 4, 2, g);
   Tensor kc = Tensor::zeros({2, 4, 1, 8}, DType::f32), vc = Tensor::zeros({2, 4, 1, 8}, DType::f32);
   Tensor q = Tensor::empty({0, 2, 8}, DType::f32), out = Tensor::empty({0, 2, 8}, DType::f32);
-  Tensor sel = Tensor::empty({0, 4}, DType::i32);
+  Tensor sel = Tensor::empty({0, 2, 4}, DType::i32);
   EXPECT_NO_THROW(ops::block_indexer(q, kc, bt.meta, ops::BlockIndexer{4, 4, 1}, sel));
   EXPECT_NO_THROW(ops::block_sparse_attention(q, kc, vc, bt.meta, 1.0f, sel, 4, out));
 }

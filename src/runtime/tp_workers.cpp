@@ -1,0 +1,149 @@
+#include "runtime/tp_workers.h"
+
+#include "core/error.h"
+#include "parallel/comm.h"
+#include "runtime/model_runner.h"
+
+#ifdef TS_WITH_CUDA
+#include "ops/cuda/runtime.h"
+#endif
+
+namespace ts {
+
+TpWorkers::TpWorkers(int tp_size) : size_(tp_size) {
+  TS_CHECK(tp_size >= 1, "TpWorkers: size {}", tp_size);
+  w_.resize(size_t(tp_size));
+  for (int r = 1; r < tp_size; ++r) {
+    w_[size_t(r)] = std::make_unique<Worker>();
+    w_[size_t(r)]->thread = std::thread([this, r] { loop(r); });
+  }
+}
+
+TpWorkers::~TpWorkers() {
+  for (int r = 1; r < size_; ++r) {
+    Worker& w = *w_[size_t(r)];
+    {
+      std::lock_guard<std::mutex> lk(w.mu);
+      w.quit = true;
+    }
+    w.cv.notify_all();
+  }
+  for (int r = 1; r < size_; ++r)
+    if (w_[size_t(r)]->thread.joinable()) w_[size_t(r)]->thread.join();
+}
+
+void TpWorkers::loop(int rank) {
+  Worker& w = *w_[size_t(rank)];
+  std::exception_ptr bind_error;
+#ifdef TS_WITH_CUDA
+  try {
+    cuda::set_device(rank);
+  } catch (...) {
+    bind_error = std::current_exception();
+  }
+#endif
+  while (true) {
+    const std::function<void(int)>* job = nullptr;
+    {
+      std::unique_lock<std::mutex> lk(w.mu);
+      w.cv.wait(lk, [&] { return w.quit || (w.busy && w.job); });
+      if (w.quit) return;
+      job = w.job;
+    }
+    std::exception_ptr err = bind_error;
+    if (!err) {
+      try {
+        (*job)(rank);
+      } catch (...) {
+        err = std::current_exception();
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lk(w.mu);
+      w.error = err;
+      w.job = nullptr;
+      w.busy = false;
+    }
+    w.cv.notify_all();
+  }
+}
+
+void TpWorkers::post(const std::function<void(int)>& fn) {
+  TS_CHECK(!posted_, "TpWorkers: a job is already running");
+  posted_ = &fn;
+  for (int r = 1; r < size_; ++r) {
+    Worker& w = *w_[size_t(r)];
+    {
+      std::lock_guard<std::mutex> lk(w.mu);
+      w.job = &fn;
+      w.busy = true;
+      w.error = nullptr;
+    }
+    w.cv.notify_all();
+  }
+}
+
+void TpWorkers::wait() {
+  if (!posted_) return;
+  std::exception_ptr first;
+  for (int r = 1; r < size_; ++r) {
+    Worker& w = *w_[size_t(r)];
+    std::unique_lock<std::mutex> lk(w.mu);
+    w.cv.wait(lk, [&] { return !w.busy; });
+    if (w.error && !first) first = w.error;
+    w.error = nullptr;
+  }
+  posted_ = nullptr;
+  if (first) std::rethrow_exception(first);
+}
+
+void TpWorkers::run(const std::function<void(int)>& fn) {
+  post(fn);
+  std::exception_ptr local;
+  try {
+    fn(0);
+  } catch (...) {
+    local = std::current_exception();
+  }
+  try {
+    wait();
+  } catch (...) {
+    if (!local) local = std::current_exception();
+  }
+  if (local) std::rethrow_exception(local);
+}
+
+TpModels load_tp_models(const io::ModelConfig& cfg, const models::LoadOptions& base, int tp_size, int ep_size,
+                        int fusion_max_tokens) {
+  TS_CHECK(tp_size >= 2, "load_tp_models: tp size {}", tp_size);
+  TS_CHECK(base.device == Device::cuda, "--tp-size {} needs --device cuda", tp_size);
+  auto group = parallel::CommGroup::create(tp_size, fusion_max_tokens, cfg.hidden_size);
+  TpModels m;
+  m.workers = std::make_shared<TpWorkers>(tp_size);
+  m.shards.resize(size_t(tp_size));
+  std::vector<std::shared_ptr<parallel::Comm>> comms;
+  for (int r = 0; r < tp_size; ++r) comms.push_back(group->rank(r));
+  m.workers->run([&](int r) {
+    models::LoadOptions lo = base;
+    lo.mapping = parallel::Mapping::make(tp_size, r, ep_size);
+    lo.comm = comms[size_t(r)];
+    m.shards[size_t(r)] = models::create_model(cfg, lo);
+  });
+  return m;
+}
+
+std::unique_ptr<ModelRunner> make_tp_runner(const TpModels& m, int64_t num_blocks, int block_size) {
+  const int tp = m.workers->size();
+  std::vector<std::unique_ptr<ModelRunner>> peers;
+  peers.resize(size_t(tp));
+  std::unique_ptr<ModelRunner> r0;
+  m.workers->run([&](int r) {
+    auto runner = std::make_unique<ModelRunner>(m.shards[size_t(r)], num_blocks, block_size);
+    if (r == 0) r0 = std::move(runner);
+    else peers[size_t(r)] = std::move(runner);
+  });
+  r0->attach_tp(m.workers, std::move(peers));
+  return r0;
+}
+
+}  // namespace ts
