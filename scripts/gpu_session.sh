@@ -20,10 +20,9 @@ if has labs; then
   for l in $B/lab_*; do timeout 120 $l > $OUT/$(basename $l).log 2>&1; echo "$(basename $l) rc=$?"; done
 fi
 if has golden; then
-  for m in llama3 llama2_mha qwen3 qwen3_moe deepseek_v3; do
+  for m in llama3 llama2_mha qwen3 qwen3_moe deepseek_v3 minimax_m3; do
     timeout 60 $B/tokenspeed verify-golden tests/data/$m --device cuda --atol 0.1 2>&1 | tail -3
   done 2>&1 | tee $OUT/golden.log
-  timeout 60 $B/tokenspeed verify-golden tests/data/minimax_m3 --device cuda --atol 0.1 --prompts 0,1,2 2>&1 | tail -4 | tee -a $OUT/golden.log
 fi
 if has demo; then
   python3 scripts/gpu_demo_check.py $B/tokenspeed 2>&1 | tee $OUT/demo.log

@@ -132,18 +132,20 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
 void mla_attention(const Tensor& q, const Tensor& latent_cache, const AttnMeta& meta, float scale, int64_t kv_rank,
                    Tensor& out);
 
-// MiniMax-M3 lightning indexer. For query row r of sequence b at position p (see AttnMeta), key
-// block n (tokens [n*bs, (n+1)*bs) of the sequence) scores max over index heads h and keys
-// j <= p in the block of q[r, h] . k[j] (k_cache [blocks, block_size, 1, D]); the local_blocks
-// blocks ending at p's block score +inf; the top_k best blocks are kept (blocks after p's never
-// are). out i32 [T, top_k]: the kept block ids in ascending order, then -1.
+// MiniMax-M3 lightning indexer, one selection per index head h (transformers: per KV / GQA
+// group). For query row r of sequence b at position p (see AttnMeta), key block n (tokens
+// [n*bs, (n+1)*bs) of the sequence) scores the max over keys j <= p in the block of
+// q[r, h] . k[j] (k_cache [blocks, block_size, 1, D]); the local_blocks blocks ending at p's block
+// score +inf; the top_k best blocks are kept (blocks after p's never are; ties: lower block).
+// out i32 [T, heads, top_k]: the kept block ids in ascending order, then -1.
 struct BlockIndexer {
   int block_size = 0, top_k = 0, local_blocks = 0;
 };
 void block_indexer(const Tensor& q, const Tensor& k_cache, const AttnMeta& meta, const BlockIndexer& p, Tensor& out);
 
-// paged_attention restricted to the key blocks listed per query row in blocks i32 [T, S]
-// (ascending, -1 padded; blocks of sel_block_size tokens) and to keys at or before the query.
+// paged_attention restricted to the key blocks listed per query row and selection head in
+// blocks i32 [T, S, n] (ascending, -1 padded; blocks of sel_block_size tokens; attention head h
+// reads selection h / (nh / S)) and to keys at or before the query.
 void block_sparse_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttnMeta& meta,
                             float scale, const Tensor& blocks, int sel_block_size, Tensor& out);
 

@@ -1,7 +1,8 @@
 // CUDA MiniMax-M3 block-sparse ops vs the CPU reference: the lightning indexer's picked blocks
-// (exact ids; decode, prefill, chunked prefill, padding rows, local blocks, top_k larger than the
-// block count) and attention restricted to picked blocks (indexer picks and random picks with
-// -1 holes; GQA; strided q and out).
+// per index head (exact ids; decode, prefill, chunked prefill, padding rows, local blocks, top_k
+// larger than the block count) and attention restricted to picked blocks (indexer picks and
+// random picks with -1 holes; one selection per KV group or one for all heads; GQA; strided q
+// and out).
 #include "paged_meta.h"
 
 using namespace ts;
@@ -16,8 +17,8 @@ void check_indexer(const std::vector<SeqLens>& seqs, int64_t heads, int64_t D, o
   Pair kc = Pair::rand({m.num_blocks, bs, 1, D});
   Pair qb = Pair::rand({T, heads * D + 8});
   Tensor qh = heads_view(qb.h, 8, heads, D), qd = heads_view(qb.d, 8, heads, D);
-  Tensor oh = Tensor::empty({T, int64_t(p.top_k)}, DType::i32);
-  Tensor od = Tensor::empty({T, int64_t(p.top_k)}, DType::i32, Device::cuda);
+  Tensor oh = Tensor::empty({T, heads, int64_t(p.top_k)}, DType::i32);
+  Tensor od = Tensor::empty({T, heads, int64_t(p.top_k)}, DType::i32, Device::cuda);
   ops::cpu::block_indexer(qh, kc.h, m.h, p, oh);
   ops::cuda::block_indexer(qd, kc.d, m.d, p, od);
   ::ts::cuda::synchronize();
@@ -61,22 +62,25 @@ std::vector<int> row_positions(const std::vector<SeqLens>& seqs, int pad_rows) {
   return pos;
 }
 
-// mode 0: blocks from the CPU indexer; 1: random ascending picks with -1 holes.
+// mode 0: blocks from the CPU indexer; 1: random ascending picks with -1 holes. S selection
+// heads (a divisor of the attention heads).
 void check_sparse(const std::vector<SeqLens>& seqs, int64_t nkv, int64_t G, int64_t hd, int sbs, int n_sel, int bs,
-                  int mode, int pad_rows = 0) {
+                  int mode, int pad_rows = 0, int64_t S = 0) {
   PagedMeta m = make_paged(seqs, bs, pad_rows);
   const int64_t T = m.rows, nh = nkv * G;
   Pair kc = Pair::rand({m.num_blocks, bs, nkv, hd}), vc = Pair::rand({m.num_blocks, bs, nkv, hd});
   Pair qb = Pair::rand({T, nh * hd + 8}, 2.0f);
   Tensor qh = heads_view(qb.h, 8, nh, hd), qd = heads_view(qb.d, 8, nh, hd);
-  Tensor sel = Tensor::empty({T, int64_t(n_sel)}, DType::i32);
+  if (S == 0) S = nkv;
+  Tensor sel = Tensor::empty({T, S, int64_t(n_sel)}, DType::i32);
   if (mode == 0) {
-    Pair ik = Pair::rand({m.num_blocks, bs, 1, 16}), iq = Pair::rand({T, 2, 16});
+    Pair ik = Pair::rand({m.num_blocks, bs, 1, 16}), iq = Pair::rand({T, S, 16});
     ops::cpu::block_indexer(iq.h, ik.h, m.h, idx(sbs, n_sel, 1), sel);
   } else {
     std::vector<int> pos = row_positions(seqs, pad_rows);
-    for (int64_t r = 0; r < T; ++r) {
-      int32_t* o = sel.ptr<int32_t>() + r * n_sel;
+    for (int64_t rs = 0; rs < T * S; ++rs) {
+      const int64_t r = rs / S;
+      int32_t* o = sel.ptr<int32_t>() + rs * n_sel;
       for (int i = 0; i < n_sel; ++i) o[i] = -1;
       if (pos[size_t(r)] < 0) continue;
       std::vector<int32_t> all;
@@ -93,8 +97,8 @@ void check_sparse(const std::vector<SeqLens>& seqs, int64_t nkv, int64_t G, int6
   ops::cpu::block_sparse_attention(qh, kc.h, vc.h, m.h, scale, sel, sbs, oh);
   ops::cuda::block_sparse_attention(qd, kc.d, vc.d, m.d, scale, to_dev(sel), sbs, od);
   EXPECT_CLOSE(ob.back(), ob.h,
-               fmt::format("sparse B={} maxq={} maxkv={} nkv={} G={} hd={} sbs={} n_sel={} bs={} mode={} pad={}",
-                           seqs.size(), m.h.max_q_len, m.h.max_kv_len, nkv, G, hd, sbs, n_sel, bs, mode, pad_rows));
+               fmt::format("sparse B={} maxq={} maxkv={} nkv={} G={} hd={} sbs={} n_sel={} S={} bs={} mode={} pad={}",
+                           seqs.size(), m.h.max_q_len, m.h.max_kv_len, nkv, G, hd, sbs, n_sel, S, bs, mode, pad_rows));
 }
 
 TEST(CudaBlockSparse, Attention) {
@@ -107,6 +111,8 @@ TEST(CudaBlockSparse, Attention) {
       check_sparse({{1, 2000}, {9, 700}}, 2, 4, 128, 128, 6, bs, mode);
       check_sparse({{3, 50}}, 1, 3, 24, 16, 8, bs, mode);  // hd 24: vector loads
       check_sparse({{3, 50}}, 1, 3, 20, 16, 8, bs, mode);  // hd 20: scalar loads
+      check_sparse({{1, 300}, {5, 90}}, 2, 2, 16, 16, 4, bs, mode, 0, 1);  // one selection for all heads
+      check_sparse({{1, 300}, {5, 90}}, 2, 2, 16, 16, 4, bs, mode, 0, 4);  // one per attention head
     }
 }
 
@@ -119,9 +125,9 @@ TEST(CudaBlockSparse, ZeroTokens) {
   m.block_size = 16;
   Tensor q = Tensor::empty({0, 2, 16}, DType::bf16, Device::cuda);
   Tensor kc = Tensor::empty({2, 16, 1, 16}, DType::bf16, Device::cuda);
-  Tensor out = Tensor::empty({0, 4}, DType::i32, Device::cuda);
+  Tensor out = Tensor::empty({0, 2, 4}, DType::i32, Device::cuda);
   ops::cuda::block_indexer(q, kc, m, idx(16, 4, 1), out);
-  Tensor sel = Tensor::empty({0, 4}, DType::i32, Device::cuda);
+  Tensor sel = Tensor::empty({0, 2, 4}, DType::i32, Device::cuda);
   Tensor o = Tensor::empty({0, 2, 16}, DType::bf16, Device::cuda);
   ops::cuda::block_sparse_attention(q, kc, kc, m, 0.25f, sel, 16, o);
   ::ts::cuda::synchronize();

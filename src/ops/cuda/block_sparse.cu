@@ -1,6 +1,7 @@
-// MiniMax-M3 block-sparse attention on CUDA: the lightning indexer (block scores, top-k blocks)
-// and paged attention restricted to the picked blocks. Straightforward kernels: one block per
-// query row (indexer) or per (query row, head) (attention); fp32 math, CUDA cores.
+// MiniMax-M3 block-sparse attention on CUDA: the lightning indexer (block scores, top-k blocks,
+// one selection per indexer head) and paged attention restricted to the picked blocks (each
+// attention head reads its indexer head's selection, grouped like GQA). Straightforward kernels:
+// one block per (query row, head) for both; fp32 math, CUDA cores.
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -75,21 +76,21 @@ struct IndexerParams {
   int block_size;  // paging block size
   int ibs, top_k, local;
   int32_t* out;
-  int64_t o_ld;
+  int64_t o_s0, o_s1;
   int width, B, max_valid;
 };
 
-// One block per query row.
+// One block per (query row, indexer head).
 __global__ void __launch_bounds__(kThreads) indexer_kernel(IndexerParams p) {
   extern __shared__ __align__(16) float ism[];
   pdl_wait();
-  const int r = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  float* qs = ism;                                                 // [nh * D]
-  int* score = reinterpret_cast<int*>(qs + p.nh * p.D);            // [max_valid] order-encoded
+  const int r = blockIdx.x, hq = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  float* qs = ism;                                                 // [D]
+  int* score = reinterpret_cast<int*>(qs + p.D);                   // [max_valid] order-encoded
   int* sel = score + p.max_valid;                                  // [width]
   int* rv = sel + p.width;                                         // [32] reduction scratch
   int* ri = rv + 32;                                               // [32]
-  int32_t* o = p.out + int64_t(r) * p.o_ld;
+  int32_t* o = p.out + int64_t(r) * p.o_s0 + int64_t(hq) * p.o_s1;
   for (int i = tid; i < p.width; i += kThreads) o[i] = -1;
   const int b = seq_of_row(p.cu_q, p.B, r);
   if (b < 0) return;
@@ -98,20 +99,14 @@ __global__ void __launch_bounds__(kThreads) indexer_kernel(IndexerParams p) {
   const int q_block = pos / p.ibs, n_blocks = (len + p.ibs - 1) / p.ibs;
   const int valid = min(q_block + 1, p.max_valid);
   const int k = min(min(p.top_k, n_blocks), valid);
-  for (int i = tid; i < p.nh * p.D; i += kThreads) {
-    const int h = i / p.D, d = i - h * p.D;
-    qs[i] = __bfloat162float(p.q[int64_t(r) * p.q_s0 + int64_t(h) * p.q_s1 + d]);
-  }
+  for (int d = tid; d < p.D; d += kThreads) qs[d] = __bfloat162float(p.q[int64_t(r) * p.q_s0 + int64_t(hq) * p.q_s1 + d]);
   for (int n = tid; n < valid; n += kThreads) score[n] = ord_enc(-INFINITY);
   __syncthreads();
-  // Block score: max over heads and over the block's keys up to the query.
+  // Block score: max over the block's keys up to the query.
   for (int j = tid; j <= pos && j / p.ibs < valid; j += kThreads) {
     const int blk = j / p.block_size;
     const int64_t slot = int64_t(p.bt[b * p.bt_ld + blk]) * p.block_size + (j - blk * p.block_size);
-    const __nv_bfloat16* kv = p.kc + slot * p.D;
-    float best = -INFINITY;
-    for (int h = 0; h < p.nh; ++h) best = fmaxf(best, dot_sh(qs + h * p.D, kv, p.D, p.vec));
-    atomicMax(&score[j / p.ibs], ord_enc(best));
+    atomicMax(&score[j / p.ibs], ord_enc(dot_sh(qs, p.kc + slot * p.D, p.D, p.vec)));
   }
   __syncthreads();
   if (tid == 0)
@@ -179,9 +174,9 @@ struct SparseParams {
   const int32_t* bt;
   int64_t bt_ld;
   int block_size;
-  const int32_t* blocks;
-  int64_t blocks_ld;
-  int n_sel, sbs;
+  const int32_t* blocks;  // [T, S, n_sel]
+  int64_t bl_s0, bl_s1;
+  int n_sel, sel_group, sbs;
   float scale_log2;
   __nv_bfloat16* out;
   int64_t o_s0, o_s1;
@@ -209,7 +204,7 @@ __global__ void __launch_bounds__(kThreads) sparse_attn_kernel(SparseParams p) {
     for (int i = tid; i < p.hd; i += kThreads)
       qs[i] = __bfloat162float(p.q[int64_t(r) * p.q_s0 + int64_t(h) * p.q_s1 + i]);
     __syncthreads();
-    const int32_t* sel = p.blocks + int64_t(r) * p.blocks_ld;
+    const int32_t* sel = p.blocks + int64_t(r) * p.bl_s0 + int64_t(h / p.sel_group) * p.bl_s1;
     for (int i = 0; i < p.n_sel; ++i) {
       const int sb = sel[i];
       if (sb < 0) continue;
@@ -267,11 +262,13 @@ void block_indexer(const Tensor& q, const Tensor& k_cache, const AttnMeta& meta,
   check_dev(q, DType::bf16, "block_indexer q");
   check_dev(k_cache, DType::bf16, "block_indexer k_cache");
   check_dev(out, DType::i32, "block_indexer out");
-  const int64_t T = q.size(0), width = bi.top_k;
-  TS_CHECK(out.rows() == T && out.size(-1) == width, "block_indexer: out {} for {} x {}", out.shape_str(), T, width);
-  if (T == 0) return;
-  TS_CHECK(q.ndim == 3 && q.stride[2] == 1, "block_indexer: q {} must be [T, heads, dim]", q.shape_str());
-  const int64_t nh = q.size(1), D = q.size(2), B = meta.num_seqs;
+  const int64_t T = q.size(0), nh = q.size(1), width = bi.top_k;
+  TS_CHECK(q.ndim == 3 && out.ndim == 3 && out.size(0) == T && out.size(1) == nh && out.size(2) == width &&
+               (out.stride[2] == 1 || width <= 1),
+           "block_indexer: out {} for [{}, {}, {}]", out.shape_str(), T, nh, width);
+  if (T == 0 || nh == 0) return;
+  const int64_t D = q.size(2), B = meta.num_seqs;
+  TS_CHECK(q.stride[2] == 1, "block_indexer: q {} must have a contiguous last dim", q.shape_str());
   TS_CHECK(k_cache.ndim == 4 && k_cache.size(2) == 1 && k_cache.size(3) == D && k_cache.is_contiguous() &&
                k_cache.size(1) == meta.block_size,
            "block_indexer: q {} k_cache {}", q.shape_str(), k_cache.shape_str());
@@ -294,20 +291,20 @@ void block_indexer(const Tensor& q, const Tensor& k_cache, const AttnMeta& meta,
   p.top_k = bi.top_k;
   p.local = bi.local_blocks;
   p.out = out.ptr<int32_t>();
-  p.o_ld = out.row_stride();
+  p.o_s0 = out.stride[0];
+  p.o_s1 = out.stride[1];
   p.width = int(width);
   p.B = int(B);
   p.max_valid = int(std::max<int64_t>(1, ceil_div(std::max(meta.max_kv_len, 1), bi.block_size)));
-  const size_t smem = size_t(nh * D) * 4 + size_t(p.max_valid) * 4 + size_t(width) * 4 + 64 * 4;
-  TS_CHECK(smem <= 200 * 1024, "block_indexer: {} heads x {} dims, {} blocks: too much shared memory", nh, D,
-           p.max_valid);
+  const size_t smem = size_t(D) * 4 + size_t(p.max_valid) * 4 + size_t(width) * 4 + 64 * 4;
+  TS_CHECK(smem <= 200 * 1024, "block_indexer: {} dims, {} blocks: too much shared memory", D, p.max_valid);
   static size_t smem_set = 48 * 1024;
   if (smem > smem_set) {
     set_smem(indexer_kernel, smem);
     smem_set = smem;
   }
-  TS_CHECK(T <= 0x7fffffff, "block_indexer: too many rows");
-  launch(indexer_kernel, dim3(unsigned(T)), dim3(kThreads), smem, true, p);
+  TS_CHECK(T <= 0x7fffffff && nh <= 65535, "block_indexer: too many rows or heads");
+  launch(indexer_kernel, dim3(unsigned(T), unsigned(nh)), dim3(kThreads), smem, true, p);
 }
 
 void block_sparse_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttnMeta& meta,
@@ -323,7 +320,9 @@ void block_sparse_attention(const Tensor& q, const Tensor& k_cache, const Tensor
            "block_sparse_attention: q {} out {} k_cache {} v_cache {}", q.shape_str(), out.shape_str(),
            k_cache.shape_str(), v_cache.shape_str());
   const int64_t nh = q.size(1), hd = q.size(2), nkv = k_cache.size(2), hd_v = v_cache.size(3);
-  TS_CHECK(nkv > 0 && nh % nkv == 0 && k_cache.size(3) == hd && v_cache.size(2) == nkv && blocks.rows() == T &&
+  TS_CHECK(nkv > 0 && nh % nkv == 0 && k_cache.size(3) == hd && v_cache.size(2) == nkv && blocks.ndim == 3 &&
+               blocks.size(0) == T && blocks.size(1) > 0 && nh % blocks.size(1) == 0 &&
+               (blocks.stride[2] == 1 || blocks.size(2) <= 1) &&
                sel_block_size > 0 && out.size(0) == T && out.size(1) == nh && out.size(2) == hd_v &&
                k_cache.size(1) == meta.block_size && v_cache.size(1) == meta.block_size,
            "block_sparse_attention: q {} k_cache {} v_cache {} blocks {} out {}", q.shape_str(), k_cache.shape_str(),
@@ -350,8 +349,10 @@ void block_sparse_attention(const Tensor& q, const Tensor& k_cache, const Tensor
   p.bt_ld = meta.block_tables.row_stride();
   p.block_size = meta.block_size;
   p.blocks = blocks.ptr<int32_t>();
-  p.blocks_ld = blocks.row_stride();
-  p.n_sel = int(blocks.size(-1));
+  p.bl_s0 = blocks.stride[0];
+  p.bl_s1 = blocks.stride[1];
+  p.n_sel = int(blocks.size(2));
+  p.sel_group = int(nh / blocks.size(1));
   p.sbs = sel_block_size;
   p.scale_log2 = scale * kLog2e;
   p.out = out.ptr<__nv_bfloat16>();
