@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-build}
 rm -rf .device && mkdir -p .device/bin .device/lib
-for f in "$B"/tokenspeed "$B"/test_cuda "$B"/lab_*; do
+# LABS: which kernel labs to ship (default all; the travelling tree is capped at 64 MiB).
+for f in "$B"/tokenspeed "$B"/test_cuda ${LABS:-"$B"/lab_*}; do
   [ -x "$f" ] && strip -o ".device/bin/$(basename "$f")" "$f"
 done
 for lib in libfmt.so.9 libspdlog.so.1.10 libpcre2-8.so.0 libxxhash.so.0 libcpp-httplib.so.0.11 libgomp.so.1; do

@@ -17,7 +17,7 @@ if has tests; then
   grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|tests ran" $OUT/test_cuda.log | head -20
 fi
 if has labs; then
-  for l in $B/lab_*; do timeout 120 $l > $OUT/$(basename $l).log 2>&1; echo "$(basename $l) rc=$?"; done
+  for l in ${LABS:-$B/lab_*}; do timeout 120 $l > $OUT/$(basename $l).log 2>&1; echo "$(basename $l) rc=$?"; done
 fi
 if has golden; then
   for m in llama3 llama2_mha qwen3 qwen3_moe deepseek_v3 minimax_m3; do
@@ -43,6 +43,8 @@ if has moe30b; then
   timeout 180 $B/tokenspeed make-random-model --preset qwen3-30b-a3b --num-layers 8 --out /tmp/q30 > $OUT/make30b.log 2>&1; echo "make-random-model rc=$?"
   timeout 240 $B/tokenspeed bench-decode --model /tmp/q30 --device cuda --graphs --prompt-tokens 512 --gen-tokens 64 2>&1 \
     | grep -v "^\[[0-9]" | tee $OUT/moe30b.log
+  timeout 200 $B/tokenspeed bench --model /tmp/q30 --device cuda --prompt-lens 1024 --batches 1,64 --contexts 1024 \
+    > $OUT/bench_q30.log 2>&1; echo "bench q30 rc=$?"; grep -v "^\[" $OUT/bench_q30.log | tail -16
 fi
 if has minimax; then
   python3 - <<'PY' > /tmp/minimax_src.log 2>&1
