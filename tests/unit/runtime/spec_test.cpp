@@ -1,0 +1,173 @@
+// EAGLE3 on the CPU (fp32): the demo pair reproduces ../models/pycoder-eagle3/spec_golden.json
+// exactly (plain greedy tokens, every iteration's drafts and accepted count), speculation is
+// lossless for the trained draft and for a random-weight draft, stops inside an accepted run
+// end the request there, and rejection sampling leaves the target distribution unchanged.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "engine_test_util.h"
+#include "io/safetensors.h"
+#include "runtime/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+using namespace ts;
+using namespace ts::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+nlohmann::json spec_golden() {
+  std::ifstream f(demo_draft() + "/spec_golden.json");
+  return nlohmann::json::parse(f);
+}
+
+EngineOptions spec_engine(const std::string& draft) {
+  EngineOptions o = small_engine();
+  o.speculative_algorithm = "EAGLE3";
+  o.speculative_draft_model_path = draft;
+  o.speculative_num_steps = 3;
+  return o;
+}
+
+TEST(SpecGolden, PlainGreedyMatchesGolden) {
+  Engine e(small_engine());
+  e.start();
+  for (auto& t : spec_golden()["traces"]) {
+    Result r = collect(e.submit(greedy(t["prompt"].get<std::vector<int32_t>>(), 64)));
+    EXPECT_EQ(r.tokens, t["greedy"].get<std::vector<int32_t>>());
+  }
+}
+
+TEST(SpecGolden, Eagle3TracesMatchExactly) {
+  auto g = spec_golden();
+  Engine e(spec_engine(demo_draft()));
+  e.start();
+  double steps = 0, tokens = 0;
+  for (auto& t : g["traces"]) {
+    Result r = collect(e.submit(greedy(t["prompt"].get<std::vector<int32_t>>(), 64)));
+    EXPECT_EQ(r.tokens, t["greedy"].get<std::vector<int32_t>>()) << "lossless";
+    ASSERT_EQ(r.trace.size(), t["iterations"].size());
+    for (size_t i = 0; i < r.trace.size(); ++i) {
+      EXPECT_EQ(r.trace[i].first, t["iterations"][i]["drafts"].get<std::vector<int32_t>>()) << "iteration " << i;
+      EXPECT_EQ(r.trace[i].second, t["iterations"][i]["accepted"].get<int>()) << "iteration " << i;
+      steps += 1;
+      tokens += r.trace[i].second + 1;
+    }
+  }
+  EngineMetrics m = e.metrics();
+  EXPECT_EQ(double(m.spec_verify_steps), steps);
+  EXPECT_GT(tokens / steps, 2.5);  // the demo pair accepts ~2.9 tokens per verify on these prompts
+}
+
+// A draft with the demo draft's shapes and random weights: speculation must still be lossless.
+std::string random_draft() {
+  static std::string dir;
+  if (!dir.empty()) return dir;
+  dir = (fs::temp_directory_path() / "ts_random_eagle3").string();
+  fs::create_directories(dir);
+  fs::copy_file(demo_draft() + "/config.json", dir + "/config.json", fs::copy_options::overwrite_existing);
+  io::SafetensorsFile src(demo_draft() + "/model.safetensors");
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 0.05f);
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (auto& name : src.names()) {
+    Tensor t = src.get(name);
+    Tensor c = Tensor::empty(t.dims(), t.dtype);
+    std::memcpy(c.data, t.data, t.nbytes());
+    if (t.dtype == DType::bf16)
+      for (int64_t i = 0; i < c.numel(); ++i) c.ptr<uint16_t>()[i] = f32_to_bf16(name.find("norm") != std::string::npos ? 1.0f : nd(rng));
+    out.emplace_back(name, c);
+  }
+  io::write_safetensors(dir + "/model.safetensors", out);
+  return dir;
+}
+
+TEST(SpecLossless, RandomDraftEqualsPlainGreedy) {
+  Engine plain(small_engine());
+  plain.start();
+  Engine spec(spec_engine(random_draft()));
+  spec.start();
+  auto prompts = code_prompts(plain, 6);
+  std::vector<std::shared_ptr<Stream>> batch;
+  for (auto& p : prompts) batch.push_back(spec.submit(greedy(p, 24)));  // many requests, one batch
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Result want = collect(plain.submit(greedy(prompts[i], 24)));
+    Result got = collect(batch[i]);
+    EXPECT_EQ(got.tokens, want.tokens) << "prompt " << i;
+    EXPECT_EQ(got.completion_tokens, 24);
+  }
+}
+
+TEST(SpecLossless, TrainedDraftWithChunkedPrefillAndPrefixReuse) {
+  EngineOptions o = spec_engine(demo_draft());
+  o.chunked_prefill_size = 5;
+  Engine spec(o);
+  spec.start();
+  Engine plain(small_engine());
+  plain.start();
+  auto prompts = code_prompts(plain, 4);
+  for (int round = 0; round < 2; ++round)  // the second round reuses cached prefix blocks
+    for (auto& p : prompts) EXPECT_EQ(collect(spec.submit(greedy(p, 20))).tokens, collect(plain.submit(greedy(p, 20))).tokens);
+}
+
+TEST(SpecStops, StopInsideAcceptedRun) {
+  auto t = spec_golden()["traces"][0];
+  auto prompt = t["prompt"].get<std::vector<int32_t>>();
+  auto want = t["greedy"].get<std::vector<int32_t>>();
+  Engine e(spec_engine(demo_draft()));
+  e.start();
+  // max_tokens that ends in the middle of a 4-token accepted run.
+  Result r = collect(e.submit(greedy(prompt, 6)));
+  EXPECT_EQ(r.tokens, std::vector<int32_t>(want.begin(), want.begin() + 6));
+  EXPECT_EQ(r.completion_tokens, 6);
+  EXPECT_EQ(r.reason, FinishReason::length);
+  // A stop token id that appears inside an accepted run: nothing after it is emitted.
+  GenerateParams p = greedy(prompt, 40);
+  p.stop_token_ids = {want[2]};
+  Result s = collect(e.submit(p));
+  EXPECT_EQ(s.tokens, std::vector<int32_t>(want.begin(), want.begin() + 3));
+  EXPECT_EQ(s.reason, FinishReason::stop);
+  EXPECT_EQ(s.completion_tokens, 3);
+}
+
+TEST(SpecSampling, RejectionSamplingPreservesTheTargetDistribution) {
+  // A 6-token vocabulary; for each draft token (likely, unlikely, impossible) the verified
+  // token over many seeds must follow p — chi-square against p with a generous bound.
+  const std::vector<float> p = {0.40f, 0.25f, 0.15f, 0.10f, 0.10f, 0.0f};
+  for (int32_t draft : {0, 3, 5}) {
+    std::vector<int> count(p.size(), 0);
+    const int n = 200000;
+    for (int i = 0; i < n; ++i) {
+      std::vector<float> q = p;
+      bool accepted = false;
+      ++count[size_t(verify_draft_token(q, draft, uint64_t(i) * 7919 + 13, 0, accepted))];
+    }
+    double chi2 = 0;
+    for (size_t k = 0; k < p.size(); ++k) {
+      if (p[k] == 0) {
+        EXPECT_EQ(count[k], 0) << "draft " << draft << " emitted an impossible token";
+        continue;
+      }
+      double e = p[k] * n;
+      chi2 += (count[k] - e) * (count[k] - e) / e;
+    }
+    EXPECT_LT(chi2, 25.0) << "draft " << draft;  // 4 degrees of freedom: p < 1e-4
+  }
+}
+
+TEST(SpecConfig, OnlyChainDraftingIsAccepted) {
+  EngineOptions o = spec_engine(demo_draft());
+  o.speculative_eagle_topk = 4;
+  try {
+    Engine e(o);
+    FAIL() << "topk 4 accepted";
+  } catch (const Error& ex) {
+    EXPECT_NE(std::string(ex.what()).find("speculative-eagle-topk"), std::string::npos) << ex.what();
+  }
+}
+
+}  // namespace
