@@ -12,6 +12,9 @@ foreach(fixture llama3 llama2_mha qwen3 qwen3_moe deepseek_v3 minimax_m3)
 endforeach()
 # minimax_m3's long prompt (743 tokens past 4 x 16-token index blocks) decides its logits
 # through the block-sparse path.
+# Bad input to the CLI (missing/corrupt model files, unservable configs, empty prompts, bad ids).
+add_test(NAME cli_bad_input COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/bad_input_test.sh $<TARGET_FILE:tokenspeed>)
+set_tests_properties(cli_bad_input PROPERTIES LABELS "cli")
 # An architecture without a model file must fail loudly, naming the problem.
 add_test(NAME cli_unsupported_architecture
   COMMAND sh -c "out=$(\"$0\" verify-golden \"$1\" 2>&1); rc=$?; echo \"$out\"; [ $rc -ne 0 ] && echo \"$out\" | grep -q 'unsupported architecture'"

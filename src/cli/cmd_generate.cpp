@@ -28,7 +28,9 @@ int cmd_generate(int argc, char** argv) {
   app.add_option("--model,--model-path", eo.model_dir, "model directory (default: the bundled demo model)");
   app.add_option("--prompt", prompt, "prompt text (BOS added as the tokenizer's post-processor says)")
       ->each([&](const std::string&) { have_prompt = true; });
-  app.add_option("--prompt-ids", prompt_ids, "prompt as token ids 1,2,3 (taken as given: no BOS added)");
+  bool have_ids = false;
+  app.add_option("--prompt-ids", prompt_ids, "prompt as token ids 1,2,3 (taken as given: no BOS added)")
+      ->each([&](const std::string&) { have_ids = true; });
   app.add_option("--max-tokens", gp.max_tokens, "tokens to generate");
   app.add_option("--temperature", gp.temperature, "0 = greedy (default)");
   app.add_option("--top-p", gp.top_p, "nucleus sampling mass");
@@ -41,7 +43,8 @@ int cmd_generate(int argc, char** argv) {
   app.add_option("--spec-trace", trace_file, "write the speculative decoding trace (tokens, drafts, accepted) as JSON");
   cli::add_engine_flags(app, eo);
   CLI11_PARSE(app, argc, argv);
-  TS_CHECK(have_prompt != !prompt_ids.empty(), "give exactly one of --prompt or --prompt-ids");
+  TS_CHECK(have_prompt != have_ids, "give exactly one of --prompt or --prompt-ids");
+  TS_CHECK(!(have_prompt && prompt.empty()), "the prompt is empty");
   if (seed >= 0) gp.seed = uint64_t(seed);
   if (eo.max_total_tokens <= 0) eo.max_total_tokens = 65536;  // one request: a small pool is plenty
   Engine engine(eo);

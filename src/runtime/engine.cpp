@@ -81,8 +81,8 @@ class EngineImpl {
 EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   device = o.device == "cpu" ? Device::cpu : o.device == "cuda" ? Device::cuda : (cuda_available() ? Device::cuda : Device::cpu);
   TS_CHECK(device == Device::cpu || cuda_available(), "--device cuda: no CUDA device available");
+  io::ModelConfig cfg = io::load_config(o.model_dir);  // first: names a missing/bad model dir
   tokenizer = tok::Tokenizer::from_dir(o.model_dir);
-  io::ModelConfig cfg = io::load_config(o.model_dir);
   models::LoadOptions lo;
   lo.device = device;
   if (!o.speculative_algorithm.empty()) lo.capture_layers = SpecWorker::capture_layers_for(o, cfg);
