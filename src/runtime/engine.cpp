@@ -293,8 +293,10 @@ void EngineImpl::step() {
     for (Request* r : sample_reqs_) host = host || needs_host_logits(*r);
     auto f0 = Clock::now();
     Tensor logits = runner->run(seq_chunks_, false, host);
-    fwd_s = secs(Clock::now() - f0);
+    // The device work (forward + sampling) completes inside sample_batch's copy of the ids:
+    // it counts as device time, not host time.
     sample_batch(logits, sample_reqs_, samples_);
+    fwd_s = secs(Clock::now() - f0) - runner->last_build_seconds();
     size_t si = 0;
     for (auto& c : chunks_) {
       Request& r = *c.req;

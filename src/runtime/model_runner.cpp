@@ -1,6 +1,7 @@
 #include "runtime/model_runner.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "core/device_memory.h"
 #include "runtime/cuda_graph_runner.h"
@@ -174,8 +175,11 @@ const Tensor& ModelRunner::run(const std::vector<SeqChunk>& chunks, bool capture
 
 const Tensor& ModelRunner::run_local(const std::vector<SeqChunk>& chunks, bool capture_aux, bool host_logits) {
   bool cap = capture_aux && !model_->capture_layers().empty();
+  auto t0 = std::chrono::steady_clock::now();
+  build_s_ = 0;
   if (!graphs_ || !graphs_->try_run(chunks, cap, batch_, logits_)) {
     builder_.build(chunks, kv_.block_size, model_->device(), batch_);
+    build_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     batch_.capture_aux = cap;
     if (cap) batch_.aux_hidden = aux_buffer(batch_.num_tokens);
     logits_ = model_->forward(batch_, kv_);

@@ -68,6 +68,8 @@ class ModelRunner {
   Tensor aux_buffer(int64_t rows);
   const Tensor& last_aux() const { return batch_.aux_hidden; }  // device, model dtype
   const BatchBuilder& builder() const { return builder_; }
+  // Host seconds the last run() spent building and uploading the batch metadata.
+  double last_build_seconds() const { return build_s_; }
   // Bytes of KV cache per token (all layers), for sizing the pool.
   static size_t kv_bytes_per_token(const models::Model& m);
 
@@ -86,6 +88,7 @@ class ModelRunner {
   ForwardBatch batch_;
   BatchBuilder builder_;
   Tensor logits_, aux_buf_;
+  double build_s_ = 0;
   std::unique_ptr<CudaGraphRunner> graphs_;
   std::shared_ptr<TpWorkers> tp_;
   std::vector<std::unique_ptr<ModelRunner>> peers_;  // index = rank; [0] empty
