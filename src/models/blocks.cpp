@@ -41,6 +41,18 @@ void mlp_block(const Tensor& h, const MlpWeights& w, Workspace& ws, Tensor& out)
   ops::linear(act, w.down, out);
 }
 
+void layer_input(ForwardBatch& b, int64_t l, Tensor& residual, Tensor& x, Tensor& h, const Tensor& norm_w, float eps,
+                 int slot) {
+  if (l == 0) {
+    capture_aux(b, residual, slot);
+    ops::rmsnorm(residual, norm_w, eps, h);
+  } else {
+    ops::fused_add_rmsnorm(x, residual, norm_w, eps);  // residual = input of layer l
+    capture_aux(b, residual, slot);
+    h = x;
+  }
+}
+
 void capture_aux(ForwardBatch& batch, const Tensor& residual, int slot) {
   if (!batch.capture_aux || slot < 0) return;
   int64_t hdim = residual.size(-1);

@@ -35,6 +35,12 @@ struct MlpWeights {
 // h [T, H] -> out [T, H]
 void mlp_block(const Tensor& h, const MlpWeights& w, Workspace& ws, Tensor& out);
 
+// The residual stream entering layer l, normed into h: layer 0 norms the embedding (residual);
+// later layers first add the previous sub-layer output x (fused add + norm; h then aliases x).
+// The input of the layer is captured for EAGLE3 into aux slot `slot` (-1: not captured).
+void layer_input(ForwardBatch& b, int64_t l, Tensor& residual, Tensor& x, Tensor& h, const Tensor& norm_w, float eps,
+                 int slot);
+
 // Copies the residual stream into aux_hidden's column block `slot` when capturing.
 void capture_aux(ForwardBatch& batch, const Tensor& residual, int slot);
 

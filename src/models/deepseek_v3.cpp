@@ -174,14 +174,7 @@ class DeepseekV3 final : public Model {
     ops::graph_segment_begin();  // the embedding stays outside the captured region
     for (int64_t l = 0; l < p_.layers; ++l) {
       DeepseekLayer& L = layers_[size_t(l)];
-      if (l == 0) {
-        capture_aux(b, residual, capture_slot(0));
-        ops::rmsnorm(residual, L.input_norm, p_.eps, h);
-      } else {
-        ops::fused_add_rmsnorm(x, residual, L.input_norm, p_.eps);
-        capture_aux(b, residual, capture_slot(int(l)));
-        h = x;
-      }
+      layer_input(b, l, residual, x, h, L.input_norm, p_.eps, capture_slot(int(l)));
       mla_block(h, L.attn, b, kv.k[size_t(l)], x);
       ops::fused_add_rmsnorm(x, residual, L.post_norm, p_.eps);
       if (L.sparse) moe_block(x, L.moe, moe_shape_, ws_, y);
@@ -246,12 +239,6 @@ class DeepseekV3 final : public Model {
       ops::linear(olat.narrow(1, hh * r, r), w.kv_b.narrow(0, hh * (nope + vd) + nope, vd), dst);
     }
     ops::linear(attn, w.o, out);
-  }
-
-  int capture_slot(int layer) const {
-    for (size_t i = 0; i < capture_layers_.size(); ++i)
-      if (capture_layers_[i] == layer) return int(i);
-    return -1;
   }
 
   io::ModelConfig cfg_;

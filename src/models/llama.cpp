@@ -143,14 +143,7 @@ class Llama final : public Model {
     ops::graph_segment_begin();  // the embedding stays outside the captured region
     for (int64_t l = 0; l < p_.layers; ++l) {
       LlamaLayer& L = layers_[size_t(l)];
-      if (l == 0) {
-        capture_aux(b, residual, capture_slot(0));
-        ops::rmsnorm(residual, L.input_norm, p_.eps, h);
-      } else {
-        ops::fused_add_rmsnorm(x, residual, L.input_norm, p_.eps);  // residual = input of layer l
-        capture_aux(b, residual, capture_slot(int(l)));
-        h = x;
-      }
+      layer_input(b, l, residual, x, h, L.input_norm, p_.eps, capture_slot(int(l)));
       attention_block(h, L.attn, shape_, rope_, b, kv.k[size_t(l)], kv.v[size_t(l)], ws_, x);
       ops::fused_add_rmsnorm(x, residual, L.post_norm, p_.eps);
       mlp_block(x, L.mlp, ws_, y);
@@ -205,12 +198,6 @@ class Llama final : public Model {
   }
 
  private:
-  int capture_slot(int layer) const {
-    for (size_t i = 0; i < capture_layers_.size(); ++i)
-      if (capture_layers_[i] == layer) return int(i);
-    return -1;
-  }
-
   io::ModelConfig cfg_;
   LlamaParams p_;
   Workspace ws_;

@@ -197,14 +197,7 @@ class MiniMaxM3 final : public Model {
     ops::graph_segment_begin();  // the embedding stays outside the captured region
     for (int64_t l = 0; l < p_.layers; ++l) {
       MiniMaxM3Layer& L = layers_[size_t(l)];
-      if (l == 0) {
-        capture_aux(b, residual, capture_slot(0));
-        ops::rmsnorm(residual, L.input_norm, p_.eps, h);
-      } else {
-        ops::fused_add_rmsnorm(x, residual, L.input_norm, p_.eps);
-        capture_aux(b, residual, capture_slot(int(l)));
-        h = x;
-      }
+      layer_input(b, l, residual, x, h, L.input_norm, p_.eps, capture_slot(int(l)));
       if (p_.sparse_attn[size_t(l)]) sparse_attention_block(h, L, b, kv.k[size_t(l)], kv.v[size_t(l)], kv.aux[size_t(l)], x);
       else attention_block(h, L.attn, shape_, rope_, b, kv.k[size_t(l)], kv.v[size_t(l)], ws_, x);
       ops::fused_add_rmsnorm(x, residual, L.post_norm, p_.eps);
@@ -252,12 +245,6 @@ class MiniMaxM3 final : public Model {
     Tensor attn = ws_.alloc({T, nh, hd}, dtype_);
     ops::block_sparse_attention(q, kc, vc, b.attn, shape_.scale, sel, p_.indexer.block_size, attn);
     ops::linear(attn.view({T, qw}), L.attn.o, out);
-  }
-
-  int capture_slot(int layer) const {
-    for (size_t i = 0; i < capture_layers_.size(); ++i)
-      if (capture_layers_[i] == layer) return int(i);
-    return -1;
   }
 
   io::ModelConfig cfg_;
