@@ -363,17 +363,21 @@ void EngineImpl::finish(Request& r, FinishReason why, StreamEvent& ev) {
   ev.reason = why;
   for (auto& it : r.spec_trace) ev.spec_trace.emplace_back(it.drafts, it.accepted);
   if (why != FinishReason::stop || r.params.stop.empty()) r.text += r.detok->flush();
-  emit(r, ev);
-  std::lock_guard<std::mutex> lk(metrics_mu_);
-  if (why == FinishReason::abort) ++metrics_.requests_aborted;
-  else ++metrics_.requests_finished;
-  metrics_.prompt_tokens += r.prompt_len;
-  metrics_.cached_prompt_tokens += r.cached_tokens;
-  metrics_.generation_tokens += r.num_generated();
-  if (r.has_first_token) {
-    metrics_.ttft_s.observe(secs(r.first_token - r.submitted));
-    metrics_.e2e_s.observe(secs(Clock::now() - r.submitted));
+  {
+    // Counted before the final event goes out: a client that reads /metrics after its
+    // response sees its own request.
+    std::lock_guard<std::mutex> lk(metrics_mu_);
+    if (why == FinishReason::abort) ++metrics_.requests_aborted;
+    else ++metrics_.requests_finished;
+    metrics_.prompt_tokens += r.prompt_len;
+    metrics_.cached_prompt_tokens += r.cached_tokens;
+    metrics_.generation_tokens += r.num_generated();
+    if (r.has_first_token) {
+      metrics_.ttft_s.observe(secs(r.first_token - r.submitted));
+      metrics_.e2e_s.observe(secs(Clock::now() - r.submitted));
+    }
   }
+  emit(r, ev);
 }
 
 // Sends what is new since the last event. Text that could still become a stop string is held

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
 #include "engine_test_util.h"
 #include "io/safetensors.h"
@@ -58,7 +59,12 @@ TEST(SpecGolden, Eagle3TracesMatchExactly) {
       tokens += r.trace[i].second + 1;
     }
   }
+  // Metrics are published at the end of the engine step, just after the final event is sent.
   EngineMetrics m = e.metrics();
+  for (int i = 0; i < 200 && double(m.spec_verify_steps) < steps; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    m = e.metrics();
+  }
   EXPECT_EQ(double(m.spec_verify_steps), steps);
   EXPECT_GT(tokens / steps, 2.5);  // the demo pair accepts ~2.9 tokens per verify on these prompts
 }
