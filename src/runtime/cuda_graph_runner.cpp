@@ -7,6 +7,8 @@
 #include "ops/graph_hooks.h"
 
 #ifdef TS_WITH_CUDA
+#include "core/device_memory.h"
+#include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/graph.h"
 #include "ops/cuda/runtime.h"
 #endif
@@ -123,6 +125,49 @@ struct CudaGraphRunner::Impl {
   std::map<int, std::vector<std::unique_ptr<cuda::Graph>>> prefill;          // tokens -> segments
   std::vector<int32_t> dummy_ids;
   std::vector<std::vector<int32_t>> dummy_tables;
+  // Sampling inside the decode graphs: parameters and ids live in one static device buffer
+  // (8-byte fields first): seed i64, counter i64, temperature f32, top_k i32, top_p f32, min_p f32,
+  // ids i32 — each [max_bs]; one host->device copy per step.
+  Tensor samp_buf;
+  ops::cuda::DeviceSamplingParams samp;
+  Tensor samp_ids;
+  std::vector<unsigned char> samp_host;
+  int samp_cap = 0;
+
+  void init_sampling(int cap) {
+    samp_cap = std::max(cap, 1);
+    size_t n = size_t(samp_cap);
+    samp_buf = Tensor::zeros({int64_t(n * 36)}, DType::u8, Device::cuda);
+    char* base = samp_buf.ptr<char>();
+    auto view = [&](size_t off, DType dt) { return Tensor::from_blob(base + off, {int64_t(n)}, dt, Device::cuda, samp_buf.owner); };
+    samp.seed = view(0, DType::i64);
+    samp.counter = view(8 * n, DType::i64);
+    samp.temperature = view(16 * n, DType::f32);
+    samp.top_k = view(20 * n, DType::i32);
+    samp.top_p = view(24 * n, DType::f32);
+    samp.min_p = view(28 * n, DType::f32);
+    samp_ids = view(32 * n, DType::i32);
+    samp_host.assign(n * 32, 0);
+  }
+  // Uploads rows (padding rows: greedy) for a graph of batch size bs.
+  void upload_sampling(const std::vector<ops::SamplingRow>& rows) {
+    size_t n = size_t(samp_cap);
+    std::fill(samp_host.begin(), samp_host.end(), 0);
+    unsigned char* h = samp_host.data();
+    for (size_t i = 0; i < rows.size(); ++i) {
+      std::memcpy(h + 8 * i, &rows[i].seed, 8);
+      std::memcpy(h + 8 * n + 8 * i, &rows[i].counter, 8);
+      std::memcpy(h + 16 * n + 4 * i, &rows[i].temperature, 4);
+      std::memcpy(h + 20 * n + 4 * i, &rows[i].top_k, 4);
+      std::memcpy(h + 24 * n + 4 * i, &rows[i].top_p, 4);
+      std::memcpy(h + 28 * n + 4 * i, &rows[i].min_p, 4);
+    }
+    for (size_t i = rows.size(); i < n; ++i) {  // padding rows: top_p 1 (greedy needs no more)
+      float one = 1.0f;
+      std::memcpy(h + 24 * n + 4 * i, &one, 4);
+    }
+    device_copy(samp_buf.data, Device::cuda, h, Device::cpu, samp_host.size());
+  }
 
   Impl(ModelRunner& r, const GraphOptions& opt) : runner(r), o(opt) {
     int bs = r.block_size();
@@ -206,20 +251,28 @@ void CudaGraphRunner::capture_all() {
   cuda::synchronize();
   ws->reset();
   ws->freeze();
-  // 2. Decode graphs, largest first, one per context bucket.
+  // 2. Decode graphs (forward + sampling), largest first, one per context bucket.
+  I.init_sampling(dec.empty() ? 1 : dec.back());
+  I.upload_sampling({});
   size_t done = 0;
   for (auto it = dec.rbegin(); it != dec.rend(); ++it) {
     int bs = *it;
     for (int kvb : I.kv_bounds) try {
       I.builder.build(I.dummy(bs, 1), I.runner.block_size(), Device::cuda, batch, I.decode_opts(bs, kvb));
       I.no_aux(batch);
-      m.forward(batch, I.runner.kv());  // warm-up: GEMM algorithms, kernel workspaces
+      {
+        Tensor warm = m.forward(batch, I.runner.kv());  // warm-up: GEMM algorithms, kernel workspaces
+        Tensor ids = I.samp_ids.narrow(0, 0, bs);
+        ops::cuda::sample_device(warm, I.samp, ids);
+      }
       cuda::synchronize();
       auto g = std::make_unique<cuda::Graph>();
       g->begin_capture();
       Tensor logits;
       try {
         logits = m.forward(batch, I.runner.kv());
+        Tensor ids = I.samp_ids.narrow(0, 0, bs);
+        ops::cuda::sample_device(logits, I.samp, ids);
       } catch (...) {
         try { g->end_capture(); } catch (...) {}
         throw;
@@ -295,6 +348,28 @@ bool CudaGraphRunner::try_run(const std::vector<SeqChunk>& chunks, bool capture_
   return true;
 }
 
+bool CudaGraphRunner::try_run_sampled(const std::vector<SeqChunk>& chunks, const std::vector<ops::SamplingRow>& rows,
+                                      ForwardBatch& batch, std::vector<int32_t>& ids) {
+  Impl& I = *impl_;
+  if (chunks.empty() || rows.size() != chunks.size() || int(chunks.size()) > I.samp_cap) return false;
+  int max_kv = 0;
+  for (auto& c : chunks) {
+    if (c.num_tokens != 1 || c.logits != SeqChunk::Logits::last || int(c.block_table->size()) > I.width) return false;
+    max_kv = std::max(max_kv, c.start_pos + 1);
+  }
+  auto kv = std::lower_bound(I.kv_bounds.begin(), I.kv_bounds.end(), max_kv);
+  if (kv == I.kv_bounds.end()) return false;
+  auto it = I.decode.lower_bound({*kv, int(chunks.size())});
+  if (it == I.decode.end() || it->first.first != *kv) return false;
+  I.builder.build(chunks, I.runner.block_size(), Device::cuda, batch, I.decode_opts(it->first.second, *kv));
+  I.no_aux(batch);
+  I.upload_sampling(rows);
+  it->second.graph->replay();
+  ids.resize(chunks.size());
+  device_copy(ids.data(), Device::cpu, I.samp_ids.data, Device::cuda, ids.size() * sizeof(int32_t));
+  return true;
+}
+
 size_t CudaGraphRunner::pool_bytes() const {
   Workspace* ws = impl_->runner.model().workspace();
   return ws ? ws->capacity() : 0;
@@ -309,6 +384,10 @@ CudaGraphRunner::CudaGraphRunner(ModelRunner&, const GraphOptions&) {}
 CudaGraphRunner::~CudaGraphRunner() = default;
 void CudaGraphRunner::capture_all() {}
 bool CudaGraphRunner::try_run(const std::vector<SeqChunk>&, bool, ForwardBatch&, Tensor&) { return false; }
+bool CudaGraphRunner::try_run_sampled(const std::vector<SeqChunk>&, const std::vector<ops::SamplingRow>&, ForwardBatch&,
+                                      std::vector<int32_t>&) {
+  return false;
+}
 size_t CudaGraphRunner::pool_bytes() const { return 0; }
 int CudaGraphRunner::decode_graphs() const { return 0; }
 int CudaGraphRunner::prefill_graphs() const { return 0; }

@@ -40,6 +40,10 @@ class CudaGraphRunner {
   void capture_all();
   // Runs the step through a graph when one fits. Returns false (nothing done) otherwise.
   bool try_run(const std::vector<SeqChunk>& chunks, bool capture_aux, ForwardBatch& batch, Tensor& logits);
+  // Decode with sampling inside the graph: one id per chunk (rows[i] samples chunk i). Returns
+  // false (nothing done) when no decode graph fits.
+  bool try_run_sampled(const std::vector<SeqChunk>& chunks, const std::vector<ops::SamplingRow>& rows, ForwardBatch& batch,
+                       std::vector<int32_t>& ids);
   double capture_seconds() const { return capture_s_; }
   size_t pool_bytes() const;
   int decode_graphs() const;

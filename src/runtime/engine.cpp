@@ -76,6 +76,8 @@ class EngineImpl {
   std::vector<SeqChunk> seq_chunks_;
   std::vector<Request*> sample_reqs_;
   std::vector<SampleResult> samples_;
+  std::vector<ops::SamplingRow> sample_rows_;
+  std::vector<int32_t> sample_ids_;
 };
 
 EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
@@ -292,10 +294,23 @@ void EngineImpl::step() {
     bool host = false;
     for (Request* r : sample_reqs_) host = host || needs_host_logits(*r);
     auto f0 = Clock::now();
-    Tensor logits = runner->run(seq_chunks_, false, host);
-    // The device work (forward + sampling) completes inside sample_batch's copy of the ids:
-    // it counts as device time, not host time.
-    sample_batch(logits, sample_reqs_, samples_);
+    // Pure decode steps sample inside the decode CUDA graph when one fits.
+    bool sampled = false;
+    if (!host && sample_reqs_.size() == seq_chunks_.size()) {
+      sample_rows_.clear();
+      for (Request* r : sample_reqs_) sample_rows_.push_back(sampling_row(*r));
+      sampled = runner->run_sampled(seq_chunks_, sample_rows_, sample_ids_);
+      if (sampled) {
+        samples_.resize(sample_ids_.size());
+        for (size_t i = 0; i < sample_ids_.size(); ++i) samples_[i].token = sample_ids_[i];
+      }
+    }
+    if (!sampled) {
+      Tensor logits = runner->run(seq_chunks_, false, host);
+      // The device work (forward + sampling) completes inside sample_batch's copy of the ids:
+      // it counts as device time, not host time.
+      sample_batch(logits, sample_reqs_, samples_);
+    }
     fwd_s = secs(Clock::now() - f0) - runner->last_build_seconds();
     size_t si = 0;
     for (auto& c : chunks_) {

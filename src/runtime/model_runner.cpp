@@ -156,6 +156,12 @@ void ModelRunner::enable_graphs_local(const GraphOptions& o) {
   graphs_->capture_all();
 }
 
+bool ModelRunner::run_sampled(const std::vector<SeqChunk>& chunks, const std::vector<ops::SamplingRow>& rows,
+                              std::vector<int32_t>& ids) {
+  build_s_ = 0;
+  return graphs_ && graphs_->try_run_sampled(chunks, rows, batch_, ids);
+}
+
 Tensor ModelRunner::aux_buffer(int64_t rows) {
   int64_t width = int64_t(model_->capture_layers().size()) * model_->config().hidden_size;
   if (!aux_buf_.data || aux_buf_.size(0) < rows)

@@ -61,6 +61,9 @@ class ModelRunner {
   // the host, or with host_logits=false on the model's device (valid until the next run).
   // With capture, aux hidden states of all rows are kept in last_aux().
   const Tensor& run(const std::vector<SeqChunk>& chunks, bool capture_aux = false, bool host_logits = true);
+  // Decode step with sampling inside the CUDA graph (rows[i] samples chunk i); false when no
+  // graph applies (then call run() and sample).
+  bool run_sampled(const std::vector<SeqChunk>& chunks, const std::vector<ops::SamplingRow>& rows, std::vector<int32_t>& ids);
   // Captures CUDA graphs (decode buckets, breakable prefill buckets); see cuda_graph_runner.h.
   void enable_graphs(const GraphOptions& o);
   const CudaGraphRunner* graphs() const { return graphs_.get(); }

@@ -63,6 +63,10 @@ int32_t verify_draft_token(std::vector<float>& p, int32_t draft, uint64_t seed, 
   return last >= 0 ? last : draft;  // p was a point mass on the draft: nothing else to draw
 }
 
+ops::SamplingRow sampling_row(const Request& r) {
+  return {r.params.temperature, r.params.top_k, r.params.top_p, r.params.min_p, r.seed, uint64_t(r.num_generated())};
+}
+
 bool needs_host_logits(const Request& r) {
   const GenerateParams& p = r.params;
   return p.logprobs >= 0 || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
@@ -74,7 +78,7 @@ void sample_batch(Tensor& logits, const std::vector<Request*>& reqs, std::vector
     std::vector<ops::SamplingRow> rows;
     for (Request* r : reqs) {
       TS_CHECK(!needs_host_logits(*r), "sample_batch: request {} needs host logits", r->id);
-      rows.push_back({r->params.temperature, r->params.top_k, r->params.top_p, r->params.min_p, r->seed, uint64_t(r->num_generated())});
+      rows.push_back(sampling_row(*r));
     }
     std::vector<int32_t> ids;
     ops::sample(logits, rows, ids);
@@ -89,8 +93,7 @@ void sample_batch(Tensor& logits, const std::vector<Request*>& reqs, std::vector
     float* row = logits.ptr<float>() + i * logits.row_stride();
     if (r.params.logprobs >= 0) out[size_t(i)].logprob = TokenLogprob{-1, 0, {}};  // filled below, pre-penalty
     apply_penalties(row, vocab, r);
-    rows[size_t(i)] = {r.params.temperature, r.params.top_k, r.params.top_p, r.params.min_p, r.seed,
-                       uint64_t(r.num_generated())};
+    rows[size_t(i)] = sampling_row(r);
   }
   std::vector<int32_t> ids;
   ops::sample(logits, rows, ids);

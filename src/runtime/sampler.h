@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "ops/ops.h"
 #include "runtime/request.h"
 
 namespace ts {
@@ -13,6 +14,8 @@ struct SampleResult {
   TokenLogprob logprob;  // filled when the request asked for logprobs
 };
 
+// The sampling parameters of a request's next token.
+ops::SamplingRow sampling_row(const Request& r);
 // Whether a request's sampling needs the logits on the host (penalties, logprobs).
 bool needs_host_logits(const Request& r);
 // logits: f32 [N, V] (host, modified in place by penalties; or on the device when no request

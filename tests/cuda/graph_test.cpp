@@ -11,6 +11,7 @@
 #include "ops/cuda/runtime.h"
 #include "runtime/cuda_graph_runner.h"
 #include "runtime/model_runner.h"
+#include "ops/cpu/cpu_ops.h"
 
 using namespace ts;
 
@@ -115,6 +116,35 @@ TEST(CudaGraphs, DecodeBucketsMatchEager) {
       double e = rel_err(b, a);
       std::printf("  [decode B=%d step %d] rel err %.3e\n", B, step, e);
       EXPECT_LT(e, 2e-2) << "B=" << B;
+    }
+  }
+}
+
+TEST(CudaGraphs, SamplingInsideDecodeGraphMatchesHostSampler) {
+  TS_REQUIRE_CUDA();
+  Pair pr(8, 0);
+  for (int B : {1, 3, 8}) {
+    auto seqs = make_seqs(B, 80);
+    std::vector<SeqChunk> pre;
+    for (auto& s : seqs) pre.push_back({s.tokens.data(), int(s.tokens.size()), 0, &s.table, SeqChunk::Logits::last});
+    pr.eager->run(pre);
+    pr.graphed->run(pre);
+    for (int step = 0; step < 3; ++step) {
+      std::vector<int32_t> next(static_cast<size_t>(B));
+      std::vector<SeqChunk> dec;
+      std::vector<ops::SamplingRow> rows;
+      for (int i = 0; i < B; ++i) {
+        next[size_t(i)] = rand_tok();
+        dec.push_back({&next[size_t(i)], 1, int(seqs[size_t(i)].tokens.size()) + step, &seqs[size_t(i)].table, SeqChunk::Logits::last});
+        ops::SamplingRow r;  // even rows greedy, odd rows seeded nucleus sampling
+        if (i % 2) r = {0.8f, 0, 0.9f, 0.0f, uint64_t(1000 + i), uint64_t(step)};
+        rows.push_back(r);
+      }
+      Tensor logits = pr.eager->run(dec).to_f32();
+      std::vector<int32_t> want, got;
+      ops::cpu::sample(logits, rows, want);
+      ASSERT_TRUE(pr.graphed->run_sampled(dec, rows, got)) << "B=" << B;
+      EXPECT_EQ(got, want) << "B=" << B << " step " << step;
     }
   }
 }
