@@ -30,6 +30,7 @@ Tensor Workspace::alloc(std::vector<int64_t> shape, DType dtype) {
   high_water_ = std::max(high_water_, used_ + bytes);
   if (used_ + bytes > capacity_) {
     overflow_.emplace_back(used_, Tensor::empty(shape, dtype, device_));
+    ++overflow_allocs_;
     used_ += bytes;
     return overflow_.back().second;
   }

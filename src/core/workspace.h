@@ -21,6 +21,9 @@ class Workspace {
   size_t high_water() const { return high_water_; }
   Tensor alloc(std::vector<int64_t> shape, DType dtype);
   size_t capacity() const { return capacity_; }
+  // Allocations that did not fit the arena so far (a graph captured while this grows would
+  // hold addresses that are freed after the forward: capture code checks it stays put).
+  size_t overflow_allocs() const { return overflow_allocs_; }
   // LIFO scratch: everything allocated after mark() is reused after release(mark).
   size_t mark() const { return used_; }
   void release(size_t m);
@@ -29,7 +32,7 @@ class Workspace {
  private:
   Device device_;
   std::shared_ptr<void> arena_;
-  size_t capacity_ = 0, used_ = 0, high_water_ = 0;
+  size_t capacity_ = 0, used_ = 0, high_water_ = 0, overflow_allocs_ = 0;
   bool frozen_ = false;
   std::vector<std::pair<size_t, Tensor>> overflow_;  // (position, allocation) past the arena
 };

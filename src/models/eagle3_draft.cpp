@@ -77,6 +77,8 @@ Eagle3Draft::Eagle3Draft(const std::string& dir, const Model& target)
     d2t_.assign(d2t.ptr<int64_t>(), d2t.ptr<int64_t>() + dv);
     for (int64_t i = 0; i < dv; ++i)
       TS_CHECK(i + d2t_[size_t(i)] >= 0 && i + d2t_[size_t(i)] < tc.vocab_size, "{}: d2t[{}] maps outside the target vocabulary", c.path, i);
+    std::vector<int32_t> off(d2t_.begin(), d2t_.end());
+    d2t_off_ = Tensor::from_blob(off.data(), {dv}, DType::i32, Device::cpu).to(device_);
   } else if (!head_sharded) {
     head_ = target.lm_head();  // no own vocabulary: share the target's LM head
   } else {
@@ -99,7 +101,8 @@ void Eagle3Draft::project(const Tensor& aux, Tensor& out) {
   // Per-chunk norms into slices of one buffer: pairs in one rmsnorm_pair launch, an odd last
   // chunk alone — no concat.
   int64_t n = aux.rows(), ht = aux.size(-1) / int64_t(fc_norms_.size());
-  Tensor normed = Tensor::empty({n, aux.size(-1)}, aux.dtype, aux.device);
+  WorkspaceScope scope(ws_);  // graph-capturable: no allocation outside the arena
+  Tensor normed = ws_.alloc({n, aux.size(-1)}, aux.dtype);
   size_t i = 0;
   for (; i + 1 < fc_norms_.size(); i += 2) {
     Tensor oa = normed.narrow(1, int64_t(i) * ht, ht), ob = normed.narrow(1, int64_t(i + 1) * ht, ht);

@@ -38,6 +38,10 @@ class Eagle3Draft {
   Tensor forward(ForwardBatch& b, KvPool& kv, const Tensor& h_in, Tensor& r_out);
   // Maps a draft-vocabulary id to the target vocabulary.
   int32_t to_target(int32_t d) const { return d2t_.empty() ? d : d + int32_t(d2t_[size_t(d)]); }
+  // The same map as i32 offsets on the draft's device (ops::argmax_rows); null without d2t.
+  const Tensor* target_offsets() const { return d2t_off_.data ? &d2t_off_ : nullptr; }
+  // Scratch arena of forward()/project(): sized and frozen before CUDA-graph capture.
+  Workspace& workspace() { return ws_; }
   Device device() const { return device_; }
   DType dtype() const { return dtype_; }
 
@@ -53,6 +57,7 @@ class Eagle3Draft {
   AttentionShape shape_{};
   ops::Rope rope_;
   std::vector<int64_t> d2t_;
+  Tensor d2t_off_;  // i32 [draft_vocab]
   std::vector<int> aux_layers_;
   Workspace ws_;
 };

@@ -76,6 +76,16 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
                      Tensor& out) {
   TS_DISPATCH_BREAK(k_cache.device, paged_attention, q, k_cache, v_cache, meta, scale, out);
 }
+void argmax_rows(const Tensor& logits, const Tensor* offsets, Tensor& out, int64_t out_stride) {
+  TS_DISPATCH(out.device, argmax_rows, logits, offsets, out, out_stride);
+}
+void spec_accept(const Tensor& verify_ids, const Tensor& target_ids, int n, Tensor& acc) {
+  TS_DISPATCH(acc.device, spec_accept, verify_ids, target_ids, n, acc);
+}
+void spec_select(const Tensor& r, const Tensor& next_ids, const Tensor& acc, const Tensor& slots, int n, Tensor& h_pool,
+                 Tensor& next_out) {
+  TS_DISPATCH(h_pool.device, spec_select, r, next_ids, acc, slots, n, h_pool, next_out);
+}
 void gather_rows(const Tensor& x, const Tensor& index, Tensor& out) { TS_DISPATCH(x.device, gather_rows, x, index, out); }
 void copy_rows(const Tensor& src, Tensor& dst) { TS_DISPATCH(dst.device, copy_rows, src, dst); }
 void cast(const Tensor& src, Tensor& dst) { TS_DISPATCH(dst.device, cast, src, dst); }

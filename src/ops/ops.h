@@ -153,6 +153,20 @@ void block_sparse_attention(const Tensor& q, const Tensor& k_cache, const Tensor
 
 namespace ts::ops {
 
+// --- Speculative decoding (EAGLE3 chain drafting, fixed-shape steps for CUDA graphs) --------
+
+// out[r * out_stride] = argmax_v logits[r, v] (+ offsets[argmax] when offsets is given: the
+// EAGLE3 d2t draft->target map). logits f32 [R, V]; offsets i32 [V]; out i32. Ties: lowest id.
+void argmax_rows(const Tensor& logits, const Tensor* offsets, Tensor& out, int64_t out_stride = 1);
+// Greedy chain acceptance, n rows per request: verify_ids [B*n] are the verify inputs
+// [last, d1..d_{n-1}], target_ids [B*n] the target's argmax per row. acc[i] = number of leading
+// drafts equal to the target's choice (0..n-1). All i32.
+void spec_accept(const Tensor& verify_ids, const Tensor& target_ids, int n, Tensor& acc);
+// Keeps each request's draft state after its accepted run: h_pool[slots[i]] = r[i*n + acc[i]]
+// and next_out[i] = next_ids[i*n + acc[i]]. r [B*n, H], h_pool [S, H] (same dtype); others i32.
+void spec_select(const Tensor& r, const Tensor& next_ids, const Tensor& acc, const Tensor& slots, int n,
+                 Tensor& h_pool, Tensor& next_out);
+
 // One row's sampling parameters. temperature == 0 means greedy (ties go to the lowest id).
 // Randomness is counter-based — uniform(seed, counter) — so a seeded request draws the same
 // numbers on any backend and batch position: counter is the request's output index.

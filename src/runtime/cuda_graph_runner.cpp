@@ -24,6 +24,13 @@ std::vector<int> decode_buckets(int max_bs) {
   return b;
 }
 
+std::vector<int> context_buckets(int max_context) {
+  std::vector<int> b;
+  for (int k = 1024; k < max_context; k *= 4) b.push_back(k);
+  b.push_back(max_context);
+  return b;
+}
+
 std::vector<int> prefill_buckets(int max_tokens) {
   std::vector<int> b;
   for (int s = 16; s <= max_tokens;) {
@@ -176,8 +183,7 @@ struct CudaGraphRunner::Impl {
     // one bound for all contexts would make short contexts pay for the longest (on H200 an
     // 8B decode at 1k context ran 20% slower than eager). So each batch size has a graph
     // per context bucket.
-    for (int k = 1024; k < o.max_context; k *= 4) kv_bounds.push_back(k);
-    kv_bounds.push_back(o.max_context);
+    kv_bounds = context_buckets(o.max_context);
   }
 
   // Decode graphs never copy aux hidden states (EAGLE3 verifies run through prefill graphs).

@@ -31,6 +31,9 @@ struct GraphOptions {
 };
 
 std::vector<int> decode_buckets(int max_bs);
+// Context bounds of the decode graphs (1k, 4k, 16k, ... then max_context): split-KV grids are
+// sized from the bound baked into a graph, so short contexts get their own graphs.
+std::vector<int> context_buckets(int max_context);
 std::vector<int> prefill_buckets(int max_tokens);
 
 class CudaGraphRunner {

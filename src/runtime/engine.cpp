@@ -162,7 +162,9 @@ void EngineImpl::start_graphs(const EngineOptions& o, const SchedulerOptions& so
   g.max_context = int(std::min<int64_t>(model->config().max_position_embeddings, kv->num_blocks() * kv->block_size()));
   g.eager_max_tokens = so.token_budget + so.max_num_seqs * so.decode_tokens;
   g.capture_aux = spec != nullptr;
+  if (spec) spec->size_for_graphs(g);
   runner->enable_graphs(g);
+  if (spec) spec->enable_graphs(g);  // the EAGLE3 decode step: draft loop + verify + catch-up
 }
 
 void EngineImpl::stop() {
@@ -428,6 +430,10 @@ void EngineImpl::update_metrics(double host_us) {
   if (spec) {
     metrics_.spec_verify_steps = spec->verify_steps();
     metrics_.spec_accepted_tokens = spec->accepted_tokens();
+    metrics_.spec_fixed_steps = spec->fixed_steps();
+    metrics_.spec_graph_steps = spec->graph_steps();
+    metrics_.spec_draft_seconds = spec->draft_seconds();
+    metrics_.spec_verify_seconds = spec->verify_seconds();
   }
 }
 

@@ -132,6 +132,10 @@ struct EngineMetrics {
   double step_host_us_mean = 0;     // host time per step (schedule + batch build + results)
   int64_t steps = 0, retractions = 0;
   int64_t spec_verify_steps = 0, spec_accepted_tokens = 0;  // accepted length = tokens / steps
+  // Engine steps on the fixed-shape speculative decode path, and those replayed as CUDA graphs;
+  // device seconds in the draft model (draft steps + catch-up) and in the target verify.
+  int64_t spec_fixed_steps = 0, spec_graph_steps = 0;
+  double spec_draft_seconds = 0, spec_verify_seconds = 0;
   Histogram ttft_s, itl_s, e2e_s;     // seconds
 };
 

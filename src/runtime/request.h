@@ -62,9 +62,11 @@ struct Request {
   bool has_first_token = false;
 
   // Speculative decoding state (EAGLE3). The draft cache shares the target's block table
-  // (draft entry p sits at position p), so only the next draft input is kept here.
+  // (draft entry p sits at position p), so only the next draft input is kept here: the token,
+  // and the draft hidden r of the last draft row in row *spec_slot of the SpecWorker's pool
+  // (the handle gives the row back when the request is done).
   int32_t spec_next = -1;       // first draft token of the next iteration (target vocabulary)
-  Tensor spec_h;                // [1, H] draft hidden r of the last draft row (model dtype/device)
+  std::shared_ptr<const int> spec_slot;
   struct SpecIteration {
     std::vector<int32_t> drafts;
     int accepted;

@@ -88,10 +88,14 @@ void sample_batch(Tensor& logits, const std::vector<Request*>& reqs, std::vector
   }
   out.resize(size_t(n));
   std::vector<ops::SamplingRow> rows(static_cast<size_t>(n));
+  // Logprobs are the model's own (pre-penalty, pre-temperature: vLLM's raw logprobs, and what
+  // the speculative path reports): rows that want them keep a raw copy before the penalties.
+  thread_local std::vector<std::vector<float>> raw;
+  raw.resize(size_t(n));
   for (int64_t i = 0; i < n; ++i) {
     Request& r = *reqs[size_t(i)];
     float* row = logits.ptr<float>() + i * logits.row_stride();
-    if (r.params.logprobs >= 0) out[size_t(i)].logprob = TokenLogprob{-1, 0, {}};  // filled below, pre-penalty
+    if (r.params.logprobs >= 0) raw[size_t(i)].assign(row, row + vocab);
     apply_penalties(row, vocab, r);
     rows[size_t(i)] = sampling_row(r);
   }
@@ -101,8 +105,7 @@ void sample_batch(Tensor& logits, const std::vector<Request*>& reqs, std::vector
     out[size_t(i)].token = ids[size_t(i)];
     const Request& r = *reqs[size_t(i)];
     if (r.params.logprobs >= 0)
-      out[size_t(i)].logprob = token_logprob(logits.ptr<float>() + i * logits.row_stride(), vocab, ids[size_t(i)],
-                                             r.params.logprobs);
+      out[size_t(i)].logprob = token_logprob(raw[size_t(i)].data(), vocab, ids[size_t(i)], r.params.logprobs);
   }
 }
 

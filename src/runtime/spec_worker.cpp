@@ -1,16 +1,110 @@
 #include "runtime/spec_worker.h"
 
+#include <algorithm>
 #include <chrono>
+#include <map>
+#include <mutex>
 
+#include "core/device_memory.h"
 #include "core/log.h"
 #include "ops/cpu/cpu_ops.h"
+#include "runtime/cuda_graph_runner.h"
 #include "runtime/sampler.h"
+
+#ifdef TS_WITH_CUDA
+#include "ops/cuda/graph.h"
+#include "ops/cuda/runtime.h"
+#endif
 
 namespace ts {
 
 namespace {
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 }  // namespace
+
+// Rows of the draft-state pool. A request holds its row through a handle that gives it back
+// when the request is destroyed (on any thread) or finishes.
+struct SpecWorker::FreeSlots {
+  std::mutex mu;
+  std::vector<int> free;
+  static std::shared_ptr<const int> take(const std::shared_ptr<FreeSlots>& self) {
+    std::lock_guard<std::mutex> lk(self->mu);
+    TS_CHECK(!self->free.empty(), "EAGLE3: every draft-state slot is in use");
+    int s = self->free.back();
+    self->free.pop_back();
+    std::weak_ptr<FreeSlots> w = self;
+    return std::shared_ptr<const int>(new int(s), [w](const int* p) {
+      if (auto f = w.lock()) {
+        std::lock_guard<std::mutex> lk(f->mu);
+        f->free.push_back(*p);
+      }
+      delete p;
+    });
+  }
+};
+
+// The fixed-shape decode step. Every request gets n rows:
+//   draft steps s = 1..n-2: one row per request (input d_s at position ctx+s-1, hidden from the
+//     pool for s = 1, else the previous step's r); the argmax (mapped by d2t) is written straight
+//     into the verify inputs and the next step's inputs on the device;
+//   verify: n one-token rows per request, row j = [last, d1..d_{n-1}][j] at position ctx+j with
+//     the request's block table (the cache writes of all rows happen before any row attends, so
+//     row j sees rows < j: causal verify through the decode attention kernel);
+//   acceptance: target argmax per row -> tgt, acc = leading drafts equal to tgt (greedy on the
+//     device; sampled/penalised requests are accepted on the host between the two segments);
+//   catch-up: the draft over all n rows with ids tgt (= accepted drafts, then the bonus) and the
+//     verify's aux hidden states; rows past acc write draft-cache entries that the next step
+//     overwrites before anything reads them. The state row acc goes to the pool.
+// Shapes depend only on (bucket, n), so a lane's buffers and batches are graph inputs.
+struct SpecWorker::Lane {
+  int cap = 0, n = 0;
+  // io (i32): slots [cap] | vids [cap*n] | tgt [cap*n] | acc [cap] | next [cap] | cnext [cap*n]
+  Tensor io;
+  std::vector<int32_t> host;
+  Tensor ha, hb, ch, cr;  // [cap, H] draft-step hiddens; [cap*n, H] catch-up in/out
+  std::vector<BatchBuilder> dbuild;
+  std::vector<ForwardBatch> dfb;  // draft steps 1..n-2 at index s-1
+  BatchBuilder vbuild, cbuild;
+  ForwardBatch vfb, cfb;
+  Tensor vlogits;  // f32 [bucket*n, V] of the last segment A
+  std::vector<std::vector<int32_t>> step_ids;
+  std::vector<int32_t> vids_host;
+  std::vector<SeqChunk> chunks;
+  int width = 0;  // graph lanes: fixed block-table width
+#ifdef TS_WITH_CUDA
+  using GraphPtr = std::unique_ptr<cuda::Graph>;
+  std::unique_ptr<cuda::StreamMarks> marks;  // device-time markers (CUDA lanes)
+#else
+  using GraphPtr = std::unique_ptr<int>;
+#endif
+  struct Graphs {
+    GraphPtr draft, verify, catchup;
+    Tensor vlogits;
+  };
+  std::map<std::pair<int, int>, Graphs> graphs;  // (kv bound, bucket)
+  std::vector<int> kv_bounds, buckets;
+
+  Tensor slots(int b) { return io.narrow(0, 0, b); }
+  Tensor vids(int b) { return io.narrow(0, cap, int64_t(b) * n); }
+  Tensor tgt(int b) { return io.narrow(0, cap + int64_t(cap) * n, int64_t(b) * n); }
+  Tensor acc(int b) { return io.narrow(0, cap + 2 * int64_t(cap) * n, b); }
+  Tensor next(int b) { return io.narrow(0, 2 * cap + 2 * int64_t(cap) * n, b); }
+  Tensor cnext(int b) { return io.narrow(0, 3 * cap + 2 * int64_t(cap) * n, int64_t(b) * n); }
+
+  void alloc(int c, int tokens_per_verify, int64_t H, DType dt, Device dev) {
+    cap = c;
+    n = tokens_per_verify;
+    io = Tensor::zeros({3 * int64_t(cap) + 3 * int64_t(cap) * n}, DType::i32, dev);
+    host.assign(size_t(io.numel()), 0);
+    ha = Tensor::zeros({cap, H}, dt, dev);
+    hb = Tensor::zeros({cap, H}, dt, dev);
+    ch = Tensor::zeros({int64_t(cap) * n, H}, dt, dev);
+    cr = Tensor::zeros({int64_t(cap) * n, H}, dt, dev);
+    dbuild.resize(size_t(std::max(n - 2, 0)));
+    dfb.resize(dbuild.size());
+    step_ids.resize(dbuild.size());
+  }
+};
 
 std::vector<int> SpecWorker::capture_layers_for(const EngineOptions& o, const io::ModelConfig& target) {
   std::vector<int> ids = o.eagle3_layers_to_capture;
@@ -52,8 +146,23 @@ SpecWorker::SpecWorker(const EngineOptions& o, ModelRunner& target, KvCache& kv)
   draft_kv_.num_blocks = target.num_blocks();
   draft_kv_.k.push_back(Tensor::zeros({target.num_blocks(), target.block_size(), s.k_heads, s.k_dim}, draft_->dtype(), draft_->device()));
   draft_kv_.v.push_back(Tensor::zeros({target.num_blocks(), target.block_size(), s.v_heads, s.v_dim}, draft_->dtype(), draft_->device()));
+  // Draft-state pool: running requests plus as many finished ones whose handles are still
+  // alive, and one padding row.
+  int slots = 2 * std::max(o.max_num_seqs, 1) + 16;
+  h_pool_ = Tensor::zeros({slots + 1, draft_->hidden()}, draft_->dtype(), draft_->device());
+  pad_slot_ = slots;
+  free_slots_ = std::make_shared<FreeSlots>();
+  for (int i = slots - 1; i >= 0; --i) free_slots_->free.push_back(i);
+  eager_ = std::make_unique<Lane>();
   spdlog::info("EAGLE3: {} tokens per verify ({} draft steps), capture layers {}, draft vocab {}", n_, n_ - 1,
                fmt::join(target.model().capture_layers(), ","), draft_->draft_vocab());
+}
+
+SpecWorker::~SpecWorker() = default;
+
+int SpecWorker::slot_of(Request& r) {
+  if (!r.spec_slot) r.spec_slot = FreeSlots::take(free_slots_);
+  return *r.spec_slot;
 }
 
 static int32_t argmax(const float* l, int64_t v) {
@@ -81,7 +190,7 @@ void SpecWorker::draft_loop(const std::vector<Request*>& decodes, std::vector<st
       ids[i] = drafts[i].back();
       chunks[i] = {&ids[i], 1, q.num_computed + s - 1, &q.block_table, SeqChunk::Logits::last};
       Tensor hrow = h.slice_rows(int64_t(i), int64_t(i) + 1);
-      ops::copy_rows(q.spec_h, hrow);
+      ops::copy_rows(pool_row(q), hrow);
     }
     dbuilder_.build(chunks, draft_kv_.block_size, draft_->device(), dbatch_);
     Tensor logits = draft_->forward(dbatch_, draft_kv_, h, r);
@@ -89,7 +198,8 @@ void SpecWorker::draft_loop(const std::vector<Request*>& decodes, std::vector<st
     for (size_t i = 0; i < decodes.size(); ++i) {
       drafts[i].push_back(draft_->to_target(argmax(host.ptr<float>() + int64_t(i) * host.size(1), host.size(1))));
       Tensor rrow = r.slice_rows(int64_t(i), int64_t(i) + 1);
-      ops::copy_rows(rrow, decodes[i]->spec_h);
+      Tensor dst = pool_row(*decodes[i]);
+      ops::copy_rows(rrow, dst);
     }
   }
 }
@@ -133,7 +243,7 @@ int SpecWorker::accept(Request& r, const std::vector<int32_t>& drafts, const flo
   return acc;
 }
 
-double SpecWorker::step(const std::vector<ScheduledChunk>& chunks, const PushFn& push, const EmitFn& emit) {
+double SpecWorker::mixed_step(const std::vector<ScheduledChunk>& chunks, const PushFn& push, const EmitFn& emit) {
   double t0 = now_s();
   std::vector<Request*> decodes;
   for (auto& c : chunks)
@@ -228,7 +338,7 @@ double SpecWorker::step(const std::vector<ScheduledChunk>& chunks, const PushFn&
     trow += n_in;
   }
   if (!dseq.empty()) {
-    const int64_t H = draft_->hidden(), T = int64_t(aux_rows.size());
+    const int64_t H = draft_->hidden(), T = int64_t(aux_rows.size());  // [T, H] catch-up rows
     dbuilder_.build(dseq, draft_kv_.block_size, draft_->device(), dbatch_);
     Tensor idx = Tensor::from_blob(aux_rows.data(), {T}, DType::i32, Device::cpu);
     if (aux.device != Device::cpu) idx = idx.to(aux.device);
@@ -245,14 +355,374 @@ double SpecWorker::step(const std::vector<ScheduledChunk>& chunks, const PushFn&
       if (!r) continue;
       int64_t last_row = dbuilder_.chunk_row(k) + dseq[k].num_tokens - 1;
       r->spec_next = draft_->to_target(argmax(host.ptr<float>() + li * host.size(1), host.size(1)));
-      if (!r->spec_h.data) r->spec_h = Tensor::empty({1, H}, draft_->dtype(), draft_->device());
-      Tensor src = r_out.slice_rows(last_row, last_row + 1);
-      ops::copy_rows(src, r->spec_h);
+      Tensor src = r_out.slice_rows(last_row, last_row + 1), dst = pool_row(*r);
+      ops::copy_rows(src, dst);
       ++li;
     }
   }
   draft_s_ += now_s() - d0;
+  for (auto& c : chunks)
+    if (c.req->terminal()) c.req->spec_slot.reset();
   return fwd + (now_s() - d0);  // model time (draft loop, verify, catch-up); the rest is host time
+}
+
+double SpecWorker::step(const std::vector<ScheduledChunk>& chunks, const PushFn& push, const EmitFn& emit) {
+  std::vector<Request*> decodes;
+  for (auto& c : chunks)
+    if (c.req->is<state::Decoding>() && c.req->spec_next >= 0) decodes.push_back(c.req);
+  // The fixed-shape path drives the target model directly (rank 0 only): tensor-parallel
+  // targets keep the mixed path, which runs every rank through the ModelRunner.
+  if (!decodes.empty() && decodes.size() == chunks.size() && target_.tp_size() == 1) return decode_step(decodes, push, emit);
+  return mixed_step(chunks, push, emit);
+}
+
+// Uploads one step's inputs into lane L. Graph lanes (bucket > 0) pad to the bucket with
+// dummy rows (cache slot -1, pool row pad_slot_) and a fixed block-table width.
+void SpecWorker::build_lane(Lane& L, const std::vector<Request*>& reqs, int bucket, int kv_bound) {
+  const int B = int(reqs.size()), n = n_, Bb = bucket > 0 ? bucket : B, bs = draft_kv_.block_size;
+  const Device dev = draft_->device();
+  auto opts = [&](int rows) {
+    BuildOptions o;
+    o.all_logits = true;
+    if (bucket > 0) {
+      o.pad_tokens = o.pad_seqs = rows;
+      o.table_width = L.width;
+      o.max_kv_bound = kv_bound;
+      o.reserve = size_t(4 * int64_t(L.cap) * n + 2 * int64_t(L.cap) * n + 1 + int64_t(L.cap) * n * L.width);
+    }
+    return o;
+  };
+  // Draft steps: input d_s at position ctx+s-1 (d1 known here; later ones come from the device).
+  for (int s = 1; s <= n - 2; ++s) {
+    auto& ids = L.step_ids[size_t(s - 1)];
+    ids.assign(size_t(B), 0);
+    L.chunks.clear();
+    for (int i = 0; i < B; ++i) {
+      Request& r = *reqs[size_t(i)];
+      if (s == 1) ids[size_t(i)] = r.spec_next;
+      L.chunks.push_back({&ids[size_t(i)], 1, r.num_computed + s - 1, &r.block_table, SeqChunk::Logits::last});
+    }
+    L.dbuild[size_t(s - 1)].build(L.chunks, bs, dev, L.dfb[size_t(s - 1)], opts(Bb));
+  }
+  // Verify and catch-up rows: n per request, row j at position ctx+j.
+  L.vids_host.assign(size_t(L.cap) * size_t(n), 0);
+  L.chunks.clear();
+  for (int i = 0; i < B; ++i) {
+    Request& r = *reqs[size_t(i)];
+    L.vids_host[size_t(i * n)] = r.tokens.back();
+    L.vids_host[size_t(i * n + 1)] = r.spec_next;
+    for (int j = 0; j < n; ++j)
+      L.chunks.push_back({&L.vids_host[size_t(i * n + j)], 1, r.num_computed + j, &r.block_table, SeqChunk::Logits::last});
+  }
+  L.vbuild.build(L.chunks, bs, dev, L.vfb, opts(Bb * n));
+  L.vfb.input_ids = L.vids(Bb);
+  L.vfb.capture_aux = true;
+  L.vfb.aux_hidden = target_.aux_buffer(int64_t(Bb) * n);
+  L.cbuild.build(L.chunks, bs, dev, L.cfb, opts(Bb * n));
+  L.cfb.input_ids = L.tgt(Bb);
+  // io: slots | vids in one copy.
+  for (int i = 0; i < L.cap; ++i) L.host[size_t(i)] = i < B ? slot_of(*reqs[size_t(i)]) : pad_slot_;
+  std::copy(L.vids_host.begin(), L.vids_host.end(), L.host.begin() + L.cap);
+  device_copy(L.io.data, dev, L.host.data(), Device::cpu, (size_t(L.cap) + L.vids_host.size()) * sizeof(int32_t));
+}
+
+// Draft steps (pool row -> d2..d_{n-1}), split from the verify so each can be timed.
+void SpecWorker::segment_a(Lane& L, int Bb) {
+  const int n = n_;
+  Tensor h0 = L.ha.slice_rows(0, Bb), h1 = L.hb.slice_rows(0, Bb);
+  if (n > 2) ops::gather_rows(h_pool_, L.slots(Bb), h0);
+  const Tensor* off = draft_->target_offsets();
+  Tensor vids = L.vids(Bb);
+  for (int s = 1; s <= n - 2; ++s) {
+    Tensor lg = draft_->forward(L.dfb[size_t(s - 1)], draft_kv_, h0, h1);  // [Bb, Vd]
+    Tensor col = vids.narrow(0, s + 1, int64_t(Bb - 1) * n + 1);            // d_{s+1} of every request
+    ops::argmax_rows(lg, off, col, n);
+    if (s + 1 <= n - 2) ops::argmax_rows(lg, off, L.dfb[size_t(s)].input_ids, 1);
+    std::swap(h0, h1);
+  }
+}
+
+// Target verify over [Bb*n] rows, its argmax, greedy acceptance.
+void SpecWorker::segment_v(Lane& L, int Bb) {
+  L.vlogits = target_.model().forward(L.vfb, target_.kv());  // f32 [Bb*n, V]
+  Tensor tgt = L.tgt(Bb), acc = L.acc(Bb);
+  ops::argmax_rows(L.vlogits, nullptr, tgt, 1);
+  ops::spec_accept(L.vids(Bb), tgt, n_, acc);
+}
+
+// Draft catch-up over all n rows per request; state row acc -> pool, its argmax -> next.
+void SpecWorker::segment_b(Lane& L, int Bb) {
+  const int64_t rows = int64_t(Bb) * n_;
+  Tensor ch = L.ch.slice_rows(0, rows), cr = L.cr.slice_rows(0, rows);
+  draft_->project(target_.aux_buffer(rows), ch);
+  Tensor lg = draft_->forward(L.cfb, draft_kv_, ch, cr);  // [Bb*n, Vd]
+  Tensor cn = L.cnext(Bb), nx = L.next(Bb);
+  ops::argmax_rows(lg, draft_->target_offsets(), cn, 1);
+  ops::spec_select(cr, cn, L.acc(Bb), L.slots(Bb), n_, h_pool_, nx);
+}
+
+namespace {
+
+// Replays one segment graph; false when the step runs eagerly (no graph).
+template <typename G, typename M>
+bool replay(G* g, M member) {
+#ifdef TS_WITH_CUDA
+  if (!g) return false;
+  (g->*member)->replay();
+  return true;
+#else
+  (void)g;
+  (void)member;
+  return false;
+#endif
+}
+template <typename G>
+Tensor graph_vlogits(G* g) { return g->vlogits; }
+
+}  // namespace
+
+// Phase timing of one step: CUDA events on the device, the host clock on the CPU (where every
+// op is synchronous).
+struct SpecWorker::Marks {
+  explicit Marks(Lane* L) : lane(L) {}
+  void record(int i) {
+#ifdef TS_WITH_CUDA
+    if (lane->marks) return lane->marks->record(i);
+#endif
+    host[i] = now_s();
+  }
+  double seconds(int a, int b) const {
+#ifdef TS_WITH_CUDA
+    if (lane->marks) return 1e-3 * double(lane->marks->elapsed_ms(a, b));
+#endif
+    return host[b] - host[a];
+  }
+  Lane* lane;
+  double host[5] = {};
+};
+
+double SpecWorker::decode_step(const std::vector<Request*>& decodes, const PushFn& push, const EmitFn& emit) {
+  const int B = int(decodes.size()), n = n_;
+  double t0 = now_s();
+  Lane* L = eager_.get();
+  int bucket = 0, kvb = 0;
+  Lane::Graphs* g = nullptr;
+#ifdef TS_WITH_CUDA
+  if (graph_ && B <= graph_->buckets.back()) {
+    int max_kv = 0;
+    bool fits = true;
+    for (Request* r : decodes) {
+      max_kv = std::max(max_kv, r->num_computed + n);
+      fits = fits && int(r->block_table.size()) <= graph_->width;
+    }
+    auto kv = std::lower_bound(graph_->kv_bounds.begin(), graph_->kv_bounds.end(), max_kv);
+    auto bb = std::lower_bound(graph_->buckets.begin(), graph_->buckets.end(), B);
+    if (fits && kv != graph_->kv_bounds.end() && bb != graph_->buckets.end()) {
+      auto it = graph_->graphs.find({*kv, *bb});
+      if (it != graph_->graphs.end()) {
+        L = graph_.get();
+        bucket = *bb;
+        kvb = *kv;
+        g = &it->second;
+      }
+    }
+  }
+#endif
+  if (L == eager_.get() && L->cap < B) {
+    L->alloc(std::max(B, 2 * L->cap), n, draft_->hidden(), draft_->dtype(), draft_->device());
+#ifdef TS_WITH_CUDA
+    if (draft_->device() == Device::cuda && !L->marks) L->marks = std::make_unique<cuda::StreamMarks>(5);
+#endif
+  }
+  const int Bb = bucket > 0 ? bucket : B;
+  build_lane(*L, decodes, bucket, kvb);
+  bool host = false;  // sampling, penalties or logprobs: acceptance on the host
+  for (Request* r : decodes) host = host || r->params.temperature > 0.0f || needs_host_logits(*r);
+  // 1. Draft steps, verify, greedy acceptance. Marks: 0 draft 1 verify 2 .. 3 catch-up 4.
+  Marks marks(L);
+  marks.record(0);
+  if (!replay(g, &Lane::Graphs::draft)) segment_a(*L, Bb);
+  marks.record(1);
+  if (replay(g, &Lane::Graphs::verify)) L->vlogits = graph_vlogits(g);
+  else segment_v(*L, Bb);
+  marks.record(2);
+  // 2. Host acceptance (rejection sampling against the target's filtered distribution), then
+  //    the accepted ids and counts go back for the catch-up.
+  std::vector<int> accepted(size_t(B), 0);
+  const int64_t cap = L->cap;
+  int32_t* hv = L->host.data() + cap;              // vids [cap*n]
+  int32_t* ht = hv + cap * n;                       // tgt [cap*n]
+  int32_t* ha = ht + cap * n;                       // acc [cap]
+  int32_t* hn = ha + cap;                           // next [cap]
+  if (host) {
+    const int64_t V = L->vlogits.size(1);
+    Tensor lg = L->vlogits.slice_rows(0, int64_t(B) * n);
+    if (lg.device != Device::cpu) lg = lg.to(Device::cpu);
+    device_copy(hv, Device::cpu, L->io.ptr<int32_t>() + cap, L->io.device, size_t(B) * n * sizeof(int32_t));
+    for (int i = 0; i < B; ++i) {
+      Request& r = *decodes[size_t(i)];
+      std::vector<int32_t> d(hv + int64_t(i) * n + 1, hv + int64_t(i + 1) * n);
+      const int start = r.num_computed;
+      accepted[size_t(i)] = accept(r, d, lg.ptr<float>() + int64_t(i) * n * V, V, push, emit);
+      for (int j = 0; j < n; ++j) {
+        size_t k = size_t(start + 1 + j);
+        ht[int64_t(i) * n + j] = j <= accepted[size_t(i)] && k < r.tokens.size() ? r.tokens[k] : 0;
+      }
+      ha[i] = accepted[size_t(i)];
+    }
+    device_copy(L->io.ptr<int32_t>() + cap + cap * n, L->io.device, ht, Device::cpu, size_t(B) * n * sizeof(int32_t));
+    device_copy(L->io.ptr<int32_t>() + cap + 2 * cap * n, L->io.device, ha, Device::cpu, size_t(B) * sizeof(int32_t));
+  }
+  // 3. Draft catch-up; one read-back of drafts, target ids, accepted counts and next drafts.
+  marks.record(3);
+  if (!replay(g, &Lane::Graphs::catchup)) segment_b(*L, Bb);
+  marks.record(4);
+  device_copy(hv, Device::cpu, L->io.ptr<int32_t>() + cap, L->io.device, size_t(2 * cap + 2 * cap * n) * sizeof(int32_t));
+  double fwd = now_s() - t0;
+  draft_s_ += marks.seconds(0, 1) + marks.seconds(3, 4);
+  verify_s_ += marks.seconds(1, 2);
+  // 4. Greedy requests: push the accepted drafts and the bonus token.
+  for (int i = 0; i < B; ++i) {
+    Request& r = *decodes[size_t(i)];
+    if (!host) {
+      StreamEvent ev;
+      const int a = ha[i];
+      r.spec_trace.push_back({std::vector<int32_t>(hv + int64_t(i) * n + 1, hv + int64_t(i + 1) * n), 0});
+      for (int j = 0; j <= a; ++j) {
+        const bool is_draft = j < a;
+        if (is_draft) accepted[size_t(i)] = ++r.spec_trace.back().accepted;
+        if (push(r, ht[int64_t(i) * n + j], nullptr, ev)) break;
+      }
+      emit(r, ev);
+    }
+    r.num_computed += 1 + accepted[size_t(i)];
+    ++verify_steps_;
+    accepted_tokens_ += accepted[size_t(i)] + 1;
+    kv_.commit(r.tokens.data(), r.num_computed, r.block_table, r.block_hashes);
+    if (r.terminal()) r.spec_slot.reset();
+    else r.spec_next = hn[i];
+  }
+  ++fixed_steps_;
+  if (bucket > 0) ++graph_steps_;
+  return fwd;
+}
+
+int SpecWorker::graphs() const {
+#ifdef TS_WITH_CUDA
+  return graph_ ? int(graph_->graphs.size()) : 0;
+#else
+  return 0;
+#endif
+}
+
+void SpecWorker::size_for_graphs(const GraphOptions& go) {
+#ifdef TS_WITH_CUDA
+  if (draft_->device() != Device::cuda || target_.tp_size() > 1 || !go.decode) return;
+  const int n = n_, bs = draft_kv_.block_size;
+  auto G = std::make_unique<Lane>();
+  for (int b : {1, 2, 4, 8, 16, 24, 32, 48, 64})
+    if (b <= go.max_bs) G->buckets.push_back(b);
+  if (G->buckets.empty()) return;
+  G->kv_bounds = context_buckets(go.max_context);
+  G->width = (go.max_context + bs - 1) / bs;
+  G->alloc(G->buckets.back(), n, draft_->hidden(), draft_->dtype(), draft_->device());
+  G->marks = std::make_unique<cuda::StreamMarks>(5);
+  // Dummy requests: context 1 in the first blocks of the pool, pool row pad_slot_.
+  const int blocks = (n + 1 + bs - 1) / bs;
+  TS_CHECK(blocks <= target_.num_blocks(), "EAGLE3 graphs need {} KV blocks", blocks);
+  dummies_.assign(size_t(G->buckets.back()), Request{});
+  for (Request& r : dummies_) {
+    r.tokens = {0, 0};
+    r.num_computed = 1;
+    r.spec_next = 0;
+    r.block_table.clear();
+    for (int i = 0; i < blocks; ++i) r.block_table.push_back(i);
+    r.spec_slot = std::make_shared<const int>(pad_slot_);
+  }
+  // The largest step, eagerly: the draft's and the target's arenas reach their high-water marks.
+  int b = G->buckets.back();
+  std::vector<Request*> reqs;
+  for (int i = 0; i < b; ++i) reqs.push_back(&dummies_[size_t(i)]);
+  build_lane(*G, reqs, b, G->kv_bounds.back());
+  segment_a(*G, b);
+  segment_v(*G, b);
+  segment_b(*G, b);
+  // And the largest eager draft forward (draft prefill of a full token budget), so mixed steps
+  // do not take their scratch from outside the frozen arena.
+  {
+    int t = int(std::min<int64_t>(go.eager_max_tokens, target_.num_blocks() * bs));
+    std::vector<int32_t> ids(size_t(t), 0), table;
+    for (int i = 0; i < (t + bs - 1) / bs; ++i) table.push_back(i);
+    ForwardBatch fb;
+    BatchBuilder bb;
+    bb.build({{ids.data(), t, 0, &table, SeqChunk::Logits::last}}, bs, draft_->device(), fb);
+    Tensor h = Tensor::zeros({t, draft_->hidden()}, draft_->dtype(), draft_->device());
+    Tensor r = Tensor::empty({t, draft_->hidden()}, draft_->dtype(), draft_->device());
+    draft_->project(target_.aux_buffer(t), h);
+    draft_->forward(fb, draft_kv_, h, r);
+  }
+  cuda::synchronize();
+  draft_->workspace().reset();
+  draft_->workspace().freeze();
+  pending_ = std::move(G);
+#else
+  (void)go;
+#endif
+}
+
+void SpecWorker::enable_graphs(const GraphOptions& go) {
+#ifdef TS_WITH_CUDA
+  (void)go;
+  if (!pending_ || !target_.graphs()) return;
+  double t0 = now_s();
+  std::unique_ptr<Lane> G = std::move(pending_);
+  Workspace* tws = target_.model().workspace();
+  Workspace& dws = draft_->workspace();
+  auto reqs = [&](int b) {
+    std::vector<Request*> v;
+    for (int i = 0; i < b; ++i) v.push_back(&dummies_[size_t(i)]);
+    return v;
+  };
+  for (int kvb : G->kv_bounds)
+    for (auto it = G->buckets.rbegin(); it != G->buckets.rend(); ++it) {
+      int b = *it;
+      try {
+        build_lane(*G, reqs(b), b, kvb);
+        segment_a(*G, b);  // warm-up: GEMM algorithms, kernel workspaces
+        segment_v(*G, b);
+        segment_b(*G, b);
+        cuda::synchronize();
+        size_t over = dws.overflow_allocs() + (tws ? tws->overflow_allocs() : 0);
+        Lane::Graphs gr;
+        auto capture = [&](std::unique_ptr<cuda::Graph>& out, void (SpecWorker::*seg)(Lane&, int)) {
+          out = std::make_unique<cuda::Graph>();
+          out->begin_capture();
+          try {
+            (this->*seg)(*G, b);
+          } catch (...) {
+            try { out->end_capture(); } catch (...) {}
+            throw;
+          }
+          out->end_capture();
+        };
+        capture(gr.draft, &SpecWorker::segment_a);
+        capture(gr.verify, &SpecWorker::segment_v);
+        gr.vlogits = G->vlogits;
+        capture(gr.catchup, &SpecWorker::segment_b);
+        // Scratch outside the arenas would be freed after capture: such a graph is unusable.
+        TS_CHECK(dws.overflow_allocs() + (tws ? tws->overflow_allocs() : 0) == over, "scratch did not fit the frozen arenas");
+        G->graphs[{kvb, b}] = std::move(gr);
+      } catch (const std::exception& e) {
+        spdlog::warn("EAGLE3 graph bs={} context<={} not captured ({}); that size runs eagerly", b, kvb, e.what());
+      }
+    }
+  cuda::synchronize();
+  spdlog::info("EAGLE3: {} decode-step graphs (draft steps, verify, catch-up) for batch <= {} captured in {:.2f} s",
+               G->graphs.size(), G->buckets.back(), now_s() - t0);
+  graph_ = std::move(G);
+#else
+  (void)go;
+#endif
 }
 
 }  // namespace ts

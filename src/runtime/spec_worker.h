@@ -17,6 +17,8 @@
 
 namespace ts {
 
+struct GraphOptions;
+
 class SpecWorker {
  public:
   using PushFn = std::function<bool(Request&, int32_t, const TokenLogprob*, StreamEvent&)>;
@@ -27,18 +29,44 @@ class SpecWorker {
   static std::vector<int> capture_layers_for(const EngineOptions& o, const io::ModelConfig& target);
 
   SpecWorker(const EngineOptions& o, ModelRunner& target, KvCache& kv);
+  ~SpecWorker();
   int num_draft_tokens() const { return n_; }
+  // Captures the fixed-shape decode step (draft steps + verify + acceptance, then the draft
+  // catch-up) as CUDA graphs per (context bound, batch bucket). Call after the target's graphs.
+  // size_for_graphs runs the largest graph step eagerly first, before the target's arena is
+  // sized and frozen by its own graph capture, so the verify's scratch fits in it.
+  void size_for_graphs(const GraphOptions& o);
+  void enable_graphs(const GraphOptions& o);
+  int graphs() const;
   // Runs one engine step over `chunks`; returns seconds spent in forwards.
   double step(const std::vector<ScheduledChunk>& chunks, const PushFn& push, const EmitFn& emit);
   int64_t verify_steps() const { return verify_steps_; }
   int64_t accepted_tokens() const { return accepted_tokens_; }
+  // Device seconds in the draft model (draft steps + catch-up) and in the target verify.
   double draft_seconds() const { return draft_s_; }
+  double verify_seconds() const { return verify_s_; }
+  // Steps that ran the fixed-shape decode path (graph replays among them).
+  int64_t fixed_steps() const { return fixed_steps_; }
+  int64_t graph_steps() const { return graph_steps_; }
 
  private:
+  struct Lane;
+  struct Marks;
+  // Steps with prefill chunks: draft loop, one target forward over verify rows and chunks,
+  // acceptance, one draft forward (catch-up + draft prefill).
+  double mixed_step(const std::vector<ScheduledChunk>& chunks, const PushFn& push, const EmitFn& emit);
+  // Decode-only steps: fixed shapes, every request n rows (graph-capturable; see the .cpp).
+  double decode_step(const std::vector<Request*>& decodes, const PushFn& push, const EmitFn& emit);
+  void build_lane(Lane& L, const std::vector<Request*>& reqs, int bucket, int kv_bound);
+  void segment_a(Lane& L, int bucket);  // draft steps
+  void segment_v(Lane& L, int bucket);  // verify + greedy acceptance
+  void segment_b(Lane& L, int bucket);  // draft catch-up
   void draft_loop(const std::vector<Request*>& decodes, std::vector<std::vector<int32_t>>& drafts);
   // Returns the number of accepted drafts; pushes accepted drafts + the bonus token.
   int accept(Request& r, const std::vector<int32_t>& drafts, const float* logits, int64_t vocab, const PushFn& push,
              const EmitFn& emit);
+  int slot_of(Request& r);
+  Tensor pool_row(Request& r) { int s = slot_of(r); return h_pool_.slice_rows(s, s + 1); }
 
   ModelRunner& target_;
   KvCache& kv_;
@@ -47,9 +75,16 @@ class SpecWorker {
   ForwardBatch dbatch_;
   BatchBuilder dbuilder_;
   int n_ = 4;  // tokens per verify: N-1 drafts + 1
-  int64_t verify_steps_ = 0, accepted_tokens_ = 0;
-  double draft_s_ = 0;
+  int64_t verify_steps_ = 0, accepted_tokens_ = 0, fixed_steps_ = 0, graph_steps_ = 0;
+  double draft_s_ = 0, verify_s_ = 0;
   std::vector<std::vector<int32_t>> verify_ids_;
+  // Draft hidden state per request: h_pool_ [slots + 1, H]; the last row takes padding writes.
+  Tensor h_pool_;
+  struct FreeSlots;
+  std::shared_ptr<FreeSlots> free_slots_;
+  int pad_slot_ = 0;
+  std::unique_ptr<Lane> eager_, graph_, pending_;
+  std::vector<Request> dummies_;  // graph capture inputs (context 1, first blocks, padding row)
 };
 
 }  // namespace ts

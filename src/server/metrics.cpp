@@ -98,6 +98,14 @@ std::string render_prometheus(const EngineMetrics* e, ServerMetrics& s, const st
              static_cast<double>(e->spec_accepted_tokens));
       metric(out, "tokenspeed_spec_decode_accepted_length", "gauge", "Mean tokens accepted per verify step.", l,
              static_cast<double>(e->spec_accepted_tokens) / static_cast<double>(e->spec_verify_steps));
+      metric(out, "tokenspeed_spec_decode_graph_steps_total", "counter",
+             "Speculative decode steps replayed as CUDA graphs (draft steps, verify, catch-up).", l,
+             static_cast<double>(e->spec_graph_steps));
+      metric(out, "tokenspeed_spec_decode_draft_seconds_total", "counter",
+             "Device seconds in the draft model on fixed-shape decode steps (draft steps + catch-up).", l,
+             e->spec_draft_seconds);
+      metric(out, "tokenspeed_spec_decode_verify_seconds_total", "counter",
+             "Device seconds in the target verify on fixed-shape decode steps.", l, e->spec_verify_seconds);
     }
   }
   // Latency histograms: the engine's (measured on the engine thread) when it keeps them, else the

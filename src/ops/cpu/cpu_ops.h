@@ -22,6 +22,10 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
 void copy_rows(const Tensor& src, Tensor& dst);
 void cast(const Tensor& src, Tensor& dst);
 void gather_rows(const Tensor& x, const Tensor& index, Tensor& out);
+void argmax_rows(const Tensor& logits, const Tensor* offsets, Tensor& out, int64_t out_stride);
+void spec_accept(const Tensor& verify_ids, const Tensor& target_ids, int n, Tensor& acc);
+void spec_select(const Tensor& r, const Tensor& next_ids, const Tensor& acc, const Tensor& slots, int n, Tensor& h_pool,
+                 Tensor& next_out);
 void cache_write(const Tensor& x, Tensor& cache, const Tensor& slot_mapping);
 void glu(const Tensor& x, Tensor& out, const GluAct& act);
 void moe_route(const Tensor& logits, const Tensor* bias, const MoeRouting& r, Tensor& ids, Tensor& weights);

@@ -67,6 +67,24 @@ std::string device_description() {
   return fmt::format("{}, {} SMs, {:.1f} GiB", p.name, p.multiProcessorCount, double(p.totalGlobalMem) / double(1ull << 30));
 }
 
+StreamMarks::StreamMarks(int n) : n_(n) {
+  TS_CHECK(n >= 1 && n <= 8, "StreamMarks: 1..8 markers (got {})", n);
+  for (int i = 0; i < n; ++i) {
+    cudaEvent_t e;
+    TS_CUDA_CHECK(cudaEventCreate(&e));
+    ev_[i] = e;
+  }
+}
+StreamMarks::~StreamMarks() {
+  for (int i = 0; i < n_; ++i) cudaEventDestroy(static_cast<cudaEvent_t>(ev_[i]));
+}
+void StreamMarks::record(int i) { TS_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(ev_[i]), stream())); }
+float StreamMarks::elapsed_ms(int a, int b) const {
+  float ms = 0;
+  TS_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(ev_[a]), static_cast<cudaEvent_t>(ev_[b])));
+  return ms;
+}
+
 void copy_async(void* dst, const void* src, size_t bytes) {
   if (bytes) TS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
 }

@@ -35,6 +35,22 @@ void* stream_handle();
 void set_stream(void* cuda_stream);
 void stream_synchronize();                           // waits for the current stream only
 
+// Timestamps on stream(): record(i) enqueues marker i; once the work is done, elapsed_ms(a, b)
+// is the device time between markers a and b. Per-phase timing without host syncs.
+class StreamMarks {
+ public:
+  explicit StreamMarks(int n);
+  ~StreamMarks();
+  StreamMarks(const StreamMarks&) = delete;
+  StreamMarks& operator=(const StreamMarks&) = delete;
+  void record(int i);
+  float elapsed_ms(int a, int b) const;
+
+ private:
+  void* ev_[8] = {};
+  int n_ = 0;
+};
+
 // Programmatic dependent launch (PDL) for latency-bound kernels; on by default,
 // `--disable-pdl` turns it off. Read at launch time (so it also applies to graph capture).
 void set_pdl_enabled(bool on);

@@ -26,6 +26,7 @@ struct Result {
   int prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
   std::string error;
   std::vector<std::pair<std::vector<int32_t>, int>> trace;
+  std::vector<TokenLogprob> logprobs;
 };
 
 inline Result collect(const std::shared_ptr<Stream>& st) {
@@ -38,6 +39,7 @@ inline Result collect(const std::shared_ptr<Stream>& st) {
     }
     r.tokens.insert(r.tokens.end(), ev.tokens.begin(), ev.tokens.end());
     r.text += ev.text;
+    r.logprobs.insert(r.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
     if (ev.finished) {
       r.reason = ev.reason;
       r.prompt_tokens = ev.prompt_tokens;

@@ -67,6 +67,10 @@ TEST(SpecGolden, Eagle3TracesMatchExactly) {
   }
   EXPECT_EQ(double(m.spec_verify_steps), steps);
   EXPECT_GT(tokens / steps, 2.5);  // the demo pair accepts ~2.9 tokens per verify on these prompts
+  // One request at a time: every decode step takes the fixed-shape path (the graph path's shapes).
+  EXPECT_GT(m.spec_fixed_steps, 0);
+  EXPECT_GT(m.spec_draft_seconds, 0.0);
+  EXPECT_GT(m.spec_verify_seconds, 0.0);
 }
 
 // A draft with the demo draft's shapes and random weights: speculation must still be lossless.
@@ -118,6 +122,51 @@ TEST(SpecLossless, TrainedDraftWithChunkedPrefillAndPrefixReuse) {
   auto prompts = code_prompts(plain, 4);
   for (int round = 0; round < 2; ++round)  // the second round reuses cached prefix blocks
     for (auto& p : prompts) EXPECT_EQ(collect(spec.submit(greedy(p, 20))).tokens, collect(plain.submit(greedy(p, 20))).tokens);
+}
+
+// Penalties and logprobs force host acceptance between the verify and the catch-up; greedy
+// with a repetition penalty is still deterministic, so speculation must equal plain decoding.
+TEST(SpecLossless, HostAcceptanceWithPenaltiesAndLogprobsEqualsPlain) {
+  Engine plain(small_engine());
+  plain.start();
+  Engine spec(spec_engine(demo_draft()));
+  spec.start();
+  for (auto& p : code_prompts(plain, 3)) {
+    GenerateParams g = greedy(p, 24);
+    g.repetition_penalty = 1.3f;
+    g.frequency_penalty = 0.2f;
+    g.logprobs = 2;
+    Result want = collect(plain.submit(g));
+    Result got = collect(spec.submit(g));
+    EXPECT_EQ(got.tokens, want.tokens);
+    ASSERT_EQ(got.logprobs.size(), want.logprobs.size());
+    for (size_t i = 0; i < got.logprobs.size(); ++i) EXPECT_NEAR(got.logprobs[i].logprob, want.logprobs[i].logprob, 1e-4);
+  }
+}
+
+// Seeded sampling through rejection sampling: reproducible, exact token counts, and several
+// requests with different parameters in one fixed-shape step.
+TEST(SpecSampling, SeededSamplingIsReproducibleInABatch) {
+  Engine spec(spec_engine(demo_draft()));
+  spec.start();
+  auto prompts = code_prompts(spec, 3);
+  auto params = [&](size_t i) {
+    GenerateParams g = greedy(prompts[i], 30);
+    g.temperature = i == 0 ? 0.0f : 0.8f;
+    g.top_p = 0.9f;
+    g.seed = 11 + i;
+    return g;
+  };
+  std::vector<Result> first, second;
+  for (int round = 0; round < 2; ++round) {
+    std::vector<std::shared_ptr<Stream>> s;
+    for (size_t i = 0; i < prompts.size(); ++i) s.push_back(spec.submit(params(i)));
+    for (auto& st : s) (round ? second : first).push_back(collect(st));
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(first[i].tokens, second[i].tokens) << "request " << i;
+    EXPECT_EQ(first[i].completion_tokens, 30);
+  }
 }
 
 TEST(SpecStops, StopInsideAcceptedRun) {
