@@ -1,5 +1,6 @@
 #include "core/device_memory.h"
 
+#include <algorithm>
 #include <cstring>
 
 #ifdef TS_WITH_CUDA
@@ -19,6 +20,23 @@ void device_copy(void* dst, Device dd, const void* src, Device sd, size_t bytes)
   cuda::copy(dst, dd == Device::cuda, src, sd == Device::cuda, bytes);
 }
 bool cuda_available() { return cuda::device_count() > 0; }
+
+StagedUpload::StagedUpload() = default;
+StagedUpload::~StagedUpload() {
+  if (event_) cuda::event_destroy(event_);
+}
+void StagedUpload::upload(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  if (event_) cuda::event_synchronize(event_);  // the previous copy has read the staging buffer
+  else event_ = cuda::event_create();
+  if (bytes > cap_) {
+    cap_ = std::max(bytes, cap_ * 2);
+    pinned_ = cuda::alloc_pinned(cap_);
+  }
+  std::memcpy(pinned_.get(), src, bytes);
+  cuda::copy_h2d_async(dst, pinned_.get(), bytes);
+  cuda::event_record(event_);
+}
 #else
 std::shared_ptr<void> device_alloc(size_t) { fail("this build has no CUDA backend (configure with -DTS_CUDA=ON)"); }
 void device_memset(void*, int, size_t) { fail("this build has no CUDA backend"); }
@@ -27,6 +45,9 @@ void device_copy(void* dst, Device dd, const void* src, Device sd, size_t bytes)
   if (bytes) std::memcpy(dst, src, bytes);
 }
 bool cuda_available() { return false; }
+StagedUpload::StagedUpload() = default;
+StagedUpload::~StagedUpload() = default;
+void StagedUpload::upload(void*, const void*, size_t) { fail("this build has no CUDA backend"); }
 #endif
 
 }  // namespace ts

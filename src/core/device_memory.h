@@ -10,4 +10,22 @@ std::shared_ptr<void> device_alloc(size_t bytes);
 void device_memset(void* p, int value, size_t bytes);
 void device_copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
 bool cuda_available();  // a CUDA device is present and usable
+
+// Small host->device uploads (per-step batch metadata) without a host stall: the bytes go
+// through a pinned staging buffer and an asynchronous copy on the backend's stream, ordered
+// before the kernels that read them. The next upload first waits until the previous copy has
+// left the staging buffer. Not for use while a stream is being captured into a graph.
+class StagedUpload {
+ public:
+  StagedUpload();
+  ~StagedUpload();
+  StagedUpload(const StagedUpload&) = delete;
+  StagedUpload& operator=(const StagedUpload&) = delete;
+  void upload(void* dev_dst, const void* host_src, size_t bytes);
+
+ private:
+  std::shared_ptr<void> pinned_;
+  size_t cap_ = 0;
+  void* event_ = nullptr;
+};
 }  // namespace ts

@@ -88,7 +88,8 @@ void BatchBuilder::build(const std::vector<SeqChunk>& chunks, int bs, Device dev
     base_ = Tensor::from_blob(host_.data(), {int64_t(n)}, DType::i32, Device::cpu);
   } else {
     if (!dev_.data || dev_.numel() < int64_t(n)) dev_ = Tensor::empty({int64_t(std::max(n, opt.reserve))}, DType::i32, dev);
-    device_copy(dev_.data, dev, host_.data(), Device::cpu, n * sizeof(int32_t));
+    if (!up_) up_ = std::make_unique<StagedUpload>();
+    up_->upload(dev_.data, host_.data(), n * sizeof(int32_t));
     base_ = dev_;
   }
   auto view = [&](int64_t off, std::vector<int64_t> shape) {

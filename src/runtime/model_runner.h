@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/device_memory.h"
 #include "models/model.h"
 #include "runtime/forward_batch.h"
 
@@ -42,6 +43,7 @@ class BatchBuilder {
  private:
   std::vector<int32_t> host_, cu_rows_;
   Tensor dev_, base_;
+  std::unique_ptr<StagedUpload> up_;  // CUDA: asynchronous pinned upload
 };
 
 class CudaGraphRunner;

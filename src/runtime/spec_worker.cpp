@@ -61,10 +61,11 @@ struct SpecWorker::Lane {
   // io (i32): slots [cap] | vids [cap*n] | tgt [cap*n] | acc [cap] | next [cap] | cnext [cap*n]
   Tensor io;
   std::vector<int32_t> host;
+  std::unique_ptr<StagedUpload> up;  // CUDA: slots | vids upload
   Tensor ha, hb, ch, cr;  // [cap, H] draft-step hiddens; [cap*n, H] catch-up in/out
   std::vector<BatchBuilder> dbuild;
   std::vector<ForwardBatch> dfb;  // draft steps 1..n-2 at index s-1
-  BatchBuilder vbuild, cbuild;
+  BatchBuilder vbuild;
   ForwardBatch vfb, cfb;
   Tensor vlogits;  // f32 [bucket*n, V] of the last segment A
   std::vector<std::vector<int32_t>> step_ids;
@@ -418,12 +419,22 @@ void SpecWorker::build_lane(Lane& L, const std::vector<Request*>& reqs, int buck
   L.vfb.input_ids = L.vids(Bb);
   L.vfb.capture_aux = true;
   L.vfb.aux_hidden = target_.aux_buffer(int64_t(Bb) * n);
-  L.cbuild.build(L.chunks, bs, dev, L.cfb, opts(Bb * n));
+  // The catch-up has the verify's rows exactly (positions, slots, tables): it shares that
+  // upload and reads its ids from tgt.
+  L.cfb = L.vfb;
   L.cfb.input_ids = L.tgt(Bb);
+  L.cfb.capture_aux = false;
+  L.cfb.aux_hidden = Tensor();
   // io: slots | vids in one copy.
   for (int i = 0; i < L.cap; ++i) L.host[size_t(i)] = i < B ? slot_of(*reqs[size_t(i)]) : pad_slot_;
   std::copy(L.vids_host.begin(), L.vids_host.end(), L.host.begin() + L.cap);
-  device_copy(L.io.data, dev, L.host.data(), Device::cpu, (size_t(L.cap) + L.vids_host.size()) * sizeof(int32_t));
+  const size_t bytes = (size_t(L.cap) + L.vids_host.size()) * sizeof(int32_t);
+  if (dev == Device::cpu) {
+    device_copy(L.io.data, dev, L.host.data(), Device::cpu, bytes);
+  } else {
+    if (!L.up) L.up = std::make_unique<StagedUpload>();
+    L.up->upload(L.io.data, L.host.data(), bytes);
+  }
 }
 
 // Draft steps (pool row -> d2..d_{n-1}), split from the verify so each can be timed.

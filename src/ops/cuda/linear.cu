@@ -26,8 +26,12 @@ namespace {
 
 int g_linear_path = 0;      // 0 auto, 1 cuBLASLt, 2 GEMV
 // lab_linear on H200 (Llama-8B lm_head, K=4096): the GEMV matches cuBLASLt at M<=2 and falls
-// behind from M=4 (3.2 vs 4.3 TB/s), so it only takes M<=2.
+// behind from M=4 (3.2 vs 4.3 TB/s), so large weights only take it at M<=2. Small weights are
+// latency-bound (a few microseconds of reading): there one GEMV launch beats cuBLASLt's kernel
+// up to M=8 — the speculative verify (4 rows per request) of small models lives there.
 constexpr int kGemvMaxM = 2;
+constexpr int kGemvMaxMSmall = 8;
+constexpr int64_t kGemvSmallBytes = 8ll << 20;
 constexpr int kGemvWarps = 8;
 constexpr int kGemvUnroll = 4;
 
@@ -115,7 +119,7 @@ void gemv(int M, const __nv_bfloat16* x, int64_t x_ld, const __nv_bfloat16* w, i
     case 6: gemv_launch<6>(x, x_ld, w, w_ld, bias, out, out_ld, N, K); break;
     case 7: gemv_launch<7>(x, x_ld, w, w_ld, bias, out, out_ld, N, K); break;
     case 8: gemv_launch<8>(x, x_ld, w, w_ld, bias, out, out_ld, N, K); break;
-    default: fail("gemv: M {} > {}", M, kGemvMaxM);
+    default: fail("gemv: M {} > {}", M, kGemvMaxMSmall);
   }
 }
 
@@ -269,7 +273,8 @@ void linear(const Tensor& x, const Tensor& w, Tensor& out, const Tensor* bias) {
   TS_CHECK(K > 0, "linear: K must be positive");
   TS_CHECK(N <= 0x7fffffff && K <= 0x7fffffff, "linear: too large");
   const int64_t ldx = x.row_stride(), ldw = w.row_stride(), ldc = out.row_stride();
-  const bool gemv_ok = M <= kGemvMaxM && vec8_ok(x.data, K, ldx) && vec8_ok(w.data, K, ldw);
+  const bool small_w = N * K * 2 <= kGemvSmallBytes || g_linear_path == 2;
+  const bool gemv_ok = M <= (small_w ? kGemvMaxMSmall : kGemvMaxM) && vec8_ok(x.data, K, ldx) && vec8_ok(w.data, K, ldw);
   const bool use_gemv = gemv_ok && g_linear_path != 1 && !f32out;
   if (use_gemv) {
     gemv(int(M), x.ptr<__nv_bfloat16>(), ldx, w.ptr<__nv_bfloat16>(), ldw, bp,

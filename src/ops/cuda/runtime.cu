@@ -67,6 +67,23 @@ std::string device_description() {
   return fmt::format("{}, {} SMs, {:.1f} GiB", p.name, p.multiProcessorCount, double(p.totalGlobalMem) / double(1ull << 30));
 }
 
+std::shared_ptr<void> alloc_pinned(size_t bytes) {
+  void* p = nullptr;
+  TS_CUDA_CHECK(cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocDefault));
+  return std::shared_ptr<void>(p, [](void* q) { cudaFreeHost(q); });
+}
+void copy_h2d_async(void* dst, const void* src, size_t bytes) {
+  if (bytes) TS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()));
+}
+void* event_create() {
+  cudaEvent_t e;
+  TS_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+void event_record(void* ev) { TS_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(ev), stream())); }
+void event_synchronize(void* ev) { TS_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(ev))); }
+void event_destroy(void* ev) { cudaEventDestroy(static_cast<cudaEvent_t>(ev)); }
+
 StreamMarks::StreamMarks(int n) : n_(n) {
   TS_CHECK(n >= 1 && n <= 8, "StreamMarks: 1..8 markers (got {})", n);
   for (int i = 0; i < n; ++i) {

@@ -22,6 +22,12 @@ size_t free_memory();                                // bytes free on the curren
 size_t total_memory();                               // bytes on the current device
 std::string device_description();                    // e.g. "NVIDIA H200, 132 SMs, 139.8 GiB"
 void copy_async(void* dst, const void* src, size_t bytes);  // device to device, on stream()
+std::shared_ptr<void> alloc_pinned(size_t bytes);    // cudaHostAlloc, freed on last reference
+void copy_h2d_async(void* dst, const void* pinned_src, size_t bytes);  // on stream()
+void* event_create();                                // a cudaEvent_t (timing disabled)
+void event_record(void* ev);                         // on stream()
+void event_synchronize(void* ev);
+void event_destroy(void* ev);
 
 // Median milliseconds per call of fn() (work enqueued on stream()), each call timed with CUDA
 // events after `warmup` untimed calls. For benchmarks and kernel labs.
