@@ -1,5 +1,6 @@
 #include "core/device_memory.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #ifdef TS_WITH_CUDA
@@ -19,6 +20,12 @@ void device_copy(void* dst, Device dd, const void* src, Device sd, size_t bytes)
   cuda::copy(dst, dd == Device::cuda, src, sd == Device::cuda, bytes);
 }
 bool cuda_available() { return cuda::device_count() > 0; }
+std::shared_ptr<void> host_pinned_alloc(size_t bytes) {
+  if (cuda_available()) return cuda::alloc_host(bytes);
+  void* p = bytes ? std::aligned_alloc(64, (bytes + 63) / 64 * 64) : nullptr;
+  TS_CHECK(p || !bytes, "out of host memory allocating {} bytes", bytes);
+  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+}
 #else
 std::shared_ptr<void> device_alloc(size_t) { fail("this build has no CUDA backend (configure with -DTS_CUDA=ON)"); }
 void device_memset(void*, int, size_t) { fail("this build has no CUDA backend"); }
@@ -27,6 +34,11 @@ void device_copy(void* dst, Device dd, const void* src, Device sd, size_t bytes)
   if (bytes) std::memcpy(dst, src, bytes);
 }
 bool cuda_available() { return false; }
+std::shared_ptr<void> host_pinned_alloc(size_t bytes) {
+  void* p = bytes ? std::aligned_alloc(64, (bytes + 63) / 64 * 64) : nullptr;
+  TS_CHECK(p || !bytes, "out of host memory allocating {} bytes", bytes);
+  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+}
 #endif
 
 }  // namespace ts

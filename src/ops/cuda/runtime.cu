@@ -35,6 +35,14 @@ std::shared_ptr<void> alloc(size_t bytes) {
   });
 }
 
+std::shared_ptr<void> alloc_host(size_t bytes) {
+  void* p = nullptr;
+  if (bytes) TS_CUDA_CHECK(cudaMallocHost(&p, bytes));
+  return std::shared_ptr<void>(p, [](void* q) {
+    if (q) cudaFreeHost(q);
+  });
+}
+
 void memset(void* p, int value, size_t bytes) {
   if (bytes) TS_CUDA_CHECK(cudaMemset(p, value, bytes));
 }

@@ -15,6 +15,7 @@ int device_count();                                  // 0 when no driver/GPU
 int current_device();
 void set_device(int dev);
 std::shared_ptr<void> alloc(size_t bytes);           // cudaMalloc, freed on last reference
+std::shared_ptr<void> alloc_host(size_t bytes);      // cudaMallocHost (pinned), freed on last reference
 void memset(void* p, int value, size_t bytes);
 void copy(void* dst, bool dst_dev, const void* src, bool src_dev, size_t bytes);
 void synchronize();
