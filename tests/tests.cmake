@@ -10,6 +10,10 @@ foreach(fixture llama3 llama2_mha qwen3 qwen3_moe deepseek_v3 minimax_m3)
   add_test(NAME golden_${fixture} COMMAND $<TARGET_FILE:tokenspeed> verify-golden ${CMAKE_SOURCE_DIR}/tests/data/${fixture})
   set_tests_properties(golden_${fixture} PROPERTIES LABELS "golden")
 endforeach()
+# route-diff (MoE routing, device vs CPU) on the CPU against itself.
+add_test(NAME cli_route_diff COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/route_diff_test.sh $<TARGET_FILE:tokenspeed>
+  ${CMAKE_SOURCE_DIR}/tests/data)
+set_tests_properties(cli_route_diff PROPERTIES LABELS "cli;golden" TIMEOUT 300)
 # minimax_m3's long prompt (743 tokens past 4 x 16-token index blocks) decides its logits
 # through the block-sparse path.
 # Bad input to the CLI (missing/corrupt model files, unservable configs, empty prompts, bad ids).

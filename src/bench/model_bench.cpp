@@ -7,10 +7,12 @@
 #include <random>
 
 #include "bench/ceilings.h"
+#include "core/device_memory.h"
 #include "models/model.h"
 #include "runtime/model_runner.h"
 
 #ifdef TS_WITH_CUDA
+#include "ops/cuda/op_profiler.h"
 #include "ops/cuda/runtime.h"
 #endif
 
@@ -116,17 +118,24 @@ BenchResult run_model_bench(const BenchOptions& o) {
   const int64_t pool = std::min(needed, budget);
   ModelRunner runner(model, pool, bs);
   const double pool_bytes = double(pool) * bs * kv_tok;
-  // One step: ModelRunner::run (what the engine pays), or with forward_only the batch build and
-  // Model::forward alone (logits stay on the device).
+  // One step as the engine's eager step pays it: ModelRunner::run with the logits left on the
+  // device and greedy sampling there (B ids to the host); with host_logits the logits come to
+  // the host and are sampled there (what requests with logprobs or penalties pay). forward_only:
+  // the batch build and Model::forward alone.
   ForwardBatch fwd_batch;
   BatchBuilder fwd_builder;
+  Tensor last_logits;  // the last step's logits, where run() left them
+  std::vector<ops::SamplingRow> greedy;
+  std::vector<int32_t> sampled;
   auto run = [&](const std::vector<SeqChunk>& ch) {
-    if (!o.forward_only) {
-      runner.run(ch);
+    if (o.forward_only) {
+      fwd_builder.build(ch, bs, dev, fwd_batch);
+      last_logits = model->forward(fwd_batch, runner.kv());
       return;
     }
-    fwd_builder.build(ch, bs, dev, fwd_batch);
-    model->forward(fwd_batch, runner.kv());
+    last_logits = runner.run(ch, false, o.host_logits);
+    greedy.assign(size_t(last_logits.size(0)), ops::SamplingRow{});
+    ops::sample(last_logits, greedy, sampled);
   };
   std::mt19937 rng(uint32_t(o.seed));
   auto rand_id = [&] { return int32_t(rng() % uint32_t(cfg.vocab_size)); };
@@ -164,6 +173,62 @@ BenchResult run_model_bench(const BenchOptions& o) {
   };
   const int64_t max_pos = cfg.max_position_embeddings;
 
+  // --profile: one more eager step of a decode row with every op bracketed by CUDA events —
+  // device time per op (linear per weight shape), busy vs the span they cover (the rest is the
+  // device waiting on the host), then the logits' trip to the host both ways.
+  auto profile_step = [&](json& row, const std::function<void()>& step) {
+    if (!o.profile || dev != Device::cuda) return;
+#ifdef TS_WITH_CUDA
+    ops::cuda::CudaOpProfiler prof;
+    ops::OpProfiler* prev = ops::op_profiler();
+    ops::op_profiler() = &prof;
+    double wall = 0;
+    try {
+      wall = time_region_s(dev, step);
+    } catch (...) {
+      ops::op_profiler() = prev;
+      throw;
+    }
+    ops::op_profiler() = prev;
+    ops::cuda::OpProfile p = prof.collect();
+    std::sort(p.ops.begin(), p.ops.end(), [](const auto& a, const auto& b) { return a.ms > b.ms; });
+    json ops_j = json::array();
+    std::fprintf(stderr, "bench: profile %s batch %d context %d: wall %.3f ms; device ops busy %.3f ms over a %.3f ms span "
+                 "(%.3f ms of gaps: the device waiting for the host)\n", row["phase"].get<std::string>().c_str(),
+                 row["batch"].get<int>(), row["context"].get<int>(), wall * 1e3, p.busy_ms, p.span_ms, p.span_ms - p.busy_ms);
+    for (auto& op : p.ops) {
+      std::fprintf(stderr, "bench:   %-40s %4d x %9.3f ms  %5.1f%%\n", op.label.c_str(), op.count, op.ms,
+                   100.0 * op.ms / std::max(p.busy_ms, 1e-9));
+      ops_j.push_back({{"op", op.label}, {"count", op.count}, {"ms", op.ms}});
+    }
+    // The logits' trip to the host: a fresh pageable buffer each time (Tensor::to, what
+    // ModelRunner::run did per step before it kept a pinned buffer) vs one reused pinned buffer.
+    double pageable = 0, pinned = 0;
+    const size_t lbytes = last_logits.nbytes();
+    if (last_logits.device == Device::cuda && lbytes) {
+      std::vector<double> a, b;
+      std::shared_ptr<void> buf = host_pinned_alloc(lbytes);
+      for (int i = 0; i < 5; ++i) {
+        a.push_back(time_region_s(dev, [&] { Tensor h = last_logits.to(Device::cpu); }));
+        b.push_back(time_region_s(dev, [&] { device_copy(buf.get(), Device::cpu, last_logits.data, dev, lbytes); }));
+      }
+      std::sort(a.begin(), a.end());
+      std::sort(b.begin(), b.end());
+      pageable = a[2];
+      pinned = b[2];
+      std::fprintf(stderr, "bench:   logits to host (%lld x %lld f32, %s): fresh pageable buffer %.3f ms, reused pinned buffer %.3f ms\n",
+                   (long long)last_logits.size(0), (long long)last_logits.size(1), fmt_gb(double(lbytes)).c_str(), pageable * 1e3,
+                   pinned * 1e3);
+    }
+    row["profile"] = {{"wall_ms", wall * 1e3}, {"busy_ms", p.busy_ms}, {"span_ms", p.span_ms}, {"ops", ops_j},
+                      {"logits_bytes", lbytes}, {"logits_to_host_pageable_ms", pageable * 1e3},
+                      {"logits_to_host_pinned_ms", pinned * 1e3}};
+#else
+    (void)row;
+    (void)step;
+#endif
+  };
+
   // 3. Prefill, then batch-1 decode continuing the same sequence.
   for (int t : o.prompt_lens) {
     int64_t span = t + kWarmSteps + steps;
@@ -198,6 +263,7 @@ BenchResult run_model_bench(const BenchOptions& o) {
     auto step = [&](int pos) { run({{&tok, 1, pos, &table, SeqChunk::Logits::last}}); };
     for (int i = 0; i < kWarmSteps; ++i) step(t + i);
     decode_row(1, t, time_steps(step, t + kWarmSteps), "decode-after-prefill");
+    profile_step(rows.back(), [&] { step(t + kWarmSteps + steps - 1); });  // rewrites the last timed position
   }
 
   // 4. Decode grid: B sequences with C cached tokens each, one new token per sequence per step.
@@ -226,6 +292,7 @@ BenchResult run_model_bench(const BenchOptions& o) {
       };
       for (int i = 0; i < kWarmSteps; ++i) step(ctx + i);
       decode_row(b, ctx, time_steps(step, ctx + kWarmSteps), "decode");
+      profile_step(rows.back(), [&] { step(ctx + kWarmSteps + steps - 1); });
     }
   }
 
@@ -258,7 +325,9 @@ BenchResult run_model_bench(const BenchOptions& o) {
                    {"gemm_dtype", dtype_name(c.gemm_dtype)},
                    {"gemm_iters", c.gemm_iters}};
   j["decode_steps"] = steps;
-  j["timed"] = o.forward_only ? "batch build + Model::forward" : "ModelRunner::run";
+  j["timed"] = o.forward_only   ? "batch build + Model::forward"
+               : o.host_logits ? "ModelRunner::run, logits to the host, host greedy sampling"
+                               : "ModelRunner::run, logits on the device, device greedy sampling";
   j["results"] = rows;
   const char* f_prefill = "prefill FLOPs = 2*P_layers*T + 2*P_head + 2*L*heads*head_dim*T^2 (linear layers over T tokens, "
                           "the LM head on the last row, causal attention QK^T + PV)";
@@ -312,7 +381,10 @@ BenchResult run_model_bench(const BenchOptions& o) {
   md += fmt::format("- times: wall time of {}, device-synchronised, after warm-up; prefill: median of {}; decode: median of {} "
                     "steps, each timed alone, after {} warm-up steps.\n",
                     o.forward_only ? "the batch build and Model::forward (--forward-only: logits stay on the device)"
-                                   : "ModelRunner::run (batch build, metadata upload, forward, logits to host)",
+                    : o.host_logits ? "ModelRunner::run (batch build, metadata upload, forward, logits to the host) + "
+                                      "greedy sampling on the host (--host-logits)"
+                                    : "ModelRunner::run (batch build, metadata upload, forward) + greedy sampling where "
+                                      "the logits are (on the GPU: the device), as the engine's eager steps",
                     o.prefill_repeats, steps, kWarmSteps);
   return res;
 }

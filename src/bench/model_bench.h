@@ -8,9 +8,11 @@
 // Decode grid caches are not prefilled: each sequence gets C tokens' worth of blocks whose
 // contents are whatever the pool holds (zeros or earlier data). Attention reads all C tokens
 // either way, so the timing equals a real cache's, without the prefill cost.
-// Times are wall time of ModelRunner::run (batch build, host->device metadata, forward, logits
-// to host — what the engine pays per step), device-synchronised, after warm-up; forward_only
-// times the batch build and Model::forward alone.
+// Times are wall time of ModelRunner::run (batch build, host->device metadata, forward) plus
+// greedy sampling where the logits are — on the device, as the engine's eager steps (host_logits:
+// logits to the host and sampled there, as for requests with logprobs or penalties) —
+// device-synchronised, after warm-up; forward_only times the batch build and Model::forward
+// alone. profile (CUDA) adds one step per decode row with the device time of every op.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -37,6 +39,8 @@ struct BenchOptions {
   size_t copy_bytes = 0;      // copy ceiling buffer (0: default)
   uint64_t seed = 1;
   bool forward_only = false;  // time BatchBuilder + Model::forward instead of ModelRunner::run
+  bool host_logits = false;   // steps copy the logits to the host and sample there
+  bool profile = false;       // CUDA: one extra step per decode row with per-op device times
 };
 
 struct BenchResult {

@@ -34,6 +34,12 @@ int cmd_bench(int argc, char** argv) {
   app.add_option("--seed", o.seed, "seed of the random token ids");
   app.add_flag("--forward-only", o.forward_only,
                "time the batch build + Model::forward only (no logits copy to the host) instead of ModelRunner::run");
+  app.add_flag("--host-logits", o.host_logits,
+               "steps copy the logits to the host and sample there (requests with logprobs/penalties) instead of "
+               "sampling on the device (the engine's usual step)");
+  app.add_flag("--profile", o.profile,
+               "CUDA: after each decode row, one more step with the device time of every op (CUDA events), the "
+               "device's idle gaps, and the logits' copy to the host pageable vs pinned");
   app.add_option("--json", json_file, "also write the results as JSON to FILE");
   CLI11_PARSE(app, argc, argv);
   o.device = cli::parse_device(device);

@@ -1,14 +1,12 @@
 // verify-golden DIR: runs every prompt of DIR/golden.json through the engine's model path
 // (paged KV cache, incremental decode) and compares with transformers' logits and greedy tokens.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "io/safetensors.h"
+#include "cli/golden.h"
 #include "models/model.h"
 #include "runtime/model_runner.h"
 
@@ -35,47 +33,25 @@ int cmd_verify_golden(int argc, char** argv) {
   app.add_option("--prompts", only, "check only these prompt indices, e.g. 0,1,2 (default: all)");
   CLI11_PARSE(app, argc, argv);
 
-  std::string gpath = dir + "/golden.json";
-  TS_CHECK(std::filesystem::exists(gpath), "{}: missing", gpath);
-  nlohmann::json g;
-  {
-    std::ifstream f(gpath);
-    g = nlohmann::json::parse(f);
-  }
-  io::SafetensorsFile gold(dir + "/golden.safetensors");
+  cli::Golden g(dir);
   models::LoadOptions lo;
   lo.device = cli::parse_device(device);
   std::shared_ptr<models::Model> model = models::load_model(dir, lo);
   const int bs = 16;
-  int64_t max_len = 0;
-  for (auto& p : g["prompts"]) max_len = std::max<int64_t>(max_len, int64_t(p.size()));
-  int64_t blocks = (max_len + 32) / bs + 2;
+  int64_t blocks = (g.max_prompt_len() + 32) / bs + 2;
   ModelRunner runner(model, blocks, bs);
   bool ok = true;
   double worst = 0;
   std::vector<int32_t> selected = only.empty() ? std::vector<int32_t>{} : cli::parse_ids(only);
-  for (size_t i = 0; i < g["prompts"].size(); ++i) {
+  for (size_t i = 0; i < g.num_prompts(); ++i) {
     if (!selected.empty() && std::find(selected.begin(), selected.end(), int32_t(i)) == selected.end()) continue;
-    auto prompt = g["prompts"][i].get<std::vector<int32_t>>();
-    auto want = g["greedy"][i].get<std::vector<int32_t>>();
+    auto prompt = g.prompt(i);
+    auto want = g.greedy(i);
     std::vector<int32_t> table;
     for (int64_t b = 0; b < blocks; ++b) table.push_back(int32_t(b));
     SeqChunk c{prompt.data(), int(prompt.size()), 0, &table, SeqChunk::Logits::all};
     Tensor logits = runner.run({c}).to_f32();  // own copy: the runner reuses its buffers
-    Tensor ref = gold.get("logits." + std::to_string(i)).to_f32();
-    std::vector<int64_t> rows;
-    if (g["logit_positions"][i].is_null())
-      for (int64_t r = 0; r < int64_t(prompt.size()); ++r) rows.push_back(r);
-    else
-      rows = g["logit_positions"][i].get<std::vector<int64_t>>();
-    TS_CHECK(int64_t(rows.size()) == ref.size(0) && ref.size(1) == logits.size(1),
-             "golden logits.{} has shape {}, expected [{}, {}]", i, ref.shape_str(), rows.size(), logits.size(1));
-    double diff = 0;
-    for (size_t r = 0; r < rows.size(); ++r) {
-      const float* a = logits.ptr<float>() + rows[r] * logits.size(1);
-      const float* b = ref.ptr<float>() + int64_t(r) * ref.size(1);
-      for (int64_t v = 0; v < ref.size(1); ++v) diff = std::max(diff, double(std::fabs(a[v] - b[v])));
-    }
+    double diff = cli::max_logit_diff(logits, g.logits(i), g.logit_rows(i));
     // Greedy continuation through the incremental cache. On the CPU (fp32) it runs free and
     // must equal transformers exactly. In bf16 a near-tie may flip, so the GPU check is
     // teacher-forced: each golden token must be our argmax or within atol of our max logit.

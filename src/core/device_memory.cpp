@@ -1,6 +1,7 @@
 #include "core/device_memory.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #ifdef TS_WITH_CUDA
@@ -31,11 +32,17 @@ void StagedUpload::upload(void* dst, const void* src, size_t bytes) {
   else event_ = cuda::event_create();
   if (bytes > cap_) {
     cap_ = std::max(bytes, cap_ * 2);
-    pinned_ = cuda::alloc_pinned(cap_);
+    pinned_ = cuda::alloc_host(cap_);
   }
   std::memcpy(pinned_.get(), src, bytes);
   cuda::copy_h2d_async(dst, pinned_.get(), bytes);
   cuda::event_record(event_);
+}
+std::shared_ptr<void> host_pinned_alloc(size_t bytes) {
+  if (cuda_available()) return cuda::alloc_host(bytes);
+  void* p = bytes ? std::aligned_alloc(64, (bytes + 63) / 64 * 64) : nullptr;
+  TS_CHECK(p || !bytes, "out of host memory allocating {} bytes", bytes);
+  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
 }
 #else
 std::shared_ptr<void> device_alloc(size_t) { fail("this build has no CUDA backend (configure with -DTS_CUDA=ON)"); }
@@ -48,6 +55,11 @@ bool cuda_available() { return false; }
 StagedUpload::StagedUpload() = default;
 StagedUpload::~StagedUpload() = default;
 void StagedUpload::upload(void*, const void*, size_t) { fail("this build has no CUDA backend"); }
+std::shared_ptr<void> host_pinned_alloc(size_t bytes) {
+  void* p = bytes ? std::aligned_alloc(64, (bytes + 63) / 64 * 64) : nullptr;
+  TS_CHECK(p || !bytes, "out of host memory allocating {} bytes", bytes);
+  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+}
 #endif
 
 }  // namespace ts

@@ -28,4 +28,8 @@ class StagedUpload {
   size_t cap_ = 0;
   void* event_ = nullptr;
 };
+// Host memory that device copies reach by DMA (pinned on CUDA builds with a GPU, else plain
+// aligned memory), for buffers copied every step: a fresh pageable buffer costs its page
+// faults plus a staged copy each time.
+std::shared_ptr<void> host_pinned_alloc(size_t bytes);
 }  // namespace ts

@@ -1,5 +1,12 @@
 #include "models/moe.h"
 
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/device_memory.h"
+#include "ops/graph_hooks.h"
+
 namespace ts::models {
 
 void glu_mlp_block(const Tensor& h, const MlpWeights& w, const ops::GluAct& act, Workspace& ws, Tensor& out) {
@@ -19,13 +26,79 @@ void moe_block(const Tensor& h, const MoeWeights& w, const MoeShape& s, Workspac
   ops::linear(h, w.router, logits);
   Tensor ids = ws.alloc({t_n, k}, DType::i32);
   Tensor weights = ws.alloc({t_n, k}, DType::f32);
-  ops::moe_route(logits, w.router_bias.data ? &w.router_bias : nullptr, s.routing, ids, weights);
+  const Tensor* bias = w.router_bias.data ? &w.router_bias : nullptr;
+  ops::moe_route(logits, bias, s.routing, ids, weights);
+  if (MoeRouteHook* hook = moe_route_hook()) {
+    TS_CHECK(!ops::graph_hooks(), "moe route hook: eager forwards only (a CUDA graph cannot replay its copies)");
+    hook->on_route(hook->calls++, logits, bias, s.routing, ids, weights);
+  }
   ops::moe_experts(h, ids, weights, w.gate_up, w.down, s.act, out);
   if (w.shared.gate_up.data) {
     Tensor sh = ws.alloc({t_n, h.size(-1)}, h.dtype);
     glu_mlp_block(h, w.shared, s.act, ws, sh);
     ops::add_inplace(out, sh);
   }
+}
+
+MoeRouteHook*& moe_route_hook() {
+  static thread_local MoeRouteHook* h = nullptr;
+  return h;
+}
+
+void RouteTape::on_route(int layer, const Tensor& logits, const Tensor* bias, const ops::MoeRouting& r, Tensor& ids,
+                         Tensor& weights) {
+  TS_CHECK(layer == int(seen.size()), "route tape: layer {} after {} recorded (call start() before each forward)", layer,
+           seen.size());
+  RouteRecord rec;
+  // Host copies (to() copies even from the host): the workspace is reused by the next layer.
+  rec.logits = logits.to(Device::cpu);
+  rec.ids = ids.to(Device::cpu);
+  rec.weights = weights.to(Device::cpu);
+  if (bias) rec.bias = bias->to_f32();
+  rec.routing = r;
+  seen.push_back(std::move(rec));
+  if (forced.empty()) return;
+  TS_CHECK(layer < int(forced.size()), "route tape: no forced routing for MoE layer {} ({} given)", layer, forced.size());
+  const RouteRecord& f = forced[size_t(layer)];
+  TS_CHECK(f.ids.dims() == ids.dims() && f.weights.dims() == weights.dims() && f.ids.dtype == DType::i32 &&
+               f.weights.dtype == DType::f32 && ids.is_contiguous() && weights.is_contiguous(),
+           "route tape: forced layer {} has ids {} weights {}, the model routes ids {} weights {}", layer,
+           f.ids.shape_str(), f.weights.shape_str(), ids.shape_str(), weights.shape_str());
+  // Synchronous copies: on CUDA they are ordered with the op stream (a blocking stream).
+  device_copy(ids.data, ids.device, f.ids.data, Device::cpu, ids.nbytes());
+  device_copy(weights.data, weights.device, f.weights.data, Device::cpu, weights.nbytes());
+}
+
+std::vector<float> route_selection_scores(const float* logits, const float* bias, int64_t experts,
+                                          const ops::MoeRouting& r, std::vector<float>* group_scores) {
+  const size_t n = size_t(experts);
+  std::vector<float> choice(n);
+  if (r.scoring == ops::MoeScoring::softmax) {
+    const float mx = *std::max_element(logits, logits + n);
+    double sum = 0;
+    for (size_t e = 0; e < n; ++e) sum += std::exp(double(logits[e] - mx));
+    for (size_t e = 0; e < n; ++e) choice[e] = float(std::exp(double(logits[e] - mx)) / sum);
+    return choice;
+  }
+  for (size_t e = 0; e < n; ++e) choice[e] = 1.0f / (1.0f + std::exp(-logits[e])) + (bias ? bias[e] : 0.0f);
+  if (r.n_group <= 1) return choice;
+  // Group score = its two best choices; the topk_group best groups are kept.
+  const size_t groups = size_t(r.n_group), gsize = n / groups;
+  std::vector<float> gs(groups);
+  for (size_t g = 0; g < groups; ++g) {
+    std::vector<float> v(choice.begin() + long(g * gsize), choice.begin() + long((g + 1) * gsize));
+    std::sort(v.begin(), v.end(), std::greater<float>());
+    gs[g] = v[0] + (gsize >= 2 ? v[1] : 0.0f);
+  }
+  std::vector<size_t> order(groups);
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return gs[a] > gs[b]; });
+  std::vector<char> kept(groups, 0);
+  for (int i = 0; i < r.topk_group; ++i) kept[order[size_t(i)]] = 1;
+  for (size_t e = 0; e < n; ++e)
+    if (!kept[e / gsize]) choice[e] = 0.0f;
+  if (group_scores) *group_scores = gs;
+  return choice;
 }
 
 void load_experts(WeightLoader& wl, const std::string& prefix, int64_t experts, int64_t inter, int64_t hidden,

@@ -3,6 +3,7 @@
 // file builds its sparse layers from these, so routing and expert math live in one place.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "models/blocks.h"
 #include "models/weights.h"
@@ -22,7 +23,8 @@ struct MoeShape {
   ops::GluAct act;  // routed and shared experts alike
 };
 
-// h [T, H] normed input -> out [T, H] = routed experts (+ shared experts).
+// h [T, H] normed input -> out [T, H] = routed experts (+ shared experts). With a route hook
+// installed (below), the hook sees every call's routing between moe_route and moe_experts.
 void moe_block(const Tensor& h, const MoeWeights& w, const MoeShape& s, Workspace& ws, Tensor& out);
 
 // Gated MLP with the given activation: out = down(act(gate_up(h))).
@@ -34,5 +36,62 @@ void glu_mlp_block(const Tensor& h, const MlpWeights& w, const ops::GluAct& act,
 // (`{prefix}.gate_up_proj` [E, 2I, H], `{prefix}.down_proj` [E, H, I]).
 void load_experts(WeightLoader& wl, const std::string& prefix, int64_t experts, int64_t inter, int64_t hidden,
                   MoeWeights& w);
+
+// --- route hook: observe or override the routing (route-diff, tests) -------------------------
+// Installed per thread; null (the default) costs one thread-local load and a branch per MoE
+// layer. The hook copies device tensors to and from the host, so it is for eager forwards only:
+// moe_block refuses it under breakable CUDA graphs, and a decode-graph capture fails on the copy.
+class MoeRouteHook {
+ public:
+  virtual ~MoeRouteHook() = default;
+  // layer: moe_block calls since `calls` was last set to 0 — the MoE-layer ordinal when it is
+  // reset before each forward. logits [T, E] f32; ids [T, k] i32; weights [T, k] f32, all on the
+  // model's device and contiguous; bias: the selection bias [E] or null. The hook may overwrite
+  // ids and weights; moe_experts then runs with them.
+  virtual void on_route(int layer, const Tensor& logits, const Tensor* bias, const ops::MoeRouting& r, Tensor& ids,
+                        Tensor& weights) = 0;
+  int calls = 0;
+};
+MoeRouteHook*& moe_route_hook();
+
+// Installs a hook for a scope (restores the previous one).
+class ScopedMoeRouteHook {
+ public:
+  explicit ScopedMoeRouteHook(MoeRouteHook* h) : prev_(moe_route_hook()) { moe_route_hook() = h; }
+  ~ScopedMoeRouteHook() { moe_route_hook() = prev_; }
+  ScopedMoeRouteHook(const ScopedMoeRouteHook&) = delete;
+  ScopedMoeRouteHook& operator=(const ScopedMoeRouteHook&) = delete;
+
+ private:
+  MoeRouteHook* prev_;
+};
+
+// One MoE layer's routing on the host: logits [T, E] f32, ids [T, k] i32, weights [T, k] f32,
+// bias [E] f32 (undefined: none).
+struct RouteRecord {
+  Tensor logits, ids, weights, bias;
+  ops::MoeRouting routing;
+};
+
+// The hook route-diff and the tests use. record: keeps a host copy of every layer's routing.
+// force: records too (the routing the model chose), then overwrites ids and weights with
+// forced[layer] — every layer must have an entry of the same shape.
+class RouteTape final : public MoeRouteHook {
+ public:
+  std::vector<RouteRecord> seen;    // [layer], as moe_route produced them
+  std::vector<RouteRecord> forced;  // [layer]; empty: record only
+  void start() {  // before each forward
+    calls = 0;
+    seen.clear();
+  }
+  void on_route(int layer, const Tensor& logits, const Tensor* bias, const ops::MoeRouting& r, Tensor& ids,
+                Tensor& weights) override;
+};
+
+// The score moe_route selects experts by, per expert of one token: the softmax probability, or
+// sigmoid + bias with the groups that were not kept set to 0 (as the reference masks them).
+// logits [E]; bias [E] or null. group_scores (optional) gets [n_group] group scores.
+std::vector<float> route_selection_scores(const float* logits, const float* bias, int64_t experts,
+                                          const ops::MoeRouting& r, std::vector<float>* group_scores = nullptr);
 
 }  // namespace ts::models

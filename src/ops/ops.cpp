@@ -1,20 +1,27 @@
 // Device dispatch: the first tensor argument's device picks the backend.
 #include "ops/ops.h"
 
+#include <fmt/format.h>
+
 #include "ops/cpu/cpu_ops.h"
 #include "ops/graph_hooks.h"
+#include "ops/op_profile.h"
 
 #if defined(TS_WITH_CUDA) && __has_include("ops/cuda/cuda_ops.h")
 #include "ops/cuda/cuda_ops.h"
 // Ordinary ops: skipped while a breakable graph replays (their work is in a segment graph).
-#define TS_DISPATCH(dev, fn, ...)                                          \
+// label: a callable giving the op's name for the op profiler, called only while profiling.
+#define TS_DISPATCH_L(dev, label, fn, ...)                                 \
   do {                                                                     \
     if ((dev) == Device::cuda) {                                           \
       if (GraphHooks* h_ = graph_hooks(); h_ && h_->skip_ops()) return;    \
-      return ::ts::ops::cuda::fn(__VA_ARGS__);                             \
+      OpProfileScope prof_(label);                                         \
+      ::ts::ops::cuda::fn(__VA_ARGS__);                                    \
+      return;                                                              \
     }                                                                      \
     return ::ts::ops::cpu::fn(__VA_ARGS__);                                \
   } while (0)
+#define TS_DISPATCH(dev, fn, ...) TS_DISPATCH_L(dev, [] { return std::string(#fn); }, fn, __VA_ARGS__)
 // Break ops read per-batch attention metadata: always eager, between segment graphs.
 #define TS_DISPATCH_BREAK(dev, fn, ...)                                    \
   do {                                                                     \
@@ -26,7 +33,9 @@
         h_->after_break();                                                 \
         return;                                                            \
       }                                                                    \
-      return ::ts::ops::cuda::fn(__VA_ARGS__);                             \
+      OpProfileScope prof_([] { return std::string(#fn); });               \
+      ::ts::ops::cuda::fn(__VA_ARGS__);                                    \
+      return;                                                              \
     }                                                                      \
     return ::ts::ops::cpu::fn(__VA_ARGS__);                                \
   } while (0)
@@ -36,6 +45,7 @@
     TS_CHECK((dev) == Device::cpu, "op " #fn ": no CUDA backend in this build"); \
     return ::ts::ops::cpu::fn(__VA_ARGS__);                                \
   } while (0)
+#define TS_DISPATCH_L(dev, label, fn, ...) TS_DISPATCH(dev, fn, __VA_ARGS__)
 #define TS_DISPATCH_BREAK TS_DISPATCH
 #endif
 
@@ -44,6 +54,11 @@ namespace ts::ops {
 GraphHooks*& graph_hooks() {
   static thread_local GraphHooks* h = nullptr;
   return h;
+}
+
+OpProfiler*& op_profiler() {
+  static thread_local OpProfiler* p = nullptr;
+  return p;
 }
 
 void embedding(const Tensor& ids, const Tensor& table, Tensor& out, int64_t vocab_start) {
@@ -66,7 +81,10 @@ void rope(Tensor& q, Tensor& k, const Tensor& positions, const Rope& r) {
 }
 void silu_mul(const Tensor& x, Tensor& out) { TS_DISPATCH(x.device, silu_mul, x, out); }
 void linear(const Tensor& x, const Tensor& w, Tensor& out, const Tensor* bias) {
-  TS_DISPATCH(x.device, linear, x, w, out, bias);
+  // Profiled per weight shape: the router, projections and LM head are told apart.
+  TS_DISPATCH_L(
+      x.device, [&] { return fmt::format("linear {}x{}{}", w.size(0), w.size(1), out.dtype == DType::f32 ? " (f32 out)" : ""); },
+      linear, x, w, out, bias);
 }
 void add_inplace(Tensor& y, const Tensor& x) { TS_DISPATCH(y.device, add_inplace, y, x); }
 void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache, const Tensor& slot_mapping) {

@@ -191,8 +191,23 @@ const Tensor& ModelRunner::run_local(const std::vector<SeqChunk>& chunks, bool c
     if (cap) batch_.aux_hidden = aux_buffer(batch_.num_tokens);
     logits_ = model_->forward(batch_, kv_);
   }
-  if (host_logits && logits_.device != Device::cpu) logits_ = logits_.to(Device::cpu);
+  if (host_logits && logits_.device != Device::cpu) logits_ = to_host(logits_);
   return logits_;
+}
+
+Tensor ModelRunner::to_host(const Tensor& logits) {
+  // One reused pinned buffer: Tensor::to(cpu) took a fresh pageable buffer every step, paying
+  // its page faults (glibc maps blocks over 32 MiB anew each time, e.g. 64 rows x 152k vocab
+  // f32) plus a staged copy, several ms a step the engine's device-sampled steps never pay.
+  TS_CHECK(logits.is_contiguous(), "logits to host: not contiguous ({})", logits.shape_str());
+  const size_t bytes = logits.nbytes();
+  if (!host_buf_ || host_cap_ < bytes) {
+    host_cap_ = bytes + bytes / 4;  // batches grow a little at a time
+    host_buf_ = host_pinned_alloc(host_cap_);
+  }
+  Tensor h = Tensor::from_blob(host_buf_.get(), logits.dims(), logits.dtype, Device::cpu, host_buf_);
+  device_copy(h.data, Device::cpu, logits.data, logits.device, bytes);
+  return h;
 }
 
 }  // namespace ts

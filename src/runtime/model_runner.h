@@ -60,7 +60,8 @@ class ModelRunner {
   int64_t num_blocks() const { return kv_.num_blocks; }
   ~ModelRunner();
   // Runs one step. Returns f32 logits, one row per requested logits row, in chunk order — on
-  // the host, or with host_logits=false on the model's device (valid until the next run).
+  // the host, or with host_logits=false on the model's device. Either way they live in buffers
+  // the next run() reuses (host: one pinned buffer): copy them to keep them.
   // With capture, aux hidden states of all rows are kept in last_aux().
   const Tensor& run(const std::vector<SeqChunk>& chunks, bool capture_aux = false, bool host_logits = true);
   // Decode step with sampling inside the CUDA graph (rows[i] samples chunk i); false when no
@@ -93,12 +94,15 @@ class ModelRunner {
   ForwardBatch batch_;
   BatchBuilder builder_;
   Tensor logits_, aux_buf_;
+  std::shared_ptr<void> host_buf_;  // host logits (pinned where a GPU is present), reused
+  size_t host_cap_ = 0;
   double build_s_ = 0;
   std::unique_ptr<CudaGraphRunner> graphs_;
   std::shared_ptr<TpWorkers> tp_;
   std::vector<std::unique_ptr<ModelRunner>> peers_;  // index = rank; [0] empty
   const Tensor& run_local(const std::vector<SeqChunk>& chunks, bool capture_aux, bool host_logits);
   void enable_graphs_local(const GraphOptions& o);
+  Tensor to_host(const Tensor& logits);
 };
 
 }  // namespace ts

@@ -28,4 +28,11 @@ grep -qE "^\| prefill \| 1 \| 64 \| 64 \|.*TFLOP/s \|.*% of GEMM \|" "$dir/bench
 grep -qE "^\| decode-after-prefill \| 1 \| 64 \|.*GB/s \|.*% of copy \|" "$dir/bench.md" || fail "no batch-1 decode row"
 grep -qE "^\| decode \| 2 \| 64 \| 2 x 2 \|.*GB/s \|.*% of copy \|" "$dir/bench.md" || fail "no batch-2 decode row"
 grep -q '"gemm_tflops"' "$dir/bench.json" || fail "no JSON"
+grep -q 'greedy sampling where the logits are' "$dir/bench.md" || fail "the timed step is not described"
+# --host-logits and --profile (a no-op on the CPU) run and say what they timed.
+"$TS" bench --model "$dir/m" --device cpu --batches 2 --contexts 64 --decode-steps 2 --prompt-lens 16 --host-logits --profile \
+  > "$dir/bench2.md"
+grep -q -- '--host-logits' "$dir/bench2.md" || fail "--host-logits not reported"
+grep -qE "^\| decode \| 2 \| 64 \|" "$dir/bench2.md" || fail "no decode row with --host-logits"
+"$TS" bench --help | grep -q -- "--profile" || fail "no --profile in --help"
 echo PASS

@@ -35,6 +35,14 @@ std::shared_ptr<void> alloc(size_t bytes) {
   });
 }
 
+std::shared_ptr<void> alloc_host(size_t bytes) {
+  void* p = nullptr;
+  if (bytes) TS_CUDA_CHECK(cudaMallocHost(&p, bytes));
+  return std::shared_ptr<void>(p, [](void* q) {
+    if (q) cudaFreeHost(q);
+  });
+}
+
 void memset(void* p, int value, size_t bytes) {
   if (bytes) TS_CUDA_CHECK(cudaMemset(p, value, bytes));
 }
@@ -67,11 +75,6 @@ std::string device_description() {
   return fmt::format("{}, {} SMs, {:.1f} GiB", p.name, p.multiProcessorCount, double(p.totalGlobalMem) / double(1ull << 30));
 }
 
-std::shared_ptr<void> alloc_pinned(size_t bytes) {
-  void* p = nullptr;
-  TS_CUDA_CHECK(cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocDefault));
-  return std::shared_ptr<void>(p, [](void* q) { cudaFreeHost(q); });
-}
 void copy_h2d_async(void* dst, const void* src, size_t bytes) {
   if (bytes) TS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()));
 }

@@ -15,6 +15,7 @@ int device_count();                                  // 0 when no driver/GPU
 int current_device();
 void set_device(int dev);
 std::shared_ptr<void> alloc(size_t bytes);           // cudaMalloc, freed on last reference
+std::shared_ptr<void> alloc_host(size_t bytes);      // cudaMallocHost (pinned), freed on last reference
 void memset(void* p, int value, size_t bytes);
 void copy(void* dst, bool dst_dev, const void* src, bool src_dev, size_t bytes);
 void synchronize();
@@ -22,7 +23,6 @@ size_t free_memory();                                // bytes free on the curren
 size_t total_memory();                               // bytes on the current device
 std::string device_description();                    // e.g. "NVIDIA H200, 132 SMs, 139.8 GiB"
 void copy_async(void* dst, const void* src, size_t bytes);  // device to device, on stream()
-std::shared_ptr<void> alloc_pinned(size_t bytes);    // cudaHostAlloc, freed on last reference
 void copy_h2d_async(void* dst, const void* pinned_src, size_t bytes);  // on stream()
 void* event_create();                                // a cudaEvent_t (timing disabled)
 void event_record(void* ev);                         // on stream()
