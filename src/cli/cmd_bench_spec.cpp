@@ -111,12 +111,13 @@ Row run_level(Engine& e, const std::vector<std::vector<int32_t>>& prompts, int B
   r.per_user = per_user / B;
   r.total = double(tokens) / wall;
   int64_t vs = m1.spec_verify_steps - m0.spec_verify_steps, fs = m1.spec_fixed_steps - m0.spec_fixed_steps;
+  int64_t ts = m1.spec_timed_steps - m0.spec_timed_steps;
   if (vs > 0) r.accept = double(m1.spec_accepted_tokens - m0.spec_accepted_tokens) / double(vs);
-  if (fs > 0) {
-    r.draft_ms = 1e3 * (m1.spec_draft_seconds - m0.spec_draft_seconds) / double(fs);
-    r.verify_ms = 1e3 * (m1.spec_verify_seconds - m0.spec_verify_seconds) / double(fs);
-    r.graph_frac = double(m1.spec_graph_steps - m0.spec_graph_steps) / double(fs);
+  if (ts > 0) {
+    r.draft_ms = 1e3 * (m1.spec_draft_seconds - m0.spec_draft_seconds) / double(ts);
+    r.verify_ms = 1e3 * (m1.spec_verify_seconds - m0.spec_verify_seconds) / double(ts);
   }
+  if (fs > 0) r.graph_frac = double(m1.spec_graph_steps - m0.spec_graph_steps) / double(fs);
   return r;
 }
 

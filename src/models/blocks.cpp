@@ -65,8 +65,12 @@ Tensor lm_head_logits(ForwardBatch& batch, const Tensor& x, const Tensor& norm_w
   ops::graph_segment_end();  // the LM head runs eagerly: its row count changes per batch
   int64_t n = batch.num_logits, hdim = x.size(-1), vocab = head.size(0);
   Tensor rows = ws.alloc({n, hdim}, x.dtype);
-  ops::gather_rows(x, batch.logits_index, rows);
-  ops::rmsnorm(rows, norm_w, eps, rows);
+  if (batch.logits_all_rows && n == x.rows()) {
+    ops::rmsnorm(x, norm_w, eps, rows);  // every row: no gather
+  } else {
+    ops::gather_rows(x, batch.logits_index, rows);
+    ops::rmsnorm(rows, norm_w, eps, rows);
+  }
   // Logits come out of the GEMM in f32 on every backend: bf16 logits (3 significant digits)
   // would flip near-tied greedy choices.
   Tensor logits = ws.alloc({n, vocab}, DType::f32);
@@ -83,8 +87,12 @@ Tensor lm_head_logits_tp(ForwardBatch& batch, const Tensor& x, const Tensor& nor
   TS_CHECK(head_shard.size(0) == mine.count, "LM head shard has {} rows, rank {} owns {}", head_shard.size(0), comm.rank(),
            mine.count);
   Tensor rows = ws.alloc({n, hdim}, x.dtype);
-  ops::gather_rows(x, batch.logits_index, rows);
-  ops::rmsnorm(rows, norm_w, eps, rows);
+  if (batch.logits_all_rows && n == x.rows()) {
+    ops::rmsnorm(x, norm_w, eps, rows);
+  } else {
+    ops::gather_rows(x, batch.logits_index, rows);
+    ops::rmsnorm(rows, norm_w, eps, rows);
+  }
   // Every shard is gathered at the padded width; columns past a shard's count are not read.
   Tensor local = ws.alloc({n, mine.padded}, DType::f32);
   Tensor cols = local.narrow(1, 0, mine.count);

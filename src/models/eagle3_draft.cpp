@@ -127,14 +127,23 @@ Tensor Eagle3Draft::forward(ForwardBatch& b, KvPool& kv, const Tensor& h_in, Ten
   ops::rmsnorm_pair(e, h_in, input_norm_, hidden_norm_, eps_, xa, xb);
   Tensor a = ws_.alloc({T, H}, dtype_);
   attention_block(x, attn_, shape_, rope_, b, kv.k[0], kv.v[0], ws_, a);
-  ops::copy_rows(h_in, r_out);
-  ops::add_inplace(r_out, a);  // r = h + attn
-  Tensor hn = ws_.alloc({T, H}, dtype_);
-  ops::rmsnorm(r_out, post_norm_, eps_, hn);
+  if (r_out.data != h_in.data) ops::copy_rows(h_in, r_out);  // r_out may alias h_in (in place)
+  ops::fused_add_rmsnorm(a, r_out, post_norm_, eps_);  // r = h + attn; a = post_norm(r)
   Tensor m = ws_.alloc({T, H}, dtype_);
-  mlp_block(hn, mlp_, ws_, m);
-  ops::add_inplace(r_out, m);  // r = r + mlp(post_norm(r))
-  return lm_head_logits(b, r_out, norm_, eps_, head_, ws_);
+  mlp_block(a, mlp_, ws_, m);
+  // r = r + mlp(post_norm(r)); m = norm(r), the LM head's input. With every row wanted (the
+  // fixed-shape speculative step) the head reads m directly.
+  ops::fused_add_rmsnorm(m, r_out, norm_, eps_);
+  const int64_t n = b.num_logits;
+  Tensor logits = ws_.alloc({n, head_.size(0)}, DType::f32);
+  if (b.logits_all_rows && n == T) {
+    ops::linear(m, head_, logits);
+  } else {
+    Tensor rows = ws_.alloc({n, H}, dtype_);
+    ops::gather_rows(m, b.logits_index, rows);
+    ops::linear(rows, head_, logits);
+  }
+  return logits;
 }
 
 }  // namespace ts::models

@@ -432,6 +432,7 @@ void EngineImpl::update_metrics(double host_us) {
     metrics_.spec_accepted_tokens = spec->accepted_tokens();
     metrics_.spec_fixed_steps = spec->fixed_steps();
     metrics_.spec_graph_steps = spec->graph_steps();
+    metrics_.spec_timed_steps = spec->timed_steps();
     metrics_.spec_draft_seconds = spec->draft_seconds();
     metrics_.spec_verify_seconds = spec->verify_seconds();
   }

@@ -20,6 +20,7 @@ struct ForwardBatch {
   ops::AttnMeta attn;   // per-sequence query ranges, kv lengths, block tables
   Tensor logits_index;  // i32 [N]: rows whose logits are needed (last row of each sampling seq)
   int num_logits = 0;
+  bool logits_all_rows = false;  // logits_index is the identity over all T rows (no gather needed)
   // EAGLE3: when set, the model copies the residual stream entering each capture layer into
   // aux_hidden [T, n_capture * H] (the i-th captured layer into column block i).
   bool capture_aux = false;

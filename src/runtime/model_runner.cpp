@@ -102,6 +102,7 @@ void BatchBuilder::build(const std::vector<SeqChunk>& chunks, int bs, Device dev
   batch.slot_mapping = view(2 * T, {T});
   batch.logits_index = view(3 * T, {nl});
   batch.num_logits = nl;
+  batch.logits_all_rows = opt.all_logits;
   batch.attn.cu_q = view(4 * T, {S + 1});
   batch.attn.kv_len = view(4 * T + S + 1, {S});
   batch.attn.block_tables = view(4 * T + 2 * S + 1, {S, W});

@@ -62,7 +62,7 @@ struct SpecWorker::Lane {
   Tensor io;
   std::vector<int32_t> host;
   std::unique_ptr<StagedUpload> up;  // CUDA: slots | vids upload
-  Tensor ha, hb, ch, cr;  // [cap, H] draft-step hiddens; [cap*n, H] catch-up in/out
+  Tensor ha, ch;  // [cap, H] draft-step hidden; [cap*n, H] catch-up hidden (both in place)
   std::vector<BatchBuilder> dbuild;
   std::vector<ForwardBatch> dfb;  // draft steps 1..n-2 at index s-1
   BatchBuilder vbuild;
@@ -78,8 +78,10 @@ struct SpecWorker::Lane {
 #else
   using GraphPtr = std::unique_ptr<int>;
 #endif
+  // Per bucket: the three phases as separate graphs (host acceptance goes between verify and
+  // catch-up; phase timing) and all three as one graph (greedy steps: one launch).
   struct Graphs {
-    GraphPtr draft, verify, catchup;
+    GraphPtr draft, verify, catchup, all;
     Tensor vlogits;
   };
   std::map<std::pair<int, int>, Graphs> graphs;  // (kv bound, bucket)
@@ -98,9 +100,7 @@ struct SpecWorker::Lane {
     io = Tensor::zeros({3 * int64_t(cap) + 3 * int64_t(cap) * n}, DType::i32, dev);
     host.assign(size_t(io.numel()), 0);
     ha = Tensor::zeros({cap, H}, dt, dev);
-    hb = Tensor::zeros({cap, H}, dt, dev);
     ch = Tensor::zeros({int64_t(cap) * n, H}, dt, dev);
-    cr = Tensor::zeros({int64_t(cap) * n, H}, dt, dev);
     dbuild.resize(size_t(std::max(n - 2, 0)));
     dfb.resize(dbuild.size());
     step_ids.resize(dbuild.size());
@@ -440,16 +440,15 @@ void SpecWorker::build_lane(Lane& L, const std::vector<Request*>& reqs, int buck
 // Draft steps (pool row -> d2..d_{n-1}), split from the verify so each can be timed.
 void SpecWorker::segment_a(Lane& L, int Bb) {
   const int n = n_;
-  Tensor h0 = L.ha.slice_rows(0, Bb), h1 = L.hb.slice_rows(0, Bb);
-  if (n > 2) ops::gather_rows(h_pool_, L.slots(Bb), h0);
+  Tensor h = L.ha.slice_rows(0, Bb);  // the hidden, updated in place by every step
+  if (n > 2) ops::gather_rows(h_pool_, L.slots(Bb), h);
   const Tensor* off = draft_->target_offsets();
   Tensor vids = L.vids(Bb);
   for (int s = 1; s <= n - 2; ++s) {
-    Tensor lg = draft_->forward(L.dfb[size_t(s - 1)], draft_kv_, h0, h1);  // [Bb, Vd]
-    Tensor col = vids.narrow(0, s + 1, int64_t(Bb - 1) * n + 1);            // d_{s+1} of every request
+    Tensor lg = draft_->forward(L.dfb[size_t(s - 1)], draft_kv_, h, h);  // [Bb, Vd]
+    Tensor col = vids.narrow(0, s + 1, int64_t(Bb - 1) * n + 1);          // d_{s+1} of every request
     ops::argmax_rows(lg, off, col, n);
     if (s + 1 <= n - 2) ops::argmax_rows(lg, off, L.dfb[size_t(s)].input_ids, 1);
-    std::swap(h0, h1);
   }
 }
 
@@ -461,15 +460,21 @@ void SpecWorker::segment_v(Lane& L, int Bb) {
   ops::spec_accept(L.vids(Bb), tgt, n_, acc);
 }
 
+void SpecWorker::segment_all(Lane& L, int Bb) {
+  segment_a(L, Bb);
+  segment_v(L, Bb);
+  segment_b(L, Bb);
+}
+
 // Draft catch-up over all n rows per request; state row acc -> pool, its argmax -> next.
 void SpecWorker::segment_b(Lane& L, int Bb) {
   const int64_t rows = int64_t(Bb) * n_;
-  Tensor ch = L.ch.slice_rows(0, rows), cr = L.cr.slice_rows(0, rows);
+  Tensor ch = L.ch.slice_rows(0, rows);
   draft_->project(target_.aux_buffer(rows), ch);
-  Tensor lg = draft_->forward(L.cfb, draft_kv_, ch, cr);  // [Bb*n, Vd]
+  Tensor lg = draft_->forward(L.cfb, draft_kv_, ch, ch);  // [Bb*n, Vd]; ch becomes r in place
   Tensor cn = L.cnext(Bb), nx = L.next(Bb);
   ops::argmax_rows(lg, draft_->target_offsets(), cn, 1);
-  ops::spec_select(cr, cn, L.acc(Bb), L.slots(Bb), n_, h_pool_, nx);
+  ops::spec_select(ch, cn, L.acc(Bb), L.slots(Bb), n_, h_pool_, nx);
 }
 
 namespace {
@@ -549,6 +554,13 @@ double SpecWorker::decode_step(const std::vector<Request*>& decodes, const PushF
   build_lane(*L, decodes, bucket, kvb);
   bool host = false;  // sampling, penalties or logprobs: acceptance on the host
   for (Request* r : decodes) host = host || r->params.temperature > 0.0f || needs_host_logits(*r);
+  // Greedy graph steps run as one launch, except every 16th, which runs the phase graphs so
+  // the draft/verify split stays measured.
+  const bool timed = !(g && !host) || fixed_steps_ % 16 == 0;
+  if (g && !host && !timed) {
+    replay(g, &Lane::Graphs::all);
+    return finish_decode_step(decodes, *L, host, true, t0, push, emit);
+  }
   // 1. Draft steps, verify, greedy acceptance. Marks: 0 draft 1 verify 2 .. 3 catch-up 4.
   Marks marks(L);
   marks.record(0);
@@ -564,7 +576,6 @@ double SpecWorker::decode_step(const std::vector<Request*>& decodes, const PushF
   int32_t* hv = L->host.data() + cap;              // vids [cap*n]
   int32_t* ht = hv + cap * n;                       // tgt [cap*n]
   int32_t* ha = ht + cap * n;                       // acc [cap]
-  int32_t* hn = ha + cap;                           // next [cap]
   if (host) {
     const int64_t V = L->vlogits.size(1);
     Tensor lg = L->vlogits.slice_rows(0, int64_t(B) * n);
@@ -589,9 +600,28 @@ double SpecWorker::decode_step(const std::vector<Request*>& decodes, const PushF
   if (!replay(g, &Lane::Graphs::catchup)) segment_b(*L, Bb);
   marks.record(4);
   device_copy(hv, Device::cpu, L->io.ptr<int32_t>() + cap, L->io.device, size_t(2 * cap + 2 * cap * n) * sizeof(int32_t));
-  double fwd = now_s() - t0;
   draft_s_ += marks.seconds(0, 1) + marks.seconds(3, 4);
   verify_s_ += marks.seconds(1, 2);
+  ++timed_steps_;
+  return finish_decode_step(decodes, *L, host, bucket > 0, t0, push, emit, accepted);
+}
+
+// Pushes the greedy requests' accepted drafts and bonus token (host-accepted requests pushed
+// theirs already), advances every request and keeps its next draft input.
+double SpecWorker::finish_decode_step(const std::vector<Request*>& decodes, Lane& lane, bool host, bool graph, double t0,
+                                      const PushFn& push, const EmitFn& emit, std::vector<int> accepted) {
+  Lane* L = &lane;
+  const int B = int(decodes.size()), n = n_;
+  const int64_t cap = L->cap;
+  int32_t* hv = L->host.data() + cap;  // vids [cap*n] | tgt [cap*n] | acc [cap] | next [cap]
+  int32_t* ht = hv + cap * n;
+  int32_t* ha = ht + cap * n;
+  int32_t* hn = ha + cap;
+  if (accepted.empty()) {  // the one-launch path: read back here
+    device_copy(hv, Device::cpu, L->io.ptr<int32_t>() + cap, L->io.device, size_t(2 * cap + 2 * cap * n) * sizeof(int32_t));
+    accepted.assign(size_t(B), 0);
+  }
+  double fwd = now_s() - t0;
   // 4. Greedy requests: push the accepted drafts and the bonus token.
   for (int i = 0; i < B; ++i) {
     Request& r = *decodes[size_t(i)];
@@ -614,7 +644,7 @@ double SpecWorker::decode_step(const std::vector<Request*>& decodes, const PushF
     else r.spec_next = hn[i];
   }
   ++fixed_steps_;
-  if (bucket > 0) ++graph_steps_;
+  if (graph) ++graph_steps_;
   return fwd;
 }
 
@@ -720,6 +750,7 @@ void SpecWorker::enable_graphs(const GraphOptions& go) {
         capture(gr.verify, &SpecWorker::segment_v);
         gr.vlogits = G->vlogits;
         capture(gr.catchup, &SpecWorker::segment_b);
+        capture(gr.all, &SpecWorker::segment_all);
         // Scratch outside the arenas would be freed after capture: such a graph is unusable.
         TS_CHECK(dws.overflow_allocs() + (tws ? tws->overflow_allocs() : 0) == over, "scratch did not fit the frozen arenas");
         G->graphs[{kvb, b}] = std::move(gr);

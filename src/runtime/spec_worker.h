@@ -45,6 +45,7 @@ class SpecWorker {
   // Device seconds in the draft model (draft steps + catch-up) and in the target verify.
   double draft_seconds() const { return draft_s_; }
   double verify_seconds() const { return verify_s_; }
+  int64_t timed_steps() const { return timed_steps_; }  // steps the draft/verify seconds cover
   // Steps that ran the fixed-shape decode path (graph replays among them).
   int64_t fixed_steps() const { return fixed_steps_; }
   int64_t graph_steps() const { return graph_steps_; }
@@ -61,6 +62,9 @@ class SpecWorker {
   void segment_a(Lane& L, int bucket);  // draft steps
   void segment_v(Lane& L, int bucket);  // verify + greedy acceptance
   void segment_b(Lane& L, int bucket);  // draft catch-up
+  void segment_all(Lane& L, int bucket);
+  double finish_decode_step(const std::vector<Request*>& decodes, Lane& L, bool host, bool graph, double t0,
+                            const PushFn& push, const EmitFn& emit, std::vector<int> accepted = {});
   void draft_loop(const std::vector<Request*>& decodes, std::vector<std::vector<int32_t>>& drafts);
   // Returns the number of accepted drafts; pushes accepted drafts + the bonus token.
   int accept(Request& r, const std::vector<int32_t>& drafts, const float* logits, int64_t vocab, const PushFn& push,
@@ -75,7 +79,7 @@ class SpecWorker {
   ForwardBatch dbatch_;
   BatchBuilder dbuilder_;
   int n_ = 4;  // tokens per verify: N-1 drafts + 1
-  int64_t verify_steps_ = 0, accepted_tokens_ = 0, fixed_steps_ = 0, graph_steps_ = 0;
+  int64_t verify_steps_ = 0, accepted_tokens_ = 0, fixed_steps_ = 0, graph_steps_ = 0, timed_steps_ = 0;
   double draft_s_ = 0, verify_s_ = 0;
   std::vector<std::vector<int32_t>> verify_ids_;
   // Draft hidden state per request: h_pool_ [slots + 1, H]; the last row takes padding writes.
