@@ -30,6 +30,13 @@ if has bench; then
       --speculative-draft-model-path models/pycoder-eagle3 --max-total-tokens 200000 2>&1 | quiet | tee -a $OUT/bench_spec_demo.log
   done
 fi
+if has steps; then  # deeper chains: more drafts per verify against more draft forwards
+  for k in 2 5; do
+    timeout 120 $B/tokenspeed bench-spec --device cuda --batches 1,8 --gen-tokens 256 --spec-only \
+      --prompts-json models/pycoder-eagle3/spec_golden.json --speculative-algorithm EAGLE3 --speculative-num-steps $k \
+      --speculative-draft-model-path models/pycoder-eagle3 --max-total-tokens 200000 2>&1 | quiet | grep -E "^eagle3" | sed "s/^/steps=$k /" | tee -a $OUT/bench_spec_steps.log
+  done
+fi
 if has bench8b; then
   timeout 150 $B/tokenspeed make-random-model --preset llama-3.1-8b --out /tmp/l8b > /tmp/make8b.log 2>&1; echo "make 8b rc=$?"
   timeout 60 $B/tokenspeed make-random-model --preset eagle3-llama-3.1-8b --out /tmp/d8b > /tmp/maked8b.log 2>&1; echo "make draft rc=$?"

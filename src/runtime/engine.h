@@ -134,7 +134,7 @@ struct EngineMetrics {
   int64_t spec_verify_steps = 0, spec_accepted_tokens = 0;  // accepted length = tokens / steps
   // Engine steps on the fixed-shape speculative decode path, and those replayed as CUDA graphs;
   // device seconds in the draft model (draft steps + catch-up) and in the target verify.
-  // The seconds cover spec_timed_steps of them (greedy graph steps are timed one in 16).
+  // The seconds cover spec_timed_steps of them (greedy graph steps are timed one in 8).
   int64_t spec_fixed_steps = 0, spec_graph_steps = 0, spec_timed_steps = 0;
   double spec_draft_seconds = 0, spec_verify_seconds = 0;
   Histogram ttft_s, itl_s, e2e_s;     // seconds

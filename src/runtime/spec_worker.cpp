@@ -554,9 +554,9 @@ double SpecWorker::decode_step(const std::vector<Request*>& decodes, const PushF
   build_lane(*L, decodes, bucket, kvb);
   bool host = false;  // sampling, penalties or logprobs: acceptance on the host
   for (Request* r : decodes) host = host || r->params.temperature > 0.0f || needs_host_logits(*r);
-  // Greedy graph steps run as one launch, except every 16th, which runs the phase graphs so
+  // Greedy graph steps run as one launch, except every 8th, which runs the phase graphs so
   // the draft/verify split stays measured.
-  const bool timed = !(g && !host) || fixed_steps_ % 16 == 0;
+  const bool timed = !(g && !host) || fixed_steps_ % 8 == 0;
   if (g && !host && !timed) {
     replay(g, &Lane::Graphs::all);
     return finish_decode_step(decodes, *L, host, true, t0, push, emit);

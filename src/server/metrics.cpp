@@ -107,7 +107,7 @@ std::string render_prometheus(const EngineMetrics* e, ServerMetrics& s, const st
       metric(out, "tokenspeed_spec_decode_verify_seconds_total", "counter",
              "Device seconds in the target verify on fixed-shape decode steps.", l, e->spec_verify_seconds);
       metric(out, "tokenspeed_spec_decode_timed_steps_total", "counter",
-             "Fixed-shape decode steps the draft/verify seconds cover (greedy graph steps: one in 16).", l,
+             "Fixed-shape decode steps the draft/verify seconds cover (greedy graph steps: one in 8).", l,
              static_cast<double>(e->spec_timed_steps));
     }
   }
