@@ -94,8 +94,8 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
                      Tensor& out) {
   TS_DISPATCH_BREAK(k_cache.device, paged_attention, q, k_cache, v_cache, meta, scale, out);
 }
-void argmax_rows(const Tensor& logits, const Tensor* offsets, Tensor& out, int64_t out_stride) {
-  TS_DISPATCH(out.device, argmax_rows, logits, offsets, out, out_stride);
+void argmax_rows(const Tensor& logits, const Tensor* offsets, Tensor& out, int64_t out_stride, Tensor* out2) {
+  TS_DISPATCH(out.device, argmax_rows, logits, offsets, out, out_stride, out2);
 }
 void spec_accept(const Tensor& verify_ids, const Tensor& target_ids, int n, Tensor& acc) {
   TS_DISPATCH(acc.device, spec_accept, verify_ids, target_ids, n, acc);

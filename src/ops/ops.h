@@ -156,8 +156,9 @@ namespace ts::ops {
 // --- Speculative decoding (EAGLE3 chain drafting, fixed-shape steps for CUDA graphs) --------
 
 // out[r * out_stride] = argmax_v logits[r, v] (+ offsets[argmax] when offsets is given: the
-// EAGLE3 d2t draft->target map). logits f32 [R, V]; offsets i32 [V]; out i32. Ties: lowest id.
-void argmax_rows(const Tensor& logits, const Tensor* offsets, Tensor& out, int64_t out_stride = 1);
+// EAGLE3 d2t draft->target map), and out2[r] the same when out2 is given. logits f32 [R, V];
+// offsets i32 [V]; out, out2 i32. Ties: lowest id.
+void argmax_rows(const Tensor& logits, const Tensor* offsets, Tensor& out, int64_t out_stride = 1, Tensor* out2 = nullptr);
 // Greedy chain acceptance, n rows per request: verify_ids [B*n] are the verify inputs
 // [last, d1..d_{n-1}], target_ids [B*n] the target's argmax per row. acc[i] = number of leading
 // drafts equal to the target's choice (0..n-1). All i32.

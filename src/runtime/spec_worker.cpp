@@ -447,8 +447,8 @@ void SpecWorker::segment_a(Lane& L, int Bb) {
   for (int s = 1; s <= n - 2; ++s) {
     Tensor lg = draft_->forward(L.dfb[size_t(s - 1)], draft_kv_, h, h);  // [Bb, Vd]
     Tensor col = vids.narrow(0, s + 1, int64_t(Bb - 1) * n + 1);          // d_{s+1} of every request
-    ops::argmax_rows(lg, off, col, n);
-    if (s + 1 <= n - 2) ops::argmax_rows(lg, off, L.dfb[size_t(s)].input_ids, 1);
+    // d_{s+1} goes into the verify inputs and, when another step follows, its inputs.
+    ops::argmax_rows(lg, off, col, n, s + 1 <= n - 2 ? &L.dfb[size_t(s)].input_ids : nullptr);
   }
 }
 

@@ -41,9 +41,12 @@ TEST(SpecOps, ArgmaxAcceptSelectMatchCpu) {
   Tensor out_h = Tensor::zeros({R * n}, DType::i32), out_d = Tensor::zeros({R * n}, DType::i32, Device::cuda);
   Tensor oh = out_h.narrow(0, 1, (R - 1) * n + 1), od = out_d.narrow(0, 1, (R - 1) * n + 1);
   Tensor offs_d = offs.to(Device::cuda);
-  ops::argmax_rows(lg, &offs, oh, n);
-  ops::argmax_rows(lg.to(Device::cuda), &offs_d, od, n);
+  Tensor o2_h = Tensor::zeros({R}, DType::i32), o2_d = Tensor::zeros({R}, DType::i32, Device::cuda);
+  ops::argmax_rows(lg, &offs, oh, n, &o2_h);
+  ops::argmax_rows(lg.to(Device::cuda), &offs_d, od, n, &o2_d);
   EXPECT_EQ(to_vec(out_d), to_vec(out_h));
+  EXPECT_EQ(to_vec(o2_d), to_vec(o2_h));
+  for (int64_t r = 0; r < R; ++r) EXPECT_EQ(o2_h.ptr<int32_t>()[r], out_h.ptr<int32_t>()[1 + r * n]);
   EXPECT_EQ(out_h.ptr<int32_t>()[1 + 3 * n], 7 + 7 % 17);
   // Acceptance: request 0 accepts 0, 1 accepts 2, 2 accepts all 3.
   std::vector<int32_t> v = {5, 1, 2, 3, 5, 1, 2, 3, 5, 1, 2, 3};

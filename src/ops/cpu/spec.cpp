@@ -6,18 +6,21 @@
 
 namespace ts::ops::cpu {
 
-void argmax_rows(const Tensor& logits, const Tensor* offsets, Tensor& out, int64_t out_stride) {
+void argmax_rows(const Tensor& logits, const Tensor* offsets, Tensor& out, int64_t out_stride, Tensor* out2) {
   TS_CHECK(logits.dtype == DType::f32 && out.dtype == DType::i32, "argmax_rows: f32 logits, i32 out");
   const int64_t R = logits.rows(), V = logits.size(-1), ld = R ? logits.row_stride() : 0;
   TS_CHECK(R == 0 || out.numel() >= (R - 1) * out_stride + 1, "argmax_rows: out {} too small for {} rows (stride {})",
            out.shape_str(), R, out_stride);
   TS_CHECK(!offsets || (offsets->dtype == DType::i32 && offsets->numel() == V), "argmax_rows: offsets must be i32 [{}]", V);
+  TS_CHECK(!out2 || (out2->dtype == DType::i32 && out2->numel() >= R), "argmax_rows: out2 must be i32 [>= {}]", R);
   for (int64_t r = 0; r < R; ++r) {
     const float* l = logits.ptr<float>() + r * ld;
     int64_t b = 0;
     for (int64_t v = 1; v < V; ++v)
       if (l[v] > l[b]) b = v;
-    out.ptr<int32_t>()[r * out_stride] = int32_t(b) + (offsets ? offsets->ptr<int32_t>()[b] : 0);
+    const int32_t id = int32_t(b) + (offsets ? offsets->ptr<int32_t>()[b] : 0);
+    out.ptr<int32_t>()[r * out_stride] = id;
+    if (out2) out2->ptr<int32_t>()[r] = id;
   }
 }
 

@@ -33,7 +33,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
 void copy_rows(const Tensor& src, Tensor& dst);  // any dtype, strided rows
 void cast(const Tensor& src, Tensor& dst);       // f32 <-> bf16 (same dtype: copy_rows)
 void gather_rows(const Tensor& x, const Tensor& index, Tensor& out);
-void argmax_rows(const Tensor& logits, const Tensor* offsets, Tensor& out, int64_t out_stride);
+void argmax_rows(const Tensor& logits, const Tensor* offsets, Tensor& out, int64_t out_stride, Tensor* out2);
 void spec_accept(const Tensor& verify_ids, const Tensor& target_ids, int n, Tensor& acc);
 void spec_select(const Tensor& r, const Tensor& next_ids, const Tensor& acc, const Tensor& slots, int n, Tensor& h_pool,
                  Tensor& next_out);

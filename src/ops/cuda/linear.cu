@@ -58,10 +58,14 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
 
 // One warp per output feature n; all M rows of x are read (L1-resident) for each weight vector.
 // Requires K % 8 == 0 and 16-byte aligned rows of x and w.
-template <int M>
+__device__ __forceinline__ void store_out(__nv_bfloat16* p, float v) { *p = __float2bfloat16(v); }
+__device__ __forceinline__ void store_out(float* p, float v) { *p = v; }
+
+// OutT: bf16 activations, or f32 (LM-head logits straight from the fp32 accumulators).
+template <int M, typename OutT>
 __global__ void __launch_bounds__(kGemvWarps * 32)
 gemv_kernel(const __nv_bfloat16* __restrict__ x, int64_t x_ld, const __nv_bfloat16* __restrict__ w,
-            int64_t w_ld, const __nv_bfloat16* __restrict__ bias, __nv_bfloat16* __restrict__ out,
+            int64_t w_ld, const __nv_bfloat16* __restrict__ bias, OutT* __restrict__ out,
             int64_t out_ld, int N, int K) {
   pdl_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -97,28 +101,29 @@ gemv_kernel(const __nv_bfloat16* __restrict__ x, int64_t x_ld, const __nv_bfloat
   if (lane == 0) {
     const float b = bias ? __bfloat162float(bias[n]) : 0.0f;
 #pragma unroll
-    for (int m = 0; m < M; ++m) out[m * out_ld + n] = __float2bfloat16(acc[m] + b);
+    for (int m = 0; m < M; ++m) store_out(out + m * out_ld + n, acc[m] + b);
   }
 }
 
-template <int M>
+template <int M, typename OutT>
 void gemv_launch(const __nv_bfloat16* x, int64_t x_ld, const __nv_bfloat16* w, int64_t w_ld,
-                 const __nv_bfloat16* bias, __nv_bfloat16* out, int64_t out_ld, int N, int K) {
-  launch(gemv_kernel<M>, dim3(unsigned(ceil_div(N, kGemvWarps))), dim3(kGemvWarps * 32), 0, true,
+                 const __nv_bfloat16* bias, OutT* out, int64_t out_ld, int N, int K) {
+  launch(gemv_kernel<M, OutT>, dim3(unsigned(ceil_div(N, kGemvWarps))), dim3(kGemvWarps * 32), 0, true,
          x, x_ld, w, w_ld, bias, out, out_ld, N, K);
 }
 
+template <typename OutT>
 void gemv(int M, const __nv_bfloat16* x, int64_t x_ld, const __nv_bfloat16* w, int64_t w_ld,
-          const __nv_bfloat16* bias, __nv_bfloat16* out, int64_t out_ld, int N, int K) {
+          const __nv_bfloat16* bias, OutT* out, int64_t out_ld, int N, int K) {
   switch (M) {
-    case 1: gemv_launch<1>(x, x_ld, w, w_ld, bias, out, out_ld, N, K); break;
-    case 2: gemv_launch<2>(x, x_ld, w, w_ld, bias, out, out_ld, N, K); break;
-    case 3: gemv_launch<3>(x, x_ld, w, w_ld, bias, out, out_ld, N, K); break;
-    case 4: gemv_launch<4>(x, x_ld, w, w_ld, bias, out, out_ld, N, K); break;
-    case 5: gemv_launch<5>(x, x_ld, w, w_ld, bias, out, out_ld, N, K); break;
-    case 6: gemv_launch<6>(x, x_ld, w, w_ld, bias, out, out_ld, N, K); break;
-    case 7: gemv_launch<7>(x, x_ld, w, w_ld, bias, out, out_ld, N, K); break;
-    case 8: gemv_launch<8>(x, x_ld, w, w_ld, bias, out, out_ld, N, K); break;
+    case 1: gemv_launch<1, OutT>(x, x_ld, w, w_ld, bias, out, out_ld, N, K); break;
+    case 2: gemv_launch<2, OutT>(x, x_ld, w, w_ld, bias, out, out_ld, N, K); break;
+    case 3: gemv_launch<3, OutT>(x, x_ld, w, w_ld, bias, out, out_ld, N, K); break;
+    case 4: gemv_launch<4, OutT>(x, x_ld, w, w_ld, bias, out, out_ld, N, K); break;
+    case 5: gemv_launch<5, OutT>(x, x_ld, w, w_ld, bias, out, out_ld, N, K); break;
+    case 6: gemv_launch<6, OutT>(x, x_ld, w, w_ld, bias, out, out_ld, N, K); break;
+    case 7: gemv_launch<7, OutT>(x, x_ld, w, w_ld, bias, out, out_ld, N, K); break;
+    case 8: gemv_launch<8, OutT>(x, x_ld, w, w_ld, bias, out, out_ld, N, K); break;
     default: fail("gemv: M {} > {}", M, kGemvMaxMSmall);
   }
 }
@@ -275,10 +280,13 @@ void linear(const Tensor& x, const Tensor& w, Tensor& out, const Tensor* bias) {
   const int64_t ldx = x.row_stride(), ldw = w.row_stride(), ldc = out.row_stride();
   const bool small_w = N * K * 2 <= kGemvSmallBytes || g_linear_path == 2;
   const bool gemv_ok = M <= (small_w ? kGemvMaxMSmall : kGemvMaxM) && vec8_ok(x.data, K, ldx) && vec8_ok(w.data, K, ldw);
-  const bool use_gemv = gemv_ok && g_linear_path != 1 && !f32out;
+  const bool use_gemv = gemv_ok && g_linear_path != 1;
   if (use_gemv) {
-    gemv(int(M), x.ptr<__nv_bfloat16>(), ldx, w.ptr<__nv_bfloat16>(), ldw, bp,
-         out.ptr<__nv_bfloat16>(), ldc, int(N), int(K));
+    if (f32out)
+      gemv(int(M), x.ptr<__nv_bfloat16>(), ldx, w.ptr<__nv_bfloat16>(), ldw, bp, out.ptr<float>(), ldc, int(N), int(K));
+    else
+      gemv(int(M), x.ptr<__nv_bfloat16>(), ldx, w.ptr<__nv_bfloat16>(), ldw, bp, out.ptr<__nv_bfloat16>(), ldc, int(N),
+           int(K));
     return;
   }
   lt_matmul(M, N, K, x.data, ldx, w.data, ldw, bp, out.data, ldc, f32out);

@@ -14,7 +14,7 @@ constexpr int kArgThreads = 512;
 // One block per row: max of (monotone float bits, ~id) keys = first (lowest id) maximum.
 __global__ void __launch_bounds__(kArgThreads)
 argmax_kernel(const float* __restrict__ logits, int64_t ld, int V, const int32_t* __restrict__ offsets,
-              int32_t* __restrict__ out, int64_t out_stride) {
+              int32_t* __restrict__ out, int64_t out_stride, int32_t* __restrict__ out2) {
   __shared__ uint64_t warp_best[kArgThreads / 32];
   const int row = blockIdx.x, tid = threadIdx.x;
   const float* l = logits + int64_t(row) * ld;
@@ -34,7 +34,9 @@ argmax_kernel(const float* __restrict__ logits, int64_t ld, int V, const int32_t
   if (tid == 0) {
     for (int w = 1; w < kArgThreads / 32; ++w) best = warp_best[w] > best ? warp_best[w] : best;
     const int32_t id = int32_t(0xffffffffu - uint32_t(best & 0xffffffffu));
-    out[int64_t(row) * out_stride] = id + (offsets ? offsets[id] : 0);
+    const int32_t mapped = id + (offsets ? offsets[id] : 0);
+    out[int64_t(row) * out_stride] = mapped;
+    if (out2) out2[row] = mapped;
   }
 }
 
@@ -66,7 +68,7 @@ __global__ void select_kernel(const char* __restrict__ r, int64_t r_ld, const in
 
 }  // namespace
 
-void argmax_rows(const Tensor& logits, const Tensor* offsets, Tensor& out, int64_t out_stride) {
+void argmax_rows(const Tensor& logits, const Tensor* offsets, Tensor& out, int64_t out_stride, Tensor* out2) {
   check_dev(logits, DType::f32, "argmax_rows logits");
   check_dev(out, DType::i32, "argmax_rows out");
   const int64_t R = logits.rows(), V = logits.size(-1);
@@ -77,8 +79,13 @@ void argmax_rows(const Tensor& logits, const Tensor* offsets, Tensor& out, int64
     check_dev(*offsets, DType::i32, "argmax_rows offsets");
     TS_CHECK(offsets->numel() == V, "argmax_rows: offsets must be [{}]", V);
   }
+  if (out2) {
+    check_dev(*out2, DType::i32, "argmax_rows out2");
+    TS_CHECK(out2->numel() >= R, "argmax_rows: out2 {} too small for {} rows", out2->shape_str(), R);
+  }
   launch(argmax_kernel, dim3(unsigned(R)), dim3(kArgThreads), 0, false, logits.ptr<float>(), logits.row_stride(), int(V),
-         offsets ? offsets->ptr<int32_t>() : static_cast<const int32_t*>(nullptr), out.ptr<int32_t>(), out_stride);
+         offsets ? offsets->ptr<int32_t>() : static_cast<const int32_t*>(nullptr), out.ptr<int32_t>(), out_stride,
+         out2 ? out2->ptr<int32_t>() : static_cast<int32_t*>(nullptr));
 }
 
 void spec_accept(const Tensor& verify_ids, const Tensor& target_ids, int n, Tensor& acc) {
