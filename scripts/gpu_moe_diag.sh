@@ -10,6 +10,12 @@
 #  dense:  Llama-3.1-8B shapes, 8 of 32 layers: b64,b128 at 1k with --profile (the B=128 anomaly:
 #          64 x 128k f32 logits are 32.8 MB, 128 x 128k are 65.7 MB, past glibc's 32 MiB mmap cap)
 #  lab:    lab_moe (the kernel-lab figure the model is compared with)
+#  route2: (not in the default) the follow-up, in ONE log ($OUT/route2.log) and a compact summary
+#          on stdout, under 2 minutes: the CUDA tests of the route / block-select hooks (the block
+#          kernel check on a 200-token prompt), the block-sparse and MLA kernels; route-diff on every
+#          prompt of the three MoE fixtures (per prompt: flips and the logit error free, with the
+#          CPU routing forced, with routing + blocks forced; details of the worst prompt: flips,
+#          score gaps, the sparse kernel check on the model's own inputs, per-layer hidden error)
 # Usage: scripts/gpu_moe_diag.sh [steps] (default tests,route,q30,dense,lab); a step starting after
 # 300 s is skipped and every command is cut at 345 s, so the whole run stays under 6 minutes.
 set -uo pipefail
@@ -46,6 +52,20 @@ if has route && ! late route; then
   done
 fi
 
+if has route2 && ! late route2; then
+  {
+    echo "### test_cuda: route / block-select hooks, block-sparse and MLA kernels"
+    timeout $(tmo 60) $B/test_cuda --gtest_filter='MoeRouteHookCuda*:BlockSelectHookCuda*:CudaBlockSparse*:CudaMla*' 2>&1
+    echo "test_cuda rc=$?"
+    for m in qwen3_moe deepseek_v3 minimax_m3; do
+      echo "### route-diff $m"
+      timeout $(tmo 40) $B/tokenspeed route-diff tests/data/$m --device cuda --prompt all 2>&1
+      echo "route-diff $m rc=$?"
+    done
+  } > "$OUT/route2.log"
+  echo "route2 done ($((SECONDS - T0)) s)"
+fi
+
 if has q30 && ! late q30; then
   timeout $(tmo 150) $B/tokenspeed make-random-model --preset qwen3-30b-a3b --num-layers 8 --out /tmp/q30 > "$OUT/make_q30.log" 2>&1
   echo "make-random-model q30 rc=$? ($((SECONDS - T0)) s)"
@@ -76,6 +96,17 @@ fi
 # --- summary ---------------------------------------------------------------------------------
 {
   echo "===== summary ($((SECONDS - T0)) s) ====="
+  # route2: everything but the per-MoE-layer route table and the kernel-check rows of the forced
+  # runs (their verdict line stays).
+  [ -f "$OUT/route2.log" ] && awk '
+    /^### / {print; skip = 0; next}
+    /^\[  (PASSED|FAILED) |^\[  FAILED  \]|rc=[0-9]|rror/ {print; next}
+    /^layer  tokens/ {skip = 1; next}
+    skip && /^[0-9]+ / {next}
+    {skip = 0}
+    /^[0-9]+ +(routes|both) / {next}
+    /^\[|^Note:|^Running main/ {next}
+    {print}' "$OUT/route2.log"
   [ -f "$OUT/test_cuda_diag.log" ] && grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$OUT/test_cuda_diag.log"
   for m in qwen3_moe deepseek_v3 minimax_m3; do
     f="$OUT/route_diff_$m.log"

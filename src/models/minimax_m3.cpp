@@ -7,6 +7,7 @@
 // Gemma-style (scale 1 + w); the weights are stored as 1 + w at load.
 #include <cmath>
 
+#include "models/block_select.h"
 #include "models/moe.h"
 #include "models/rope.h"
 #include "ops/graph_hooks.h"
@@ -242,8 +243,16 @@ class MiniMaxM3 final : public Model {
     ops::cache_write(ik3, idx_cache, b.slot_mapping);
     Tensor sel = ws_.alloc({T, Hi, int64_t(p_.indexer.top_k)}, DType::i32);  // per indexer head
     ops::block_indexer(iq3, idx_cache, b.attn, p_.indexer, sel);
+    BlockSelectHook* hook = block_select_hook();
+    const int hook_layer = hook ? hook->calls++ : -1;
+    if (hook) {
+      TS_CHECK(!ops::graph_hooks(), "block select hook: eager forwards only (a CUDA graph cannot replay its copies)");
+      hook->on_select(hook_layer, iq3, ik3, b.positions, p_.indexer, sel);
+    }
     Tensor attn = ws_.alloc({T, nh, hd}, dtype_);
     ops::block_sparse_attention(q, kc, vc, b.attn, shape_.scale, sel, p_.indexer.block_size, attn);
+    if (hook)
+      hook->on_attention(hook_layer, {&iq3, &idx_cache, &q, &kc, &vc, &b.attn, &p_.indexer, shape_.scale, &sel, &attn});
     ops::linear(attn.view({T, qw}), L.attn.o, out);
   }
 

@@ -1,13 +1,16 @@
 // Diagnostics on the GPU: the op profiler times each dispatched op once (nested kernels
 // included, labels per op / linear weight shape); ModelRunner's host logits come through one
 // reused pinned buffer and equal the device logits; the MoE route hook forces the routing on the
-// device too (recorded routes reproduce the logits bit for bit).
+// device too (recorded routes reproduce the logits bit for bit); so does MiniMax-M3's
+// block-selection hook, whose kernel check finds the device's indexer and sparse attention equal
+// to the CPU ops on the device's own inputs (picks identical, outputs within bf16 rounding).
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <numeric>
 
 #include "core/device_memory.h"
+#include "models/block_select.h"
 #include "models/model.h"
 #include "models/moe.h"
 #include "ops/cuda/op_profiler.h"
@@ -84,6 +87,36 @@ TEST(MoeRouteHookCuda, ForcingRecordedRoutesReproducesLogits) {
   Tensor a = run(&rec);
   ASSERT_FALSE(rec.seen.empty());
   models::RouteTape force;
+  force.forced = rec.seen;
+  Tensor b = run(&force);
+  EXPECT_EQ(0, std::memcmp(a.data, b.data, a.nbytes()));
+}
+
+TEST(BlockSelectHookCuda, ForcingRecordedBlocksReproducesLogitsAndKernelsMatchCpu) {
+  TS_REQUIRE_CUDA();
+  auto m = load("/tests/data/minimax_m3");
+  // 200 tokens: past index_topk_blocks * index_block_size (64), so most queries drop blocks.
+  std::vector<int32_t> p(200);
+  for (size_t i = 0; i < p.size(); ++i) p[i] = int32_t((131 + i * 37) % 1000 + 5);
+  auto run = [&](models::BlockTape* tape) {
+    std::vector<int32_t> table(p.size() / 16 + 2);
+    std::iota(table.begin(), table.end(), 0);
+    ModelRunner r(m, int64_t(table.size()), 16);
+    models::ScopedBlockSelectHook on(tape);
+    if (tape) tape->start();
+    return r.run({SeqChunk{p.data(), int(p.size()), 0, &table, SeqChunk::Logits::all}}).to_f32();
+  };
+  models::BlockTape rec;
+  rec.check = true;
+  Tensor a = run(&rec);
+  ASSERT_EQ(rec.seen.size(), 2u);
+  ASSERT_EQ(rec.checks.size(), 2u);
+  for (size_t l = 0; l < rec.checks.size(); ++l) {
+    const auto& c = rec.checks[l];
+    EXPECT_EQ(c.sel_differ, 0) << "sparse layer " << l << ": the indexer's picks differ from the CPU's on the same inputs";
+    EXPECT_LE(c.out_diff, 0.02 * c.out_max) << "sparse layer " << l << ": attention differs from the CPU's on the same inputs";
+  }
+  models::BlockTape force;
   force.forced = rec.seen;
   Tensor b = run(&force);
   EXPECT_EQ(0, std::memcmp(a.data, b.data, a.nbytes()));

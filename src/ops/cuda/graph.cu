@@ -37,6 +37,9 @@ void Graph::end_capture() {
     cudaGraphDestroy(g);
     fail("CUDA graph instantiation failed: {}", cudaGetErrorString(e));
   }
+  // Upload the executable now: otherwise its first launch pays it (about a millisecond for a
+  // model-sized graph), inside whatever step first uses the bucket.
+  TS_CUDA_CHECK(cudaGraphUpload(x, stream()));
   graph_ = g;
   exec_ = x;
 }

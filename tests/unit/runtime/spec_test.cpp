@@ -169,6 +169,21 @@ TEST(SpecSampling, SeededSamplingIsReproducibleInABatch) {
   }
 }
 
+// Each request's draft state lives in a pool row that must come back when the request ends:
+// far more requests than the pool has rows (2 * max_num_seqs + 16) run one after another.
+TEST(SpecLossless, DraftStateRowsAreReturned) {
+  EngineOptions o = spec_engine(demo_draft());
+  o.max_num_seqs = 2;
+  Engine spec(o);
+  spec.start();
+  auto prompts = code_prompts(spec, 2);
+  for (int i = 0; i < 30; ++i) {
+    Result r = collect(spec.submit(greedy(prompts[size_t(i % 2)], 3)));
+    ASSERT_TRUE(r.error.empty()) << "request " << i << ": " << r.error;
+    ASSERT_EQ(r.completion_tokens, 3);
+  }
+}
+
 TEST(SpecStops, StopInsideAcceptedRun) {
   auto t = spec_golden()["traces"][0];
   auto prompt = t["prompt"].get<std::vector<int32_t>>();
