@@ -369,12 +369,19 @@ double SpecWorker::mixed_step(const std::vector<ScheduledChunk>& chunks, const P
 
 double SpecWorker::step(const std::vector<ScheduledChunk>& chunks, const PushFn& push, const EmitFn& emit) {
   std::vector<Request*> decodes;
-  for (auto& c : chunks)
+  std::vector<ScheduledChunk> rest;  // prefill chunks (and decodes without a draft input yet)
+  for (auto& c : chunks) {
     if (c.req->is<state::Decoding>() && c.req->spec_next >= 0) decodes.push_back(c.req);
+    else rest.push_back(c);
+  }
   // The fixed-shape path drives the target model directly (rank 0 only): tensor-parallel
   // targets keep the mixed path, which runs every rank through the ModelRunner.
-  if (!decodes.empty() && decodes.size() == chunks.size() && target_.tp_size() == 1) return decode_step(decodes, push, emit);
-  return mixed_step(chunks, push, emit);
+  if (decodes.empty() || target_.tp_size() != 1) return mixed_step(chunks, push, emit);
+  // Decodes take the fixed-shape (graph) step; prefill chunks scheduled with them run after it
+  // as their own step, so a busy server's decodes are not dragged onto the eager mixed path.
+  double t = decode_step(decodes, push, emit);
+  if (!rest.empty()) t += mixed_step(rest, push, emit);
+  return t;
 }
 
 // Uploads one step's inputs into lane L. Graph lanes (bucket > 0) pad to the bucket with
