@@ -161,6 +161,9 @@ void ModelRunner::enable_graphs_local(const GraphOptions& o) {
 bool ModelRunner::run_sampled(const std::vector<SeqChunk>& chunks, const std::vector<ops::SamplingRow>& rows,
                               std::vector<int32_t>& ids) {
   build_s_ = 0;
+  // Under tensor parallelism every rank must replay its graph (the collectives inside wait for
+  // all of them): such steps go through run(), which drives every rank, and sample after it.
+  if (tp_) return false;
   return graphs_ && graphs_->try_run_sampled(chunks, rows, batch_, ids);
 }
 
