@@ -3,6 +3,7 @@
 #pragma once
 #include "core/workspace.h"
 #include "models/model.h"
+#include "ops/graph_hooks.h"
 #include "ops/ops.h"
 #include "parallel/comm.h"
 
@@ -53,5 +54,40 @@ Tensor lm_head_logits(ForwardBatch& batch, const Tensor& x, const Tensor& norm_w
 // [N, vocab] logits (on every rank).
 Tensor lm_head_logits_tp(ForwardBatch& batch, const Tensor& x, const Tensor& norm_w, float eps, const Tensor& head_shard,
                          int64_t vocab, parallel::Comm& comm, Workspace& ws);
+
+// The single-GPU decoder stack every model file runs (pre-norm residual layers):
+//   residual = embed(ids); per layer l: h = input_norm(residual) (layer_input: EAGLE3 capture),
+//   attn(l, h, x) writes the attention output [T, H] into x, then residual += x and
+//   x = post_norm(residual), mlp(l, x, y) writes the MLP/MoE output [T, H] into y;
+//   finally residual += last output and the LM head. norms(l) returns {input_norm, post_norm}.
+// `m` supplies the EAGLE3 capture slots.
+struct DecoderDims {
+  int64_t layers = 0, hidden = 0;
+  float eps = 1e-6f;
+  DType dtype = DType::f32;
+};
+template <class Norms, class Attn, class Mlp>
+Tensor decoder_forward(const Model& m, ForwardBatch& b, Workspace& ws, const DecoderDims& d, const Tensor& embed,
+                       const Tensor& final_norm, const Tensor& head, Norms norms, Attn attn, Mlp mlp) {
+  ws.reset();
+  const int64_t T = b.num_tokens;
+  Tensor residual = ws.alloc({T, d.hidden}, d.dtype);
+  Tensor x = ws.alloc({T, d.hidden}, d.dtype);  // sub-layer output, then its normed sum
+  Tensor h = ws.alloc({T, d.hidden}, d.dtype);
+  Tensor y = ws.alloc({T, d.hidden}, d.dtype);  // ping-pong with x across layers
+  ops::embedding(b.input_ids, embed, residual);
+  ops::graph_segment_begin();  // the embedding stays outside the captured region
+  for (int64_t l = 0; l < d.layers; ++l) {
+    auto [input_norm, post_norm] = norms(l);
+    layer_input(b, l, residual, x, h, input_norm, d.eps, m.capture_slot(int(l)));
+    attn(l, h, x);
+    ops::fused_add_rmsnorm(x, residual, post_norm, d.eps);
+    mlp(l, x, y);
+    std::swap(x, y);
+  }
+  ops::add_inplace(residual, x);  // the final residual stream
+  capture_aux(b, residual, m.capture_slot(int(d.layers)));
+  return lm_head_logits(b, residual, final_norm, d.eps, head, ws);
+}
 
 }  // namespace ts::models

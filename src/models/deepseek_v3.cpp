@@ -164,26 +164,15 @@ class DeepseekV3 final : public Model {
 
   // --- forward ------------------------------------------------------------------------------
   Tensor forward(ForwardBatch& b, KvPool& kv) override {
-    ws_.reset();
-    const int64_t T = b.num_tokens, H = p_.hidden;
-    Tensor residual = ws_.alloc({T, H}, dtype_);
-    Tensor x = ws_.alloc({T, H}, dtype_);
-    Tensor h = ws_.alloc({T, H}, dtype_);
-    Tensor y = ws_.alloc({T, H}, dtype_);  // ping-pong with x across layers
-    ops::embedding(b.input_ids, embed_, residual);
-    ops::graph_segment_begin();  // the embedding stays outside the captured region
-    for (int64_t l = 0; l < p_.layers; ++l) {
-      DeepseekLayer& L = layers_[size_t(l)];
-      layer_input(b, l, residual, x, h, L.input_norm, p_.eps, capture_slot(int(l)));
-      mla_block(h, L.attn, b, kv.k[size_t(l)], x);
-      ops::fused_add_rmsnorm(x, residual, L.post_norm, p_.eps);
-      if (L.sparse) moe_block(x, L.moe, moe_shape_, ws_, y);
-      else mlp_block(x, L.mlp, ws_, y);
-      std::swap(x, y);
-    }
-    ops::add_inplace(residual, x);
-    capture_aux(b, residual, capture_slot(int(p_.layers)));
-    return lm_head_logits(b, residual, norm_, p_.eps, head_, ws_);
+    return decoder_forward(
+        *this, b, ws_, {p_.layers, p_.hidden, p_.eps, dtype_}, embed_, norm_, head_,
+        [&](int64_t l) { return std::pair<const Tensor&, const Tensor&>(layers_[size_t(l)].input_norm, layers_[size_t(l)].post_norm); },
+        [&](int64_t l, Tensor& h, Tensor& x) { mla_block(h, layers_[size_t(l)].attn, b, kv.k[size_t(l)], x); },
+        [&](int64_t l, Tensor& x, Tensor& y) {
+          DeepseekLayer& L = layers_[size_t(l)];
+          if (L.sparse) moe_block(x, L.moe, moe_shape_, ws_, y);
+          else mlp_block(x, L.mlp, ws_, y);
+        });
   }
 
  private:

@@ -188,27 +188,18 @@ class MiniMaxM3 final : public Model {
 
   // --- forward ------------------------------------------------------------------------------
   Tensor forward(ForwardBatch& b, KvPool& kv) override {
-    ws_.reset();
-    const int64_t T = b.num_tokens, H = p_.hidden;
-    Tensor residual = ws_.alloc({T, H}, dtype_);
-    Tensor x = ws_.alloc({T, H}, dtype_);
-    Tensor h = ws_.alloc({T, H}, dtype_);
-    Tensor y = ws_.alloc({T, H}, dtype_);  // ping-pong with x across layers
-    ops::embedding(b.input_ids, embed_, residual);
-    ops::graph_segment_begin();  // the embedding stays outside the captured region
-    for (int64_t l = 0; l < p_.layers; ++l) {
-      MiniMaxM3Layer& L = layers_[size_t(l)];
-      layer_input(b, l, residual, x, h, L.input_norm, p_.eps, capture_slot(int(l)));
-      if (p_.sparse_attn[size_t(l)]) sparse_attention_block(h, L, b, kv.k[size_t(l)], kv.v[size_t(l)], kv.aux[size_t(l)], x);
-      else attention_block(h, L.attn, shape_, rope_, b, kv.k[size_t(l)], kv.v[size_t(l)], ws_, x);
-      ops::fused_add_rmsnorm(x, residual, L.post_norm, p_.eps);
-      if (p_.sparse_mlp[size_t(l)]) moe_block(x, L.moe, moe_shape_, ws_, y);
-      else glu_mlp_block(x, L.mlp, p_.act, ws_, y);
-      std::swap(x, y);
-    }
-    ops::add_inplace(residual, x);
-    capture_aux(b, residual, capture_slot(int(p_.layers)));
-    return lm_head_logits(b, residual, norm_, p_.eps, head_, ws_);
+    return decoder_forward(
+        *this, b, ws_, {p_.layers, p_.hidden, p_.eps, dtype_}, embed_, norm_, head_,
+        [&](int64_t l) { return std::pair<const Tensor&, const Tensor&>(layers_[size_t(l)].input_norm, layers_[size_t(l)].post_norm); },
+        [&](int64_t l, Tensor& h, Tensor& x) {
+          MiniMaxM3Layer& L = layers_[size_t(l)];
+          if (p_.sparse_attn[size_t(l)]) sparse_attention_block(h, L, b, kv.k[size_t(l)], kv.v[size_t(l)], kv.aux[size_t(l)], x);
+          else attention_block(h, L.attn, shape_, rope_, b, kv.k[size_t(l)], kv.v[size_t(l)], ws_, x);
+        },
+        [&](int64_t l, Tensor& x, Tensor& y) {
+          if (p_.sparse_mlp[size_t(l)]) moe_block(x, layers_[size_t(l)].moe, moe_shape_, ws_, y);
+          else glu_mlp_block(x, layers_[size_t(l)].mlp, p_.act, ws_, y);
+        });
   }
 
  private:

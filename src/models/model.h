@@ -61,6 +61,12 @@ struct EmbedLayout {
 
 class Model {
  public:
+  // Column block of aux_hidden that receives the input of `layer`, or -1 if not captured.
+  int capture_slot(int layer) const {
+    for (size_t i = 0; i < capture_layers_.size(); ++i)
+      if (capture_layers_[i] == layer) return int(i);
+    return -1;
+  }
   virtual ~Model() = default;
   virtual const io::ModelConfig& config() const = 0;
   virtual KvSpec kv_spec() const = 0;
@@ -87,12 +93,6 @@ class Model {
   // should skip the all-reduce, overrides it.
   virtual int resolve_embed(const parallel::Mapping& m, bool force_replicate) const {
     return force_replicate ? 1 : m.tp_size;
-  }
-  // Column block of aux_hidden that receives the input of `layer`, or -1 if not captured.
-  int capture_slot(int layer) const {
-    for (size_t i = 0; i < capture_layers_.size(); ++i)
-      if (capture_layers_[i] == layer) return int(i);
-    return -1;
   }
   std::vector<int> capture_layers_;
   parallel::Mapping mapping_;
