@@ -169,6 +169,27 @@ TEST(SpecSampling, SeededSamplingIsReproducibleInABatch) {
   }
 }
 
+// A small token budget staggers the prefills: steps then hold decodes (fixed-shape step) and
+// prefill chunks (mixed step after it) together. Output still equals plain greedy.
+TEST(SpecLossless, DecodesAndPrefillChunksInOneStep) {
+  EngineOptions o = spec_engine(demo_draft());
+  o.chunked_prefill_size = 12;
+  Engine spec(o);
+  spec.start();
+  Engine plain(small_engine());
+  plain.start();
+  auto prompts = code_prompts(plain, 4);
+  prompts.push_back({prompts[0][0]});  // a 1-token prompt
+  std::vector<std::shared_ptr<Stream>> batch;
+  for (auto& p : prompts) batch.push_back(spec.submit(greedy(p, 16)));
+  for (size_t i = 0; i < prompts.size(); ++i)
+    EXPECT_EQ(collect(batch[i]).tokens, collect(plain.submit(greedy(prompts[i], 16))).tokens) << "prompt " << i;
+  // max_tokens 1: the prefill's sample is the whole answer.
+  Result one = collect(spec.submit(greedy(prompts[1], 1)));
+  EXPECT_EQ(one.completion_tokens, 1);
+  EXPECT_EQ(one.tokens, collect(plain.submit(greedy(prompts[1], 1))).tokens);
+}
+
 // Each request's draft state lives in a pool row that must come back when the request ends:
 // far more requests than the pool has rows (2 * max_num_seqs + 16) run one after another.
 TEST(SpecLossless, DraftStateRowsAreReturned) {
