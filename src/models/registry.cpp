@@ -10,6 +10,7 @@ std::unique_ptr<Model> make_llama(const io::ModelConfig&, const LoadOptions&);
 std::unique_ptr<Model> make_qwen3_moe(const io::ModelConfig&, const LoadOptions&);
 std::unique_ptr<Model> make_deepseek_v3(const io::ModelConfig&, const LoadOptions&);
 std::unique_ptr<Model> make_minimax_m3(const io::ModelConfig&, const LoadOptions&);
+std::unique_ptr<Model> make_qwen3_5(const io::ModelConfig&, const LoadOptions&);
 
 static const std::map<std::string, ModelFactory>& factories() {
   static const std::map<std::string, ModelFactory> f = {
@@ -20,6 +21,7 @@ static const std::map<std::string, ModelFactory>& factories() {
       {"Qwen3MoeForCausalLM", make_qwen3_moe},
       {"DeepseekV3ForCausalLM", make_deepseek_v3},
       {"MiniMaxM3VLForCausalLM", make_minimax_m3},
+      {"Qwen3_5ForCausalLM", make_qwen3_5},
   };
   return f;
 }

@@ -99,6 +99,11 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   } else {
     model = models::create_model(cfg, lo);
   }
+  const bool hybrid = model->state_spec().any();
+  TS_CHECK(!hybrid || o.speculative_algorithm.empty(),
+           "{}: --speculative-algorithm {} is not supported for models with recurrent (linear-attention) layers: "
+           "rejected drafts would need the recurrent state rolled back",
+           cfg.architecture, o.speculative_algorithm);
   // KV pool: explicit token count, else a share of memory.
   size_t per_token = ModelRunner::kv_bytes_per_token(*model);
   int64_t tokens = o.max_total_tokens;
@@ -123,8 +128,20 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   int64_t blocks = std::max<int64_t>(tokens / bs, 1);
   // Under TP every GPU holds its shard of the weights and of the KV heads; the pool size in
   // tokens comes from GPU 0 (the shards are the same size) and is the same on every GPU.
-  runner = o.tp_size > 1 ? make_tp_runner(tpm, blocks, bs) : std::make_unique<ModelRunner>(model, blocks, bs);
-  kv = std::make_unique<KvCache>(blocks, bs, !o.disable_prefix_cache);
+  runner = o.tp_size > 1 ? make_tp_runner(tpm, blocks, bs)
+                         : std::make_unique<ModelRunner>(model, blocks, bs, std::max(o.max_num_seqs, 1));
+  // Cached KV blocks cannot restore a recurrent layer's state at the end of the prefix.
+  bool prefix_cache = !o.disable_prefix_cache;
+  if (hybrid && prefix_cache) {
+    prefix_cache = false;
+    spdlog::info("prefix cache off: {} has recurrent (linear-attention) layers whose state cannot be restored from "
+                 "cached blocks",
+                 cfg.architecture);
+  }
+  if (hybrid)
+    spdlog::info("recurrent state: {} slots, {:.1f} MiB", runner->state_pool().size(),
+                 double(runner->state_bytes()) / (1 << 20));
+  kv = std::make_unique<KvCache>(blocks, bs, prefix_cache);
   SchedulerOptions so;
   so.token_budget = std::max(o.chunked_prefill_size, 1);
   so.max_num_seqs = std::max(o.max_num_seqs, 1);
@@ -288,8 +305,9 @@ void EngineImpl::step() {
     for (auto& c : chunks_) {
       Request& r = *c.req;
       bool last = r.num_computed + c.num_tokens == int(r.tokens.size());
+      if (runner->has_state() && !r.state_slot) r.state_slot = runner->take_state_slot();
       seq_chunks_.push_back({r.tokens.data() + r.num_computed, c.num_tokens, r.num_computed, &r.block_table,
-                             last ? SeqChunk::Logits::last : SeqChunk::Logits::none});
+                             last ? SeqChunk::Logits::last : SeqChunk::Logits::none, r.state_slot ? *r.state_slot : -1});
       if (last) sample_reqs_.push_back(&r);
     }
     // Penalties and logprobs work on host logits; otherwise sampling runs where the logits are.
