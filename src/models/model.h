@@ -130,5 +130,8 @@ using ModelFactory = std::function<std::unique_ptr<Model>(const io::ModelConfig&
 std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opts);
 std::unique_ptr<Model> create_model(const io::ModelConfig& cfg, const LoadOptions& opts);
 std::vector<std::string> supported_architectures();
+// Whether the config describes a hybrid model with recurrent (linear-attention) layers
+// (layer_types lists "linear_attention"), known before any weight is loaded.
+bool has_recurrent_layers(const io::ModelConfig& cfg);
 
 }  // namespace ts::models

@@ -48,6 +48,13 @@ std::unique_ptr<Model> create_model(const io::ModelConfig& cfg, const LoadOption
   return it->second(cfg, opts);
 }
 
+bool has_recurrent_layers(const io::ModelConfig& cfg) {
+  if (!cfg.has("layer_types") || !cfg.raw["layer_types"].is_array()) return false;
+  for (auto& t : cfg.raw["layer_types"])
+    if (t.is_string() && t.get<std::string>() == "linear_attention") return true;
+  return false;
+}
+
 std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opts) {
   return create_model(io::load_config(dir), opts);
 }

@@ -87,6 +87,10 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   tokenizer = tok::Tokenizer::from_dir(o.model_dir);
   models::LoadOptions lo;
   lo.device = device;
+  TS_CHECK(!models::has_recurrent_layers(cfg) || o.speculative_algorithm.empty(),
+           "{}: --speculative-algorithm {} is not supported for models with recurrent (linear-attention) layers: "
+           "rejected drafts would need the recurrent state rolled back",
+           cfg.architecture, o.speculative_algorithm);
   if (!o.speculative_algorithm.empty()) lo.capture_layers = SpecWorker::capture_layers_for(o, cfg);
   lo.replicate_embedding = o.replicate_embedding;
   TS_CHECK(o.tp_size >= 1, "--tp-size must be at least 1 (got {})", o.tp_size);
@@ -100,10 +104,6 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
     model = models::create_model(cfg, lo);
   }
   const bool hybrid = model->state_spec().any();
-  TS_CHECK(!hybrid || o.speculative_algorithm.empty(),
-           "{}: --speculative-algorithm {} is not supported for models with recurrent (linear-attention) layers: "
-           "rejected drafts would need the recurrent state rolled back",
-           cfg.architecture, o.speculative_algorithm);
   // KV pool: explicit token count, else a share of memory.
   size_t per_token = ModelRunner::kv_bytes_per_token(*model);
   int64_t tokens = o.max_total_tokens;
