@@ -85,6 +85,11 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   TS_CHECK(device == Device::cpu || cuda_available(), "--device cuda: no CUDA device available");
   io::ModelConfig cfg = io::load_config(o.model_dir);  // first: names a missing/bad model dir
   tokenizer = tok::Tokenizer::from_dir(o.model_dir);
+  if (o.device == "auto" && device == Device::cuda && models::has_recurrent_layers(cfg)) {
+    // Hybrid models have no CUDA path yet; an explicit --device cuda is a startup error.
+    spdlog::warn("{}: recurrent (linear-attention) layers run on the CPU only: --device auto picks cpu", cfg.architecture);
+    device = Device::cpu;
+  }
   models::LoadOptions lo;
   lo.device = device;
   TS_CHECK(!models::has_recurrent_layers(cfg) || o.speculative_algorithm.empty(),
@@ -128,8 +133,18 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   int64_t blocks = std::max<int64_t>(tokens / bs, 1);
   // Under TP every GPU holds its shard of the weights and of the KV heads; the pool size in
   // tokens comes from GPU 0 (the shards are the same size) and is the same on every GPU.
-  runner = o.tp_size > 1 ? make_tp_runner(tpm, blocks, bs)
-                         : std::make_unique<ModelRunner>(model, blocks, bs, std::max(o.max_num_seqs, 1));
+  // Hybrid models: one recurrent-state row per running request. Rows of a large model are big
+  // (tens to hundreds of MiB), so the rows, and with them --max-num-seqs, are capped at 4 GiB.
+  int max_seqs = std::max(o.max_num_seqs, 1);
+  if (hybrid) {
+    const size_t per_slot = model->state_spec().bytes_per_slot(model->dtype()), cap = 4ull << 30;
+    if (per_slot * size_t(max_seqs) > cap) {
+      max_seqs = int(std::max<size_t>(1, cap / per_slot));
+      spdlog::warn("recurrent state takes {:.1f} MiB per request: --max-num-seqs lowered from {} to {}",
+                   double(per_slot) / (1 << 20), o.max_num_seqs, max_seqs);
+    }
+  }
+  runner = o.tp_size > 1 ? make_tp_runner(tpm, blocks, bs) : std::make_unique<ModelRunner>(model, blocks, bs, max_seqs);
   // Cached KV blocks cannot restore a recurrent layer's state at the end of the prefix.
   bool prefix_cache = !o.disable_prefix_cache;
   if (hybrid && prefix_cache) {
@@ -144,7 +159,7 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   kv = std::make_unique<KvCache>(blocks, bs, prefix_cache);
   SchedulerOptions so;
   so.token_budget = std::max(o.chunked_prefill_size, 1);
-  so.max_num_seqs = std::max(o.max_num_seqs, 1);
+  so.max_num_seqs = max_seqs;
   if (!o.speculative_algorithm.empty()) {
     spec = std::make_unique<SpecWorker>(o, *runner, *kv);
     so.decode_tokens = spec->num_draft_tokens();
