@@ -49,7 +49,10 @@ int cmd_verify_golden(int argc, char** argv) {
     auto want = g.greedy(i);
     std::vector<int32_t> table;
     for (int64_t b = 0; b < blocks; ++b) table.push_back(int32_t(b));
-    SeqChunk c{prompt.data(), int(prompt.size()), 0, &table, SeqChunk::Logits::all};
+    // Hybrid models: one recurrent-state row per prompt (reset by the model at position 0).
+    std::shared_ptr<const int> state = runner.has_state() ? runner.take_state_slot() : nullptr;
+    const int slot = state ? *state : -1;
+    SeqChunk c{prompt.data(), int(prompt.size()), 0, &table, SeqChunk::Logits::all, slot};
     Tensor logits = runner.run({c}).to_f32();  // own copy: the runner reuses its buffers
     double diff = cli::max_logit_diff(logits, g.logits(i), g.logit_rows(i));
     // Greedy continuation through the incremental cache. On the CPU (fp32) it runs free and
@@ -72,7 +75,7 @@ int cmd_verify_golden(int argc, char** argv) {
       if (k + 1 == want.size()) break;
       int32_t next = exact ? a : want[k];
       int pos = int(prompt.size() + k);
-      SeqChunk d{&next, 1, pos, &table, SeqChunk::Logits::last};
+      SeqChunk d{&next, 1, pos, &table, SeqChunk::Logits::last, slot};
       step_logits = runner.run({d}).to_f32();
     }
     bool tok_ok = got == want, diff_ok = diff <= atol;

@@ -18,7 +18,7 @@ void attention_block(const Tensor& h, const AttentionWeights& w, const Attention
                      ForwardBatch& batch, Tensor& kv_k, Tensor& kv_v, Workspace& ws, Tensor& out) {
   WorkspaceScope scope(ws);
   int64_t t_n = h.rows(), qw = s.num_heads * s.head_dim, kw = s.num_kv_heads * s.head_dim;
-  Tensor qkv = ws.alloc({t_n, qw + 2 * kw}, h.dtype);
+  Tensor qkv = ws.alloc({t_n, qw + 2 * kw + (w.output_gate ? qw : 0)}, h.dtype);
   ops::linear(h, w.qkv, qkv, w.qkv_bias.data ? &w.qkv_bias : nullptr);
   Tensor q = as_heads(qkv.narrow(1, 0, qw), s.num_heads, s.head_dim);
   Tensor k = as_heads(qkv.narrow(1, qw, kw), s.num_kv_heads, s.head_dim);
@@ -28,7 +28,9 @@ void attention_block(const Tensor& h, const AttentionWeights& w, const Attention
   ops::kv_write(k, v, kv_k, kv_v, batch.slot_mapping);
   Tensor attn = ws.alloc({t_n, s.num_heads, s.head_dim}, h.dtype);
   ops::paged_attention(q, kv_k, kv_v, batch.attn, s.scale, attn);
-  ops::linear(attn.view({t_n, qw}), w.o, out);
+  Tensor flat = attn.view({t_n, qw});
+  if (w.output_gate) ops::sigmoid_gate(flat, qkv.narrow(1, qw + 2 * kw, qw));
+  ops::linear(flat, w.o, out);
 }
 
 void mlp_block(const Tensor& h, const MlpWeights& w, Workspace& ws, Tensor& out) {

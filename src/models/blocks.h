@@ -17,6 +17,9 @@ struct AttentionWeights {
   Tensor qkv_bias;  // optional [(nh + 2 nkv) * hd]
   Tensor o;         // [H, nh * hd]
   Tensor q_norm, k_norm;  // optional per-head norms [hd] (Qwen3)
+  // Qwen3.5: qkv also emits an output gate (nh * hd rows after v); attention output is
+  // multiplied by sigmoid(gate) before o.
+  bool output_gate = false;
 };
 
 struct AttentionShape {

@@ -41,6 +41,29 @@ struct AuxKvSpec {
   }
 };
 
+// Per-sequence recurrent state of hybrid models' linear-attention layers (Gated DeltaNet), kept
+// in state slots (rows indexed by ForwardBatch::state_slots), not in paged blocks: on each
+// flagged layer a conv window [conv_len, conv_dim] (the last kernel - 1 inputs of the short
+// conv) and a recurrent matrix per head [heads, k_dim, v_dim] (always f32).
+struct StateSpec {
+  std::vector<uint8_t> layers;  // per layer: has state (1) or not (0)
+  int conv_dim = 0, conv_len = 0;
+  int heads = 0, k_dim = 0, v_dim = 0;
+  bool any() const {
+    for (auto v : layers)
+      if (v) return true;
+    return false;
+  }
+  bool on(int layer) const { return size_t(layer) < layers.size() && layers[size_t(layer)]; }
+  size_t bytes_per_slot(DType conv_dt) const {
+    size_t n = 0;
+    for (size_t l = 0; l < layers.size(); ++l)
+      if (layers[l])
+        n += size_t(conv_len) * conv_dim * dtype_size(conv_dt) + size_t(heads) * k_dim * v_dim * sizeof(float);
+    return n;
+  }
+};
+
 struct LoadOptions {
   Device device = Device::cpu;
   std::vector<int> capture_layers;  // EAGLE3: layers whose input residual is captured
@@ -71,6 +94,9 @@ class Model {
   virtual const io::ModelConfig& config() const = 0;
   virtual KvSpec kv_spec() const = 0;
   virtual AuxKvSpec aux_kv_spec() const { return {}; }
+  // Recurrent layers (hybrid models): their state cannot be rebuilt from cached KV blocks, so
+  // the engine turns prefix reuse off for such models.
+  virtual StateSpec state_spec() const { return {}; }
   // Runs one batch and returns logits [num_logits, vocab] (f32, on the model's device) for
   // the rows in batch.logits_index. Writes the batch's K/V into `kv` at batch.slot_mapping.
   virtual Tensor forward(ForwardBatch& batch, KvPool& kv) = 0;
@@ -104,5 +130,8 @@ using ModelFactory = std::function<std::unique_ptr<Model>(const io::ModelConfig&
 std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opts);
 std::unique_ptr<Model> create_model(const io::ModelConfig& cfg, const LoadOptions& opts);
 std::vector<std::string> supported_architectures();
+// Whether the config describes a hybrid model with recurrent (linear-attention) layers
+// (layer_types lists "linear_attention"), known before any weight is loaded.
+bool has_recurrent_layers(const io::ModelConfig& cfg);
 
 }  // namespace ts::models

@@ -10,6 +10,7 @@ std::unique_ptr<Model> make_llama(const io::ModelConfig&, const LoadOptions&);
 std::unique_ptr<Model> make_qwen3_moe(const io::ModelConfig&, const LoadOptions&);
 std::unique_ptr<Model> make_deepseek_v3(const io::ModelConfig&, const LoadOptions&);
 std::unique_ptr<Model> make_minimax_m3(const io::ModelConfig&, const LoadOptions&);
+std::unique_ptr<Model> make_qwen3_5(const io::ModelConfig&, const LoadOptions&);
 
 static const std::map<std::string, ModelFactory>& factories() {
   static const std::map<std::string, ModelFactory> f = {
@@ -20,6 +21,7 @@ static const std::map<std::string, ModelFactory>& factories() {
       {"Qwen3MoeForCausalLM", make_qwen3_moe},
       {"DeepseekV3ForCausalLM", make_deepseek_v3},
       {"MiniMaxM3VLForCausalLM", make_minimax_m3},
+      {"Qwen3_5ForCausalLM", make_qwen3_5},
   };
   return f;
 }
@@ -44,6 +46,13 @@ std::unique_ptr<Model> create_model(const io::ModelConfig& cfg, const LoadOption
            cfg.path, opts.mapping.tp_size, cfg.architecture);
   TS_CHECK(opts.mapping.tp_size == 1 || opts.comm, "{}: --tp-size {} needs a communicator", cfg.path, opts.mapping.tp_size);
   return it->second(cfg, opts);
+}
+
+bool has_recurrent_layers(const io::ModelConfig& cfg) {
+  if (!cfg.has("layer_types") || !cfg.raw["layer_types"].is_array()) return false;
+  for (auto& t : cfg.raw["layer_types"])
+    if (t.is_string() && t.get<std::string>() == "linear_attention") return true;
+  return false;
 }
 
 std::unique_ptr<Model> load_model(const std::string& dir, const LoadOptions& opts) {

@@ -136,4 +136,22 @@ void block_sparse_attention(const Tensor& q, const Tensor& k_cache, const Tensor
   TS_DISPATCH_BREAK(k_cache.device, block_sparse_attention, q, k_cache, v_cache, meta, scale, blocks, sel_block_size, out);
 }
 
+// Gated DeltaNet: the conv and the delta rule read per-sequence metadata and state slots (break
+// ops, like attention); the gates, the gated norm and the output gate are ordinary ops.
+void causal_conv1d(const Tensor& x, const Tensor& w, Tensor& conv_state, const Tensor& state_slots, const AttnMeta& meta,
+                   Tensor& out) {
+  TS_DISPATCH_BREAK(x.device, causal_conv1d, x, w, conv_state, state_slots, meta, out);
+}
+void gdn_gates(const Tensor& a, const Tensor& b, const Tensor& A_log, const Tensor& dt_bias, Tensor& g, Tensor& beta) {
+  TS_DISPATCH(a.device, gdn_gates, a, b, A_log, dt_bias, g, beta);
+}
+void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                      Tensor& state, const Tensor& state_slots, const AttnMeta& meta, Tensor& out) {
+  TS_DISPATCH_BREAK(q.device, gated_delta_rule, q, k, v, g, beta, state, state_slots, meta, out);
+}
+void rmsnorm_gated(const Tensor& x, const Tensor& z, const Tensor& w, float eps, Tensor& out) {
+  TS_DISPATCH(x.device, rmsnorm_gated, x, z, w, eps, out);
+}
+void sigmoid_gate(Tensor& x, const Tensor& gate) { TS_DISPATCH(x.device, sigmoid_gate, x, gate); }
+
 }  // namespace ts::ops

@@ -149,6 +149,41 @@ void block_indexer(const Tensor& q, const Tensor& k_cache, const AttnMeta& meta,
 void block_sparse_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttnMeta& meta,
                             float scale, const Tensor& blocks, int sel_block_size, Tensor& out);
 
+
+// --- Gated DeltaNet (the linear-attention layers of Qwen3.5 / Qwen3-Next) -------------------
+// Recurrent layers keep per-sequence state in rows of a state pool ("state slots"), not in
+// paged blocks: sequence b of the batch reads and writes row state_slots[b] (i32 [S]). A
+// sequence whose first query sits at position 0 (kv_len[b] == its q_len) starts from zero
+// state whatever the row holds; slot < 0 (graph padding) starts from zero and saves nothing.
+// Rows outside every sequence get zero output.
+
+// Depthwise causal conv over time, then SiLU: out[t, c] = silu(sum_j w[c, j] * x[t - (K-1) + j, c]),
+// the K-1 inputs before a chunk coming from conv_state[slot] ([slots, K-1, C]: the sequence's
+// last K-1 inputs, oldest first), which is updated to the last K-1 inputs after the chunk.
+// x [T, C] (strided rows allowed), w [C, K], out [T, C].
+void causal_conv1d(const Tensor& x, const Tensor& w, Tensor& conv_state, const Tensor& state_slots,
+                   const AttnMeta& meta, Tensor& out);
+
+// The delta rule's per-head gates: g = -exp(A_log) * softplus(a + dt_bias) (log decay, <= 0)
+// and beta = sigmoid(b). a, b [T, nv] (strided rows allowed); A_log, dt_bias f32 [nv];
+// g, beta f32 [T, nv].
+void gdn_gates(const Tensor& a, const Tensor& b, const Tensor& A_log, const Tensor& dt_bias, Tensor& g, Tensor& beta);
+
+// Gated delta rule, token by token per sequence and value head h (key head h / (nv / nk)):
+//   q, k l2-normalised (x / sqrt(|x|^2 + 1e-6)), q scaled by dk^-1/2;
+//   S = exp(g) S;  S += k (beta (v - S^T k))^T;  out = S^T q
+// with S [dk, dv] = state[slot, h] (f32 [slots, nv, dk, dv], updated in place).
+// q, k [T, nk, dk], v [T, nv, dv] (strided rows allowed); g, beta f32 [T, nv]; out [T, nv, dv].
+void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                      Tensor& state, const Tensor& state_slots, const AttnMeta& meta, Tensor& out);
+
+// Gated RMSNorm per head: out = x / rms(x) * w * silu(z). x, out [T, nh, d] (out may alias x),
+// z [T, nh, d] (strided rows allowed), w [d] (plain scale, not 1 + w).
+void rmsnorm_gated(const Tensor& x, const Tensor& z, const Tensor& w, float eps, Tensor& out);
+
+// Attention output gate: x *= sigmoid(gate), elementwise. x, gate [T, N] (strided rows allowed).
+void sigmoid_gate(Tensor& x, const Tensor& gate);
+
 }  // namespace ts::ops
 
 namespace ts::ops {

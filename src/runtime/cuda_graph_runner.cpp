@@ -213,7 +213,7 @@ struct CudaGraphRunner::Impl {
   size_t reserve_elems() const {
     size_t t = size_t(std::max(o.eager_max_tokens, std::max(o.max_prefill_tokens, o.max_bs)));
     size_t s = size_t(std::max(o.max_bs, 256));
-    return 4 * t + 2 * s + 1 + s * size_t(width);
+    return BatchBuilder::buffer_elems(t, s, size_t(width));
   }
 
   // `n` dummy sequences of `len` tokens each, caches in the first blocks of the pool.

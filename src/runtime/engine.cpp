@@ -85,8 +85,17 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   TS_CHECK(device == Device::cpu || cuda_available(), "--device cuda: no CUDA device available");
   io::ModelConfig cfg = io::load_config(o.model_dir);  // first: names a missing/bad model dir
   tokenizer = tok::Tokenizer::from_dir(o.model_dir);
+  if (o.device == "auto" && device == Device::cuda && models::has_recurrent_layers(cfg)) {
+    // Hybrid models have no CUDA path yet; an explicit --device cuda is a startup error.
+    spdlog::warn("{}: recurrent (linear-attention) layers run on the CPU only: --device auto picks cpu", cfg.architecture);
+    device = Device::cpu;
+  }
   models::LoadOptions lo;
   lo.device = device;
+  TS_CHECK(!models::has_recurrent_layers(cfg) || o.speculative_algorithm.empty(),
+           "{}: --speculative-algorithm {} is not supported for models with recurrent (linear-attention) layers: "
+           "rejected drafts would need the recurrent state rolled back",
+           cfg.architecture, o.speculative_algorithm);
   if (!o.speculative_algorithm.empty()) lo.capture_layers = SpecWorker::capture_layers_for(o, cfg);
   lo.replicate_embedding = o.replicate_embedding;
   TS_CHECK(o.tp_size >= 1, "--tp-size must be at least 1 (got {})", o.tp_size);
@@ -99,6 +108,7 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   } else {
     model = models::create_model(cfg, lo);
   }
+  const bool hybrid = model->state_spec().any();
   // KV pool: explicit token count, else a share of memory.
   size_t per_token = ModelRunner::kv_bytes_per_token(*model);
   int64_t tokens = o.max_total_tokens;
@@ -123,11 +133,33 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   int64_t blocks = std::max<int64_t>(tokens / bs, 1);
   // Under TP every GPU holds its shard of the weights and of the KV heads; the pool size in
   // tokens comes from GPU 0 (the shards are the same size) and is the same on every GPU.
-  runner = o.tp_size > 1 ? make_tp_runner(tpm, blocks, bs) : std::make_unique<ModelRunner>(model, blocks, bs);
-  kv = std::make_unique<KvCache>(blocks, bs, !o.disable_prefix_cache);
+  // Hybrid models: one recurrent-state row per running request. Rows of a large model are big
+  // (tens to hundreds of MiB), so the rows, and with them --max-num-seqs, are capped at 4 GiB.
+  int max_seqs = std::max(o.max_num_seqs, 1);
+  if (hybrid) {
+    const size_t per_slot = model->state_spec().bytes_per_slot(model->dtype()), cap = 4ull << 30;
+    if (per_slot * size_t(max_seqs) > cap) {
+      max_seqs = int(std::max<size_t>(1, cap / per_slot));
+      spdlog::warn("recurrent state takes {:.1f} MiB per request: --max-num-seqs lowered from {} to {}",
+                   double(per_slot) / (1 << 20), o.max_num_seqs, max_seqs);
+    }
+  }
+  runner = o.tp_size > 1 ? make_tp_runner(tpm, blocks, bs) : std::make_unique<ModelRunner>(model, blocks, bs, max_seqs);
+  // Cached KV blocks cannot restore a recurrent layer's state at the end of the prefix.
+  bool prefix_cache = !o.disable_prefix_cache;
+  if (hybrid && prefix_cache) {
+    prefix_cache = false;
+    spdlog::info("prefix cache off: {} has recurrent (linear-attention) layers whose state cannot be restored from "
+                 "cached blocks",
+                 cfg.architecture);
+  }
+  if (hybrid)
+    spdlog::info("recurrent state: {} slots, {:.1f} MiB", runner->state_pool().size(),
+                 double(runner->state_bytes()) / (1 << 20));
+  kv = std::make_unique<KvCache>(blocks, bs, prefix_cache);
   SchedulerOptions so;
   so.token_budget = std::max(o.chunked_prefill_size, 1);
-  so.max_num_seqs = std::max(o.max_num_seqs, 1);
+  so.max_num_seqs = max_seqs;
   if (!o.speculative_algorithm.empty()) {
     spec = std::make_unique<SpecWorker>(o, *runner, *kv);
     so.decode_tokens = spec->num_draft_tokens();
@@ -288,8 +320,9 @@ void EngineImpl::step() {
     for (auto& c : chunks_) {
       Request& r = *c.req;
       bool last = r.num_computed + c.num_tokens == int(r.tokens.size());
+      if (runner->has_state() && !r.state_slot) r.state_slot = runner->take_state_slot();
       seq_chunks_.push_back({r.tokens.data() + r.num_computed, c.num_tokens, r.num_computed, &r.block_table,
-                             last ? SeqChunk::Logits::last : SeqChunk::Logits::none});
+                             last ? SeqChunk::Logits::last : SeqChunk::Logits::none, r.state_slot ? *r.state_slot : -1});
       if (last) sample_reqs_.push_back(&r);
     }
     // Penalties and logprobs work on host logits; otherwise sampling runs where the logits are.

@@ -20,6 +20,8 @@ struct ForwardBatch {
   ops::AttnMeta attn;   // per-sequence query ranges, kv lengths, block tables
   Tensor logits_index;  // i32 [N]: rows whose logits are needed (last row of each sampling seq)
   int num_logits = 0;
+  // i32 [S]: each sequence's recurrent-state row (hybrid models; -1: none, e.g. padding).
+  Tensor state_slots;
   bool logits_all_rows = false;  // logits_index is the identity over all T rows (no gather needed)
   // EAGLE3: when set, the model copies the residual stream entering each capture layer into
   // aux_hidden [T, n_capture * H] (the i-th captured layer into column block i).
@@ -30,10 +32,15 @@ struct ForwardBatch {
 // Per-layer paged KV storage. k[l], v[l]: [num_blocks, block_size, kv_heads, head_dim].
 // MLA stores its compressed latent in k (v unused, undefined). aux[l]: the optional third
 // cache of KvSpec (undefined on layers without one).
+// Hybrid models also keep per-sequence recurrent state here, one row per state slot, on the
+// layers their StateSpec flags (undefined elsewhere): conv[l] [slots, conv_len, conv_dim]
+// (model dtype) and ssm[l] [slots, heads, k_dim, v_dim] (f32).
 struct KvPool {
   std::vector<Tensor> k, v, aux;
   int block_size = 0;
   int64_t num_blocks = 0;
+  std::vector<Tensor> conv, ssm;
+  int num_state_slots = 0;
 };
 
 }  // namespace ts

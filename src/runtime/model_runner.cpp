@@ -13,7 +13,7 @@ size_t ModelRunner::kv_bytes_per_token(const models::Model& m) {
   return m.kv_spec().bytes_per_token(m.dtype()) + m.aux_kv_spec().bytes_per_token(m.dtype());
 }
 
-ModelRunner::ModelRunner(std::shared_ptr<models::Model> model, int64_t num_blocks, int block_size)
+ModelRunner::ModelRunner(std::shared_ptr<models::Model> model, int64_t num_blocks, int block_size, int state_slots)
     : model_(std::move(model)) {
   TS_CHECK(num_blocks > 0 && block_size > 0, "KV pool needs blocks (got {} blocks of {})", num_blocks, block_size);
   models::KvSpec s = model_->kv_spec();
@@ -31,10 +31,22 @@ ModelRunner::ModelRunner(std::shared_ptr<models::Model> model, int64_t num_block
     else
       kv_.aux.push_back(Tensor());
   }
+  models::StateSpec st = model_->state_spec();
+  if (st.any()) {
+    int rows = state_slots > 0 ? state_slots : 16;
+    kv_.num_state_slots = rows;
+    for (size_t l = 0; l < st.layers.size(); ++l) {
+      bool on = st.on(int(l));
+      kv_.conv.push_back(on ? Tensor::zeros({rows, st.conv_len, st.conv_dim}, model_->dtype(), model_->device()) : Tensor());
+      kv_.ssm.push_back(on ? Tensor::zeros({rows, st.heads, st.k_dim, st.v_dim}, DType::f32, model_->device()) : Tensor());
+    }
+    state_pool_ = SlotPool(rows);
+    state_bytes_ = size_t(rows) * st.bytes_per_slot(model_->dtype());
+  }
 }
 
 // All metadata of a step lives in one i32 buffer (one host->device copy per step):
-//   ids[T] pos[T] slots[T] logit_rows[T] cu_q[S+1] kv_len[S] tables[S*W]
+//   ids[T] pos[T] slots[T] logit_rows[T] cu_q[S+1] kv_len[S] tables[S*W] state_slots[S]
 // T, S, W are the padded sizes, so a CUDA graph captured for a bucket always finds its
 // inputs at the same addresses.
 void BatchBuilder::build(const std::vector<SeqChunk>& chunks, int bs, Device dev, ForwardBatch& batch,
@@ -48,10 +60,11 @@ void BatchBuilder::build(const std::vector<SeqChunk>& chunks, int bs, Device dev
   int T = std::max(real_t, opt.pad_tokens), S = std::max(real_s, opt.pad_seqs);
   int W = std::max(int(width), opt.table_width);
   TS_CHECK(S - real_s <= T - real_t, "padding: {} dummy sequences need as many padding tokens", S - real_s);
-  size_t n = size_t(4 * T + 2 * S + 1 + S * W);
+  size_t n = buffer_elems(size_t(T), size_t(S), size_t(W));
   host_.assign(n, 0);
   int32_t* ids = host_.data();
   int32_t *pos = ids + T, *slots = pos + T, *lrows = slots + T, *cu = lrows + T, *kvl = cu + S + 1, *tab = kvl + S;
+  int32_t* sslots = tab + size_t(S) * size_t(W);
   int t = 0, nl = 0;
   for (int b = 0; b < real_s; ++b) {
     const SeqChunk& c = chunks[size_t(b)];
@@ -68,6 +81,7 @@ void BatchBuilder::build(const std::vector<SeqChunk>& chunks, int bs, Device dev
     }
     cu[b + 1] = t;
     kvl[b] = end;
+    sslots[b] = c.state_slot;
     std::copy(table.begin(), table.end(), tab + size_t(b) * size_t(W));
     max_q = std::max(max_q, c.num_tokens);
     max_kv = std::max(max_kv, end);
@@ -76,6 +90,7 @@ void BatchBuilder::build(const std::vector<SeqChunk>& chunks, int bs, Device dev
   // then rows that belong to no sequence (attention zeroes them).
   for (int b = real_s; b < S; ++b, ++t) {
     slots[t] = -1;
+    sslots[b] = -1;
     cu[b + 1] = t + 1;
     kvl[b] = 1;
   }
@@ -106,6 +121,7 @@ void BatchBuilder::build(const std::vector<SeqChunk>& chunks, int bs, Device dev
   batch.attn.cu_q = view(4 * T, {S + 1});
   batch.attn.kv_len = view(4 * T + S + 1, {S});
   batch.attn.block_tables = view(4 * T + 2 * S + 1, {S, W});
+  batch.state_slots = view(4 * T + 2 * S + 1 + int64_t(S) * W, {S});
   batch.attn.block_size = bs;
   batch.attn.num_seqs = S;
   batch.attn.max_q_len = std::max(max_q, S > real_s ? 1 : 0);
@@ -188,6 +204,11 @@ const Tensor& ModelRunner::run_local(const std::vector<SeqChunk>& chunks, bool c
   bool cap = capture_aux && !model_->capture_layers().empty();
   auto t0 = std::chrono::steady_clock::now();
   build_s_ = 0;
+  if (has_state())
+    for (auto& c : chunks)
+      TS_CHECK(c.state_slot >= 0 && c.state_slot < kv_.num_state_slots,
+               "{}: every sequence needs a recurrent-state slot (got {}; pool of {})", model_->config().architecture,
+               c.state_slot, kv_.num_state_slots);
   if (!graphs_ || !graphs_->try_run(chunks, cap, batch_, logits_)) {
     builder_.build(chunks, kv_.block_size, model_->device(), batch_);
     build_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -8,6 +8,7 @@
 #include "core/device_memory.h"
 #include "models/model.h"
 #include "runtime/forward_batch.h"
+#include "runtime/slot_pool.h"
 
 namespace ts {
 
@@ -20,6 +21,8 @@ struct SeqChunk {
   const std::vector<int32_t>* block_table = nullptr;
   // Logits wanted: none, the last row, or every row (verify, verify-golden).
   enum class Logits { none, last, all } logits = Logits::last;
+  // Recurrent-state row of the sequence (hybrid models: required; from ModelRunner::take_state_slot).
+  int state_slot = -1;
 };
 
 // Turns sequence chunks into a ForwardBatch on `device`; the host staging vectors are reused
@@ -39,6 +42,9 @@ class BatchBuilder {
              const BuildOptions& opt = {});
   // Row of the batch where chunk i starts (valid after build).
   int chunk_row(size_t i) const { return cu_rows_[i]; }
+  // i32 elements of one step's metadata buffer for T tokens, S sequences, table width W
+  // (device buffers reserved for CUDA graphs must hold the largest bucket's).
+  static size_t buffer_elems(size_t T, size_t S, size_t W) { return 4 * T + 3 * S + 1 + S * W; }
 
  private:
   std::vector<int32_t> host_, cu_rows_;
@@ -52,12 +58,20 @@ class TpWorkers;
 
 class ModelRunner {
  public:
-  ModelRunner(std::shared_ptr<models::Model> model, int64_t num_blocks, int block_size);
+  // state_slots: recurrent-state rows for hybrid models (sequences in flight at once; 0: a
+  // default of 16; ignored for models without recurrent layers).
+  ModelRunner(std::shared_ptr<models::Model> model, int64_t num_blocks, int block_size, int state_slots = 0);
   models::Model& model() { return *model_; }
   const std::shared_ptr<models::Model>& model_ptr() const { return model_; }
   KvPool& kv() { return kv_; }
   int block_size() const { return kv_.block_size; }
   int64_t num_blocks() const { return kv_.num_blocks; }
+  // Hybrid models: every sequence needs a recurrent-state row, held from its first chunk until
+  // it ends (the row is zeroed by the model whenever the sequence starts at position 0).
+  bool has_state() const { return kv_.num_state_slots > 0; }
+  std::shared_ptr<const int> take_state_slot() { return state_pool_.take(); }
+  const SlotPool& state_pool() const { return state_pool_; }
+  size_t state_bytes() const { return state_bytes_; }
   ~ModelRunner();
   // Runs one step. Returns f32 logits, one row per requested logits row, in chunk order — on
   // the host, or with host_logits=false on the model's device. Either way they live in buffers
@@ -91,6 +105,8 @@ class ModelRunner {
  private:
   std::shared_ptr<models::Model> model_;
   KvPool kv_;
+  SlotPool state_pool_;
+  size_t state_bytes_ = 0;
   ForwardBatch batch_;
   BatchBuilder builder_;
   Tensor logits_, aux_buf_;

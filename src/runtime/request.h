@@ -50,6 +50,9 @@ struct Request {
   bool admitted_once = false;
   std::vector<int32_t> block_table;
   std::vector<uint64_t> block_hashes;
+  // Hybrid models: the row of the ModelRunner's recurrent-state pool this request holds while
+  // it runs (taken at its first chunk, dropped when it ends or is retracted).
+  std::shared_ptr<const int> state_slot;
   uint64_t seed = 0;
 
   // Text and stop-string state (the engine emits text deltas that never split UTF-8).

@@ -9,6 +9,7 @@ void Scheduler::commit(Request& r) { kv_.commit(r.tokens.data(), r.num_computed,
 void Scheduler::release(Request& r) {
   commit(r);
   kv_.release(r.block_table, r.block_hashes);
+  r.state_slot.reset();  // a retracted request restarts from position 0, with fresh state
 }
 
 void Scheduler::retract_at(size_t idx) {

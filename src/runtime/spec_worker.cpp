@@ -396,7 +396,7 @@ void SpecWorker::build_lane(Lane& L, const std::vector<Request*>& reqs, int buck
       o.pad_tokens = o.pad_seqs = rows;
       o.table_width = L.width;
       o.max_kv_bound = kv_bound;
-      o.reserve = size_t(4 * int64_t(L.cap) * n + 2 * int64_t(L.cap) * n + 1 + int64_t(L.cap) * n * L.width);
+      o.reserve = BatchBuilder::buffer_elems(size_t(L.cap) * size_t(n), size_t(L.cap) * size_t(n), size_t(L.width));
     }
     return o;
   };

@@ -36,6 +36,13 @@ void mla_attention(const Tensor& q, const Tensor& latent_cache, const AttnMeta& 
 void block_indexer(const Tensor& q, const Tensor& k_cache, const AttnMeta& meta, const BlockIndexer& p, Tensor& out);
 void block_sparse_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttnMeta& meta,
                             float scale, const Tensor& blocks, int sel_block_size, Tensor& out);
+void causal_conv1d(const Tensor& x, const Tensor& w, Tensor& conv_state, const Tensor& state_slots,
+                   const AttnMeta& meta, Tensor& out);
+void gdn_gates(const Tensor& a, const Tensor& b, const Tensor& A_log, const Tensor& dt_bias, Tensor& g, Tensor& beta);
+void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                      Tensor& state, const Tensor& state_slots, const AttnMeta& meta, Tensor& out);
+void rmsnorm_gated(const Tensor& x, const Tensor& z, const Tensor& w, float eps, Tensor& out);
+void sigmoid_gate(Tensor& x, const Tensor& gate);
 void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, std::vector<int32_t>& out);
 
 // The exact distribution sample() draws from for one row (dense; filtered tokens are 0).

@@ -55,6 +55,14 @@ void block_indexer(const Tensor& q, const Tensor& k_cache, const AttnMeta& meta,
 void block_sparse_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                             const AttnMeta& meta, float scale, const Tensor& blocks, int sel_block_size,
                             Tensor& out);
+void causal_conv1d(const Tensor& x, const Tensor& w, Tensor& conv_state, const Tensor& state_slots,
+                   const AttnMeta& meta, Tensor& out);
+void gdn_gates(const Tensor& a, const Tensor& b, const Tensor& A_log, const Tensor& dt_bias, Tensor& g,
+               Tensor& beta);
+void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& beta,
+                      Tensor& state, const Tensor& state_slots, const AttnMeta& meta, Tensor& out);
+void rmsnorm_gated(const Tensor& x, const Tensor& z, const Tensor& w, float eps, Tensor& out);
+void sigmoid_gate(Tensor& x, const Tensor& gate);
 
 // ---- CUDA-only extras ------------------------------------------------------------------------
 // Dtype casts between (possibly strided-row) tensors of the same shape.

@@ -1,0 +1,247 @@
+// Qwen3.5 text model (Qwen3_5ForCausalLM, model_type qwen3_5_text): a hybrid of Gated DeltaNet
+// linear-attention layers and gated full-attention layers (config layer_types), each followed
+// by a SwiGLU MLP.
+//  - Full attention: GQA with per-head q/k norms and partial RoPE; q_proj emits, per head, the
+//    query then an output gate of the same width; the attention output is scaled by
+//    sigmoid(gate) before o_proj. Only these layers have paged K/V.
+//  - Linear attention: in_proj_qkv -> depthwise causal conv (kernel linear_conv_kernel_dim) +
+//    SiLU -> q, k (linear_num_key_heads x linear_key_head_dim), v (linear_num_value_heads x
+//    linear_value_head_dim) -> gated delta rule with g = -exp(A_log) softplus(a + dt_bias),
+//    beta = sigmoid(b) -> per-head RMSNorm gated by silu(z) -> out_proj. Their conv window and
+//    recurrent matrix live in state slots (StateSpec), one row per sequence.
+// Every RMSNorm but the gated one is zero-centred (scale 1 + w, stored as 1 + w at load).
+#include <cmath>
+
+#include "models/blocks.h"
+#include "models/rope.h"
+#include "models/weights.h"
+#include "ops/graph_hooks.h"
+
+namespace ts::models {
+namespace {
+
+// --- hyper-parameters ---------------------------------------------------------------------
+struct Qwen35Params {
+  int64_t vocab, hidden, inter, layers, heads, kv_heads, head_dim, rot_dim;
+  int64_t lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim, conv_kernel;
+  float eps;
+  bool tied;
+  std::vector<uint8_t> linear;  // per layer: linear attention (1) or full attention (0)
+  int64_t key_dim() const { return lin_k_heads * lin_k_dim; }
+  int64_t value_dim() const { return lin_v_heads * lin_v_dim; }
+  int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
+};
+
+Qwen35Params qwen3_5_params(const io::ModelConfig& c) {
+  Qwen35Params p;
+  p.vocab = c.vocab_size;
+  p.hidden = c.hidden_size;
+  p.inter = c.intermediate_size;
+  p.layers = c.num_layers;
+  p.heads = c.num_heads;
+  p.kv_heads = c.num_kv_heads;
+  p.head_dim = c.head_dim;
+  p.eps = float(c.rms_norm_eps);
+  p.tied = c.tie_word_embeddings;
+  p.rot_dim = int64_t(double(p.head_dim) * c.partial_rotary_factor);
+  TS_CHECK(p.rot_dim > 0 && p.rot_dim % 2 == 0 && p.rot_dim <= p.head_dim, "{}: rotary dim {} vs head_dim {}", c.path,
+           p.rot_dim, p.head_dim);
+  TS_CHECK(p.inter > 0, "{}: missing field intermediate_size", c.path);
+  TS_CHECK(!c.attention_bias, "{}: attention_bias=true is not supported for {}", c.path, c.architecture);
+  TS_CHECK(c.get<std::string>("hidden_act", "silu") == "silu", "{}: hidden_act {} is not supported (silu only)", c.path,
+           c.get<std::string>("hidden_act", ""));
+  p.lin_k_heads = c.require<int64_t>("linear_num_key_heads");
+  p.lin_v_heads = c.require<int64_t>("linear_num_value_heads");
+  p.lin_k_dim = c.require<int64_t>("linear_key_head_dim");
+  p.lin_v_dim = c.require<int64_t>("linear_value_head_dim");
+  p.conv_kernel = c.require<int64_t>("linear_conv_kernel_dim");
+  TS_CHECK(p.lin_k_heads > 0 && p.lin_v_heads % p.lin_k_heads == 0,
+           "{}: linear_num_value_heads {} must be a multiple of linear_num_key_heads {}", c.path, p.lin_v_heads,
+           p.lin_k_heads);
+  TS_CHECK(p.conv_kernel >= 2, "{}: linear_conv_kernel_dim {} must be at least 2", c.path, p.conv_kernel);
+  auto types = c.require<std::vector<std::string>>("layer_types");
+  TS_CHECK(int64_t(types.size()) == p.layers, "{}: layer_types has {} entries for {} layers", c.path, types.size(), p.layers);
+  for (auto& s : types) {
+    TS_CHECK(s == "full_attention" || s == "linear_attention", "{}: unknown layer_types entry '{}'", c.path, s);
+    p.linear.push_back(s == "linear_attention");
+  }
+  return p;
+}
+
+// --- tensors --------------------------------------------------------------------------------
+struct DeltaNetWeights {
+  Tensor in_proj;          // [conv_dim + value_dim + 2 nv, H]: qkv | z | b | a rows stacked
+  Tensor conv;             // [conv_dim, K]
+  Tensor A_log, dt_bias;   // f32 [nv]
+  Tensor norm;             // [dv] gated RMSNorm scale (plain w)
+  Tensor out;              // [H, value_dim]
+};
+
+struct Qwen35Layer {
+  Tensor input_norm, post_norm;
+  AttentionWeights attn;   // full-attention layers
+  DeltaNetWeights lin;     // linear-attention layers
+  MlpWeights mlp;
+  int kv_index = -1;       // full-attention layers: index into the paged KV pool
+};
+
+class Qwen35 final : public Model {
+ public:
+  Qwen35(const io::ModelConfig& cfg, const LoadOptions& opts) : cfg_(cfg), p_(qwen3_5_params(cfg)), ws_(opts.device) {
+    TS_CHECK(opts.device == Device::cpu, "{}: qwen3_5 on cuda is not implemented (use --device cpu)", cfg.path);
+    TS_CHECK(opts.mapping.tp_size == 1, "{}: tensor parallelism is not supported for {}", cfg.path, cfg.architecture);
+    TS_CHECK(opts.capture_layers.empty(), "{}: EAGLE3 speculative decoding is not supported for {}", cfg.path,
+             cfg.architecture);
+    WeightLoader wl(io::Checkpoint::open(cfg.dir), opts.device);
+    device_ = opts.device;
+    dtype_ = wl.dtype();
+    const int64_t H = p_.hidden, hd = p_.head_dim, qw = p_.heads * hd, kw = p_.kv_heads * hd;
+    const int64_t nv = p_.lin_v_heads, cd = p_.conv_dim(), vd = p_.value_dim();
+    using Part = WeightLoader::Part;
+    embed_ = wl.load("model.embed_tokens.weight", {p_.vocab, H});
+    int kv_layers = 0;
+    for (int64_t l = 0; l < p_.layers; ++l) {
+      std::string pre = "model.layers." + std::to_string(l) + ".";
+      Qwen35Layer L;
+      L.input_norm = centred_norm(wl, pre + "input_layernorm.weight", H);
+      L.post_norm = centred_norm(wl, pre + "post_attention_layernorm.weight", H);
+      if (p_.linear[size_t(l)]) {
+        std::string at = pre + "linear_attn.";
+        L.lin.in_proj = wl.load_stacked(
+            {at + "in_proj_qkv.weight", at + "in_proj_z.weight", at + "in_proj_b.weight", at + "in_proj_a.weight"},
+            {{cd, H}, {vd, H}, {nv, H}, {nv, H}});
+        L.lin.conv = wl.load(at + "conv1d.weight", {cd, 1, p_.conv_kernel}).view({cd, p_.conv_kernel});
+        L.lin.A_log = wl.load_f32(at + "A_log", {nv});
+        L.lin.dt_bias = wl.load_f32(at + "dt_bias", {nv});
+        L.lin.norm = wl.load(at + "norm.weight", {p_.lin_v_dim});
+        L.lin.out = wl.load(at + "out_proj.weight", {H, vd});
+      } else {
+        // q_proj rows are per head [query (hd) | gate (hd)]: regrouped to q | k | v | gate.
+        std::string at = pre + "self_attn.";
+        std::vector<Part> parts;
+        for (int64_t h = 0; h < p_.heads; ++h) parts.push_back(Part{at + "q_proj.weight", {2 * qw, H}, 0, 2 * h * hd, hd});
+        parts.push_back(Part{at + "k_proj.weight", {kw, H}, 0, 0, kw});
+        parts.push_back(Part{at + "v_proj.weight", {kw, H}, 0, 0, kw});
+        for (int64_t h = 0; h < p_.heads; ++h)
+          parts.push_back(Part{at + "q_proj.weight", {2 * qw, H}, 0, 2 * h * hd + hd, hd});
+        L.attn.qkv = wl.load_parts(parts);
+        L.attn.output_gate = true;
+        L.attn.o = wl.load(at + "o_proj.weight", {H, qw});
+        L.attn.q_norm = centred_norm(wl, at + "q_norm.weight", hd);
+        L.attn.k_norm = centred_norm(wl, at + "k_norm.weight", hd);
+        L.kv_index = kv_layers++;
+      }
+      L.mlp.gate_up = wl.load_stacked({pre + "mlp.gate_proj.weight", pre + "mlp.up_proj.weight"}, {{p_.inter, H}, {p_.inter, H}});
+      L.mlp.down = wl.load(pre + "mlp.down_proj.weight", {H, p_.inter});
+      layers_.push_back(std::move(L));
+    }
+    kv_layers_ = kv_layers;
+    norm_ = centred_norm(wl, "model.norm.weight", H);
+    head_ = (p_.tied && !wl.has("lm_head.weight")) ? embed_ : wl.load("lm_head.weight", {p_.vocab, H});
+    weight_bytes_ = wl.bytes_loaded();
+    int64_t table = std::max<int64_t>(cfg.max_position_embeddings, 1);
+    rope_ = build_rope(cfg.rope, int(p_.rot_dim), cfg.max_position_embeddings, table, false, device_);
+    shape_ = {p_.heads, p_.kv_heads, hd, float(1.0 / std::sqrt(double(hd))), p_.eps};
+  }
+
+  const io::ModelConfig& config() const override { return cfg_; }
+  // Paged K/V on the full-attention layers only (KvPool index = Qwen35Layer::kv_index).
+  KvSpec kv_spec() const override {
+    KvSpec s;
+    s.num_layers = kv_layers_;
+    s.k_heads = s.v_heads = int(p_.kv_heads);
+    s.k_dim = s.v_dim = int(p_.head_dim);
+    return s;
+  }
+  StateSpec state_spec() const override {
+    StateSpec s;
+    s.layers = p_.linear;
+    s.conv_dim = int(p_.conv_dim());
+    s.conv_len = int(p_.conv_kernel - 1);
+    s.heads = int(p_.lin_v_heads);
+    s.k_dim = int(p_.lin_k_dim);
+    s.v_dim = int(p_.lin_v_dim);
+    return s;
+  }
+  Device device() const override { return device_; }
+  DType dtype() const override { return dtype_; }
+  Tensor embed_table() const override { return embed_; }
+  Tensor lm_head() const override { return head_; }
+  size_t weight_bytes() const override { return weight_bytes_; }
+  Workspace* workspace() override { return &ws_; }
+
+  // --- forward ------------------------------------------------------------------------------
+  Tensor forward(ForwardBatch& b, KvPool& kv) override {
+    ws_.reset();
+    const int64_t T = b.num_tokens, H = p_.hidden;
+    Tensor residual = ws_.alloc({T, H}, dtype_);
+    Tensor x = ws_.alloc({T, H}, dtype_);
+    Tensor h = ws_.alloc({T, H}, dtype_);
+    Tensor y = ws_.alloc({T, H}, dtype_);  // ping-pong with x across layers
+    ops::embedding(b.input_ids, embed_, residual);
+    ops::graph_segment_begin();
+    for (int64_t l = 0; l < p_.layers; ++l) {
+      Qwen35Layer& L = layers_[size_t(l)];
+      layer_input(b, l, residual, x, h, L.input_norm, p_.eps, capture_slot(int(l)));
+      if (p_.linear[size_t(l)]) {
+        TS_CHECK(kv.conv.size() > size_t(l) && kv.conv[size_t(l)].data, "qwen3_5: no recurrent state for layer {}", l);
+        delta_net_block(h, L.lin, b, kv.conv[size_t(l)], kv.ssm[size_t(l)], x);
+      } else {
+        attention_block(h, L.attn, shape_, rope_, b, kv.k[size_t(L.kv_index)], kv.v[size_t(L.kv_index)], ws_, x);
+      }
+      ops::fused_add_rmsnorm(x, residual, L.post_norm, p_.eps);
+      mlp_block(x, L.mlp, ws_, y);
+      std::swap(x, y);
+    }
+    ops::add_inplace(residual, x);
+    capture_aux(b, residual, capture_slot(int(p_.layers)));
+    return lm_head_logits(b, residual, norm_, p_.eps, head_, ws_);
+  }
+
+ private:
+  // Zero-centred norm weight: the checkpoint stores w, the norm scales by 1 + w.
+  Tensor centred_norm(WeightLoader& wl, const std::string& name, int64_t n) {
+    Tensor w = wl.checkpoint().get(name, {n}).to_f32();
+    for (int64_t i = 0; i < n; ++i) w.ptr<float>()[i] = 1.0f + w.ptr<float>()[i];
+    return convert(w, wl.dtype(), wl.device());
+  }
+
+  // h [T, H] -> out [T, H] (out may alias h: h is read only by the first projection).
+  void delta_net_block(const Tensor& h, const DeltaNetWeights& w, ForwardBatch& b, Tensor& conv_state, Tensor& ssm_state,
+                       Tensor& out) {
+    WorkspaceScope scope(ws_);
+    const int64_t T = h.rows(), nk = p_.lin_k_heads, nv = p_.lin_v_heads, dk = p_.lin_k_dim, dv = p_.lin_v_dim;
+    const int64_t kd = p_.key_dim(), vd = p_.value_dim(), cd = p_.conv_dim();
+    Tensor proj = ws_.alloc({T, cd + vd + 2 * nv}, dtype_);  // qkv | z | b | a
+    ops::linear(h, w.in_proj, proj);
+    Tensor mixed = ws_.alloc({T, cd}, dtype_);
+    ops::causal_conv1d(proj.narrow(1, 0, cd), w.conv, conv_state, b.state_slots, b.attn, mixed);
+    Tensor q = as_heads(mixed.narrow(1, 0, kd), nk, dk);
+    Tensor k = as_heads(mixed.narrow(1, kd, kd), nk, dk);
+    Tensor v = as_heads(mixed.narrow(1, 2 * kd, vd), nv, dv);
+    Tensor g = ws_.alloc({T, nv}, DType::f32), beta = ws_.alloc({T, nv}, DType::f32);
+    ops::gdn_gates(proj.narrow(1, cd + vd + nv, nv), proj.narrow(1, cd + vd, nv), w.A_log, w.dt_bias, g, beta);
+    Tensor core = ws_.alloc({T, nv, dv}, dtype_);
+    ops::gated_delta_rule(q, k, v, g, beta, ssm_state, b.state_slots, b.attn, core);
+    ops::rmsnorm_gated(core, as_heads(proj.narrow(1, cd, vd), nv, dv), w.norm, p_.eps, core);
+    ops::linear(core.view({T, vd}), w.out, out);
+  }
+
+  io::ModelConfig cfg_;
+  Qwen35Params p_;
+  Workspace ws_;
+  Device device_ = Device::cpu;
+  DType dtype_ = DType::f32;
+  Tensor embed_, norm_, head_;
+  std::vector<Qwen35Layer> layers_;
+  int kv_layers_ = 0;
+  ops::Rope rope_;
+  AttentionShape shape_{};
+  size_t weight_bytes_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_qwen3_5(const io::ModelConfig& c, const LoadOptions& o) { return std::make_unique<Qwen35>(c, o); }
+
+}  // namespace ts::models
