@@ -72,6 +72,11 @@ class EngineImpl {
   mutable std::mutex metrics_mu_;
   EngineMetrics metrics_;
   double host_us_ewma_ = 0;
+  struct SpecLog {
+    Clock::time_point at{};
+    int64_t verify_steps = 0, accepted_tokens = 0, fixed_steps = 0, graph_steps = 0;
+  } spec_log_;
+  void log_spec_stats();
   std::vector<ScheduledChunk> chunks_;
   std::vector<SeqChunk> seq_chunks_;
   std::vector<Request*> sample_reqs_;
@@ -468,7 +473,23 @@ void EngineImpl::update_metrics(double host_us) {
     metrics_.spec_timed_steps = spec->timed_steps();
     metrics_.spec_draft_seconds = spec->draft_seconds();
     metrics_.spec_verify_seconds = spec->verify_seconds();
+    log_spec_stats();
   }
+}
+
+// At most every 30 s while speculating: mean accepted length and graph share since the last
+// line (one clock read per step otherwise).
+void EngineImpl::log_spec_stats() {
+  auto now = Clock::now();
+  if (now - spec_log_.at < std::chrono::seconds(30)) return;
+  int64_t steps = metrics_.spec_verify_steps - spec_log_.verify_steps;
+  int64_t fixed = metrics_.spec_fixed_steps - spec_log_.fixed_steps;
+  if (steps > 0)
+    spdlog::info("EAGLE3: accept length {:.2f} over {} verify steps; {:.0f}% of {} decode steps as CUDA graphs",
+                 double(metrics_.spec_accepted_tokens - spec_log_.accepted_tokens) / double(steps), steps,
+                 fixed ? 100.0 * double(metrics_.spec_graph_steps - spec_log_.graph_steps) / double(fixed) : 0.0, fixed);
+  spec_log_ = {now, metrics_.spec_verify_steps, metrics_.spec_accepted_tokens, metrics_.spec_fixed_steps,
+               metrics_.spec_graph_steps};
 }
 
 Engine::Engine(const EngineOptions& opts) : impl_(std::make_unique<EngineImpl>(opts)) {}
