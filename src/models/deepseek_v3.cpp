@@ -90,9 +90,9 @@ struct DeepseekLayer {
   bool sparse = false;
 };
 
-class DeepseekV3 final : public Model {
+class DeepseekV3 final : public DecoderModel {
  public:
-  DeepseekV3(const io::ModelConfig& cfg, const LoadOptions& opts) : cfg_(cfg), p_(deepseek_params(cfg)), ws_(opts.device) {
+  DeepseekV3(const io::ModelConfig& cfg, const LoadOptions& opts) : DecoderModel(cfg, opts.device), p_(deepseek_params(cfg)) {
     capture_layers_ = opts.capture_layers;
     WeightLoader wl(io::Checkpoint::open(cfg.dir), opts.device);
     device_ = opts.device;
@@ -146,7 +146,6 @@ class DeepseekV3 final : public Model {
       TS_CHECK(c >= 0 && c <= p_.layers, "capture layer {} outside 0..{}", c, p_.layers);
   }
 
-  const io::ModelConfig& config() const override { return cfg_; }
   KvSpec kv_spec() const override {
     KvSpec s;
     s.num_layers = int(p_.layers);
@@ -155,12 +154,6 @@ class DeepseekV3 final : public Model {
     s.v_heads = 0;
     return s;
   }
-  Device device() const override { return device_; }
-  DType dtype() const override { return dtype_; }
-  Tensor embed_table() const override { return embed_; }
-  Tensor lm_head() const override { return head_; }
-  size_t weight_bytes() const override { return weight_bytes_; }
-  Workspace* workspace() override { return &ws_; }
 
   // --- forward ------------------------------------------------------------------------------
   Tensor forward(ForwardBatch& b, KvPool& kv) override {
@@ -230,16 +223,10 @@ class DeepseekV3 final : public Model {
     ops::linear(attn, w.o, out);
   }
 
-  io::ModelConfig cfg_;
   DeepseekParams p_;
-  Workspace ws_;
-  Device device_ = Device::cpu;
-  DType dtype_ = DType::f32;
-  Tensor embed_, norm_, head_;
   std::vector<DeepseekLayer> layers_;
   ops::Rope rope_;
   MoeShape moe_shape_;
-  size_t weight_bytes_ = 0;
 };
 
 }  // namespace

@@ -45,9 +45,9 @@ struct LlamaLayer {
   MlpWeights mlp;
 };
 
-class Llama final : public Model {
+class Llama final : public DecoderModel {
  public:
-  Llama(const io::ModelConfig& cfg, const LoadOptions& opts) : cfg_(cfg), p_(llama_params(cfg)), ws_(opts.device) {
+  Llama(const io::ModelConfig& cfg, const LoadOptions& opts) : DecoderModel(cfg, opts.device), p_(llama_params(cfg)) {
     capture_layers_ = opts.capture_layers;
     mapping_ = opts.mapping;
     comm_ = opts.comm;
@@ -118,16 +118,9 @@ class Llama final : public Model {
     }
   }
 
-  const io::ModelConfig& config() const override { return cfg_; }
   KvSpec kv_spec() const override {
     return {int(p_.layers), int(shape_.num_kv_heads), int(p_.head_dim), int(shape_.num_kv_heads), int(p_.head_dim)};
   }
-  Device device() const override { return device_; }
-  DType dtype() const override { return dtype_; }
-  Tensor embed_table() const override { return embed_; }
-  Tensor lm_head() const override { return head_; }
-  size_t weight_bytes() const override { return weight_bytes_; }
-  Workspace* workspace() override { return &ws_; }
   EmbedLayout embed_layout() const override { return {embed_tp_, embed_start_, embed_.size(0)}; }
 
   // --- forward ------------------------------------------------------------------------------
@@ -186,19 +179,13 @@ class Llama final : public Model {
   }
 
  private:
-  io::ModelConfig cfg_;
   LlamaParams p_;
-  Workspace ws_;
-  Device device_ = Device::cpu;
-  DType dtype_ = DType::f32;
-  Tensor embed_, norm_, head_;
   std::shared_ptr<parallel::Comm> comm_;
   int embed_tp_ = 1;
   int64_t embed_start_ = 0;
   std::vector<LlamaLayer> layers_;
   ops::Rope rope_;
   AttentionShape shape_{};
-  size_t weight_bytes_ = 0;
 };
 
 }  // namespace

@@ -106,9 +106,9 @@ struct MiniMaxM3Layer {
   MoeWeights moe;      // sparse layers
 };
 
-class MiniMaxM3 final : public Model {
+class MiniMaxM3 final : public DecoderModel {
  public:
-  MiniMaxM3(const io::ModelConfig& cfg, const LoadOptions& opts) : cfg_(cfg), p_(minimax_m3_params(cfg)), ws_(opts.device) {
+  MiniMaxM3(const io::ModelConfig& cfg, const LoadOptions& opts) : DecoderModel(cfg, opts.device), p_(minimax_m3_params(cfg)) {
     capture_layers_ = opts.capture_layers;
     WeightLoader wl(io::Checkpoint::open(cfg.dir), opts.device);
     device_ = opts.device;
@@ -160,7 +160,6 @@ class MiniMaxM3 final : public Model {
       TS_CHECK(c >= 0 && c <= p_.layers, "capture layer {} outside 0..{}", c, p_.layers);
   }
 
-  const io::ModelConfig& config() const override { return cfg_; }
   KvSpec kv_spec() const override {
     KvSpec s;
     s.num_layers = int(p_.layers);
@@ -179,12 +178,6 @@ class MiniMaxM3 final : public Model {
       }
     return s;
   }
-  Device device() const override { return device_; }
-  DType dtype() const override { return dtype_; }
-  Tensor embed_table() const override { return embed_; }
-  Tensor lm_head() const override { return head_; }
-  size_t weight_bytes() const override { return weight_bytes_; }
-  Workspace* workspace() override { return &ws_; }
 
   // --- forward ------------------------------------------------------------------------------
   Tensor forward(ForwardBatch& b, KvPool& kv) override {
@@ -247,17 +240,11 @@ class MiniMaxM3 final : public Model {
     ops::linear(attn.view({T, qw}), L.attn.o, out);
   }
 
-  io::ModelConfig cfg_;
   MiniMaxM3Params p_;
-  Workspace ws_;
-  Device device_ = Device::cpu;
-  DType dtype_ = DType::f32;
-  Tensor embed_, norm_, head_;
   std::vector<MiniMaxM3Layer> layers_;
   ops::Rope rope_;
   AttentionShape shape_{};
   MoeShape moe_shape_;
-  size_t weight_bytes_ = 0;
 };
 
 }  // namespace

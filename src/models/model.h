@@ -124,6 +124,28 @@ class Model {
   parallel::Mapping mapping_;
 };
 
+// The state every model file keeps (config, device, dtype, scratch arena, embedding, final norm,
+// LM head, weight bytes) and the accessors over it; model files derive from this.
+class DecoderModel : public Model {
+ public:
+  const io::ModelConfig& config() const override { return cfg_; }
+  Device device() const override { return device_; }
+  DType dtype() const override { return dtype_; }
+  Tensor embed_table() const override { return embed_; }
+  Tensor lm_head() const override { return head_; }
+  size_t weight_bytes() const override { return weight_bytes_; }
+  Workspace* workspace() override { return &ws_; }
+
+ protected:
+  DecoderModel(const io::ModelConfig& cfg, Device device) : cfg_(cfg), ws_(device), device_(device) {}
+  io::ModelConfig cfg_;
+  Workspace ws_;
+  Device device_ = Device::cpu;
+  DType dtype_ = DType::f32;
+  Tensor embed_, norm_, head_;
+  size_t weight_bytes_ = 0;
+};
+
 using ModelFactory = std::function<std::unique_ptr<Model>(const io::ModelConfig&, const LoadOptions&)>;
 
 // Architectures register in registry.cpp; load_model picks by config.json's architectures[0].

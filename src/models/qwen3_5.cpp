@@ -85,9 +85,9 @@ struct Qwen35Layer {
   int kv_index = -1;       // full-attention layers: index into the paged KV pool
 };
 
-class Qwen35 final : public Model {
+class Qwen35 final : public DecoderModel {
  public:
-  Qwen35(const io::ModelConfig& cfg, const LoadOptions& opts) : cfg_(cfg), p_(qwen3_5_params(cfg)), ws_(opts.device) {
+  Qwen35(const io::ModelConfig& cfg, const LoadOptions& opts) : DecoderModel(cfg, opts.device), p_(qwen3_5_params(cfg)) {
     TS_CHECK(opts.device == Device::cpu, "{}: qwen3_5 on cuda is not implemented (use --device cpu)", cfg.path);
     TS_CHECK(opts.mapping.tp_size == 1, "{}: tensor parallelism is not supported for {}", cfg.path, cfg.architecture);
     TS_CHECK(opts.capture_layers.empty(), "{}: EAGLE3 speculative decoding is not supported for {}", cfg.path,
@@ -144,7 +144,6 @@ class Qwen35 final : public Model {
     shape_ = {p_.heads, p_.kv_heads, hd, float(1.0 / std::sqrt(double(hd))), p_.eps};
   }
 
-  const io::ModelConfig& config() const override { return cfg_; }
   // Paged K/V on the full-attention layers only (KvPool index = Qwen35Layer::kv_index).
   KvSpec kv_spec() const override {
     KvSpec s;
@@ -163,12 +162,6 @@ class Qwen35 final : public Model {
     s.v_dim = int(p_.lin_v_dim);
     return s;
   }
-  Device device() const override { return device_; }
-  DType dtype() const override { return dtype_; }
-  Tensor embed_table() const override { return embed_; }
-  Tensor lm_head() const override { return head_; }
-  size_t weight_bytes() const override { return weight_bytes_; }
-  Workspace* workspace() override { return &ws_; }
 
   // --- forward ------------------------------------------------------------------------------
   Tensor forward(ForwardBatch& b, KvPool& kv) override {
@@ -227,17 +220,11 @@ class Qwen35 final : public Model {
     ops::linear(core.view({T, vd}), w.out, out);
   }
 
-  io::ModelConfig cfg_;
   Qwen35Params p_;
-  Workspace ws_;
-  Device device_ = Device::cpu;
-  DType dtype_ = DType::f32;
-  Tensor embed_, norm_, head_;
   std::vector<Qwen35Layer> layers_;
   int kv_layers_ = 0;
   ops::Rope rope_;
   AttentionShape shape_{};
-  size_t weight_bytes_ = 0;
 };
 
 }  // namespace

@@ -60,9 +60,9 @@ struct Qwen3MoeLayer {
   MoeWeights moe;  // sparse layers
 };
 
-class Qwen3Moe final : public Model {
+class Qwen3Moe final : public DecoderModel {
  public:
-  Qwen3Moe(const io::ModelConfig& cfg, const LoadOptions& opts) : cfg_(cfg), p_(qwen3_moe_params(cfg)), ws_(opts.device) {
+  Qwen3Moe(const io::ModelConfig& cfg, const LoadOptions& opts) : DecoderModel(cfg, opts.device), p_(qwen3_moe_params(cfg)) {
     capture_layers_ = opts.capture_layers;
     WeightLoader wl(io::Checkpoint::open(cfg.dir), opts.device);
     device_ = opts.device;
@@ -103,7 +103,6 @@ class Qwen3Moe final : public Model {
       TS_CHECK(c >= 0 && c <= p_.layers, "capture layer {} outside 0..{}", c, p_.layers);
   }
 
-  const io::ModelConfig& config() const override { return cfg_; }
   KvSpec kv_spec() const override {
     KvSpec s;
     s.num_layers = int(p_.layers);
@@ -111,12 +110,6 @@ class Qwen3Moe final : public Model {
     s.k_dim = s.v_dim = int(p_.head_dim);
     return s;
   }
-  Device device() const override { return device_; }
-  DType dtype() const override { return dtype_; }
-  Tensor embed_table() const override { return embed_; }
-  Tensor lm_head() const override { return head_; }
-  size_t weight_bytes() const override { return weight_bytes_; }
-  Workspace* workspace() override { return &ws_; }
 
   // --- forward ------------------------------------------------------------------------------
   Tensor forward(ForwardBatch& b, KvPool& kv) override {
@@ -133,17 +126,11 @@ class Qwen3Moe final : public Model {
   }
 
  private:
-  io::ModelConfig cfg_;
   Qwen3MoeParams p_;
-  Workspace ws_;
-  Device device_ = Device::cpu;
-  DType dtype_ = DType::f32;
-  Tensor embed_, norm_, head_;
   std::vector<Qwen3MoeLayer> layers_;
   ops::Rope rope_;
   AttentionShape shape_{};
   MoeShape moe_shape_;
-  size_t weight_bytes_ = 0;
 };
 
 }  // namespace
