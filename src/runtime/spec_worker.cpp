@@ -43,6 +43,19 @@ struct SpecWorker::FreeSlots {
   }
 };
 
+// Per (context bound, bucket): the three phases of the fixed-shape step as separate graphs
+// (host acceptance goes between verify and catch-up; phase timing) and all three as one graph
+// (greedy steps: one launch).
+struct SpecWorker::LaneGraphs {
+#ifdef TS_WITH_CUDA
+  using GraphPtr = std::unique_ptr<cuda::Graph>;
+#else
+  using GraphPtr = std::unique_ptr<int>;
+#endif
+  GraphPtr draft, verify, catchup, all;
+  Tensor vlogits;  // the verify graph's logits (in the target's arena)
+};
+
 // The fixed-shape decode step. Every request gets n rows:
 //   draft steps s = 1..n-2: one row per request (input d_s at position ctx+s-1, hidden from the
 //     pool for s = 1, else the previous step's r); the argmax (mapped by d2t) is written straight
@@ -73,17 +86,9 @@ struct SpecWorker::Lane {
   std::vector<SeqChunk> chunks;
   int width = 0;  // graph lanes: fixed block-table width
 #ifdef TS_WITH_CUDA
-  using GraphPtr = std::unique_ptr<cuda::Graph>;
   std::unique_ptr<cuda::StreamMarks> marks;  // device-time markers (CUDA lanes)
-#else
-  using GraphPtr = std::unique_ptr<int>;
 #endif
-  // Per bucket: the three phases as separate graphs (host acceptance goes between verify and
-  // catch-up; phase timing) and all three as one graph (greedy steps: one launch).
-  struct Graphs {
-    GraphPtr draft, verify, catchup, all;
-    Tensor vlogits;
-  };
+  using Graphs = LaneGraphs;
   std::map<std::pair<int, int>, Graphs> graphs;  // (kv bound, bucket)
   std::vector<int> kv_bounds, buckets;
 
@@ -499,8 +504,6 @@ bool replay(G* g, M member) {
   return false;
 #endif
 }
-template <typename G>
-Tensor graph_vlogits(G* g) { return g->vlogits; }
 
 }  // namespace
 
@@ -524,18 +527,18 @@ struct SpecWorker::Marks {
   double host[5] = {};
 };
 
-double SpecWorker::decode_step(const std::vector<Request*>& decodes, const PushFn& push, const EmitFn& emit) {
-  const int B = int(decodes.size()), n = n_;
-  double t0 = now_s();
-  Lane* L = eager_.get();
-  int bucket = 0, kvb = 0;
-  Lane::Graphs* g = nullptr;
+// The graph lane and its graphs for this batch, or the eager lane (g null) when no captured
+// bucket fits (batch above the largest bucket, context above the largest bound, no graphs).
+SpecWorker::Lane* SpecWorker::pick_lane(const std::vector<Request*>& decodes, int& bucket, int& kv_bound, LaneGraphs*& g) {
+  const int B = int(decodes.size());
+  bucket = kv_bound = 0;
+  g = nullptr;
 #ifdef TS_WITH_CUDA
   if (graph_ && B <= graph_->buckets.back()) {
     int max_kv = 0;
     bool fits = true;
     for (Request* r : decodes) {
-      max_kv = std::max(max_kv, r->num_computed + n);
+      max_kv = std::max(max_kv, r->num_computed + n_);
       fits = fits && int(r->block_table.size()) <= graph_->width;
     }
     auto kv = std::lower_bound(graph_->kv_bounds.begin(), graph_->kv_bounds.end(), max_kv);
@@ -543,20 +546,57 @@ double SpecWorker::decode_step(const std::vector<Request*>& decodes, const PushF
     if (fits && kv != graph_->kv_bounds.end() && bb != graph_->buckets.end()) {
       auto it = graph_->graphs.find({*kv, *bb});
       if (it != graph_->graphs.end()) {
-        L = graph_.get();
         bucket = *bb;
-        kvb = *kv;
+        kv_bound = *kv;
         g = &it->second;
+        return graph_.get();
       }
     }
   }
 #endif
-  if (L == eager_.get() && L->cap < B) {
-    L->alloc(std::max(B, 2 * L->cap), n, draft_->hidden(), draft_->dtype(), draft_->device());
+  Lane* L = eager_.get();
+  if (L->cap < B) {
+    L->alloc(std::max(B, 2 * L->cap), n_, draft_->hidden(), draft_->dtype(), draft_->device());
 #ifdef TS_WITH_CUDA
     if (draft_->device() == Device::cuda && !L->marks) L->marks = std::make_unique<cuda::StreamMarks>(5);
 #endif
   }
+  return L;
+}
+
+// Rejection sampling against the target's filtered distribution for every request of the step
+// (pushes their tokens), then the accepted ids and counts go back for the catch-up.
+void SpecWorker::host_accept(const std::vector<Request*>& decodes, Lane& L, const PushFn& push, const EmitFn& emit,
+                             std::vector<int>& accepted) {
+  const int B = int(decodes.size()), n = n_;
+  const int64_t cap = L.cap, V = L.vlogits.size(1);
+  int32_t* hv = L.host.data() + cap;  // vids [cap*n] | tgt [cap*n] | acc [cap]
+  int32_t* ht = hv + cap * n;
+  int32_t* ha = ht + cap * n;
+  Tensor lg = L.vlogits.slice_rows(0, int64_t(B) * n);
+  if (lg.device != Device::cpu) lg = lg.to(Device::cpu);
+  device_copy(hv, Device::cpu, L.io.ptr<int32_t>() + cap, L.io.device, size_t(B) * n * sizeof(int32_t));
+  for (int i = 0; i < B; ++i) {
+    Request& r = *decodes[size_t(i)];
+    std::vector<int32_t> d(hv + int64_t(i) * n + 1, hv + int64_t(i + 1) * n);
+    const int start = r.num_computed;
+    accepted[size_t(i)] = accept(r, d, lg.ptr<float>() + int64_t(i) * n * V, V, push, emit);
+    for (int j = 0; j < n; ++j) {
+      size_t k = size_t(start + 1 + j);
+      ht[int64_t(i) * n + j] = j <= accepted[size_t(i)] && k < r.tokens.size() ? r.tokens[k] : 0;
+    }
+    ha[i] = accepted[size_t(i)];
+  }
+  device_copy(L.io.ptr<int32_t>() + cap + cap * n, L.io.device, ht, Device::cpu, size_t(B) * n * sizeof(int32_t));
+  device_copy(L.io.ptr<int32_t>() + cap + 2 * cap * n, L.io.device, ha, Device::cpu, size_t(B) * sizeof(int32_t));
+}
+
+double SpecWorker::decode_step(const std::vector<Request*>& decodes, const PushFn& push, const EmitFn& emit) {
+  const int B = int(decodes.size()), n = n_;
+  double t0 = now_s();
+  int bucket = 0, kvb = 0;
+  Lane::Graphs* g = nullptr;
+  Lane* L = pick_lane(decodes, bucket, kvb, g);
   const int Bb = bucket > 0 ? bucket : B;
   build_lane(*L, decodes, bucket, kvb);
   bool host = false;  // sampling, penalties or logprobs: acceptance on the host
@@ -568,45 +608,24 @@ double SpecWorker::decode_step(const std::vector<Request*>& decodes, const PushF
     replay(g, &Lane::Graphs::all);
     return finish_decode_step(decodes, *L, host, true, t0, push, emit);
   }
-  // 1. Draft steps, verify, greedy acceptance. Marks: 0 draft 1 verify 2 .. 3 catch-up 4.
+  // Draft steps, verify, greedy acceptance; host acceptance; catch-up. Marks: 0 draft 1 verify 2
+  // (host acceptance) 3 catch-up 4.
   Marks marks(L);
   marks.record(0);
   if (!replay(g, &Lane::Graphs::draft)) segment_a(*L, Bb);
   marks.record(1);
-  if (replay(g, &Lane::Graphs::verify)) L->vlogits = graph_vlogits(g);
+  if (replay(g, &Lane::Graphs::verify)) L->vlogits = g->vlogits;
   else segment_v(*L, Bb);
   marks.record(2);
-  // 2. Host acceptance (rejection sampling against the target's filtered distribution), then
-  //    the accepted ids and counts go back for the catch-up.
   std::vector<int> accepted(size_t(B), 0);
-  const int64_t cap = L->cap;
-  int32_t* hv = L->host.data() + cap;              // vids [cap*n]
-  int32_t* ht = hv + cap * n;                       // tgt [cap*n]
-  int32_t* ha = ht + cap * n;                       // acc [cap]
-  if (host) {
-    const int64_t V = L->vlogits.size(1);
-    Tensor lg = L->vlogits.slice_rows(0, int64_t(B) * n);
-    if (lg.device != Device::cpu) lg = lg.to(Device::cpu);
-    device_copy(hv, Device::cpu, L->io.ptr<int32_t>() + cap, L->io.device, size_t(B) * n * sizeof(int32_t));
-    for (int i = 0; i < B; ++i) {
-      Request& r = *decodes[size_t(i)];
-      std::vector<int32_t> d(hv + int64_t(i) * n + 1, hv + int64_t(i + 1) * n);
-      const int start = r.num_computed;
-      accepted[size_t(i)] = accept(r, d, lg.ptr<float>() + int64_t(i) * n * V, V, push, emit);
-      for (int j = 0; j < n; ++j) {
-        size_t k = size_t(start + 1 + j);
-        ht[int64_t(i) * n + j] = j <= accepted[size_t(i)] && k < r.tokens.size() ? r.tokens[k] : 0;
-      }
-      ha[i] = accepted[size_t(i)];
-    }
-    device_copy(L->io.ptr<int32_t>() + cap + cap * n, L->io.device, ht, Device::cpu, size_t(B) * n * sizeof(int32_t));
-    device_copy(L->io.ptr<int32_t>() + cap + 2 * cap * n, L->io.device, ha, Device::cpu, size_t(B) * sizeof(int32_t));
-  }
-  // 3. Draft catch-up; one read-back of drafts, target ids, accepted counts and next drafts.
+  if (host) host_accept(decodes, *L, push, emit, accepted);
   marks.record(3);
   if (!replay(g, &Lane::Graphs::catchup)) segment_b(*L, Bb);
   marks.record(4);
-  device_copy(hv, Device::cpu, L->io.ptr<int32_t>() + cap, L->io.device, size_t(2 * cap + 2 * cap * n) * sizeof(int32_t));
+  // One read-back: drafts, target ids, accepted counts, next drafts.
+  const int64_t cap = L->cap;
+  device_copy(L->host.data() + cap, Device::cpu, L->io.ptr<int32_t>() + cap, L->io.device,
+              size_t(2 * cap + 2 * cap * n) * sizeof(int32_t));
   draft_s_ += marks.seconds(0, 1) + marks.seconds(3, 4);
   verify_s_ += marks.seconds(1, 2);
   ++timed_steps_;

@@ -52,12 +52,16 @@ class SpecWorker {
 
  private:
   struct Lane;
+  struct LaneGraphs;
   struct Marks;
   // Steps with prefill chunks: draft loop, one target forward over verify rows and chunks,
   // acceptance, one draft forward (catch-up + draft prefill).
   double mixed_step(const std::vector<ScheduledChunk>& chunks, const PushFn& push, const EmitFn& emit);
   // Decode-only steps: fixed shapes, every request n rows (graph-capturable; see the .cpp).
   double decode_step(const std::vector<Request*>& decodes, const PushFn& push, const EmitFn& emit);
+  Lane* pick_lane(const std::vector<Request*>& decodes, int& bucket, int& kv_bound, LaneGraphs*& g);
+  void host_accept(const std::vector<Request*>& decodes, Lane& L, const PushFn& push, const EmitFn& emit,
+                   std::vector<int>& accepted);
   void build_lane(Lane& L, const std::vector<Request*>& reqs, int bucket, int kv_bound);
   void segment_a(Lane& L, int bucket);  // draft steps
   void segment_v(Lane& L, int bucket);  // verify + greedy acceptance
