@@ -373,8 +373,11 @@ double SpecWorker::mixed_step(const std::vector<ScheduledChunk>& chunks, const P
 }
 
 double SpecWorker::step(const std::vector<ScheduledChunk>& chunks, const PushFn& push, const EmitFn& emit) {
-  std::vector<Request*> decodes;
-  std::vector<ScheduledChunk> rest;  // prefill chunks (and decodes without a draft input yet)
+  // Reused every step (the engine loop allocates nothing in steady state).
+  std::vector<Request*>& decodes = decodes_;
+  std::vector<ScheduledChunk>& rest = rest_;  // prefill chunks (and decodes without a draft input yet)
+  decodes.clear();
+  rest.clear();
   for (auto& c : chunks) {
     if (c.req->is<state::Decoding>() && c.req->spec_next >= 0) decodes.push_back(c.req);
     else rest.push_back(c);
@@ -567,7 +570,7 @@ SpecWorker::Lane* SpecWorker::pick_lane(const std::vector<Request*>& decodes, in
 // Rejection sampling against the target's filtered distribution for every request of the step
 // (pushes their tokens), then the accepted ids and counts go back for the catch-up.
 void SpecWorker::host_accept(const std::vector<Request*>& decodes, Lane& L, const PushFn& push, const EmitFn& emit,
-                             std::vector<int>& accepted) {
+                             std::vector<int>& accepted) {  // [B], filled
   const int B = int(decodes.size()), n = n_;
   const int64_t cap = L.cap, V = L.vlogits.size(1);
   int32_t* hv = L.host.data() + cap;  // vids [cap*n] | tgt [cap*n] | acc [cap]
@@ -606,7 +609,8 @@ double SpecWorker::decode_step(const std::vector<Request*>& decodes, const PushF
   const bool timed = !(g && !host) || fixed_steps_ % 8 == 0;
   if (g && !host && !timed) {
     replay(g, &Lane::Graphs::all);
-    return finish_decode_step(decodes, *L, host, true, t0, push, emit);
+    accepted_.assign(size_t(B), 0);
+    return finish_decode_step(decodes, *L, host, true, true, t0, push, emit);
   }
   // Draft steps, verify, greedy acceptance; host acceptance; catch-up. Marks: 0 draft 1 verify 2
   // (host acceptance) 3 catch-up 4.
@@ -617,8 +621,8 @@ double SpecWorker::decode_step(const std::vector<Request*>& decodes, const PushF
   if (replay(g, &Lane::Graphs::verify)) L->vlogits = g->vlogits;
   else segment_v(*L, Bb);
   marks.record(2);
-  std::vector<int> accepted(size_t(B), 0);
-  if (host) host_accept(decodes, *L, push, emit, accepted);
+  accepted_.assign(size_t(B), 0);
+  if (host) host_accept(decodes, *L, push, emit, accepted_);
   marks.record(3);
   if (!replay(g, &Lane::Graphs::catchup)) segment_b(*L, Bb);
   marks.record(4);
@@ -629,13 +633,14 @@ double SpecWorker::decode_step(const std::vector<Request*>& decodes, const PushF
   draft_s_ += marks.seconds(0, 1) + marks.seconds(3, 4);
   verify_s_ += marks.seconds(1, 2);
   ++timed_steps_;
-  return finish_decode_step(decodes, *L, host, bucket > 0, t0, push, emit, accepted);
+  return finish_decode_step(decodes, *L, host, bucket > 0, false, t0, push, emit);
 }
 
 // Pushes the greedy requests' accepted drafts and bonus token (host-accepted requests pushed
 // theirs already), advances every request and keeps its next draft input.
-double SpecWorker::finish_decode_step(const std::vector<Request*>& decodes, Lane& lane, bool host, bool graph, double t0,
-                                      const PushFn& push, const EmitFn& emit, std::vector<int> accepted) {
+double SpecWorker::finish_decode_step(const std::vector<Request*>& decodes, Lane& lane, bool host, bool graph,
+                                      bool read_back, double t0, const PushFn& push, const EmitFn& emit) {
+  std::vector<int>& accepted = accepted_;  // host-accepted counts (zeros for greedy requests)
   Lane* L = &lane;
   const int B = int(decodes.size()), n = n_;
   const int64_t cap = L->cap;
@@ -643,10 +648,8 @@ double SpecWorker::finish_decode_step(const std::vector<Request*>& decodes, Lane
   int32_t* ht = hv + cap * n;
   int32_t* ha = ht + cap * n;
   int32_t* hn = ha + cap;
-  if (accepted.empty()) {  // the one-launch path: read back here
+  if (read_back)  // the one-launch path
     device_copy(hv, Device::cpu, L->io.ptr<int32_t>() + cap, L->io.device, size_t(2 * cap + 2 * cap * n) * sizeof(int32_t));
-    accepted.assign(size_t(B), 0);
-  }
   double fwd = now_s() - t0;
   // 4. Greedy requests: push the accepted drafts and the bonus token.
   for (int i = 0; i < B; ++i) {

@@ -67,8 +67,9 @@ class SpecWorker {
   void segment_v(Lane& L, int bucket);  // verify + greedy acceptance
   void segment_b(Lane& L, int bucket);  // draft catch-up
   void segment_all(Lane& L, int bucket);
-  double finish_decode_step(const std::vector<Request*>& decodes, Lane& L, bool host, bool graph, double t0,
-                            const PushFn& push, const EmitFn& emit, std::vector<int> accepted = {});
+  // Pushes tokens and advances the requests; read_back: the device results are not on the host yet.
+  double finish_decode_step(const std::vector<Request*>& decodes, Lane& L, bool host, bool graph, bool read_back,
+                            double t0, const PushFn& push, const EmitFn& emit);
   void draft_loop(const std::vector<Request*>& decodes, std::vector<std::vector<int32_t>>& drafts);
   // Returns the number of accepted drafts; pushes accepted drafts + the bonus token.
   int accept(Request& r, const std::vector<int32_t>& drafts, const float* logits, int64_t vocab, const PushFn& push,
@@ -86,6 +87,9 @@ class SpecWorker {
   int64_t verify_steps_ = 0, accepted_tokens_ = 0, fixed_steps_ = 0, graph_steps_ = 0, timed_steps_ = 0;
   double draft_s_ = 0, verify_s_ = 0;
   std::vector<std::vector<int32_t>> verify_ids_;
+  std::vector<Request*> decodes_;      // step(): reused every step
+  std::vector<ScheduledChunk> rest_;
+  std::vector<int> accepted_;          // decode_step(): host-accepted drafts per request
   // Draft hidden state per request: h_pool_ [slots + 1, H]; the last row takes padding writes.
   Tensor h_pool_;
   struct FreeSlots;
