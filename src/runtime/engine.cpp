@@ -254,12 +254,23 @@ void EngineImpl::intake() {
     std::lock_guard<std::mutex> lk(metrics_mu_);
     ++metrics_.requests_total;
   }
-  // Clients that went away: abort wherever the request is.
+  // Clients that went away: abort wherever the request is. Clients that matched a stop
+  // string themselves: finish it as stopped.
   auto check = [&](const std::shared_ptr<Request>& r) {
-    if (!r->terminal() && r->stream->cancelled()) {
+    if (r->terminal()) return;
+    if (r->stream->cancelled()) {
       r->to(state::Aborted{"client disconnected"});
       StreamEvent ev;
       finish(*r, FinishReason::abort, ev);
+    } else if (r->stream->stop_requested()) {
+      if (r->is<state::Waiting>() || r->is<state::Retracted>()) {
+        r->to(state::Aborted{"stopped by the client before it ran"});
+        StreamEvent ev;
+        finish(*r, FinishReason::stop, ev);
+      } else {
+        StreamEvent ev;
+        finish(*r, FinishReason::stop, ev);
+      }
     }
   };
   for (auto& r : sched->running()) check(r);

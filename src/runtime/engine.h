@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -63,21 +64,35 @@ struct StreamEvent {
   std::vector<std::pair<std::vector<int32_t>, int>> spec_trace;
 };
 
-// Per-request channel. The engine pushes, one client thread pops.
+// Per-request channel between the engine thread (the one producer) and one consumer (an HTTP
+// connection's event loop, a CLI thread, a test). Consumers either block in pop() or register
+// a notifier and drain with try_pop() from their own thread.
 class Stream {
  public:
   void push(StreamEvent ev);
   // Waits up to timeout_ms; returns false on timeout. Events arrive in order; the last one
   // has finished == true.
   bool pop(StreamEvent& ev, int timeout_ms);
-  void cancel() { cancelled_ = true; }  // client went away: the engine aborts the request
+  bool try_pop(StreamEvent& ev);  // never blocks
+  // Event-driven consumers: `fn` runs on the pushing thread whenever a push finds the queue
+  // empty (edge-triggered: drain with try_pop until it returns false, then wait for the next
+  // call). Registering with events already queued calls `fn` at once. `fn` must be cheap and
+  // must not call back into this Stream's push (it typically posts to an event loop).
+  void set_notify(std::function<void()> fn);
+  // Client went away: the engine aborts the request (FinishReason::abort) at its next step.
+  void cancel() { cancelled_ = true; }
   bool cancelled() const { return cancelled_; }
+  // The client side ended the request normally (its output processor matched a stop string):
+  // the engine finishes it with FinishReason::stop at its next step and counts it as finished.
+  void request_stop() { stop_requested_ = true; }
+  bool stop_requested() const { return stop_requested_; }
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<StreamEvent> q_;
-  std::atomic<bool> cancelled_{false};
+  std::function<void()> notify_;
+  std::atomic<bool> cancelled_{false}, stop_requested_{false};
 };
 
 struct EngineOptions {

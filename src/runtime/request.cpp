@@ -48,11 +48,15 @@ void Histogram::observe(double v) {
 }
 
 void Stream::push(StreamEvent ev) {
+  std::function<void()>* fn = nullptr;
   {
     std::lock_guard<std::mutex> lk(mu_);
+    if (q_.empty() && notify_) fn = &notify_;
     q_.push_back(std::move(ev));
   }
   cv_.notify_one();
+  // notify_ is set once before the consumer waits and never reset, so calling it unlocked is safe.
+  if (fn) (*fn)();
 }
 
 bool Stream::pop(StreamEvent& ev, int timeout_ms) {
@@ -61,6 +65,25 @@ bool Stream::pop(StreamEvent& ev, int timeout_ms) {
   ev = std::move(q_.front());
   q_.pop_front();
   return true;
+}
+
+bool Stream::try_pop(StreamEvent& ev) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (q_.empty()) return false;
+  ev = std::move(q_.front());
+  q_.pop_front();
+  return true;
+}
+
+void Stream::set_notify(std::function<void()> fn) {
+  bool now;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    TS_CHECK(!notify_, "Stream::set_notify: a notifier is already registered");
+    notify_ = std::move(fn);
+    now = !q_.empty();
+  }
+  if (now) notify_();
 }
 
 }  // namespace ts

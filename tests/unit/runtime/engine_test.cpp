@@ -171,6 +171,56 @@ TEST(EngineCancel, CancelledStreamIsAbortedAndFreed) {
   EXPECT_EQ(e.metrics().requests_aborted, 1);
 }
 
+TEST(EngineCancel, RequestStopFinishesAsStopped) {
+  Engine e(small_engine());
+  e.start();
+  auto st = e.submit(greedy({0, 331, 291}, 2000));
+  StreamEvent ev;
+  ASSERT_TRUE(st->pop(ev, 60000));
+  st->request_stop();
+  Result r = collect(st);
+  EXPECT_EQ(r.reason, FinishReason::stop);
+  EXPECT_LT(r.completion_tokens, 2000);
+  for (int i = 0; i < 100 && e.metrics().running > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(e.metrics().running, 0);
+  EXPECT_EQ(e.metrics().requests_aborted, 0);
+  EXPECT_EQ(e.metrics().requests_finished, 1);
+}
+
+// An event-driven consumer: the notifier fires on the engine thread when the queue turns
+// non-empty; draining with try_pop sees every event in order, the last one finished.
+TEST(EngineStream, NotifyThenTryPopDrainsEveryEvent) {
+  Engine e(small_engine());
+  e.start();
+  auto st = e.submit(greedy({0, 331, 291}, 8));
+  std::mutex mu;
+  std::condition_variable cv;
+  int notified = 0;
+  st->set_notify([&] {
+    std::lock_guard<std::mutex> lk(mu);
+    ++notified;
+    cv.notify_one();
+  });
+  int tokens = 0;
+  bool done = false;
+  while (!done) {
+    {
+      std::unique_lock<std::mutex> lk(mu);
+      ASSERT_TRUE(cv.wait_for(lk, std::chrono::seconds(60), [&] { return notified > 0; }));
+      notified = 0;
+    }
+    StreamEvent ev;
+    while (st->try_pop(ev)) {
+      ASSERT_FALSE(done) << "event after the final one";
+      tokens += int(ev.tokens.size());
+      done = ev.finished;
+    }
+  }
+  EXPECT_EQ(tokens, 8);
+  StreamEvent ev;
+  EXPECT_FALSE(st->try_pop(ev));
+}
+
 TEST(EngineSampling, SeededSamplingIsReproducible) {
   Engine e(small_engine());
   e.start();
