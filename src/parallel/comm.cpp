@@ -151,8 +151,8 @@ class NcclComm final : public Comm {
     // counts are fixed by the shapes).
     const int64_t chunk = in.numel() / size_;
     Tensor a = in.view({int64_t(size_), chunk}), b = out.view({int64_t(size_), chunk});
-    std::vector<int64_t> ones(size_t(size_), 1);
-    cuda::nccl_all_to_all_v(nccl_, a, ones.data(), b, ones.data());
+    ones_.assign(size_t(size_), 1);  // keeps its capacity: no allocation after the first call
+    cuda::nccl_all_to_all_v(nccl_, a, ones_.data(), b, ones_.data());
   }
   void all_to_all_v(const Tensor& in, std::span<const int64_t> send_rows, Tensor& out,
                     std::span<const int64_t> recv_rows) override {
@@ -200,6 +200,7 @@ class NcclComm final : public Comm {
   std::shared_ptr<void> owner_;  // the CommGroup or the split handle: keeps nccl_ alive
   std::shared_ptr<cuda::OneShotAllReduce> oneshot_;
   Tensor scratch_;
+  std::vector<int64_t> ones_;
 };
 
 std::shared_ptr<CommGroup> CommGroup::create(int n, int fusion_max_tokens, int64_t hidden) {
