@@ -53,4 +53,8 @@ expect_error "could not connect to 127.0.0.1:$port" "$BIN" comm-selftest --nnode
 expect_error "needs --dist-init-addr" "$BIN" comm-selftest --nnodes 2 --node-rank 0
 expect_error "outside 0..1" "$BIN" comm-selftest --nnodes 2 --node-rank 2 --dist-init-addr 127.0.0.1:$port
 expect_error "expected host:port" "$BIN" comm-selftest --nnodes 2 --node-rank 0 --dist-init-addr localhost
+# The engine flags resolve the mapping before loading anything.
+expect_error "does not divide the world size 2" "$BIN" generate --prompt-ids 1,2 --tp-size 2 --ep-size 3
+expect_error "cannot both be > 1" "$BIN" generate --prompt-ids 1,2 --tp-size 4 --moe-tp-size 2 --ep-size 2
+expect_error "engine does not run it yet" "$BIN" generate --prompt-ids 1,2 --data-parallel-size 2
 [ $fails -eq 0 ] || { echo "$fails failure(s)"; exit 1; }
