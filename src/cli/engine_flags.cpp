@@ -1,9 +1,11 @@
 #include "cli/engine_flags.h"
 
 #include <filesystem>
+#include <memory>
 
 #include "cli/common.h"
 #include "core/error.h"
+#include "parallel/mapping.h"
 
 namespace ts::cli {
 
@@ -33,12 +35,55 @@ void add_engine_flags(CLI::App& app, EngineOptions& o) {
   app.add_option("--cuda-graph-max-bs", o.cuda_graph_max_bs, "largest decode batch captured in a graph");
   app.add_option("--prefill-graph-max-tokens", o.prefill_graph_max_tokens, "largest prefill captured in a graph");
   app.add_flag("--disable-pdl", o.disable_pdl, "no programmatic dependent launch");
-  app.add_option("--tp-size,--tensor-parallel-size", o.tp_size, "GPUs the model is split over (tensor parallelism, one process)");
-  app.add_option("--ep-size,--expert-parallel-size", o.ep_size, "MoE expert-parallel size (dense models: 1)");
-  app.add_flag("--replicate-embedding", o.replicate_embedding,
+  // The parallel flags fill a ParallelOptions owned by the parse callback until EngineOptions
+  // embeds one (then: add_parallel_flags(app, o.parallel)).
+  auto p = std::make_shared<parallel::ParallelOptions>();
+  p->tp_size = o.tp_size;
+  p->ep_size = o.ep_size;
+  p->replicate_embedding = o.replicate_embedding;
+  p->comm_fusion_max_num_tokens = o.comm_fusion_max_num_tokens;
+  add_parallel_flags(app, *p);
+  app.parse_complete_callback([p, &o] { apply_parallel_options(*p, o); });
+}
+
+void add_parallel_flags(CLI::App& app, parallel::ParallelOptions& p) {
+  app.add_option("--tp-size,--tensor-parallel-size", p.tp_size,
+                 "attention tensor-parallel size: ranks each attention layer is split over (heads; KV heads replicated "
+                 "when fewer than ranks)");
+  app.add_option("--attn-tp-size", p.attn_tp_size, "same as --tp-size (the reference system's name)");
+  app.add_option("--data-parallel-size,--dp-size", p.dp_size,
+                 "attention data parallelism: groups of --tp-size ranks with their own requests (MLA models); world "
+                 "size = tp x dp");
+  app.add_option("--dense-tp-size", p.dense_tp_size, "TP size of dense MLP layers (default: the attention TP size)");
+  app.add_option("--moe-tp-size", p.moe_tp_size,
+                 "TP size of MoE experts (intermediate dim split; default: the world size, or 1 with --ep-size)");
+  app.add_option("--ep-size,--expert-parallel-size", p.ep_size,
+                 "expert parallelism: MoE experts split whole over this many ranks (MoE TP and EP are not both > 1)");
+  app.add_flag("--enable-expert-parallel", p.enable_expert_parallel, "expert parallelism over the whole world");
+  app.add_option("--nnodes", p.nnodes, "nodes (processes) of the world; one per --node-rank");
+  app.add_option("--node-rank", p.node_rank, "this node's rank, 0..nnodes-1 (node 0 hosts the rendezvous)");
+  app.add_option("--dist-init-addr", p.dist_init_addr, "host:port of node 0's rendezvous (multi-node)");
+  app.add_option("--dist-timeout", p.dist_timeout_s, "seconds to wait for the other nodes and for collectives");
+  app.add_flag("--replicate-embedding", p.replicate_embedding,
                "keep the whole embedding table on every GPU (no vocab mask, no all-reduce, more memory)");
-  app.add_option("--comm-fusion-max-num-tokens", o.comm_fusion_max_num_tokens,
+  app.add_option("--comm-fusion-max-num-tokens", p.comm_fusion_max_num_tokens,
                  "up to this many tokens, all-reduce + residual add + RMSNorm run as one fused kernel (0: off)");
+}
+
+void apply_parallel_options(const parallel::ParallelOptions& p, EngineOptions& o) {
+  const parallel::Mapping m = parallel::Mapping::resolve(p, 0);  // the sizes' arithmetic, for every flag
+  auto later = [](const std::string& what) {
+    fail("{}: the parallel mapping is valid, but the engine does not run it yet (parallel layers for every model, "
+         "issue #20: integration phase)", what);
+  };
+  if (m.attn_dp > 1) later(fmt::format("--data-parallel-size {}", m.attn_dp));
+  if (p.nnodes > 1) later(fmt::format("--nnodes {}", p.nnodes));
+  if (m.dense_tp != m.attn_tp) later(fmt::format("--dense-tp-size {}", m.dense_tp));
+  if (m.moe_tp != m.world && m.moe_ep == 1) later(fmt::format("--moe-tp-size {}", m.moe_tp));
+  o.tp_size = m.attn_tp;
+  o.ep_size = m.moe_ep;
+  o.replicate_embedding = p.replicate_embedding;
+  o.comm_fusion_max_num_tokens = p.comm_fusion_max_num_tokens;
 }
 
 void add_model_arg(CLI::App& app, std::string& model) {

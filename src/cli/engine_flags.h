@@ -2,10 +2,20 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include "parallel/options.h"
 #include "runtime/engine.h"
 
 namespace ts::cli {
 void add_engine_flags(CLI::App& app, EngineOptions& o);
+
+// The parallel flags (parallel/options.h): --tp-size, --attn-tp-size, --data-parallel-size,
+// --dense-tp-size, --moe-tp-size, --ep-size, --enable-expert-parallel, --nnodes, --node-rank,
+// --dist-init-addr, --dist-timeout, --replicate-embedding, --comm-fusion-max-num-tokens.
+void add_parallel_flags(CLI::App& app, parallel::ParallelOptions& p);
+// Checks the parsed parallel flags (Mapping::resolve) and carries what today's engine runs into
+// EngineOptions (tp / ep sizes, embedding replication, fusion); the mappings it cannot run yet
+// (attention DP, separate dense / MoE TP sizes, several nodes) are errors that say so.
+void apply_parallel_options(const parallel::ParallelOptions& p, EngineOptions& o);
 
 // MODEL (optional positional) and --model-path, both into `model`; empty means the demo model.
 void add_model_arg(CLI::App& app, std::string& model);

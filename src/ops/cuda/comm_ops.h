@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -23,6 +24,31 @@ void nccl_destroy(void* comm);
 void nccl_all_reduce_sum(void* comm, Tensor& x);
 // out = concat over ranks of in (rank-major): out.numel() == size * in.numel(), both contiguous.
 void nccl_all_gather(void* comm, const Tensor& in, Tensor& out);
+
+// Multi-process / multi-node groups (parallel::CommGroup::create_ranks).
+// A fresh ncclUniqueId as bytes (made once, on global rank 0, and shared out of band).
+std::string nccl_unique_id();
+// Communicators of global ranks [first, first + devices.size()) of `world` (device devices[i]
+// for rank first + i), from one thread in one NCCL group call.
+std::vector<void*> nccl_init_ranks(const std::string& unique_id, int world, int first, const std::vector<int>& devices);
+// ncclCommSplit: collective over comm; color < 0 gives null (NCCL_SPLIT_NOCOLOR).
+void* nccl_split(void* comm, int color, int key);
+int nccl_size(void* comm);
+int nccl_rank(void* comm);
+// in = size equal chunks, out = the sum of every rank's chunk number rank (contiguous).
+void nccl_reduce_scatter_sum(void* comm, const Tensor& in, Tensor& out);
+// x of root to every rank, in place.
+void nccl_broadcast(void* comm, Tensor& x, int root);
+// Uneven all-to-all of dim-0 rows (host counts, n = group size entries each), as grouped
+// ncclSend/ncclRecv; the rank's own segment is a device copy. Both tensors contiguous, same
+// dtype and row width.
+void nccl_all_to_all_v(void* comm, const Tensor& in, const int64_t* send_rows, Tensor& out, const int64_t* recv_rows);
+// Uneven all-gather of dim-0 rows: rank p contributes rows[p]; one grouped ncclBroadcast per rank.
+void nccl_all_gather_v(void* comm, const Tensor& in, const int64_t* rows, Tensor& out);
+// A one-element all-reduce on `scratch` (device i32 [1]) followed by a stream synchronise.
+void nccl_barrier(void* comm, Tensor& scratch);
+// True while the calling thread's stream is being captured into a CUDA graph (runtime.cu).
+bool stream_capturing();
 
 // One-shot all-reduce over peer-mapped buffers (one process, peer access between all GPUs),
 // fused with the residual add and RMSNorm:
