@@ -1,3 +1,4 @@
+#include "ts_source_dir.h"  // TS_SOURCE_DIR (generated: the checkout's path)
 #include "bench/random_model.h"
 
 #include <fcntl.h>

@@ -1,3 +1,4 @@
+#include "ts_source_dir.h"  // TS_SOURCE_DIR (generated: the checkout's path)
 #include "cli/common.h"
 
 #include <filesystem>

@@ -63,8 +63,8 @@ class SingleComm final : public Comm {
   void all_gather(const Tensor& in, Tensor& out) override { copy_contiguous(in, out, "all_gather"); }
   void reduce_scatter(const Tensor& in, Tensor& out) override { copy_contiguous(in, out, "reduce_scatter"); }
   void all_to_all(const Tensor& in, Tensor& out) override { copy_contiguous(in, out, "all_to_all"); }
-  void all_to_all_v(const Tensor& in, std::span<const int64_t> send_rows, Tensor& out,
-                    std::span<const int64_t> recv_rows) override {
+  void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, Tensor& out,
+                    const std::vector<int64_t>& recv_rows) override {
     TS_CHECK(send_rows.size() == 1 && recv_rows.size() == 1 && send_rows[0] == recv_rows[0] &&
                  send_rows[0] <= in.size(0) && recv_rows[0] <= out.size(0),
              "all_to_all_v on one rank: send {} recv {} rows of in {} out {}", send_rows.size() ? send_rows[0] : -1,
@@ -73,7 +73,7 @@ class SingleComm final : public Comm {
     Tensor a = rows_view(in, send_rows[0]), b = rows_view(out, send_rows[0]);
     ops::copy_rows(a, b);
   }
-  void all_gather_v(const Tensor& in, std::span<const int64_t> rows, Tensor& out) override {
+  void all_gather_v(const Tensor& in, const std::vector<int64_t>& rows, Tensor& out) override {
     TS_CHECK(rows.size() == 1 && rows[0] <= in.size(0) && rows[0] <= out.size(0), "all_gather_v on one rank: {} rows",
              rows.size() ? rows[0] : -1);
     if (rows[0] == 0 || in.data == out.data) return;
@@ -154,14 +154,14 @@ class NcclComm final : public Comm {
     ones_.assign(size_t(size_), 1);  // keeps its capacity: no allocation after the first call
     cuda::nccl_all_to_all_v(nccl_, a, ones_.data(), b, ones_.data());
   }
-  void all_to_all_v(const Tensor& in, std::span<const int64_t> send_rows, Tensor& out,
-                    std::span<const int64_t> recv_rows) override {
+  void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, Tensor& out,
+                    const std::vector<int64_t>& recv_rows) override {
     TS_CHECK(int(send_rows.size()) == size_ && int(recv_rows.size()) == size_, "all_to_all_v: {} / {} counts for {} ranks",
              send_rows.size(), recv_rows.size(), size_);
     check_not_captured("all_to_all_v");
     cuda::nccl_all_to_all_v(nccl_, in, send_rows.data(), out, recv_rows.data());
   }
-  void all_gather_v(const Tensor& in, std::span<const int64_t> rows, Tensor& out) override {
+  void all_gather_v(const Tensor& in, const std::vector<int64_t>& rows, Tensor& out) override {
     TS_CHECK(int(rows.size()) == size_, "all_gather_v: {} counts for {} ranks", rows.size(), size_);
     check_not_captured("all_gather_v");
     cuda::nccl_all_gather_v(nccl_, in, rows.data(), out);

@@ -16,7 +16,6 @@
 #pragma once
 #include <cstdint>
 #include <memory>
-#include <span>
 #include <vector>
 
 #include "core/tensor.h"
@@ -52,11 +51,11 @@ class Comm {
   // rows [sum recv_rows[<p], + recv_rows[p]). recv_rows[p] must equal what p sends here (an
   // error otherwise, not a hang, on the cpu backend). in / out may hold more rows than the
   // counts use (workspace buffers sized for the worst case). Counts are host values.
-  virtual void all_to_all_v(const Tensor& in, std::span<const int64_t> send_rows, Tensor& out,
-                            std::span<const int64_t> recv_rows) = 0;
+  virtual void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, Tensor& out,
+                            const std::vector<int64_t>& recv_rows) = 0;
   // Uneven all-gather over rows: rank p contributes rows[p] rows (in has at least rows[rank()]),
   // out gets them rank-major (at least sum rows).
-  virtual void all_gather_v(const Tensor& in, std::span<const int64_t> rows, Tensor& out) = 0;
+  virtual void all_gather_v(const Tensor& in, const std::vector<int64_t>& rows, Tensor& out) = 0;
   // x of rank root is copied into x of every rank.
   virtual void broadcast(Tensor& x, int root) = 0;
   // Returns when every rank of the group has entered it (nccl: and its stream has drained).

@@ -137,8 +137,8 @@ class CpuComm final : public Comm {
       if (p != rank_) recv(p, dst + size_t(p) * bytes, bytes, "all_to_all");
   }
 
-  void all_to_all_v(const Tensor& in, std::span<const int64_t> send_rows, Tensor& out,
-                    std::span<const int64_t> recv_rows) override {
+  void all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_rows, Tensor& out,
+                    const std::vector<int64_t>& recv_rows) override {
     check(in, "all_to_all_v");
     check(out, "all_to_all_v");
     TS_CHECK(int(send_rows.size()) == size_ && int(recv_rows.size()) == size_, "all_to_all_v: {} / {} counts for {} ranks",
@@ -183,7 +183,7 @@ class CpuComm final : public Comm {
     }
   }
 
-  void all_gather_v(const Tensor& in, std::span<const int64_t> rows, Tensor& out) override {
+  void all_gather_v(const Tensor& in, const std::vector<int64_t>& rows, Tensor& out) override {
     check(in, "all_gather_v");
     check(out, "all_gather_v");
     TS_CHECK(int(rows.size()) == size_, "all_gather_v: {} counts for {} ranks", rows.size(), size_);

@@ -4,6 +4,7 @@
 // device too (recorded routes reproduce the logits bit for bit); so does MiniMax-M3's
 // block-selection hook, whose kernel check finds the device's indexer and sparse attention equal
 // to the CPU ops on the device's own inputs (picks identical, outputs within bf16 rounding).
+#include "ts_source_dir.h"  // TS_SOURCE_DIR (generated: the checkout's path)
 #include <gtest/gtest.h>
 
 #include <cstring>

@@ -1,6 +1,7 @@
 // CUDA graphs: every decode bucket and every breakable prefill bucket replays the same logits
 // as eager execution (bf16 tolerance: padded batches change GEMM shapes), on random batches
 // with mixed lengths, cached prefixes and padding; a failed capture falls back to eager.
+#include "ts_source_dir.h"  // TS_SOURCE_DIR (generated: the checkout's path)
 #include <gtest/gtest.h>
 
 #include <random>

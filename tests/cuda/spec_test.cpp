@@ -1,6 +1,7 @@
 // EAGLE3 on the GPU: the fixed-shape step's kernels (argmax with the d2t map, greedy
 // acceptance, state select) against the CPU reference, and the engine's decode-step graphs
 // (draft steps + verify + catch-up replayed as CUDA graphs) against the same step run eagerly.
+#include "ts_source_dir.h"  // TS_SOURCE_DIR (generated: the checkout's path)
 #include <gtest/gtest.h>
 
 #include <fstream>

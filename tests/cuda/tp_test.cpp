@@ -1,6 +1,7 @@
 // Tensor parallelism on 2 GPUs (one process, one thread per GPU): TP=2 against TP=1 logits and
 // greedy tokens, vocab-parallel vs replicated embedding, the fused one-shot all-reduce + norm
 // against NCCL + norm, CUDA graphs under TP, and EAGLE3 through the engine. Skips with < 2 GPUs.
+#include "ts_source_dir.h"  // TS_SOURCE_DIR (generated: the checkout's path)
 #include <gtest/gtest.h>
 
 #include <algorithm>

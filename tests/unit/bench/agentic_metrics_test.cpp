@@ -1,6 +1,7 @@
 // The agentic benchmark's arithmetic on a RECORDED stream (tests/unit/bench/data/recorded_streams.json):
 // raw SSE bytes with their arrival times go through the same SseParser + apply_stream_payload +
 // compute_level as a live run, and every number is checked exactly.
+#include "ts_source_dir.h"  // TS_SOURCE_DIR (generated: the checkout's path)
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,4 +1,5 @@
 // results.json / results.csv / pareto.svg / the table, and the synthetic text generator.
+#include "ts_source_dir.h"  // TS_SOURCE_DIR (generated: the checkout's path)
 #include <gtest/gtest.h>
 
 #include <filesystem>

@@ -1,6 +1,7 @@
 // Conformance with transformers on the real chat templates of ../shared/chat_templates: every
 // `expected` rendering must match byte for byte and every `expected_error` case must raise.
 // The templates are third-party data and are read in place, never copied into the project.
+#include "ts_source_dir.h"  // TS_SOURCE_DIR (generated: the checkout's path)
 #include <chrono>
 #include <ctime>
 #include <filesystem>

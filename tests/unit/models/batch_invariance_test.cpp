@@ -1,6 +1,7 @@
 // Batch invariance of the MoE / MLA / sparse-attention architectures: two different prompts in
 // one ModelRunner step give bit-identical logits to each prompt run alone, and so does a decode
 // step batched with another sequence's prefill chunk.
+#include "ts_source_dir.h"  // TS_SOURCE_DIR (generated: the checkout's path)
 #include <gtest/gtest.h>
 
 #include <cstring>

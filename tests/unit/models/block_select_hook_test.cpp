@@ -3,6 +3,7 @@
 // reproduces the logits bit for bit, forcing another block changes exactly the query it should,
 // the host block scores pick the blocks the indexer picked, and the kernel check finds nothing
 // when the "device" is the CPU itself.
+#include "ts_source_dir.h"  // TS_SOURCE_DIR (generated: the checkout's path)
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -2,6 +2,7 @@
 // forward, forcing the recorded routing reproduces the logits bit for bit, forcing another expert
 // changes exactly the tokens it should, and the host selection scores pick the experts the
 // router picked.
+#include "ts_source_dir.h"  // TS_SOURCE_DIR (generated: the checkout's path)
 #include <gtest/gtest.h>
 
 #include <algorithm>

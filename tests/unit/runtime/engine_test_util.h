@@ -1,5 +1,6 @@
 // Helpers for engine tests: the bundled demo model, greedy generation, prompts.
 #pragma once
+#include "ts_source_dir.h"  // TS_SOURCE_DIR (generated: the checkout's path)
 #include <string>
 #include <vector>
 

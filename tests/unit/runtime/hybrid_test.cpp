@@ -2,6 +2,7 @@
 // recurrent state carried in per-request slots must make greedy output independent of chunk
 // size (1, 7, whole), batching and retraction; prefix reuse is off; unsupported combinations
 // (CUDA, tensor parallel, EAGLE3) fail at startup with a clear message.
+#include "ts_source_dir.h"  // TS_SOURCE_DIR (generated: the checkout's path)
 #include <gtest/gtest.h>
 
 #include <fstream>

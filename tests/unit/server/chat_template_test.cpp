@@ -1,5 +1,6 @@
 // Chat template resolution (explicit file, tokenizer_config.json string / named list,
 // chat_template.jinja) and rendering errors (no template, raise_exception).
+#include "ts_source_dir.h"  // TS_SOURCE_DIR (generated: the checkout's path)
 #include <gtest/gtest.h>
 
 #include <filesystem>

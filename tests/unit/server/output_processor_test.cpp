@@ -1,6 +1,7 @@
 // OutputProcessor on the demo tokenizer: streamed deltas add up to the decoded text, stop
 // strings are cut (or kept) wherever they fall across tokens and end the text, final stop ids
 // add no text, and no delta splits a UTF-8 character.
+#include "ts_source_dir.h"  // TS_SOURCE_DIR (generated: the checkout's path)
 #include <gtest/gtest.h>
 
 #include "server/output_processor.h"

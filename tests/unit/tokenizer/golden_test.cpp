@@ -1,5 +1,6 @@
 // Every case of the Hugging Face goldens (tests/data/tokenizers/*.golden.json): ids, ids with
 // special tokens, tokens, decode with and without skipping specials, and the streaming decoder.
+#include "ts_source_dir.h"  // TS_SOURCE_DIR (generated: the checkout's path)
 #include <gtest/gtest.h>
 
 #include <fstream>

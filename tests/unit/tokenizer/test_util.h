@@ -1,5 +1,6 @@
 // Helpers for tokenizer tests: fixture paths and variants of the fixture tokenizer.json files.
 #pragma once
+#include "ts_source_dir.h"  // TS_SOURCE_DIR (generated: the checkout's path)
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
