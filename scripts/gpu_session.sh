@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One GPU-machine session with prebuilt binaries (scripts/device_bundle.sh): CUDA op tests,
 # kernel labs, goldens on the GPU, the demo pair on the GPU, and the Llama-3.1-8B-shaped bench.
-# Logs go to $OUT. Steps: a comma list of tests,labs,golden,demo,graphs,bench8b,moe30b,minimax (default all).
+# Logs go to $OUT. Steps: a comma list of tests,labs,golden,demo,graphs,bench8b,peer,moe30b,minimax (default all
+# but peer). peer: `tokenspeed bench --json` and the transformers peer (bench/peers/hf_peer.py) on the same
+# random Llama-3.1-8B checkpoint in the same run, then the ratios (bench/peers/compare.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=$PWD/.device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -37,6 +39,14 @@ if has bench8b; then
   grep -v "^\[" $OUT/bench8b.log | tail -30
   timeout 240 $B/tokenspeed bench-decode --model /tmp/l8b --device cuda --graphs --prompt-tokens 1024 --gen-tokens 64 \
     --cached-prefix 32768 --new-tokens 64,256,800,2048 2>&1 | grep -v "^\[[0-9]" | tee $OUT/graphs_8b.log
+fi
+if has peer; then
+  [ -f /tmp/l8b/config.json ] || { timeout 120 $B/tokenspeed make-random-model --preset llama-3.1-8b --out /tmp/l8b > /tmp/make8b.log 2>&1; echo "make-random-model rc=$?"; }
+  timeout 240 $B/tokenspeed bench --model /tmp/l8b --device cuda --prompt-lens ${PEER_PROMPTS:-8192} --batches 1,64 \
+    --contexts 1024 --json $OUT/ours8b.json > $OUT/bench8b_peer.log 2>&1; echo "bench rc=$?"
+  PYTHONUNBUFFERED=1 timeout ${PEER_TIMEOUT:-360} python3 bench/peers/hf_peer.py --model /tmp/l8b --prompt-lens ${PEER_PROMPTS:-8192} \
+    --batches 1,64 --contexts 1024 --cached-prefix 32768 --new-tokens 64,2048 --json $OUT/peer8b.json 2>&1 | tee $OUT/peer8b.log
+  python3 bench/peers/compare.py $OUT/ours8b.json $OUT/peer8b.json 2>&1 | tee $OUT/compare8b.md
 fi
 if has moe30b; then
   # Qwen3-30B-A3B shapes (8 of 48 layers: real per-layer MoE traffic, smaller checkpoint).
