@@ -475,24 +475,30 @@ void walk(Stepper& st, const Vocab& v, const std::vector<int32_t>& ids, const st
       continue;
     }
     // Dead after j bytes: this token, and every later one sharing those j bytes, has one fate.
+    // (Duplicates -- the same bytes under two ids, e.g. "}" and its byte-fallback <0x7D> -- share
+    // this token's own fate.)
     int fate = any_sent[j] ? 2 : 0;
-    classify(i, j == L && (S[L].sentinel || S[L].accept) ? 1 : fate);
+    int self = j == L && (S[L].sentinel || S[L].accept) ? 1 : fate;
+    classify(i, self);
     ++i;
-    while (i < ids.size() && lcp[i] >= j) classify(i++, fate);
+    for (; i < ids.size() && lcp[i] >= j; ++i) classify(i, v.bytes(ids[i]).size() == j ? self : fate);
   }
 }
 
 }  // namespace
 
-const CompiledGrammar::PosMask& CompiledGrammar::pos_mask(int32_t pos) const {
+const CompiledGrammar::PosMask& CompiledGrammar::context_mask(const std::vector<int32_t>& key) const {
+  std::string k(reinterpret_cast<const char*>(key.data()), key.size() * 4);
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = masks_.find(pos);
+  auto it = masks_.find(k);
   if (it != masks_.end()) return *it->second;
   auto pm = std::make_unique<PosMask>();
   NodePool pool;
   Stepper st(flat_, pool);
   ParseState init;
-  init.nodes = {pool.get(pos, NodePool::kSentinel)};
+  int32_t parent = key.back();  // kRoot or kSentinel
+  for (size_t i = key.size() - 2; i >= 1; --i) parent = pool.get(key[i], parent);
+  init.nodes = {pool.get(key[0], parent)};
   std::vector<ParseState> S;
   const auto& ids = vocab_->sorted();
   std::vector<int32_t> acc;
@@ -514,12 +520,12 @@ const CompiledGrammar::PosMask& CompiledGrammar::pos_mask(int32_t pos) const {
     while (k < m && a[k] == b[k]) ++k;
     pm->uncertain_lcp[i] = static_cast<uint16_t>(std::min<size_t>(k, 65535));
   }
-  return *masks_.emplace(pos, std::move(pm)).first->second;
+  return *masks_.emplace(std::move(k), std::move(pm)).first->second;
 }
 
-void CompiledGrammar::precompute() const {
-  for (size_t p = 0; p < flat_.elems.size(); ++p)
-    if (flat_.elems[p] >= 0) pos_mask(static_cast<int32_t>(p));
+size_t CompiledGrammar::num_cached_masks() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return masks_.size();
 }
 
 size_t CompiledGrammar::memory_bytes() const {
@@ -623,12 +629,18 @@ void Matcher::fill_bitmask(uint32_t* row) {
     return;
   }
   std::memset(row, 0, words * 4);
-  std::vector<int32_t> done;
+  std::vector<const CompiledGrammar::PosMask*> done;
   for (int32_t n : state_.nodes) {
-    int32_t pos = pool_[n].pos;
-    const auto& pm = g_->pos_mask(pos);
-    if (std::find(done.begin(), done.end(), pos) == done.end()) {
-      done.push_back(pos);
+    key_.assign(1, pool_[n].pos);
+    int32_t cur = pool_[n].parent;
+    for (int k = 0; k < CompiledGrammar::kContextDepth && cur >= 0; ++k) {
+      key_.push_back(pool_[cur].pos);
+      cur = pool_[cur].parent;
+    }
+    key_.push_back(cur == NodePool::kRoot ? NodePool::kRoot : NodePool::kSentinel);
+    const auto& pm = g_->context_mask(key_);
+    if (std::find(done.begin(), done.end(), &pm) == done.end()) {
+      done.push_back(&pm);
       if (!pm.accepted_bits.empty())
         for (size_t w = 0; w < words; ++w) row[w] |= pm.accepted_bits[w];
       for (int32_t id : pm.accepted_ids) row[id >> 5] |= 1u << (id & 31);

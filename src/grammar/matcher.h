@@ -84,23 +84,26 @@ class CompiledGrammar {
   const Vocab& vocab() const { return *vocab_; }
   const std::shared_ptr<const Vocab>& vocab_ptr() const { return vocab_; }
 
-  // Context-independent split for top position `pos` (computed on first use).
+  // The context-independent split for a stack top, keyed by its position and the return
+  // positions of up to kContextDepth frames below it, then kRoot (the real bottom: nothing is
+  // uncertain) or kSentinel (cut there). Tiny helper rules (a character class, a repetition
+  // step) end after a byte or two; looking a few frames down keeps the uncertain set small.
+  static constexpr int kContextDepth = 3;
   struct PosMask {
     std::vector<uint32_t> accepted_bits;  // [mask_words] when dense, else empty
     std::vector<int32_t> accepted_ids;    // when sparse
     std::vector<int32_t> uncertain;       // sorted by bytes
     std::vector<uint16_t> uncertain_lcp;
   };
-  const PosMask& pos_mask(int32_t pos) const;
-  // Fills every position's cache now (otherwise the first mask at a position pays for it).
-  void precompute() const;
+  const PosMask& context_mask(const std::vector<int32_t>& key) const;
+  size_t num_cached_masks() const;
   size_t memory_bytes() const;
 
  private:
   FlatGrammar flat_;
   std::shared_ptr<const Vocab> vocab_;
   mutable std::mutex mu_;
-  mutable std::unordered_map<int32_t, std::unique_ptr<PosMask>> masks_;
+  mutable std::unordered_map<std::string, std::unique_ptr<PosMask>> masks_;  // key bytes -> split
 };
 
 // Interned stack nodes: (pos, parent). Parents kRoot (bottom of the real stack) and kSentinel
@@ -179,6 +182,7 @@ class Matcher {
   // Masks of recent states (a JSON string's content repeats one state): key = state nodes.
   std::unordered_map<std::string, std::vector<uint32_t>> mask_cache_;
   std::vector<ParseState> walk_;  // scratch for check_uncertain
+  std::vector<int32_t> key_;
 };
 
 }  // namespace ts::grammar
