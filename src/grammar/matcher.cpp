@@ -485,6 +485,73 @@ void walk(Stepper& st, const Vocab& v, const std::vector<int32_t>& ids, const st
   }
 }
 
+// The probe walk of a whole vocabulary revisits few distinct states (inside a string: one), so
+// states are interned and their byte transitions memoized: after warm-up a byte is one lookup.
+class StateTable {
+ public:
+  explicit StateTable(Stepper& st) : st_(st) {}
+  int32_t intern(ParseState s) {
+    std::string key(reinterpret_cast<const char*>(s.nodes.data()), s.nodes.size() * 4);
+    key += static_cast<char>(s.accept | (s.sentinel << 1));
+    auto [it, fresh] = index_.try_emplace(std::move(key), static_cast<int32_t>(states_.size()));
+    if (fresh) {
+      states_.push_back(std::move(s));
+      next_.emplace_back();
+      next_.back().fill(-1);
+    }
+    return it->second;
+  }
+  int32_t step(int32_t sid, uint8_t b) {
+    int32_t n = next_[sid][b];
+    if (n >= 0) return n;
+    st_.advance(states_[sid], b, tmp_);
+    n = intern(tmp_);
+    next_[sid][b] = n;
+    return n;
+  }
+  const ParseState& operator[](int32_t sid) const { return states_[sid]; }
+
+ private:
+  Stepper& st_;
+  std::vector<ParseState> states_;
+  std::vector<std::array<int32_t, 256>> next_;
+  std::unordered_map<std::string, int32_t> index_;
+  ParseState tmp_;
+};
+
+// walk() over interned states (the same classification).
+template <class F>
+void walk_table(StateTable& T, const Vocab& v, const std::vector<int32_t>& ids, const std::vector<uint16_t>& lcp,
+                int32_t init, F classify) {
+  std::vector<int32_t> S(1, init);
+  std::vector<uint8_t> any_sent(1, 0);
+  size_t depth = 0, i = 0;
+  while (i < ids.size()) {
+    const std::string& t = v.bytes(ids[i]);
+    size_t L = t.size();
+    if (S.size() < L + 1) S.resize(L + 1), any_sent.resize(L + 1);
+    size_t j = std::min<size_t>(i == 0 ? 0 : lcp[i], depth);
+    bool alive = !T[S[j]].nodes.empty();
+    while (alive && j < L) {
+      S[j + 1] = T.step(S[j], static_cast<uint8_t>(t[j]));
+      any_sent[j + 1] = any_sent[j] || T[S[j + 1]].sentinel;
+      ++j;
+      alive = !T[S[j]].nodes.empty();
+    }
+    depth = j;
+    if (alive) {
+      classify(i++, 1);
+      continue;
+    }
+    const ParseState& last = T[S[L < j ? L : j]];
+    int fate = any_sent[j] ? 2 : 0;
+    int self = j == L && (last.sentinel || last.accept) ? 1 : fate;
+    classify(i, self);
+    ++i;
+    for (; i < ids.size() && lcp[i] >= j; ++i) classify(i, v.bytes(ids[i]).size() == j ? self : fate);
+  }
+}
+
 }  // namespace
 
 const CompiledGrammar::PosMask& CompiledGrammar::context_mask(const std::vector<int32_t>& key) const {
@@ -499,10 +566,10 @@ const CompiledGrammar::PosMask& CompiledGrammar::context_mask(const std::vector<
   int32_t parent = key.back();  // kRoot or kSentinel
   for (size_t i = key.size() - 2; i >= 1; --i) parent = pool.get(key[i], parent);
   init.nodes = {pool.get(key[0], parent)};
-  std::vector<ParseState> S;
   const auto& ids = vocab_->sorted();
   std::vector<int32_t> acc;
-  walk(st, *vocab_, ids, vocab_->lcp(), std::move(init), S, [&](size_t i, int fate) {
+  StateTable table(st);
+  walk_table(table, *vocab_, ids, vocab_->lcp(), table.intern(std::move(init)), [&](size_t i, int fate) {
     if (fate == 1) acc.push_back(ids[i]);
     else if (fate == 2) pm->uncertain.push_back(ids[i]);
   });

@@ -6,11 +6,17 @@
 // advances every stack whose top set contains it; calls in tail position do not push (so `x*`
 // and right recursion keep stacks flat). Left recursion is rejected at compile time.
 //
-// Masks follow xgrammar's idea: for each top position p the vocabulary splits into tokens that
-// are accepted or rejected whatever lies below p on the stack (context-independent, computed once
-// per CompiledGrammar by a pruned walk over the byte-sorted vocabulary, lazily and thread-safely),
-// and the few whose fate depends on the stack below (they run past the end of p's rule). Only
-// those are checked at runtime, again by a pruned sorted walk from the real stack.
+// Masks follow xgrammar's idea: for each stack top -- its position plus the return positions of
+// up to kContextDepth frames below it -- the vocabulary splits into tokens accepted or rejected
+// whatever lies deeper (context-independent, computed once per CompiledGrammar by a pruned walk
+// over the byte-sorted vocabulary, lazily and thread-safely), and the few whose fate depends on
+// the deeper stack (they run past the cut). Only those are checked at runtime, again by a pruned
+// sorted walk from the real stack. A matcher also remembers the masks of its recent states.
+//
+// For a sampler: fill_bitmask writes [vocab.mask_words()] uint32 per row, bit (id & 31) of word
+// (id >> 5) set = allowed; a model vocabulary padded past the tokenizer's is masked by the caller.
+// For the API layer: compile a request's response_format / tool schema once (CompiledGrammar is
+// immutable and shareable: cache it by schema text), then one Matcher per request (and per n).
 //
 // Threading: Vocab and CompiledGrammar are immutable after construction (the per-position cache
 // fills under a mutex) and shared by many requests; a Matcher belongs to one request/thread.
