@@ -93,8 +93,9 @@ class CompiledGrammar {
   // The context-independent split for a stack top, keyed by its position and the return
   // positions of up to kContextDepth frames below it, then kRoot (the real bottom: nothing is
   // uncertain) or kSentinel (cut there). Tiny helper rules (a character class, a repetition
-  // step) end after a byte or two; looking a few frames down keeps the uncertain set small.
-  static constexpr int kContextDepth = 3;
+  // step) end after a byte or two; looking a few frames down keeps the uncertain set small
+  // (Llama-3.1 JSON schemas: warm p99 95 µs with 3 frames, 18 µs with 6; docs/GRAMMAR.md).
+  static constexpr int kContextDepth = 6;
   struct PosMask {
     std::vector<uint32_t> accepted_bits;  // [mask_words] when dense, else empty
     std::vector<int32_t> accepted_ids;    // when sparse
