@@ -55,3 +55,7 @@ if(NODE_EXECUTABLE)
       LABELS server TIMEOUT 900)
   endforeach()
 endif()
+
+# grammar: the bench runs end to end on a small tokenizer (figures for the 128k vocabulary: docs/GRAMMAR.md)
+add_test(NAME cli_bench_grammar COMMAND tokenspeed bench-grammar --tokenizer ${CMAKE_SOURCE_DIR}/tests/data/tokenizers/bytelevel-1k --repeats 1)
+set_tests_properties(cli_bench_grammar PROPERTIES LABELS "cli;grammar;bench" PASS_REGULAR_EXPRESSION "all schemas, warm: p50")

@@ -1,5 +1,6 @@
 #include "tokenizer/tokenizer.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -298,6 +299,21 @@ std::optional<int32_t> Tokenizer::token_to_id(std::string_view tok) const {
 std::string Tokenizer::id_to_token(int32_t id) const {
   if (!is_valid_id(id)) fail("token id {} is not in the vocabulary (size {})", id, vocab_size());
   return tokens_[id];
+}
+
+std::string Tokenizer::token_bytes(int32_t id) const {
+  if (!is_valid_id(id)) return "";
+  if (byte_decode_) return token_bytes_[id];
+  const std::string& t = tokens_[id];
+  auto hex = [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; };
+  if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && hex(t[3]) && hex(t[4]) && t[5] == '>')
+    return std::string(1, static_cast<char>(std::stoi(t.substr(3, 2), nullptr, 16)));
+  if (!decoder_ || (flags_[id] & kSpecial)) return t;
+  std::vector<std::string> toks = {"\x01", t};
+  decoder_->chain(toks);
+  std::string out;
+  for (const auto& s : toks) out += s;
+  return out.rfind('\x01', 0) == 0 ? out.substr(1) : out;
 }
 
 bool Tokenizer::is_special(int32_t id) const { return is_valid_id(id) && (flags_[id] & kSpecial); }

@@ -50,6 +50,10 @@ class Tokenizer {
   std::string id_to_token(int32_t id) const;  // throws on an id not in the vocabulary
   bool is_valid_id(int32_t id) const;
   bool is_special(int32_t id) const;
+  // The raw bytes this id contributes to a decoded text, for grammar masks: ByteLevel tokens through
+  // the byte table, byte-fallback `<0xHH>` tokens as that one byte, others through the decoder with a
+  // sentinel first token (so start-only steps such as Strip/Metaspace do not apply). "" for invalid ids.
+  std::string token_bytes(int32_t id) const;
   const std::vector<AddedToken>& added_tokens() const { return added_; }
 
   // From tokenizer_config.json (nullopt / "" when absent).

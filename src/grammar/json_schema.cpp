@@ -1,0 +1,530 @@
+#include "grammar/json_schema.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <functional>
+#include <optional>
+#include <fmt/format.h>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+namespace ts::grammar {
+namespace {
+
+// Ordered: properties are generated in the schema's order.
+using json = nlohmann::ordered_json;
+
+// Keywords that constrain values in ways this grammar cannot express: rejected, not ignored.
+const std::set<std::string> kUnsupported = {"not", "if", "then", "else", "patternProperties", "dependentSchemas",
+                                            "dependentRequired", "dependencies", "uniqueItems", "contains",
+                                            "propertyNames", "unevaluatedProperties", "unevaluatedItems",
+                                            "minContains", "maxContains", "multipleOf", "$dynamicRef"};
+
+class SchemaCompiler {
+ public:
+  SchemaCompiler(const json& root, const JsonSchemaOptions& opt) : root_(root), opt_(opt) {}
+
+  Grammar run() {
+    int r = g_.rule("root");
+    g_.define(r, schema(root_, "#", 0));
+    g_.set_root(r);
+    g_.validate();
+    return std::move(g_);
+  }
+
+  Grammar any(bool object_only) {
+    int r = g_.rule("root");
+    g_.define(r, object_only ? g_.ref(any_object()) : g_.ref(any_value()));
+    g_.set_root(r);
+    return std::move(g_);
+  }
+
+ private:
+  [[noreturn]] static void err(const std::string& path, const std::string& what) {
+    throw InvalidRequest(fmt::format("json_schema: {} at {}", what, path), "json_schema");
+  }
+
+  // Lazily defined shared rules.
+  int shared(const char* name, int (SchemaCompiler::*body)()) {
+    int r = g_.find_rule(name);
+    if (r >= 0) return r;
+    r = g_.rule(name);
+    g_.define(r, (this->*body)());
+    return r;
+  }
+  int ws_body() { return opt_.any_whitespace ? g_.star(g_.chars({{' ', ' '}, {'\t', '\t'}, {'\n', '\n'}})) : g_.empty(); }
+  int ws() { return g_.ref(shared("ws", &SchemaCompiler::ws_body)); }
+  int char_body() {
+    int plain = g_.chars({{0, 0x1F}, {'"', '"'}, {'\\', '\\'}}, true);
+    int hex = g_.chars({{'0', '9'}, {'a', 'f'}, {'A', 'F'}});
+    auto cls = [&](const char* s) {  // "0-7" style pairs, both cases
+      Ranges r;
+      for (const char* p = s; *p; p += 3) r.push_back({uint32_t(p[0]), uint32_t(p[2])});
+      return g_.chars(r);
+    };
+    // \uXXXX outside the surrogates, or a high+low surrogate pair (lone surrogates are not text).
+    int d = cls("d-dD-D");
+    int bmp = g_.alt({g_.seq({cls("0-9a-cA-Ce-fE-F"), g_.rep(hex, 3, 3)}), g_.seq({d, cls("0-7"), g_.rep(hex, 2, 2)})});
+    int pair = g_.seq({d, cls("8-9a-bA-B"), g_.rep(hex, 2, 2), g_.lit("\\u"), d, cls("c-fC-F"), g_.rep(hex, 2, 2)});
+    int esc = g_.seq({g_.lit("\\"), g_.alt({g_.chars({{'"', '"'}, {'\\', '\\'}, {'/', '/'}, {'b', 'b'}, {'f', 'f'},
+                                                        {'n', 'n'}, {'r', 'r'}, {'t', 't'}}),
+                                              g_.seq({g_.lit("u"), g_.alt({bmp, pair})})})});
+    return g_.alt({plain, esc});
+  }
+  int jchar() { return g_.ref(shared("char", &SchemaCompiler::char_body)); }
+  int string_body() { return g_.seq({g_.lit("\""), g_.star(jchar()), g_.lit("\"")}); }
+  int string() { return g_.ref(shared("string", &SchemaCompiler::string_body)); }
+  int digits() { return g_.chars({{'0', '9'}}); }
+  int uint_body() { return g_.alt({g_.lit("0"), g_.seq({g_.chars({{'1', '9'}}), g_.star(digits())})}); }
+  int uint() { return g_.ref(shared("uint", &SchemaCompiler::uint_body)); }
+  int integer_body() { return g_.seq({g_.opt(g_.lit("-")), uint()}); }
+  int integer() { return g_.ref(shared("integer", &SchemaCompiler::integer_body)); }
+  int frac_exp() {
+    return g_.seq({g_.opt(g_.seq({g_.lit("."), g_.plus(digits())})),
+                   g_.opt(g_.seq({g_.chars({{'e', 'e'}, {'E', 'E'}}), g_.opt(g_.chars({{'+', '+'}, {'-', '-'}})), g_.plus(digits())}))});
+  }
+  int number_body() { return g_.seq({g_.opt(g_.lit("-")), uint(), frac_exp()}); }
+  int number() { return g_.ref(shared("number", &SchemaCompiler::number_body)); }
+  // value, object and array refer to each other: declared together, defined once.
+  int any_value() {
+    int r = g_.find_rule("value");
+    if (r >= 0) return r;
+    r = g_.rule("value");
+    int o = g_.rule("object"), a = g_.rule("array");
+    int member = g_.seq({string(), ws(), g_.lit(":"), ws(), g_.ref(r)});
+    g_.define(o, g_.seq({g_.lit("{"), ws(),
+                         g_.opt(g_.seq({member, g_.star(g_.seq({ws(), g_.lit(","), ws(), member})), ws()})), g_.lit("}")}));
+    g_.define(a, g_.seq({g_.lit("["), ws(),
+                         g_.opt(g_.seq({g_.ref(r), g_.star(g_.seq({ws(), g_.lit(","), ws(), g_.ref(r)})), ws()})), g_.lit("]")}));
+    g_.define(r, g_.alt({g_.ref(o), g_.ref(a), string(), number(), g_.lit("true"), g_.lit("false"), g_.lit("null")}));
+    return r;
+  }
+  int any_object() {
+    any_value();
+    return g_.find_rule("object");
+  }
+
+  // ---- integers in [lo, hi] (canonical decimal), exact -------------------------------------
+  // Patterns over equal-length digit strings lo..hi: each a list of digit ranges.
+  using Pat = std::vector<std::pair<char, char>>;
+  static void same_len(const std::string& lo, const std::string& hi, Pat prefix, std::vector<Pat>& out) {
+    size_t n = lo.size();
+    if (n == 0) {
+      out.push_back(prefix);
+      return;
+    }
+    if (lo[0] == hi[0] || n == 1) {
+      prefix.push_back({lo[0], hi[0]});
+      if (n > 1) same_len(lo.substr(1), hi.substr(1), prefix, out);
+      else out.push_back(prefix);
+      return;
+    }
+    char start = lo[0], end = hi[0];
+    std::string lrest = lo.substr(1), hrest = hi.substr(1);
+    if (lrest.find_first_not_of('0') != std::string::npos) {
+      Pat p = prefix;
+      p.push_back({lo[0], lo[0]});
+      same_len(lrest, std::string(n - 1, '9'), p, out);
+      ++start;
+    }
+    bool hi_full = hrest.find_first_not_of('9') == std::string::npos;
+    if (!hi_full) --end;
+    if (start <= end) {
+      Pat p = prefix;
+      p.push_back({start, end});
+      for (size_t k = 1; k < n; ++k) p.push_back({'0', '9'});
+      out.push_back(p);
+    }
+    if (!hi_full) {
+      Pat p = prefix;
+      p.push_back({hi[0], hi[0]});
+      same_len(std::string(n - 1, '0'), hrest, p, out);
+    }
+  }
+  // Non-negative [a, b]; b < 0 = unbounded above.
+  int nonneg_range(int64_t a, int64_t b) {
+    std::vector<Pat> pats;
+    std::string as = std::to_string(a);
+    size_t top = b < 0 ? as.size() : std::to_string(b).size();
+    for (size_t len = as.size(); len <= top; ++len) {
+      int64_t lo = std::max<int64_t>(a, len == 1 ? 0 : static_cast<int64_t>(std::pow(10.0, double(len - 1))));
+      int64_t cap = static_cast<int64_t>(std::pow(10.0, double(len))) - 1;
+      int64_t hi = b < 0 ? cap : std::min(b, cap);
+      if (lo <= hi) same_len(std::to_string(lo), std::to_string(hi), {}, pats);
+    }
+    std::vector<int> alts;
+    for (const Pat& p : pats) {
+      std::vector<int> items;
+      for (auto [x, y] : p) items.push_back(g_.chars({{uint32_t(x), uint32_t(y)}}));
+      alts.push_back(g_.seq(items));
+    }
+    if (b < 0)  // and every longer number
+      alts.push_back(g_.seq({g_.chars({{'1', '9'}}), g_.rep(digits(), static_cast<int>(top), -1)}));
+    return g_.alt(alts);
+  }
+  static constexpr int64_t kBig = 1'000'000'000'000'000'000;  // 1e18: beyond, bounds are not encoded
+  int int_range(std::optional<int64_t> olo, std::optional<int64_t> ohi, const std::string& path) {
+    // Plain values + flags (GCC 12 misreads optionals here as maybe-uninitialized).
+    bool has_lo = olo.has_value() && std::llabs(*olo) < kBig, has_hi = ohi.has_value() && std::llabs(*ohi) < kBig;
+    int64_t lo = has_lo ? *olo : 0, hi = has_hi ? *ohi : 0;
+    if (has_lo && has_hi && lo > hi) err(path, fmt::format("minimum {} is above maximum {}", lo, hi));
+    if (!has_lo && !has_hi) return integer();
+    std::vector<int> alts;
+    if (!has_lo || lo < 0) {  // negatives: "-" then a magnitude in [max(1, -hi), -lo]
+      int64_t mlo = has_hi ? std::max<int64_t>(1, -hi) : 1;
+      int64_t mhi = has_lo ? -lo : -1;
+      if (mhi < 0 || mlo <= mhi) alts.push_back(g_.seq({g_.lit("-"), nonneg_range(mlo, mhi)}));
+    }
+    if (!has_hi || hi >= 0) alts.push_back(nonneg_range(has_lo ? std::max<int64_t>(0, lo) : 0, has_hi ? hi : -1));
+    return g_.alt(alts);
+  }
+
+  static std::optional<double> num(const json& s, const char* key) {
+    auto it = s.find(key);
+    if (it == s.end() || !it->is_number()) return std::nullopt;
+    return it->get<double>();
+  }
+
+  int integer_schema(const json& s, const std::string& path) {
+    std::optional<int64_t> lo, hi;
+    if (auto v = num(s, "minimum")) lo = static_cast<int64_t>(std::ceil(*v));
+    if (auto v = num(s, "exclusiveMinimum")) lo = static_cast<int64_t>(std::floor(*v)) + 1;
+    if (auto v = num(s, "maximum")) hi = static_cast<int64_t>(std::floor(*v));
+    if (auto v = num(s, "exclusiveMaximum")) hi = static_cast<int64_t>(std::ceil(*v)) - 1;
+    if (s.value("exclusiveMinimum", json()).is_boolean() && s["exclusiveMinimum"].get<bool>() && lo) ++*lo;  // draft 4
+    if (s.value("exclusiveMaximum", json()).is_boolean() && s["exclusiveMaximum"].get<bool>() && hi) --*hi;
+    return int_range(lo, hi, path);
+  }
+
+  int number_schema(const json& s, const std::string& path) {
+    auto lo = num(s, "minimum"), hi = num(s, "maximum");
+    auto xlo = num(s, "exclusiveMinimum"), xhi = num(s, "exclusiveMaximum");
+    if (lo && hi && *lo > *hi) err(path, "minimum is above maximum");
+    bool nonneg = (lo && *lo >= 0) || (xlo && *xlo >= 0);
+    bool nonpos = (hi && *hi <= 0) || (xhi && *xhi <= 0);
+    if (nonneg && !nonpos) return g_.seq({uint(), frac_exp()});
+    if (nonpos && !nonneg) return g_.alt({g_.seq({g_.lit("-"), uint(), frac_exp()}), g_.seq({g_.lit("0"), frac_exp()})});
+    return number();
+  }
+
+  int string_schema(const json& s, const std::string& path) {
+    if (s.contains("pattern")) {
+      if (!s["pattern"].is_string()) err(path, "'pattern' must be a string");
+      std::string p = s["pattern"].get<std::string>();
+      try {
+        return g_.seq({g_.lit("\""), add_regex(g_, p, true), g_.lit("\"")});
+      } catch (const InvalidRequest& e) {
+        err(path, fmt::format("bad 'pattern': {}", e.what()));
+      }
+    }
+    if (s.contains("format") && s["format"].is_string()) {
+      static const std::map<std::string, std::string> kFormats = {
+          {"date", R"(\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01]))"},
+          {"time", R"(([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?(Z|[+-]([01]\d|2[0-3]):[0-5]\d))"},
+          {"date-time",
+           R"(\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])T([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?(Z|[+-]([01]\d|2[0-3]):[0-5]\d))"},
+          {"uuid", R"([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})"},
+          {"email", R"([a-zA-Z0-9_.+-]+@[a-zA-Z0-9-]+(\.[a-zA-Z0-9-]+)+)"},
+          {"ipv4", R"(((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))"},
+          {"uri", R"([a-zA-Z][a-zA-Z0-9+.-]*:[^\s"\\]+)"}};
+      auto it = kFormats.find(s["format"].get<std::string>());
+      if (it != kFormats.end()) return g_.seq({g_.lit("\""), add_regex(g_, it->second, true), g_.lit("\"")});
+      // Unknown formats are annotations (as the spec allows).
+    }
+    int lo = 0, hi = -1;
+    if (auto v = num(s, "minLength")) lo = static_cast<int>(*v);
+    if (auto v = num(s, "maxLength")) hi = static_cast<int>(*v);
+    if (lo < 0 || (hi >= 0 && hi < lo)) err(path, "bad minLength/maxLength");
+    if (lo > 10000 || hi > 10000) err(path, "minLength/maxLength above 10000 are not supported");
+    if (lo == 0 && hi < 0) return string();
+    return g_.seq({g_.lit("\""), g_.rep(jchar(), lo, hi), g_.lit("\"")});
+  }
+
+  int array_schema(const json& s, const std::string& path, int depth) {
+    int lo = 0, hi = -1;
+    if (auto v = num(s, "minItems")) lo = static_cast<int>(*v);
+    if (auto v = num(s, "maxItems")) hi = static_cast<int>(*v);
+    if (lo < 0 || (hi >= 0 && hi < lo)) err(path, "bad minItems/maxItems");
+    if (lo > 10000 || hi > 10000) err(path, "minItems/maxItems above 10000 are not supported");
+    std::vector<int> prefix;
+    if (s.contains("prefixItems")) {
+      if (!s["prefixItems"].is_array()) err(path, "'prefixItems' must be an array");
+      for (size_t k = 0; k < s["prefixItems"].size(); ++k)
+        prefix.push_back(schema(s["prefixItems"][k], fmt::format("{}/prefixItems/{}", path, k), depth + 1));
+    }
+    bool items_false = s.contains("items") && s["items"].is_boolean() && !s["items"].get<bool>();
+    int item = -1;
+    if (!items_false) {
+      if (s.contains("items") && s["items"].is_array()) {  // draft-4 tuple form
+        for (size_t k = 0; k < s["items"].size(); ++k)
+          prefix.push_back(schema(s["items"][k], fmt::format("{}/items/{}", path, k), depth + 1));
+        items_false = !(s.contains("additionalItems") && !(s["additionalItems"].is_boolean() && !s["additionalItems"].get<bool>()));
+        if (!items_false) item = schema(s.value("additionalItems", json(true)), path + "/additionalItems", depth + 1);
+      } else {
+        item = s.contains("items") ? schema(s["items"], path + "/items", depth + 1) : g_.ref(any_value());
+      }
+    }
+    auto sep = [&] { return g_.seq({ws(), g_.lit(","), ws()}); };
+    int n = static_cast<int>(prefix.size());
+    if (items_false) {
+      if (lo > n) err(path, "minItems is above the number of allowed items");
+      hi = hi < 0 ? n : std::min(hi, n);
+    }
+    // Elements: prefix[0..n) then `item` repeated; length in [lo, hi]. Built from the end: tail(k)
+    // = what may follow after k elements.
+    std::function<int(int)> tail = [&](int k) -> int {
+      if (hi >= 0 && k >= hi) return g_.empty();
+      if (k >= n) {
+        if (item < 0) return g_.empty();
+        int need = std::max(0, lo - k), more = hi < 0 ? -1 : hi - k;
+        if (more == 0) return g_.empty();
+        return g_.rep(g_.seq({sep(), item}), need, more);
+      }
+      int next = g_.seq({sep(), prefix[k], tail(k + 1)});
+      return k >= lo ? g_.opt(next) : next;
+    };
+    int first;
+    if (hi == 0) {
+      first = -1;
+    } else if (n > 0) {
+      first = g_.seq({prefix[0], tail(1)});
+    } else if (item >= 0) {
+      first = g_.seq({item, tail(1)});
+    } else {
+      first = -1;
+    }
+    if (first < 0) {
+      if (lo > 0) err(path, "minItems cannot be met");
+      return g_.seq({g_.lit("["), ws(), g_.lit("]")});
+    }
+    int body = g_.seq({first, ws()});
+    return g_.seq({g_.lit("["), ws(), lo > 0 ? body : g_.opt(body), g_.lit("]")});
+  }
+
+  int object_schema(const json& s, const std::string& path, int depth) {
+    std::vector<std::pair<std::string, int>> props;  // key literal, value expr
+    std::vector<bool> req;
+    std::set<std::string> required;
+    if (s.contains("required")) {
+      if (!s["required"].is_array()) err(path, "'required' must be an array");
+      for (const auto& r : s["required"]) {
+        if (!r.is_string()) err(path, "'required' entries must be strings");
+        required.insert(r.get<std::string>());
+      }
+    }
+    if (s.contains("properties")) {
+      if (!s["properties"].is_object()) err(path, "'properties' must be an object");
+      for (const auto& [k, v] : s["properties"].items()) {
+        props.push_back({json(k).dump(), schema(v, path + "/properties/" + k, depth + 1)});
+        req.push_back(required.count(k) > 0);
+      }
+    }
+    for (const auto& r : required)
+      if (!s.contains("properties") || !s["properties"].contains(r))
+        err(path, fmt::format("required property '{}' is not in 'properties'", r));
+    int addl = -1;  // value expr of additional properties, -1 = none allowed
+    if (s.contains("additionalProperties")) {
+      const json& a = s["additionalProperties"];
+      if (!(a.is_boolean() && !a.get<bool>())) addl = schema(a, path + "/additionalProperties", depth + 1);
+    } else if (!opt_.strict || props.empty()) {
+      addl = g_.ref(any_value());
+    }
+    auto sep = [&] { return g_.seq({ws(), g_.lit(","), ws()}); };
+    int n = static_cast<int>(props.size());
+    auto item = [&](int i) { return g_.seq({g_.lit(props[i].first), ws(), g_.lit(":"), ws(), props[i].second}); };
+    int addl_item = addl < 0 ? -1 : g_.seq({string(), ws(), g_.lit(":"), ws(), addl});
+    // rest(i): after some member, the members from i on; first(i): the first member is at >= i.
+    std::vector<int> rest(n + 1), first(n + 1, -1);
+    rest[n] = addl_item < 0 ? g_.empty() : g_.star(g_.seq({sep(), addl_item}));
+    for (int i = n - 1; i >= 0; --i) {
+      int take = g_.seq({sep(), item(i), rest[i + 1]});
+      rest[i] = req[i] ? take : g_.alt({take, rest[i + 1]});
+      // Shared suffixes would be rebuilt per level without a rule: make them rules.
+      int r = g_.rule(g_.fresh_name("obj-rest"));
+      g_.define(r, rest[i]);
+      rest[i] = g_.ref(r);
+    }
+    if (addl_item >= 0) first[n] = g_.seq({addl_item, rest[n]});
+    for (int i = n - 1; i >= 0; --i) {
+      std::vector<int> alts = {g_.seq({item(i), rest[i + 1]})};
+      if (!req[i] && first[i + 1] >= 0) alts.push_back(first[i + 1]);
+      int r = g_.rule(g_.fresh_name("obj-first"));
+      g_.define(r, g_.alt(alts));
+      first[i] = g_.ref(r);
+    }
+    if (first[0] < 0) return g_.seq({g_.lit("{"), ws(), g_.lit("}")});
+    int body = g_.seq({first[0], ws()});
+    return g_.seq({g_.lit("{"), ws(), required.empty() ? g_.opt(body) : body, g_.lit("}")});
+  }
+
+  int typed(const json& s, const std::string& t, const std::string& path, int depth) {
+    if (t == "string") return string_schema(s, path);
+    if (t == "integer") return integer_schema(s, path);
+    if (t == "number") return number_schema(s, path);
+    if (t == "boolean") return g_.alt({g_.lit("true"), g_.lit("false")});
+    if (t == "null") return g_.lit("null");
+    if (t == "object") return object_schema(s, path, depth);
+    if (t == "array") return array_schema(s, path, depth);
+    err(path, fmt::format("unknown type '{}'", t));
+  }
+
+  const json& resolve(const std::string& ref, const std::string& path) {
+    if (ref.empty() || ref[0] != '#') err(path, fmt::format("only local $ref ('#...') is supported, got '{}'", ref));
+    const json* cur = &root_;
+    size_t i = 1;
+    if (i < ref.size() && ref[i] != '/') err(path, fmt::format("bad $ref '{}'", ref));
+    while (i < ref.size()) {
+      size_t j = ref.find('/', i + 1);
+      std::string part = ref.substr(i + 1, j == std::string::npos ? std::string::npos : j - i - 1);
+      std::string un;  // JSON pointer escapes: ~1 = '/', ~0 = '~'
+      for (size_t q = 0; q < part.size(); ++q) {
+        if (part[q] == '~' && q + 1 < part.size() && (part[q + 1] == '0' || part[q + 1] == '1')) {
+          un += part[q + 1] == '1' ? '/' : '~';
+          ++q;
+        } else {
+          un += part[q];
+        }
+      }
+      part = un;
+      if (cur->is_object() && cur->contains(part)) {
+        cur = &(*cur)[part];
+      } else if (cur->is_array() && !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit) &&
+                 std::stoul(part) < cur->size()) {
+        cur = &(*cur)[std::stoul(part)];
+      } else {
+        err(path, fmt::format("$ref '{}' does not resolve", ref));
+      }
+      i = j == std::string::npos ? ref.size() : j;
+    }
+    return *cur;
+  }
+
+  int schema(const json& s, const std::string& path, int depth) {
+    if (depth > 200) err(path, "schema nested too deeply");
+    if (s.is_boolean()) {
+      if (!s.get<bool>()) err(path, "schema 'false' matches nothing");
+      return g_.ref(any_value());
+    }
+    if (!s.is_object()) err(path, "a schema must be an object or a boolean");
+    for (const auto& [k, v] : s.items())
+      if (kUnsupported.count(k)) err(path, fmt::format("unsupported keyword '{}'", k));
+    int e = schema_inner(s, path, depth);
+    if (s.value("nullable", false)) e = g_.alt({e, g_.lit("null")});
+    return e;
+  }
+
+  int schema_inner(const json& s, const std::string& path, int depth) {
+    if (s.contains("$ref")) {
+      if (!s["$ref"].is_string()) err(path, "'$ref' must be a string");
+      std::string ref = s["$ref"].get<std::string>();
+      auto it = refs_.find(ref);
+      if (it != refs_.end()) return g_.ref(it->second);
+      std::string name = ref == "#" ? "root-ref" : ref.substr(ref.rfind('/') + 1);
+      std::string clean;
+      for (char c : name) clean += std::isalnum(static_cast<unsigned char>(c)) ? c : '-';
+      int r = g_.rule(g_.fresh_name("def-" + clean));
+      refs_.emplace(ref, r);
+      const json& target = resolve(ref, path);
+      g_.define(r, schema(target, ref, depth + 1));
+      return g_.ref(r);
+    }
+    if (s.contains("const")) return g_.lit(s["const"].dump());
+    if (s.contains("enum")) {
+      if (!s["enum"].is_array() || s["enum"].empty()) err(path, "'enum' must be a non-empty array");
+      std::vector<int> alts;
+      for (const auto& v : s["enum"]) alts.push_back(g_.lit(v.dump()));
+      return g_.alt(alts);
+    }
+    for (const char* k : {"anyOf", "oneOf"})
+      if (s.contains(k)) {
+        if (!s[k].is_array() || s[k].empty()) err(path, fmt::format("'{}' must be a non-empty array", k));
+        std::vector<int> alts;
+        for (size_t i = 0; i < s[k].size(); ++i) {
+          json sub = s[k][i];
+          // Sibling keywords (e.g. properties next to oneOf) apply to every branch.
+          if (sub.is_object())
+            for (const auto& [kk, vv] : s.items())
+              if (kk != k && kk != "$defs" && kk != "definitions" && !sub.contains(kk)) sub[kk] = vv;
+          alts.push_back(schema(sub, fmt::format("{}/{}/{}", path, k, i), depth + 1));
+        }
+        return g_.alt(alts);
+      }
+    if (s.contains("allOf")) {
+      if (!s["allOf"].is_array() || s["allOf"].empty()) err(path, "'allOf' must be a non-empty array");
+      json merged = s;
+      merged.erase("allOf");
+      for (size_t i = 0; i < s["allOf"].size(); ++i) {
+        json sub = s["allOf"][i];
+        while (sub.is_object() && sub.contains("$ref") && sub.size() == 1) sub = resolve(sub["$ref"].get<std::string>(), path);
+        if (!sub.is_object()) err(path, "allOf entries must be schemas");
+        for (const auto& [k, v] : sub.items()) {
+          if (k == "properties") {
+            for (const auto& [pk, pv] : v.items()) merged["properties"][pk] = pv;
+          } else if (k == "required") {
+            for (const auto& r : v) merged["required"].push_back(r);
+          } else if (!merged.contains(k)) {
+            merged[k] = v;
+          } else if (merged[k] != v && k != "title" && k != "description") {
+            err(path, fmt::format("allOf: conflicting '{}' cannot be merged", k));
+          }
+        }
+      }
+      return schema(merged, path, depth + 1);
+    }
+    if (s.contains("type")) {
+      const json& t = s["type"];
+      if (t.is_string()) return typed(s, t.get<std::string>(), path, depth);
+      if (t.is_array() && !t.empty()) {
+        std::vector<int> alts;
+        for (const auto& x : t) {
+          if (!x.is_string()) err(path, "'type' entries must be strings");
+          alts.push_back(typed(s, x.get<std::string>(), path, depth));
+        }
+        return g_.alt(alts);
+      }
+      err(path, "'type' must be a string or a non-empty array of strings");
+    }
+    // No type: infer it from the keywords, else any value.
+    for (const char* k : {"properties", "required", "additionalProperties"})
+      if (s.contains(k)) return object_schema(s, path, depth);
+    for (const char* k : {"items", "prefixItems", "minItems", "maxItems"})
+      if (s.contains(k)) return array_schema(s, path, depth);
+    for (const char* k : {"pattern", "minLength", "maxLength", "format"})
+      if (s.contains(k)) return string_schema(s, path);
+    for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+      if (s.contains(k)) return number_schema(s, path);
+    return g_.ref(any_value());
+  }
+
+  const json& root_;
+  JsonSchemaOptions opt_;
+  Grammar g_;
+  std::map<std::string, int> refs_;
+};
+
+}  // namespace
+
+Grammar json_schema_grammar(const nlohmann::ordered_json& schema, const JsonSchemaOptions& opt) {
+  return SchemaCompiler(schema, opt).run();
+}
+
+Grammar json_schema_grammar(const nlohmann::json& schema, const JsonSchemaOptions& opt) {
+  return SchemaCompiler(json(schema), opt).run();
+}
+
+Grammar json_schema_grammar(std::string_view text, const JsonSchemaOptions& opt) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw InvalidRequest(fmt::format("json_schema: not valid JSON: {}", e.what()), "json_schema");
+  }
+  return json_schema_grammar(j, opt);
+}
+
+Grammar json_object_grammar(const JsonSchemaOptions& opt) { return SchemaCompiler(json(), opt).any(true); }
+Grammar json_value_grammar(const JsonSchemaOptions& opt) { return SchemaCompiler(json(), opt).any(false); }
+
+}  // namespace ts::grammar

@@ -1,0 +1,39 @@
+// JSON Schema -> grammar, for response_format json_schema, vLLM's structured_outputs.json and
+// tool arguments; plus the any-JSON grammars (response_format json_object).
+//
+// Supported: type (one or a list, incl. "null" unions and OpenAPI `nullable`), properties /
+// required / additionalProperties (properties come in schema order, as xgrammar and OpenAI strict
+// mode emit them), enum / const, anyOf / oneOf (oneOf's exclusivity is not enforced), allOf of
+// objects (merged), items / prefixItems / minItems / maxItems, minLength / maxLength / pattern /
+// format (date, time, date-time, uuid, email, ipv4, uri), integer and number bounds (integer
+// ranges exactly up to 18 digits; for numbers the sign only), $ref to #, #/$defs/... and
+// #/definitions/... incl. recursion. Annotations (title, description, default, examples, ...)
+// are ignored. Keywords that constrain but cannot be expressed (not, if/then/else,
+// patternProperties, dependentSchemas, uniqueItems, ...) are rejected with a message naming them.
+#pragma once
+#include <nlohmann/json_fwd.hpp>
+#include <string_view>
+
+#include "grammar/ir.h"
+
+namespace ts::grammar {
+
+struct JsonSchemaOptions {
+  // Objects without an explicit additionalProperties admit no other keys (OpenAI/xgrammar
+  // strict mode); an object schema with no properties at all still admits any keys.
+  bool strict = true;
+  // Whitespace between tokens: any run of [ \t\n] when true, none when false (compact JSON).
+  bool any_whitespace = true;
+};
+
+// Properties are generated in the schema's key order: pass the text or an ordered_json (a plain
+// nlohmann::json has already sorted its keys).
+Grammar json_schema_grammar(const nlohmann::ordered_json& schema, const JsonSchemaOptions& opt = {});
+Grammar json_schema_grammar(const nlohmann::json& schema, const JsonSchemaOptions& opt = {});
+// Parses the schema text first (a syntax error is an InvalidRequest too).
+Grammar json_schema_grammar(std::string_view schema_json, const JsonSchemaOptions& opt = {});
+// Any JSON object (response_format: json_object) / any JSON value.
+Grammar json_object_grammar(const JsonSchemaOptions& opt = {});
+Grammar json_value_grammar(const JsonSchemaOptions& opt = {});
+
+}  // namespace ts::grammar

@@ -1,0 +1,328 @@
+// JSON Schema -> grammar: hand-written schemas (pydantic output, recursion, deep nesting, huge
+// enums) and hundreds of generated ones, each checked by a reference validator: sampled
+// sentences are valid, and for mutated strings "the grammar accepts" == "the validator accepts".
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "grammar/json_schema.h"
+#include "grammar_util.h"
+
+namespace ts::grammar {
+namespace {
+using json = nlohmann::ordered_json;  // schema key order = property order
+using test::matches;
+
+size_t cp_len(const std::string& s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+// A validator for the subset the generator emits (and the hand-written tests use).
+bool valid(const json& s, const json& v, const json& root) {
+  if (s.is_boolean()) return s.get<bool>();
+  if (s.contains("$ref")) {
+    std::string r = s["$ref"];
+    return valid(r == "#" ? root : root.at(json::json_pointer(r.substr(1))), v, root);
+  }
+  if (s.contains("const")) return v == s["const"];
+  if (s.contains("enum")) {
+    for (const auto& e : s["enum"])
+      if (e == v) return true;
+    return false;
+  }
+  if (s.contains("anyOf")) {
+    for (const auto& a : s["anyOf"])
+      if (valid(a, v, root)) return true;
+    return false;
+  }
+  if (!s.contains("type")) return true;
+  if (s["type"].is_array()) {
+    for (const auto& t : s["type"]) {
+      json one = s;
+      one["type"] = t;
+      if (valid(one, v, root)) return true;
+    }
+    return false;
+  }
+  std::string t = s["type"];
+  if (t == "null") return v.is_null();
+  if (t == "boolean") return v.is_boolean();
+  if (t == "integer" || t == "number") {
+    if (t == "integer" ? !(v.is_number_integer()) : !v.is_number()) return false;
+    double x = v.get<double>();
+    if (s.contains("minimum") && x < s["minimum"].get<double>()) return false;
+    if (s.contains("maximum") && x > s["maximum"].get<double>()) return false;
+    return true;
+  }
+  if (t == "string") {
+    if (!v.is_string()) return false;
+    std::string x = v;
+    if (s.contains("minLength") && cp_len(x) < s["minLength"].get<size_t>()) return false;
+    if (s.contains("maxLength") && cp_len(x) > s["maxLength"].get<size_t>()) return false;
+    if (s.contains("pattern") && !std::regex_match(x, std::regex(s["pattern"].get<std::string>()))) return false;
+    return true;
+  }
+  if (t == "array") {
+    if (!v.is_array()) return false;
+    if (s.contains("minItems") && v.size() < s["minItems"].get<size_t>()) return false;
+    if (s.contains("maxItems") && v.size() > s["maxItems"].get<size_t>()) return false;
+    for (const auto& x : v)
+      if (!valid(s.value("items", json(true)), x, root)) return false;
+    return true;
+  }
+  if (t == "object") {
+    if (!v.is_object()) return false;
+    for (const auto& r : s.value("required", json::array()))
+      if (!v.contains(r.get<std::string>())) return false;
+    for (const auto& [k, x] : v.items()) {
+      if (s.contains("properties") && s["properties"].contains(k)) {
+        if (!valid(s["properties"][k], x, root)) return false;
+      } else if (!s.value("additionalProperties", json(false)).is_object() &&
+                 !s.value("additionalProperties", json(false)).get<bool>()) {
+        return false;
+      }
+    }
+    return true;
+  }
+  return false;
+}
+
+class SchemaGen {
+ public:
+  explicit SchemaGen(uint32_t seed) : rng_(seed) {}
+  json gen(int depth) {
+    int k = static_cast<int>(rng_() % (depth >= 3 ? 6 : 9));
+    switch (k) {
+      case 0: {
+        json s = {{"type", "string"}};
+        int r = static_cast<int>(rng_() % 4);
+        if (r == 1) s["maxLength"] = 1 + rng_() % 5, s["minLength"] = rng_() % 2;
+        if (r == 2) s["pattern"] = pick({"[a-z]+", "[A-Z][a-z]{0,3}", "\\d{2,3}-x?", "(ab|cd)*"});
+        if (r == 3) s = {{"enum", {"red", "green", "a b", "x\"y"}}};
+        return s;
+      }
+      case 1: {
+        json s = {{"type", "integer"}};
+        if (rng_() % 2) s["minimum"] = static_cast<int>(rng_() % 200) - 100;
+        if (rng_() % 2) s["maximum"] = static_cast<int>(s.value("minimum", -100) + static_cast<int>(rng_() % 1000));
+        return s;
+      }
+      case 2: {
+        json s = {{"type", "number"}};
+        if (rng_() % 2) s["minimum"] = 0;
+        return s;
+      }
+      case 3: return {{"type", "boolean"}};
+      case 4: return {{"type", json::array({pick({"string", "integer", "boolean"}), "null"})}};
+      case 5: return {{"const", pick({"fixed", "42"})}};
+      case 6: {
+        json s = {{"type", "array"}, {"items", gen(depth + 1)}};
+        if (rng_() % 2) s["minItems"] = rng_() % 2;
+        if (rng_() % 2) s["maxItems"] = 1 + rng_() % 3;
+        return s;
+      }
+      case 7: return {{"anyOf", {gen(depth + 1), gen(depth + 1)}}};
+      default: {
+        json s = {{"type", "object"}, {"properties", json::object()}};
+        int n = static_cast<int>(rng_() % 5);
+        json req = json::array();
+        for (int i = 0; i < n; ++i) {
+          std::string key = std::string(1, static_cast<char>('a' + i)) + pick({"", "_id", "Name"});
+          s["properties"][key] = gen(depth + 1);
+          if (rng_() % 2) req.push_back(key);
+        }
+        if (!req.empty()) s["required"] = req;
+        s["additionalProperties"] = n == 0 && rng_() % 2 ? json(true) : json(false);
+        return s;
+      }
+    }
+  }
+
+ private:
+  std::string pick(std::initializer_list<const char*> xs) { return *(xs.begin() + rng_() % xs.size()); }
+  std::mt19937 rng_;
+};
+
+// 1 = valid JSON that satisfies the schema, 0 = not, -1 = a number nlohmann cannot hold (1e999).
+int parse_valid(const json& schema, const std::string& text) {
+  try {
+    return valid(schema, json::parse(text), schema) ? 1 : 0;
+  } catch (const json::out_of_range&) {
+    return -1;
+  } catch (const json::exception&) {
+    return 0;
+  }
+}
+
+TEST(JsonSchema, GeneratedSchemasAgreeWithTheValidator) {
+  std::mt19937 rng(42);
+  const std::string alphabet = "{}[]\",: 0123456789-.aenrtulsfxE\n";
+  double worst_ms = 0;
+  size_t worst_mem = 0;
+  int checked = 0;
+  for (uint32_t seed = 0; seed < 300; ++seed) {
+    json schema = SchemaGen(seed).gen(0);
+    auto t0 = std::chrono::steady_clock::now();
+    Grammar g = json_schema_grammar(schema);
+    auto cg = test::compile(g);
+    worst_ms = std::max(worst_ms, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    worst_mem = std::max(worst_mem, cg->memory_bytes());
+    test::Sampler sampler(g, seed);
+    for (int i = 0; i < 4; ++i) {
+      std::string x = sampler.sample();
+      ASSERT_TRUE(matches(cg, x)) << schema.dump() << "\n" << x;
+      int ok = parse_valid(schema, x);
+      if (ok < 0) continue;
+      ASSERT_EQ(ok, 1) << schema.dump() << "\n" << x;
+      for (int k = 0; k < 6; ++k) {
+        std::string y = x;
+        int op = static_cast<int>(rng() % 3);
+        size_t at = y.empty() ? 0 : rng() % y.size();
+        char c = alphabet[rng() % alphabet.size()];
+        if (op == 0 && !y.empty()) y[at] = c;
+        else if (op == 1) y.insert(y.begin() + static_cast<long>(at), c);
+        else if (!y.empty()) y.erase(at, 1);
+        if (y.find("-0") != std::string::npos || y.empty() || std::isspace(static_cast<unsigned char>(y.front())) ||
+            std::isspace(static_cast<unsigned char>(y.back())))
+          continue;
+        int want = parse_valid(schema, y);
+        if (want < 0) continue;
+        EXPECT_EQ(matches(cg, y), want == 1) << schema.dump() << "\n" << x << "\n -> " << y;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 3000);
+  EXPECT_LT(worst_ms, 100.0);  // a generous bound on a shared 2-core machine
+  EXPECT_LT(worst_mem, 4u << 20);
+}
+
+TEST(JsonSchema, PydanticOutput) {
+  // What pydantic v2 emits for: class Address(BaseModel): street: str; zip: Optional[str] = None
+  // class Kind(str, Enum) ...; class User(BaseModel): name: str; age: int = Field(ge=0, le=150);
+  //   kind: Kind; addresses: List[Address]; scores: Dict[str, float]; tags: Tuple[str, int]
+  json schema = json::parse(R"({
+    "$defs": {
+      "Address": {"properties": {"street": {"title": "Street", "type": "string"},
+                                  "zip": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": null, "title": "Zip"}},
+                  "required": ["street"], "title": "Address", "type": "object"},
+      "Kind": {"enum": ["admin", "user"], "title": "Kind", "type": "string"}},
+    "properties": {
+      "name": {"title": "Name", "type": "string"},
+      "age": {"maximum": 150, "minimum": 0, "title": "Age", "type": "integer"},
+      "kind": {"$ref": "#/$defs/Kind"},
+      "addresses": {"items": {"$ref": "#/$defs/Address"}, "title": "Addresses", "type": "array"},
+      "scores": {"additionalProperties": {"type": "number"}, "title": "Scores", "type": "object"},
+      "tags": {"maxItems": 2, "minItems": 2, "prefixItems": [{"type": "string"}, {"type": "integer"}], "title": "Tags", "type": "array"}},
+    "required": ["name", "age", "kind", "addresses", "scores", "tags"], "title": "User", "type": "object"})");
+  auto cg = test::compile(json_schema_grammar(schema));
+  EXPECT_TRUE(matches(cg, R"({"name": "Ann", "age": 150, "kind": "admin", "addresses": [{"street": "Main", "zip": null}, {"street": "X"}], "scores": {"a": 1.5, "b": -2}, "tags": ["t", 3]})"));
+  EXPECT_TRUE(matches(cg, R"({"name":"A","age":0,"kind":"user","addresses":[],"scores":{},"tags":["",0]})"));
+  EXPECT_FALSE(matches(cg, R"({"name":"A","age":151,"kind":"user","addresses":[],"scores":{},"tags":["",0]})"));
+  EXPECT_FALSE(matches(cg, R"({"name":"A","age":1,"kind":"root","addresses":[],"scores":{},"tags":["",0]})"));
+  EXPECT_FALSE(matches(cg, R"({"name":"A","age":1,"kind":"user","addresses":[{}],"scores":{},"tags":["",0]})"));
+  EXPECT_FALSE(matches(cg, R"({"name":"A","age":1,"kind":"user","addresses":[],"scores":{},"tags":["",0,1]})"));
+  EXPECT_FALSE(matches(cg, R"({"name":"A","age":1,"kind":"user","addresses":[],"scores":{},"tags":["",0],"extra":1})"));
+}
+
+TEST(JsonSchema, RecursiveRefs) {
+  json tree = json::parse(R"({"type":"object","properties":{"v":{"type":"integer"},
+      "kids":{"type":"array","items":{"$ref":"#"}}},"required":["v"]})");
+  auto cg = test::compile(json_schema_grammar(tree));
+  EXPECT_TRUE(matches(cg, R"({"v":1,"kids":[{"v":2,"kids":[{"v":3}]},{"v":4,"kids":[]}]})"));
+  EXPECT_FALSE(matches(cg, R"({"v":1,"kids":[{"kids":[]}]})"));
+  json list = json::parse(R"({"$defs":{"node":{"type":"object","properties":{"next":{"anyOf":[{"$ref":"#/$defs/node"},{"type":"null"}]}},
+      "required":["next"]}},"$ref":"#/$defs/node"})");
+  auto cl = test::compile(json_schema_grammar(list));
+  EXPECT_TRUE(matches(cl, R"({"next":{"next":{"next":null}}})"));
+  EXPECT_FALSE(matches(cl, R"({"next":{"next":{}}})"));
+}
+
+TEST(JsonSchema, AdversarialDeepNestingAndHugeEnums) {
+  json deep = {{"type", "integer"}};
+  for (int i = 0; i < 60; ++i) deep = {{"type", "object"}, {"properties", {{"x", deep}}}, {"required", {"x"}}};
+  std::string text = "1";
+  for (int i = 0; i < 60; ++i) text = "{\"x\":" + text + "}";
+  auto t0 = std::chrono::steady_clock::now();
+  auto cg = test::compile(json_schema_grammar(deep));
+  EXPECT_TRUE(matches(cg, text));
+  json big_enum = json::array();
+  for (int i = 0; i < 5000; ++i) big_enum.push_back("value_" + std::to_string(i * 7919 % 100003));
+  auto ce = test::compile(json_schema_grammar(json{{"enum", big_enum}}));
+  EXPECT_TRUE(matches(ce, "\"value_7919\""));
+  EXPECT_FALSE(matches(ce, "\"value_7918\""));
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(ms, 2000.0);
+  EXPECT_LT(ce->memory_bytes(), 16u << 20);
+  // Bounds that would explode are refused with a message, not compiled.
+  EXPECT_THROW(json_schema_grammar(json::parse(R"({"type":"string","maxLength":1000000})")), InvalidRequest);
+}
+
+TEST(JsonSchema, IntegerRangesAreExact) {
+  for (auto [lo, hi] : std::vector<std::pair<int, int>>{{0, 9}, {-5, 300}, {7, 7}, {-120, -3}, {10, 1234}, {-1, 0}}) {
+    auto cg = test::compile(json_schema_grammar(json{{"type", "integer"}, {"minimum", lo}, {"maximum", hi}}));
+    for (int x = -1500; x <= 1500; ++x) EXPECT_EQ(matches(cg, std::to_string(x)), x >= lo && x <= hi) << lo << ".." << hi << " " << x;
+  }
+  auto ge = test::compile(json_schema_grammar(json{{"type", "integer"}, {"minimum", 42}}));
+  EXPECT_TRUE(matches(ge, "42"));
+  EXPECT_TRUE(matches(ge, "100000000"));
+  EXPECT_FALSE(matches(ge, "41"));
+  EXPECT_FALSE(matches(ge, "-50"));
+  auto lt = test::compile(json_schema_grammar(json{{"type", "integer"}, {"exclusiveMaximum", 10}}));
+  EXPECT_TRUE(matches(lt, "-99999"));
+  EXPECT_TRUE(matches(lt, "9"));
+  EXPECT_FALSE(matches(lt, "10"));
+}
+
+TEST(JsonSchema, StringsFormatsAndWhitespace) {
+  auto cg = test::compile(json_schema_grammar(json::parse(R"({"type":"object","properties":{
+      "d":{"type":"string","format":"date"},"u":{"type":"string","format":"uuid"},
+      "p":{"type":"string","pattern":"^[A-Z]{2}-\\d+$"},"s":{"type":"string","minLength":2,"maxLength":3}},
+      "required":["d","u","p","s"]})")));
+  EXPECT_TRUE(matches(cg, R"({"d":"2024-02-29","u":"123e4567-e89b-12d3-a456-426614174000","p":"AB-12","s":"é\n"})"));
+  EXPECT_TRUE(matches(cg, "{ \"d\" : \"2024-12-01\" ,\n\t\"u\":\"123e4567-e89b-12d3-a456-426614174000\",\"p\":\"ZZ-0\",\"s\":\"abc\" }"));
+  EXPECT_FALSE(matches(cg, R"({"d":"2024-13-01","u":"123e4567-e89b-12d3-a456-426614174000","p":"AB-12","s":"ab"})"));
+  EXPECT_FALSE(matches(cg, R"({"d":"2024-12-01","u":"123e4567-e89b-12d3-a456-426614174000","p":"AB-","s":"ab"})"));
+  EXPECT_FALSE(matches(cg, R"({"d":"2024-12-01","u":"123e4567-e89b-12d3-a456-426614174000","p":"AB-1","s":"abcd"})"));
+  auto compact = test::compile(json_schema_grammar(json{{"type", "array"}, {"items", {{"type", "integer"}}}},
+                                                   JsonSchemaOptions{.strict = true, .any_whitespace = false}));
+  EXPECT_TRUE(matches(compact, "[1,2,3]"));
+  EXPECT_FALSE(matches(compact, "[1, 2]"));
+}
+
+TEST(JsonSchema, JsonObjectIsAnyObject) {
+  auto cg = test::compile(json_object_grammar());
+  EXPECT_TRUE(matches(cg, R"({"a": [1, -2.5e+3, "x\u00e9\n", {"b": null}], "c": true})"));
+  EXPECT_TRUE(matches(cg, "{}"));
+  EXPECT_FALSE(matches(cg, "[1]"));
+  EXPECT_FALSE(matches(cg, R"({"a": 01})"));
+  EXPECT_FALSE(matches(cg, R"({"a": "\x"})"));
+  EXPECT_TRUE(matches(json_value_grammar(), "[1, \"2\"]"));
+}
+
+TEST(JsonSchema, InvalidSchemasNameTheProblem) {
+  auto msg = [](const char* s) {
+    try {
+      json_schema_grammar(std::string_view(s));
+    } catch (const InvalidRequest& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(msg(R"({"type":"strin"})").find("unknown type 'strin'"), std::string::npos);
+  EXPECT_NE(msg(R"({"$ref":"#/$defs/missing"})").find("does not resolve"), std::string::npos);
+  EXPECT_NE(msg(R"({"not":{"type":"string"}})").find("unsupported keyword 'not'"), std::string::npos);
+  EXPECT_NE(msg(R"({"type":"string","pattern":"(ab"})").find("bad 'pattern'"), std::string::npos);
+  EXPECT_NE(msg(R"({"type":"object","properties":{},"required":["x"]})").find("required property 'x'"), std::string::npos);
+  EXPECT_NE(msg(R"({"type":"integer","minimum":5,"maximum":1})").find("above maximum"), std::string::npos);
+  EXPECT_NE(msg(R"({"type":"object",)").find("not valid JSON"), std::string::npos);
+  EXPECT_NE(msg("false").find("matches nothing"), std::string::npos);
+  EXPECT_NE(msg(R"({"$ref":"https://example.com/s.json"})").find("only local $ref"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ts::grammar

@@ -1,0 +1,125 @@
+// The matcher: accept/rollback/termination/jump-forward, and token masks against brute force
+// (every token tried with accept + rollback) on the repo's real tokenizers.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "grammar/json_schema.h"
+#include "grammar_util.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ts::grammar {
+namespace {
+
+TEST(Matcher, AcceptRollbackTerminate) {
+  auto cg = test::compile(parse_gbnf(R"(root ::= "ab" [0-9]* "c")"));
+  Matcher m(cg);
+  EXPECT_FALSE(m.accept_token('b'));
+  EXPECT_TRUE(m.accept_token('a'));
+  EXPECT_TRUE(m.accept_token('b'));
+  EXPECT_TRUE(m.accept_token('1'));
+  EXPECT_FALSE(m.can_terminate());
+  EXPECT_FALSE(m.accept_token(256));  // the stop token needs a complete sentence
+  EXPECT_TRUE(m.accept_token('c'));
+  EXPECT_TRUE(m.can_terminate());
+  EXPECT_FALSE(m.accept_token('c'));
+  EXPECT_TRUE(m.accept_token(256));
+  EXPECT_TRUE(m.is_terminated());
+  std::vector<uint32_t> row(static_cast<size_t>(cg->vocab().mask_words()), 1);
+  m.fill_bitmask(row.data());
+  for (uint32_t w : row) EXPECT_EQ(w, 0u);
+  m.rollback(3);  // stop, 'c', '1'
+  EXPECT_FALSE(m.is_terminated());
+  EXPECT_FALSE(m.can_terminate());
+  EXPECT_TRUE(m.accept_bytes("23c"));
+  EXPECT_TRUE(m.can_terminate());
+  EXPECT_THROW(m.rollback(10), Error);
+}
+
+TEST(Matcher, JumpForward) {
+  auto cg = test::compile(json_schema_grammar(nlohmann::ordered_json::parse(
+      R"({"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"}},"required":["name","age"]})"),
+      JsonSchemaOptions{.strict = true, .any_whitespace = false}));
+  Matcher m(cg);
+  EXPECT_EQ(m.jump_forward(), "{\"name\":\"");
+  ASSERT_TRUE(m.accept_bytes("{\"name\":\"bob\""));
+  EXPECT_EQ(m.jump_forward(), ",\"age\":");
+  ASSERT_TRUE(m.accept_bytes(",\"age\":42}"));
+  EXPECT_EQ(m.jump_forward(), "");
+  EXPECT_TRUE(m.can_terminate());
+}
+
+// Brute force: token t is allowed iff accept_token(t) succeeds.
+void expect_masks_exact(const tok::Tokenizer& tok, const Grammar& g, const std::string& text, const char* what) {
+  auto vocab = Vocab::from_tokenizer(tok);
+  auto cg = std::make_shared<const CompiledGrammar>(g, vocab);
+  Matcher m(cg);
+  std::vector<uint32_t> row(static_cast<size_t>(vocab->mask_words()));
+  std::string_view rest = text;
+  for (int s = 0; s < 12; ++s) {  // each step tries the whole vocabulary
+    m.fill_bitmask(row.data());
+    int mismatches = 0;
+    int32_t next = -1;
+    for (int32_t id = 0; id < vocab->size(); ++id) {
+      bool brute = m.accept_token(id);
+      if (brute) m.rollback(1);
+      bool masked = (row[id >> 5] >> (id & 31)) & 1;
+      if (brute != masked && mismatches++ < 5)
+        ADD_FAILURE() << what << " step " << s << " token " << id << " " << nlohmann::json(vocab->bytes(id)).dump()
+                      << " brute=" << brute << " mask=" << masked;
+      // Follow the text: the longest allowed token that is a prefix of what is left.
+      const std::string& b = vocab->bytes(id);
+      if (masked && !b.empty() && rest.substr(0, b.size()) == b && (next < 0 || b.size() > vocab->bytes(next).size()))
+        next = id;
+    }
+    if (next < 0) break;
+    ASSERT_TRUE(m.accept_token(next)) << what;
+    rest.remove_prefix(vocab->bytes(next).size());
+  }
+  EXPECT_LT(rest.size(), text.size()) << what << ": no token of the text was allowed";
+}
+
+class MaskVsBruteForce : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(MaskVsBruteForce, JsonSchemaRegexAndEbnf) {
+  auto tok = tok::Tokenizer::load(test::repo(GetParam()));
+  const char* schema = R"({"type":"object","properties":{
+      "name":{"type":"string","maxLength":12},
+      "tags":{"type":"array","items":{"enum":["a","bb","ccc"]},"maxItems":3},
+      "n":{"type":"integer","minimum":-5,"maximum":300},
+      "ok":{"type":["boolean","null"]}},
+    "required":["name","n"]})";
+  expect_masks_exact(*tok, json_schema_grammar(std::string_view(schema)),
+                     R"({"name": "Hello world", "tags": ["bb", "a"], "n": 299, "ok": null})", "schema");
+  expect_masks_exact(*tok, json_object_grammar(), R"({"x": [1, 2.5e3, "s\n", {"y": true}]})", "json_object");
+  expect_masks_exact(*tok, regex_grammar(R"((def|class) [a-z_]+\(\w*\):\n    return \d+)"),
+                     "def foo_bar(x):\n    return 42", "regex");
+  expect_masks_exact(*tok, parse_gbnf(R"(root ::= ("Yes" | "No") ", because " [a-z ]+ ".")"),
+                     "Yes, because it is.", "gbnf");
+}
+
+INSTANTIATE_TEST_SUITE_P(Tokenizers, MaskVsBruteForce,
+                         ::testing::Values("tests/data/tokenizers/bytelevel-1k", "tests/data/tokenizers/metaspace-1k",
+                                           "models/pycoder"));
+
+TEST(Vocab, ByteFallbackAndSpecialsAreHandled) {
+  auto tok = tok::Tokenizer::load(test::repo("tests/data/tokenizers/metaspace-1k"));
+  auto v = Vocab::from_tokenizer(*tok);
+  int32_t nl = tok->token_to_id("<0x0A>").value_or(-1);
+  ASSERT_GE(nl, 0);
+  EXPECT_EQ(v->bytes(nl), "\n");
+  for (const auto& a : tok->added_tokens()) {
+    if (a.special && !v->is_stop(a.id)) {
+      EXPECT_FALSE(v->is_normal(a.id)) << a.content;
+    }
+  }
+  // A token spelled with the metaspace decodes with its leading space.
+  for (int32_t id = 0; id < v->size(); ++id)
+    if (tok->is_valid_id(id) && tok->id_to_token(id).rfind("\xE2\x96\x81", 0) == 0 && tok->id_to_token(id).size() > 3) {
+      EXPECT_EQ(v->bytes(id)[0], ' ');
+      break;
+    }
+}
+
+}  // namespace
+}  // namespace ts::grammar
