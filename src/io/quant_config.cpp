@@ -363,6 +363,7 @@ Tensor dequantize_weight(const Checkpoint& c, const QuantConfig& q, const std::s
     return f;
   };
   const uint8_t* qv = w.ptr<uint8_t>();
+  // Every loop below runs rows in parallel: real checkpoints hold billions of values.
   if (fmt_ == WeightFormat::nvfp4) {
     const int64_t K = w.size(1) * 2, G = 16;
     TS_CHECK(K % G == 0, "{}: NVFP4 weight {}: K = {} is not a multiple of {}", file, name, K, G);
@@ -377,6 +378,7 @@ Tensor dequantize_weight(const Checkpoint& c, const QuantConfig& q, const std::s
     Tensor out = Tensor::empty({N, K}, DType::f32);
     const float* sp = s.ptr<float>();
     float* o = out.ptr<float>();
+    #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; ++n)
       for (int64_t k = 0; k < K; ++k) {
         uint8_t byte = qv[n * (K / 2) + k / 2];
@@ -392,6 +394,7 @@ Tensor dequantize_weight(const Checkpoint& c, const QuantConfig& q, const std::s
     TS_CHECK(K % 32 == 0, "{}: MXFP8 weight {}: K = {} is not a multiple of 32", file, name, K);
     Tensor s = scale(mod + ".weight_scale", {N, K / 32}, "UE8M0 per-32 scale");
     const float* sp = s.ptr<float>();
+    #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; ++n)
       for (int64_t k = 0; k < K; ++k) o[n * K + k] = e4m3_to_f32(qv[n * K + k]) * sp[n * (K / 32) + k / 32];
     return out;
@@ -400,23 +403,27 @@ Tensor dequantize_weight(const Checkpoint& c, const QuantConfig& q, const std::s
   Tensor st = c.get(sn);
   if (fmt_ == WeightFormat::fp8_tensor) {
     const float s = st.to_f32().ptr<float>()[0];
+    #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < N * K; ++i) o[i] = e4m3_to_f32(qv[i]) * s;
     return out;
   }
   if (fmt_ == WeightFormat::fp8_channel) {
     Tensor s = st.to_f32();
     const float* sp = s.ptr<float>();
+    #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; ++n)
       for (int64_t k = 0; k < K; ++k) o[n * K + k] = e4m3_to_f32(qv[n * K + k]) * sp[n];
     return out;
   }
-  auto [bn, bk] = q.block_of(mod);
+  const std::pair<int64_t, int64_t> blk = q.block_of(mod);
+  const int64_t bn = blk.first, bk = blk.second;
   TS_CHECK(bn > 0 && bk > 0, "{}: block-scaled weight {} but {} gives no block size", file, name, q.source);
   const int64_t nb = cdiv(N, bn), kb = cdiv(K, bk);
   // ModelOpt FP8_PB_WO stores the grid as [nb, 1, kb, 1]; the same numbers.
   std::vector<int64_t> want = st.ndim == 4 ? std::vector<int64_t>{nb, 1, kb, 1} : std::vector<int64_t>{nb, kb};
   Tensor s = scale(sn, want, "block scale [ceil(N/block_n), ceil(K/block_k)]");
   const float* sp = s.ptr<float>();
+  #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n)
     for (int64_t k = 0; k < K; ++k) o[n * K + k] = e4m3_to_f32(qv[n * K + k]) * sp[(n / bn) * kb + k / bk];
   return out;
