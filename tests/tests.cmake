@@ -10,6 +10,23 @@ foreach(fixture llama3 llama2_mha qwen3 qwen3_moe deepseek_v3 minimax_m3 qwen3_5
   add_test(NAME golden_${fixture} COMMAND $<TARGET_FILE:tokenspeed> verify-golden ${CMAKE_SOURCE_DIR}/tests/data/${fixture})
   set_tests_properties(golden_${fixture} PROPERTIES LABELS "golden")
 endforeach()
+# Quantized checkpoints as published (FP8 block, compressed-tensors FP8 per channel, ModelOpt
+# NVFP4): dequantized at load, the CPU must match the goldens (computed from the exactly
+# dequantized weights) like the bf16 fixtures.
+foreach(fixture llama3_fp8 qwen3_moe_fp8 deepseek_v3_fp8 llama3_fp8ch qwen3_fp8ch llama3_nvfp4 qwen3_moe_nvfp4)
+  add_test(NAME golden_${fixture} COMMAND $<TARGET_FILE:tokenspeed> verify-golden ${CMAKE_SOURCE_DIR}/tests/data/${fixture})
+  set_tests_properties(golden_${fixture} PROPERTIES LABELS "golden;quant")
+endforeach()
+# FP8 (e4m3, scale 1.0) KV cache on the CPU ops, dense fixtures: e4m3 keys/values move these
+# random models' logits by 0.11-0.22 (teacher-forced greedy check, near-ties within atol).
+foreach(fixture llama3 llama2_mha qwen3)
+  add_test(NAME golden_kv_fp8_${fixture} COMMAND $<TARGET_FILE:tokenspeed> verify-golden ${CMAKE_SOURCE_DIR}/tests/data/${fixture}
+    --kv-cache-dtype fp8 --atol 0.3)
+  set_tests_properties(golden_kv_fp8_${fixture} PROPERTIES LABELS "golden;quant")
+endforeach()
+add_test(NAME cli_quant_bad_input COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/quant_bad_input_test.sh $<TARGET_FILE:tokenspeed>
+  ${CMAKE_SOURCE_DIR}/tests/data)
+set_tests_properties(cli_quant_bad_input PROPERTIES LABELS "cli;quant")
 # route-diff (MoE routing, device vs CPU) on the CPU against itself.
 add_test(NAME cli_route_diff COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/route_diff_test.sh $<TARGET_FILE:tokenspeed>
   ${CMAKE_SOURCE_DIR}/tests/data)

@@ -16,6 +16,7 @@
 #include <random>
 
 #include "bench/random_fill.h"
+#include "core/fp8.h"
 #include "core/log.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/tokenizer.h"
@@ -277,6 +278,99 @@ std::vector<TensorSpec> checkpoint_tensors(const json& c, DType wd) {
   return t;
 }
 
+
+// --- quantized checkpoints ---------------------------------------------------------------------
+
+std::vector<std::string> quant_formats() { return {"fp8", "fp8-channel", "nvfp4", "modelopt-mixed"}; }
+
+void quantize_checkpoint(std::vector<TensorSpec>& specs, json& cfg, json& hf_quant, const std::string& quant) {
+  const std::vector<std::string> formats = quant_formats();
+  std::string list;
+  for (auto& f : formats) list += (list.empty() ? "" : ", ") + f;
+  TS_CHECK(std::find(formats.begin(), formats.end(), quant) != formats.end(), "--quant '{}' is not supported (supported: {})",
+           quant, list);
+  // Stored values span the format: amax ~ 4 sigma of N(0, 0.02) maps to the format's max.
+  const float amax = 0.08f;
+  const float s_block = amax / kE4m3Max;                              // fp8 block / FP8_PB_WO (F32)
+  const float s_chan = bf16_to_f32(f32_to_bf16(s_block));            // fp8-channel (BF16 scale)
+  const uint8_t mx_code = f32_to_e8m0_ceil(amax / kE4m3Max);          // MXFP8: a power of two >= amax/448
+  const float mx_scale = e8m0_to_f32(mx_code);
+  const float fp4_block = 256.0f;                                      // NVFP4 per-16 scale (exact in e4m3)
+  const float fp4_global = amax / kE2m1Max / fp4_block;               // weight_scale_2
+  json layers = json::object();
+  std::vector<TensorSpec> out;
+  auto module_of = [](const std::string& n) { return n.substr(0, n.size() - std::string(".weight").size()); };
+  for (auto& t : specs) {
+    bool linear = t.init == Init::normal && t.shape.size() == 2 && t.name.size() > 7 &&
+                  t.name.compare(t.name.size() - 7, 7, ".weight") == 0 &&
+                  (t.name.find("self_attn.") != std::string::npos || t.name.find("mlp.") != std::string::npos) &&
+                  t.name.find("mlp.gate.weight") == std::string::npos;
+    if (!linear) {
+      out.push_back(t);
+      continue;
+    }
+    const std::string m = module_of(t.name);
+    const int64_t N = t.shape[0], K = t.shape[1];
+    std::string algo;  // per module for modelopt-mixed
+    if (quant == "fp8") algo = "FP8_BLOCK";
+    else if (quant == "fp8-channel") algo = "FP8_CHANNEL";
+    else if (quant == "nvfp4") algo = "NVFP4";
+    else {
+      bool attn = m.find("self_attn.") != std::string::npos;
+      if (attn) algo = m.size() >= 6 && m.compare(m.size() - 6, 6, "o_proj") == 0 ? "FP8_PB_WO" : "MXFP8";
+      else if (m.find("shared_expert") != std::string::npos) algo = "MXFP8";
+      else algo = "NVFP4";
+      size_t ex = m.find(".experts.");
+      if (ex != std::string::npos) layers[m.substr(0, ex + 8)] = {{"quant_algo", algo}, {"group_size", 16}};
+      else layers[m] = algo == "NVFP4" ? json{{"quant_algo", algo}, {"group_size", 16}} : json{{"quant_algo", algo}};
+    }
+    auto cdiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+    if (algo == "FP8_BLOCK" || algo == "FP8_PB_WO") {
+      out.push_back({t.name, {N, K}, DType::f8_e4m3, Init::e4m3, s_block});
+      out.push_back({m + (algo == "FP8_BLOCK" ? ".weight_scale_inv" : ".weight_scale"), {cdiv(N, 128), cdiv(K, 128)},
+                     DType::f32, Init::constant, s_block});
+    } else if (algo == "FP8_CHANNEL") {
+      out.push_back({t.name, {N, K}, DType::f8_e4m3, Init::e4m3, s_chan});
+      out.push_back({m + ".weight_scale", {N, 1}, DType::bf16, Init::constant, s_chan});
+    } else if (algo == "MXFP8") {
+      TS_CHECK(K % 32 == 0, "--quant {}: {} has K = {}, not a multiple of 32 (MXFP8)", quant, t.name, K);
+      out.push_back({t.name, {N, K}, DType::f8_e4m3, Init::e4m3, mx_scale});
+      out.push_back({m + ".weight_scale", {N, K / 32}, DType::u8, Init::constant, float(mx_code)});
+    } else {
+      TS_CHECK(K % 16 == 0, "--quant {}: {} has K = {}, not a multiple of 16 (NVFP4)", quant, t.name, K);
+      out.push_back({t.name, {N, K / 2}, DType::u8, Init::e2m1, fp4_block * fp4_global});
+      out.push_back({m + ".weight_scale", {N, K / 16}, DType::f8_e4m3, Init::constant, fp4_block});
+      out.push_back({m + ".weight_scale_2", {}, DType::f32, Init::constant, fp4_global});
+      out.push_back({m + ".input_scale", {}, DType::f32, Init::constant, 1.0f});
+    }
+  }
+  specs = std::move(out);
+  if (quant == "fp8") {
+    cfg["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
+                                  {"weight_block_size", {128, 128}}};
+  } else if (quant == "fp8-channel") {
+    cfg["quantization_config"] = {
+        {"quant_method", "compressed-tensors"}, {"format", "float-quantized"}, {"quantization_status", "compressed"},
+        {"config_groups",
+         {{"group_0",
+           {{"targets", {"Linear"}},
+            {"weights", {{"num_bits", 8}, {"type", "float"}, {"strategy", "channel"}, {"symmetric", true}, {"dynamic", false}}},
+            {"input_activations",
+             {{"num_bits", 8}, {"type", "float"}, {"strategy", "token"}, {"symmetric", true}, {"dynamic", true}}}}}}},
+        {"ignore", {"lm_head"}}};
+  } else {
+    json q = {{"quant_algo", quant == "nvfp4" ? "NVFP4" : "MIXED_PRECISION"},
+              {"kv_cache_quant_algo", nullptr},
+              {"exclude_modules", {"lm_head", "model.layers.*.mlp.gate"}}};
+    if (quant == "nvfp4") q["group_size"] = 16;
+    else q["quantized_layers"] = layers;
+    hf_quant = {{"producer", {{"name", "modelopt"}, {"version", "0.37.0"}}}, {"quantization", q}};
+    json qc = q;
+    qc["quant_method"] = "modelopt";
+    cfg["quantization_config"] = qc;
+  }
+}
+
 // --- tokenizer ---------------------------------------------------------------------------------
 
 namespace {
@@ -492,6 +586,8 @@ RandomModelResult make_random_model(const RandomModelOptions& o) {
   apply_overrides(cfg, o.overrides);
   cfg["torch_dtype"] = o.dtype == DType::bf16 ? "bfloat16" : o.dtype == DType::f16 ? "float16" : "float32";
   std::vector<TensorSpec> specs = checkpoint_tensors(cfg, o.dtype);
+  json hf_quant;
+  if (!o.quant.empty()) quantize_checkpoint(specs, cfg, hf_quant, o.quant);
   const int64_t vocab = cfg["vocab_size"].get<int64_t>();
   fs::create_directories(o.out_dir);
   fs::path out(o.out_dir);
@@ -551,6 +647,8 @@ RandomModelResult make_random_model(const RandomModelOptions& o) {
       gen_cfg["eos_token_id"] = {cfg["eos_token_id"].get<int64_t>(), gen_cfg.value("pad_token_id", int64_t(0))};
   }
   write_text(out / "config.json", cfg.dump(2) + "\n");
+  if (!hf_quant.is_null()) write_text(out / "hf_quant_config.json", hf_quant.dump(2) + "\n");
+  else if (fs::exists(out / "hf_quant_config.json")) fs::remove(out / "hf_quant_config.json");
   write_text(out / "generation_config.json", gen_cfg.dump(2) + "\n");
 
   // Remove weights of an earlier run (a different shard count would leave stale files).
@@ -601,7 +699,9 @@ RandomModelResult make_random_model(const RandomModelOptions& o) {
       size_t si = shards[s].tensors[k];
       const TensorSpec& t = specs[si];
       size_t es = dtype_size(t.dtype), n = size_t(t.numel());
-      size_t step = (t.init == Init::normal || t.init == Init::ones) ? std::max<size_t>(piece / es, 1) : std::max<size_t>(n, 1);
+      bool chunked = t.init == Init::normal || t.init == Init::ones || t.init == Init::constant || t.init == Init::e4m3 ||
+                     t.init == Init::e2m1;
+      size_t step = chunked ? std::max<size_t>(piece / es, 1) : std::max<size_t>(n, 1);
       for (size_t b = 0; b < n; b += step)
         per_shard[s].push_back({s, data_start + shards[s].offsets[k] + b * es, si, b, std::min(step, n - b)});
     }
@@ -655,6 +755,7 @@ RandomModelResult make_random_model(const RandomModelOptions& o) {
 #pragma omp parallel
   {
     std::vector<char> buf;
+    std::vector<float> fbuf;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t ti = 0; ti < int64_t(tasks.size()); ++ti) {
       const Task& k = tasks[size_t(ti)];
@@ -666,6 +767,23 @@ RandomModelResult make_random_model(const RandomModelOptions& o) {
           if (buf.size() < nb) buf.resize(nb);
           if (t.init == Init::normal) fill_normal(buf.data(), t.dtype, keys[k.spec], k.first, k.n, 0.02f);
           else fill_constant(buf.data(), t.dtype, k.n, 1.0f);
+          src = buf.data();
+        } else if (t.init == Init::constant) {
+          if (buf.size() < nb) buf.resize(nb);
+          if (t.dtype == DType::f8_e4m3) std::memset(buf.data(), f32_to_e4m3(t.value), nb);
+          else if (t.dtype == DType::u8 || t.dtype == DType::f8_e8m0) std::memset(buf.data(), int(t.value), nb);
+          else fill_constant(buf.data(), t.dtype, k.n, t.value);
+          src = buf.data();
+        } else if (t.init == Init::e4m3 || t.init == Init::e2m1) {
+          // Normals in f32 (the same stream a float weight of this name would get), then encoded.
+          const size_t per = t.init == Init::e2m1 ? 2 : 1;
+          if (fbuf.size() < k.n * per) fbuf.resize(k.n * per);
+          if (buf.size() < nb) buf.resize(nb);
+          fill_normal(fbuf.data(), DType::f32, keys[k.spec], k.first * per, k.n * per, 0.02f);
+          auto* b = reinterpret_cast<uint8_t*>(buf.data());
+          for (size_t i = 0; i < k.n; ++i)
+            b[i] = per == 1 ? f32_to_e4m3(fbuf[i] / t.value)
+                            : uint8_t(f32_to_e2m1(fbuf[2 * i] / t.value) | (f32_to_e2m1(fbuf[2 * i + 1] / t.value) << 4));
           src = buf.data();
         } else if (t.init == Init::d2t) {
           src = reinterpret_cast<const char*>(d2t.data());

@@ -28,18 +28,35 @@ struct ConfigOverrides {
 };
 void apply_overrides(nlohmann::json& cfg, const ConfigOverrides& o);
 
-enum class Init : uint8_t { normal, ones, d2t, t2d };
+// normal: N(0, 0.02); ones; d2t / t2d: EAGLE3 maps; constant: every element `value` (F8_E4M3:
+// its e4m3 code, U8 / F8_E8M0: `value` is the byte itself); e4m3: e4m3(N(0, 0.02) / value);
+// e2m1: two e2m1 codes of N(0, 0.02) / value a byte (element 2i in the low nibble).
+enum class Init : uint8_t { normal, ones, d2t, t2d, constant, e4m3, e2m1 };
 struct TensorSpec {
   std::string name;
   std::vector<int64_t> shape;
   DType dtype;
   Init init;
+  float value = 0;
   int64_t numel() const;
   size_t nbytes() const { return size_t(numel()) * dtype_size(dtype); }
 };
 // Every tensor of the checkpoint (HF names, HF order) for the config's architecture:
 // Llama/Mistral/Qwen2/Qwen3, Qwen3Moe, LlamaForCausalLMEagle3.
 std::vector<TensorSpec> checkpoint_tensors(const nlohmann::json& cfg, DType weight_dtype);
+
+// Quantized checkpoints exactly as published (src/io/quant_config.h has the layouts):
+//   fp8            block-128 FP8 (DeepSeek-V3 / Qwen3-FP8): weight_scale_inv F32 [ceil(N/128), ceil(K/128)]
+//   fp8-channel    compressed-tensors FP8-dynamic (RedHatAI): weight_scale BF16 [N, 1], ignore lm_head
+//   nvfp4          ModelOpt NVFP4: U8 [N, K/2], weight_scale F8_E4M3 [N, K/16], weight_scale_2, input_scale
+//   modelopt-mixed ModelOpt MIXED_PRECISION (as nvidia/MiniMax-M3-NVFP4): q/k/v MXFP8, o_proj FP8_PB_WO,
+//                  dense MLPs and routed experts NVFP4, shared experts MXFP8
+// Every 2-D attention / MLP / expert weight is quantized; embeddings, LM head, norms and routers
+// stay in the model dtype. Rewrites `specs` and adds quantization_config to `cfg`; sets
+// `hf_quant` (hf_quant_config.json) for the ModelOpt formats.
+std::vector<std::string> quant_formats();
+void quantize_checkpoint(std::vector<TensorSpec>& specs, nlohmann::json& cfg, nlohmann::json& hf_quant,
+                         const std::string& quant);
 
 // A byte-level BPE tokenizer with exactly `vocab_size` ids: 256 byte tokens, synthetic merges
 // (lowercase words with an optional leading space), then the family's special tokens at the top
@@ -57,6 +74,7 @@ struct RandomModelOptions {
   std::string preset, config_path, out_dir, tokenizer_dir;
   uint64_t seed = 0;
   DType dtype = DType::bf16;
+  std::string quant;  // "" | fp8 | fp8-channel | nvfp4 | modelopt-mixed
   ConfigOverrides overrides;
   size_t max_shard_bytes = size_t(4e9);  // shards of at most 4 GB (one file when it fits)
   bool quiet = false;

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "core/device_memory.h"
+#include "core/fp8.h"
 
 namespace ts {
 
@@ -12,7 +13,7 @@ size_t dtype_size(DType t) {
     case DType::f32: case DType::i32: return 4;
     case DType::bf16: case DType::f16: return 2;
     case DType::i64: return 8;
-    case DType::u8: case DType::boolean: return 1;
+    case DType::u8: case DType::boolean: case DType::f8_e4m3: case DType::f8_e8m0: return 1;
   }
   return 0;
 }
@@ -26,6 +27,8 @@ const char* dtype_name(DType t) {
     case DType::i32: return "I32";
     case DType::u8: return "U8";
     case DType::boolean: return "BOOL";
+    case DType::f8_e4m3: return "F8_E4M3";
+    case DType::f8_e8m0: return "F8_E8M0";
   }
   return "?";
 }
@@ -226,6 +229,16 @@ Tensor Tensor::to_f32() const {
     case DType::f16: {
       auto* s = src.ptr<uint16_t>();
       for (int64_t i = 0; i < n; ++i) o[i] = f16_to_f32(s[i]);
+      break;
+    }
+    case DType::f8_e4m3: {
+      auto* s = src.ptr<uint8_t>();
+      for (int64_t i = 0; i < n; ++i) o[i] = e4m3_to_f32(s[i]);
+      break;
+    }
+    case DType::f8_e8m0: {
+      auto* s = src.ptr<uint8_t>();
+      for (int64_t i = 0; i < n; ++i) o[i] = e8m0_to_f32(s[i]);
       break;
     }
     default: fail("to_f32: unsupported dtype {}", dtype_name(dtype));

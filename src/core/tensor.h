@@ -15,7 +15,9 @@
 
 namespace ts {
 
-enum class DType : uint8_t { f32, bf16, f16, i64, i32, u8, boolean };
+// f8_e4m3 / f8_e8m0: quantized checkpoints' storage types (values, UE8M0 scales); no op computes
+// in them, the loader dequantizes (src/io/quant_config.h, src/core/fp8.h).
+enum class DType : uint8_t { f32, bf16, f16, i64, i32, u8, boolean, f8_e4m3, f8_e8m0 };
 enum class Device : uint8_t { cpu, cuda };
 
 size_t dtype_size(DType t);

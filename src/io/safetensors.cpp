@@ -21,7 +21,9 @@ DType parse_dtype(const std::string& s, const std::string& context) {
   if (s == "I32") return DType::i32;
   if (s == "U8") return DType::u8;
   if (s == "BOOL") return DType::boolean;
-  fail("{}: unsupported dtype {} (supported: F32, BF16, F16, I64, I32, U8, BOOL)", context, s);
+  if (s == "F8_E4M3") return DType::f8_e4m3;
+  if (s == "F8_E8M0") return DType::f8_e8m0;
+  fail("{}: unsupported dtype {} (supported: F32, BF16, F16, I64, I32, U8, BOOL, F8_E4M3, F8_E8M0)", context, s);
 }
 
 static std::string shape_str(const std::vector<int64_t>& s) {

@@ -32,24 +32,39 @@ Tensor convert(const Tensor& src, DType dt, Device device) {
 }
 
 WeightLoader::WeightLoader(io::Checkpoint ckpt, Device device)
-    : ckpt_(std::move(ckpt)), device_(device), dtype_(device == Device::cpu ? DType::f32 : DType::bf16) {}
+    : ckpt_(std::move(ckpt)),
+      quant_(io::load_quant_config(ckpt_.dir())),
+      device_(device),
+      dtype_(device == Device::cpu ? DType::f32 : DType::bf16) {}
 
 static void check_float(const Tensor& t, const std::string& file, const std::string& name) {
   TS_CHECK(t.dtype == DType::bf16 || t.dtype == DType::f16 || t.dtype == DType::f32,
            "{}: tensor {} has dtype {}, expected a float type (BF16, F16, F32)", file, name, dtype_name(t.dtype));
 }
 
-Tensor WeightLoader::load(const std::string& name, const std::vector<int64_t>& shape) {
+Tensor WeightLoader::host_float(const std::string& name, const std::vector<int64_t>& shape) const {
+  if (io::is_quantized_weight(ckpt_, name)) {
+    Tensor t = io::dequantize_weight(ckpt_, quant_, name);
+    std::string want;
+    for (auto d : shape) want += (want.empty() ? "" : ", ") + std::to_string(d);
+    TS_CHECK(t.dims() == shape, "{}: quantized tensor {} holds a {} weight, expected [{}]", ckpt_.file_of(name), name,
+             t.shape_str(), want);
+    return t;
+  }
   Tensor t = ckpt_.get(name, shape);
   check_float(t, ckpt_.file_of(name), name);
+  return t;
+}
+
+Tensor WeightLoader::load(const std::string& name, const std::vector<int64_t>& shape) {
+  Tensor t = host_float(name, shape);
   Tensor out = convert(t, dtype_, device_);
   bytes_ += out.nbytes();
   return out;
 }
 
 Tensor WeightLoader::load_f32(const std::string& name, const std::vector<int64_t>& shape) {
-  Tensor t = ckpt_.get(name, shape);
-  check_float(t, ckpt_.file_of(name), name);
+  Tensor t = host_float(name, shape);
   Tensor out = convert(t, DType::f32, device_);
   bytes_ += out.nbytes();
   return out;
@@ -68,8 +83,7 @@ Tensor WeightLoader::load_stacked(const std::vector<std::string>& names,
   Tensor host = Tensor::empty(out_shape, dtype_, Device::cpu);
   size_t off = 0;
   for (size_t i = 0; i < names.size(); ++i) {
-    Tensor t = ckpt_.get(names[i], shapes[i]);
-    check_float(t, ckpt_.file_of(names[i]), names[i]);
+    Tensor t = host_float(names[i], shapes[i]);
     convert_into(t, dtype_, static_cast<char*>(host.data) + off);
     off += size_t(t.numel()) * dtype_size(dtype_);
   }
@@ -105,8 +119,7 @@ Tensor WeightLoader::load_parts(const std::vector<Part>& parts) {
   std::vector<Tensor> slices;
   int64_t rows = 0;
   for (auto& p : parts) {
-    Tensor t = ckpt_.get(p.name, p.shape);
-    check_float(t, ckpt_.file_of(p.name), p.name);
+    Tensor t = host_float(p.name, p.shape);
     int64_t count = p.count < 0 ? t.size(p.dim) - p.start : p.count;
     slices.push_back(host_slice(t, p.dim, p.start, count, p.name));
     rows += slices.back().size(0);

@@ -1,10 +1,14 @@
 // Loads checkpoint tensors into the model's device and dtype (f32 on the CPU, bf16 on CUDA),
 // checking names and shapes, and fusing projections (q|k|v, gate|up) by stacking rows.
+// Quantized weights (FP8, MXFP8, NVFP4; src/io/quant_config.h) are dequantized at load (stored
+// value x scales, in f32) wherever a float weight is asked for: exact on the CPU (the oracle);
+// on CUDA the result is rounded to bf16, a correctness path, not the fast one.
 #pragma once
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
+#include "io/quant_config.h"
 #include "io/safetensors.h"
 
 namespace ts::models {
@@ -37,9 +41,14 @@ class WeightLoader {
   Tensor raw(const std::string& name) const { return ckpt_.get(name); }
   size_t bytes_loaded() const { return bytes_; }
   const io::Checkpoint& checkpoint() const { return ckpt_; }
+  const io::QuantConfig& quant() const { return quant_; }
 
  private:
+  // Host float tensor of `name` with logical shape `shape`: as stored, or dequantized to f32.
+  Tensor host_float(const std::string& name, const std::vector<int64_t>& shape) const;
+
   io::Checkpoint ckpt_;
+  io::QuantConfig quant_;
   Device device_;
   DType dtype_;
   size_t bytes_ = 0;

@@ -35,4 +35,12 @@ grep -q 'greedy sampling where the logits are' "$dir/bench.md" || fail "the time
 grep -q -- '--host-logits' "$dir/bench2.md" || fail "--host-logits not reported"
 grep -qE "^\| decode \| 2 \| 64 \|" "$dir/bench2.md" || fail "no decode row with --host-logits"
 "$TS" bench --help | grep -q -- "--profile" || fail "no --profile in --help"
+# A quantized checkpoint (FP8 block-128): generates, and bench reports the bytes a step reads as stored.
+"$TS" make-random-model --preset llama-3.1-8b --quant fp8 --num-layers 2 --hidden-size 128 --intermediate-size 256 \
+  --vocab-size 2048 --num-heads 4 --num-kv-heads 2 --head-dim 32 --seed 3 --out "$dir/q" > /dev/null
+grep -q '"quant_method": "fp8"' "$dir/q/config.json" || fail "no quantization_config"
+"$TS" generate --model "$dir/q" --device cpu --prompt-ids 1,2,3 --max-tokens 4 --ignore-eos --print-ids > /dev/null
+"$TS" bench --model "$dir/q" --device cpu --batches 1 --contexts 64 --decode-steps 2 --prompt-lens 16 > "$dir/bench3.md"
+grep -q "quantized checkpoint (fp8): a batch-1 decode step reads" "$dir/bench3.md" || fail "no stored-bytes line"
+"$TS" make-random-model --help | grep -q -- "--quant" || fail "no --quant in --help"
 echo PASS

@@ -1,6 +1,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/fp8.h"
 #include "ops/cpu/cpu_ops.h"
 
 namespace ts::ops::cpu {
@@ -13,6 +14,22 @@ void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache
   TS_CHECK(k_cache.size(2) * k_cache.size(3) == kw && v_cache.size(2) * v_cache.size(3) == vw,
            "kv_write: cache {} vs k {}", k_cache.shape_str(), k.shape_str());
   const int32_t* slot = slot_mapping.ptr<int32_t>();
+  if (k_cache.dtype == DType::f8_e4m3) {
+    // FP8 cache: round-to-nearest e4m3 (saturating), the reference for the GPU kernels.
+    for (int64_t t = 0; t < t_n; ++t) {
+      if (slot[t] < 0) continue;
+      TS_CHECK(slot[t] < slots, "kv_write: slot {} outside the pool of {}", slot[t], slots);
+      for (int64_t h = 0; h < k.size(1); ++h)
+        for (int64_t d = 0; d < k.size(2); ++d)
+          k_cache.ptr<uint8_t>()[slot[t] * kw + h * k.size(2) + d] =
+              f32_to_e4m3(k.ptr<float>()[t * k.stride[0] + h * k.stride[1] + d]);
+      for (int64_t h = 0; h < v.size(1); ++h)
+        for (int64_t d = 0; d < v.size(2); ++d)
+          v_cache.ptr<uint8_t>()[slot[t] * vw + h * v.size(2) + d] =
+              f32_to_e4m3(v.ptr<float>()[t * v.stride[0] + h * v.stride[1] + d]);
+    }
+    return;
+  }
   for (int64_t t = 0; t < t_n; ++t) {
     if (slot[t] < 0) continue;
     TS_CHECK(slot[t] < slots, "kv_write: slot {} outside the pool of {}", slot[t], slots);
@@ -43,9 +60,12 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   for (int b = 0; b < m.num_seqs; ++b)
     for (int32_t r = cu[b]; r < cu[b + 1]; ++r) row_seq[size_t(r)] = b;
   int64_t items = t_n * nh;
+  const bool fp8 = k_cache.dtype == DType::f8_e4m3;
+  TS_CHECK(v_cache.dtype == k_cache.dtype, "paged_attention: k cache {} vs v cache {}", dtype_name(k_cache.dtype),
+           dtype_name(v_cache.dtype));
 #pragma omp parallel
   {
-    std::vector<float> scores;
+    std::vector<float> scores, krow(size_t(fp8 ? hd : 0)), vrow(size_t(fp8 ? hdv : 0));
 #pragma omp for schedule(dynamic, 4)
     for (int64_t it = 0; it < items; ++it) {
       int64_t r = it / nh, h = it % nh, kvh = h / group;
@@ -63,7 +83,14 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
       float mx = -INFINITY;
       for (int64_t j = 0; j < n; ++j) {
         int64_t slot = int64_t(bt[b * max_blocks + j / bs]) * bs + j % bs;
-        const float* kv = k_cache.ptr<float>() + (slot * nkv + kvh) * hd;
+        const float* kv;
+        if (fp8) {
+          const uint8_t* kb = k_cache.ptr<uint8_t>() + (slot * nkv + kvh) * hd;
+          for (int64_t d = 0; d < hd; ++d) krow[size_t(d)] = e4m3_to_f32(kb[d]);
+          kv = krow.data();
+        } else {
+          kv = k_cache.ptr<float>() + (slot * nkv + kvh) * hd;
+        }
         float s = dot(qv, kv, hd) * scale;
         scores[size_t(j)] = s;
         mx = std::max(mx, s);
@@ -77,7 +104,14 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
       for (int64_t d = 0; d < hdv; ++d) o[d] = 0;
       for (int64_t j = 0; j < n; ++j) {
         int64_t slot = int64_t(bt[b * max_blocks + j / bs]) * bs + j % bs;
-        const float* vv = v_cache.ptr<float>() + (slot * nkv + kvh) * hdv;
+        const float* vv;
+        if (fp8) {
+          const uint8_t* vb = v_cache.ptr<uint8_t>() + (slot * nkv + kvh) * hdv;
+          for (int64_t d = 0; d < hdv; ++d) vrow[size_t(d)] = e4m3_to_f32(vb[d]);
+          vv = vrow.data();
+        } else {
+          vv = v_cache.ptr<float>() + (slot * nkv + kvh) * hdv;
+        }
         float p = scores[size_t(j)] * inv;
         for (int64_t d = 0; d < hdv; ++d) o[d] += p * vv[d];
       }

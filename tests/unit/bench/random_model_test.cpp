@@ -9,6 +9,7 @@
 #include "bench/random_fill.h"
 #include "bench/random_model.h"
 #include "io/config.h"
+#include "io/quant_config.h"
 #include "io/safetensors.h"
 #include "models/eagle3_draft.h"
 #include "models/model.h"
@@ -307,4 +308,84 @@ TEST(Bench, CpuCeilingsAndTinyModel) {
   EXPECT_NE(r.markdown.find("| memory bandwidth |"), std::string::npos);
   EXPECT_NE(r.markdown.find("| prefill | 1 | 32 |"), std::string::npos);
   EXPECT_TRUE(r.json["model"]["tied_embeddings"].get<bool>());
+}
+
+// --quant writes the published formats; the engine loads them (dequantized on the CPU) and runs.
+// The stored values come from the same normal stream as the float weights, so the dequantized
+// weights track the unquantized model's.
+TEST(RandomModel, QuantizedCheckpointsLoadAndRun) {
+  TempDir d;
+  auto moe = [](bench::RandomModelOptions o) {
+    o.overrides.num_experts = 4;
+    o.overrides.num_experts_per_tok = 2;
+    o.overrides.moe_intermediate_size = 32;
+    return o;
+  };
+  auto plain = tiny("llama-3.1-8b", d.sub("plain"));
+  plain.dtype = DType::f32;
+  bench::make_random_model(plain);
+  io::Checkpoint pk = io::Checkpoint::open(d.sub("plain"));
+  Tensor ref = pk.get("model.layers.0.mlp.down_proj.weight").to_f32();
+  struct Case {
+    std::string preset, quant, weight_dtype, scale;
+  };
+  for (const Case& c : {Case{"llama-3.1-8b", "fp8", "F8_E4M3", "weight_scale_inv"},
+                        Case{"llama-3.1-8b", "fp8-channel", "F8_E4M3", "weight_scale"},
+                        Case{"llama-3.1-8b", "nvfp4", "U8", "weight_scale_2"},
+                        Case{"llama-3.1-8b", "modelopt-mixed", "U8", "weight_scale_2"},
+                        Case{"qwen3-30b-a3b", "fp8", "F8_E4M3", "weight_scale_inv"},
+                        Case{"qwen3-30b-a3b", "modelopt-mixed", "U8", "weight_scale_2"}}) {
+    SCOPED_TRACE(c.preset + " " + c.quant);
+    std::string dir = d.sub(c.preset + "_" + c.quant);
+    auto o = tiny(c.preset, dir);
+    if (c.preset == "qwen3-30b-a3b") o = moe(o);
+    o.quant = c.quant;
+    bench::make_random_model(o);
+    io::Checkpoint ck = io::Checkpoint::open(dir);
+    io::QuantConfig qc = io::load_quant_config(dir);
+    EXPECT_TRUE(qc.quantized());
+    EXPECT_EQ(fs::exists(dir + "/hf_quant_config.json"), c.quant == "nvfp4" || c.quant == "modelopt-mixed");
+    std::string w = c.preset == "qwen3-30b-a3b" ? "model.layers.1.mlp.experts.3.down_proj" : "model.layers.0.mlp.down_proj";
+    EXPECT_EQ(dtype_name(ck.get(w + ".weight").dtype), c.weight_dtype);
+    EXPECT_TRUE(ck.has(w + "." + c.scale));
+    EXPECT_EQ(ck.get("model.embed_tokens.weight").dtype, DType::bf16);  // stays as stored
+    if (c.preset == "llama-3.1-8b") {
+      // Dequantized vs the f32 model of the same seed: correlated (fp8: within e4m3 rounding).
+      Tensor dq = io::dequantize_weight(ck, qc, w + ".weight");
+      ASSERT_EQ(dq.dims(), ref.dims());
+      double num = 0, den = 0, err = 0;
+      for (int64_t i = 0; i < ref.numel(); ++i) {
+        double a = ref.ptr<float>()[i], b = dq.ptr<float>()[i];
+        num += a * b, den += a * a, err += std::abs(a - b);
+      }
+      EXPECT_GT(num / den, 0.9);
+      if (c.quant.rfind("fp8", 0) == 0) {
+        EXPECT_LT(err / double(ref.numel()), 0.02 * 0.05);
+      }
+    }
+    if (c.quant == "modelopt-mixed") {
+      // q/k/v MXFP8 (UE8M0 scale per 32), o_proj FP8_PB_WO (128 x 128 F32 blocks).
+      EXPECT_EQ(ck.get("model.layers.0.self_attn.q_proj.weight_scale").dtype, DType::u8);
+      EXPECT_EQ(ck.get("model.layers.0.self_attn.o_proj.weight_scale").dtype, DType::f32);
+      EXPECT_EQ(io::detect_weight_format(ck, "model.layers.0.self_attn.q_proj.weight"), io::WeightFormat::mxfp8);
+      // 64 x 64: a one-block grid.
+      EXPECT_EQ(ck.get("model.layers.0.self_attn.o_proj.weight_scale").dims(), (std::vector<int64_t>{1, 1}));
+      EXPECT_EQ(io::dequantize_weight(ck, qc, "model.layers.0.self_attn.o_proj.weight").dims(),
+                (std::vector<int64_t>{64, 64}));
+    }
+    models::LoadOptions lo;
+    std::shared_ptr<models::Model> m = models::load_model(dir, lo);
+    ModelRunner runner(m, 4, 16);
+    std::vector<int32_t> table = {0, 1, 2, 3}, ids = {1, 2, 3};
+    Tensor logits = runner.run({{ids.data(), 3, 0, &table, SeqChunk::Logits::last}});
+    ASSERT_EQ(logits.size(1), 1024);
+    for (int64_t i = 0; i < 1024; ++i) ASSERT_TRUE(std::isfinite(logits.ptr<float>()[i]));
+  }
+  EXPECT_THROW(
+      {
+        auto o = tiny("llama-3.1-8b", d.sub("bad"));
+        o.quant = "int4";
+        bench::make_random_model(o);
+      },
+      std::exception);
 }

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Quantized checkpoints with bad input must fail at startup, naming the file and the tensor:
+# an unknown quant_method / quant_algo (listing the supported ones), a quantized tensor in a module
+# the config excludes, a missing scale, a mis-shaped scale.
+set -euo pipefail
+TS=$1
+DATA=$2
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+expect_error() {  # model dir, then substrings the error must contain
+  local m=$1; shift
+  if out=$("$TS" verify-golden "$m" 2>&1); then fail "$m: expected a startup error, got: $out"; fi
+  for s in "$@"; do
+    grep -qF -- "$s" <<< "$out" || fail "$m: error lacks '$s': $out"
+  done
+  echo "ok: $(tail -1 <<< "$out")"
+}
+edit_json() {  # file, python statement on `c`
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+p, stmt = sys.argv[1], sys.argv[2]
+c = json.load(open(p))
+exec(stmt)
+json.dump(c, open(p, "w"))
+PY
+}
+# Rewrites model.safetensors: drop tensor A, or give tensor A the shape of tensor B's bytes.
+edit_st() {  # file, python statement on `h` (the header dict)
+  python3 - "$1" "$2" <<'PY'
+import json, struct, sys
+p, stmt = sys.argv[1], sys.argv[2]
+b = open(p, "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+exec(stmt)
+s = json.dumps(h).encode()
+s += b" " * ((8 - (len(s) + 8) % 8) % 8)
+open(p, "wb").write(struct.pack("<Q", len(s)) + s + b[8 + n:])
+PY
+}
+
+cp -r "$DATA/llama3_fp8" "$dir/method"
+edit_json "$dir/method/config.json" "c['quantization_config']['quant_method'] = 'gptq'"
+expect_error "$dir/method" "$dir/method/config.json" "gptq" "supported: fp8, compressed-tensors, modelopt"
+
+cp -r "$DATA/llama3_nvfp4" "$dir/algo"
+edit_json "$dir/algo/hf_quant_config.json" "c['quantization']['quant_algo'] = 'W4A8_AWQ'"
+expect_error "$dir/algo" "hf_quant_config.json" "W4A8_AWQ" "NVFP4, FP8, MIXED_PRECISION"
+
+cp -r "$DATA/qwen3_fp8ch" "$dir/ignored"
+edit_json "$dir/ignored/config.json" "c['quantization_config']['ignore'] = ['lm_head', 're:.*layers[.]1[.]mlp[.].*']"
+expect_error "$dir/ignored" "$dir/ignored/model.safetensors" "model.layers.1.mlp." "excluded" "re:.*layers"
+
+cp -r "$DATA/qwen3_moe_nvfp4" "$dir/excluded"
+edit_json "$dir/excluded/hf_quant_config.json" "c['quantization']['exclude_modules'].append('model.layers.*.self_attn.o_proj')"
+expect_error "$dir/excluded" "model.safetensors" "self_attn.o_proj.weight" "exclude_modules entry 'model.layers.*.self_attn.o_proj'"
+
+cp -r "$DATA/llama3_fp8" "$dir/noscale"
+edit_st "$dir/noscale/model.safetensors" "del h['model.layers.0.self_attn.q_proj.weight_scale_inv']"
+expect_error "$dir/noscale" "$dir/noscale/model.safetensors" "model.layers.0.self_attn.q_proj.weight" "no scale"
+
+cp -r "$DATA/deepseek_v3_fp8" "$dir/shape"
+# kv_a_proj_with_mqa [160, 256] has a [2, 2] grid; claim [4, 1] (same bytes).
+edit_st "$dir/shape/model.safetensors" "h['model.layers.0.self_attn.kv_a_proj_with_mqa.weight_scale_inv']['shape'] = [4, 1]"
+expect_error "$dir/shape" "$dir/shape/model.safetensors" "kv_a_proj_with_mqa.weight_scale_inv" "[4, 1]" "expected [2, 2]"
+echo PASS

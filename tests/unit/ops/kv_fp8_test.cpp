@@ -1,0 +1,63 @@
+// FP8 (e4m3) KV cache on the CPU backend, the reference for GPU kernels: kv_write stores
+// round-to-nearest e4m3, paged attention over it equals attention over an f32 cache holding the
+// same rounded values.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "core/fp8.h"
+#include "ops/ops.h"
+
+using namespace ts;
+
+namespace {
+
+Tensor i32v(const std::vector<int32_t>& v, std::vector<int64_t> shape) {
+  Tensor t = Tensor::empty(shape, DType::i32);
+  std::memcpy(t.data, v.data(), v.size() * 4);
+  return t;
+}
+
+}  // namespace
+
+TEST(KvCacheFp8, WriteRoundsAndAttentionMatchesF32OfTheRoundedValues) {
+  std::mt19937 g(5);
+  std::normal_distribution<float> nd(0.0f, 1.5f);
+  const int64_t T = 11, nkv = 2, nh = 4, hd = 8, bs = 4, blocks = 4;
+  // One sequence prefilling 11 tokens; block table scrambled.
+  std::vector<int32_t> table = {2, 0, 3, 1}, slots;
+  for (int p = 0; p < T; ++p) slots.push_back(table[size_t(p / bs)] * int32_t(bs) + p % int32_t(bs));
+  ops::AttnMeta m;
+  m.cu_q = i32v({0, int32_t(T)}, {2});
+  m.kv_len = i32v({int32_t(T)}, {1});
+  m.block_tables = i32v(table, {1, blocks});
+  m.block_size = int(bs);
+  m.num_seqs = 1;
+  m.max_q_len = m.max_kv_len = int(T);
+  Tensor slot_t = i32v(slots, {T});
+  auto rnd = [&](std::vector<int64_t> s) {
+    Tensor t = Tensor::empty(s, DType::f32);
+    for (int64_t i = 0; i < t.numel(); ++i) t.ptr<float>()[i] = nd(g);
+    return t;
+  };
+  Tensor q = rnd({T, nh, hd}), k = rnd({T, nkv, hd}), v = rnd({T, nkv, hd});
+  Tensor kr = Tensor::empty({T, nkv, hd}, DType::f32), vr = Tensor::empty({T, nkv, hd}, DType::f32);
+  for (int64_t i = 0; i < k.numel(); ++i) {
+    kr.ptr<float>()[i] = e4m3_to_f32(f32_to_e4m3(k.ptr<float>()[i]));
+    vr.ptr<float>()[i] = e4m3_to_f32(f32_to_e4m3(v.ptr<float>()[i]));
+  }
+  Tensor kc8 = Tensor::zeros({blocks, bs, nkv, hd}, DType::f8_e4m3), vc8 = Tensor::zeros({blocks, bs, nkv, hd}, DType::f8_e4m3);
+  Tensor kc = Tensor::zeros({blocks, bs, nkv, hd}, DType::f32), vc = Tensor::zeros({blocks, bs, nkv, hd}, DType::f32);
+  ops::kv_write(k, v, kc8, vc8, slot_t);
+  ops::kv_write(kr, vr, kc, vc, slot_t);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < nkv * hd; ++i) {
+      ASSERT_EQ(kc8.ptr<uint8_t>()[slots[size_t(t)] * nkv * hd + i], f32_to_e4m3(k.ptr<float>()[t * nkv * hd + i]));
+      ASSERT_EQ(vc8.ptr<uint8_t>()[slots[size_t(t)] * nkv * hd + i], f32_to_e4m3(v.ptr<float>()[t * nkv * hd + i]));
+    }
+  Tensor o8 = Tensor::empty({T, nh, hd}, DType::f32), o = Tensor::empty({T, nh, hd}, DType::f32);
+  ops::paged_attention(q, kc8, vc8, m, 0.35f, o8);
+  ops::paged_attention(q, kc, vc, m, 0.35f, o);
+  for (int64_t i = 0; i < o.numel(); ++i) ASSERT_EQ(o8.ptr<float>()[i], o.ptr<float>()[i]) << i;
+}
