@@ -1,6 +1,6 @@
 // Helpers for the server integration tests: spawn the real binary on a free port, wait for
 // /health, and tear it down; raw fetch helpers for the error cases.
-import { spawn } from 'node:child_process';
+import { spawn, execFile } from 'node:child_process';
 import net from 'node:net';
 import path from 'node:path';
 import { readFileSync } from 'node:fs';
@@ -227,4 +227,15 @@ export async function timedGet(url, path = '/health') {
   const r = await fetch(`${url}${path}`);
   await r.text();
   return { ms: performance.now() - t0, status: r.status };
+}
+
+// Milliseconds for one GET measured by curl in its own process: the server's latency, not this
+// test process's event loop (busy with hundreds of its own streams).
+export function curlTime(url, path = '/health') {
+  return new Promise((resolve) => {
+    execFile('curl', ['-s', '-o', '/dev/null', '-m', '10', '-w', '%{http_code} %{time_total}', `${url}${path}`], (err, out) => {
+      const [code, t] = String(out).trim().split(' ');
+      resolve({ status: Number(code), ms: Number(t) * 1000 });
+    });
+  });
 }
