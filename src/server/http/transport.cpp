@@ -227,6 +227,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     parser_->body_limit(t_->lim.max_body_bytes);
     timed_out_ = false;
     if (buf_.size() > 0) return begin_header();
+    buf_.shrink_to_fit();  // an idle connection keeps no buffer from its last request
     phase_ = Phase::idle;
     arm(t_->lim.idle_timeout_s);
     // Idle keep-alive connections hold no buffer: wait for readability, then parse.
