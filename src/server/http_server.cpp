@@ -192,6 +192,7 @@ class GenProducer final : public http::Producer {
     }
   }
   void cancel() override { cancel_all(jobs_); }
+  std::string keepalive() override { return kSseKeepAlive; }
   void shutdown(std::string& out) override {
     cancel_all(jobs_);
     shut_ = done_ = true;

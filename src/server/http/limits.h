@@ -19,6 +19,7 @@ struct HttpLimits {
   int max_queued_requests = 4096;       // generation requests admitted and not yet started (first
                                         // token not out); beyond: 503; 0 = no cap
   size_t max_pipelined_bytes = 64u << 10;  // bytes read ahead while a response is in progress
+  double stream_keepalive_s = 10;       // a silent stream gets an SSE comment this often
 };
 
 }  // namespace ts::server::http

@@ -212,6 +212,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
         break;
       }
       case Phase::lingering: close(); break;
+      case Phase::respond:  // a silent stream: a keep-alive comment, then wait again
+        if (prod_ && prod_->streaming() && !complete_) {
+          std::string k = prod_->keepalive();
+          bool silent = std::chrono::steady_clock::now() - last_write_ >= secs(t_->lim.stream_keepalive_s / 2);
+          if (!k.empty() && silent && !write_pending_) send(chunked_ ? chunk(k) : k);
+          arm(t_->lim.stream_keepalive_s);
+        }
+        break;
       default: break;
     }
   }
@@ -375,6 +383,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (!chunked_) keep_alive_ = false;  // HTTP/1.0: the body ends with the connection
       t_->metrics.count_http(r.reply.status);
       send(head(r.reply, chunked_, -1, keep()));
+      arm(t_->lim.stream_keepalive_s);
     }
     arm_disconnect_read();
     // Runs on the engine thread: holds only a weak reference (no executor), so a stream that
@@ -423,6 +432,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     inflight_.swap(wbuf_);
     wbuf_.clear();
     write_pending_ = true;
+    last_write_ = std::chrono::steady_clock::now();
     net::async_write(sock_, net::buffer(inflight_), [self = shared_from_this()](error_code ec, size_t) {
       self->write_pending_ = false;
       self->inflight_.clear();
@@ -535,6 +545,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool keep_alive_ = true, close_after_ = false, complete_ = false, chunked_ = false;
   int version_ = 11;
   size_t lingered_ = 0;
+  std::chrono::steady_clock::time_point last_write_{};
   std::string wbuf_, inflight_;
   std::unique_ptr<Producer> prod_;
 };

@@ -60,6 +60,9 @@ class Producer {
   // Drain deadline: abort and finish now. Streaming: appends the final bytes (an error event
   // and [DONE]) to `out`; buffered: reply() then answers 503.
   virtual void shutdown(std::string& out) = 0;
+  // Streaming: bytes to send after a silence of HttpLimits::stream_keepalive_s (an SSE comment),
+  // so that proxies and clients with read timeouts keep a queued stream open.
+  virtual std::string keepalive() { return {}; }
 };
 
 struct Result {

@@ -119,6 +119,7 @@ struct Fixture : ::testing::Test {
     o.max_request_bytes = 4096;
     o.http_threads = 16;
     o.drain_timeout_s = drain_timeout_s;
+    o.limits.stream_keepalive_s = 1;
     server = std::make_unique<HttpServer>(o);
     server->bind();
     port = server->port();
@@ -405,4 +406,27 @@ TEST_F(Fixture, StopPastDrainTimeoutEndsStreams) {
   ASSERT_GE(ev.size(), 2u);
   EXPECT_EQ(ev.back(), "[DONE]");
   EXPECT_EQ(J(ev[ev.size() - 2])["error"]["code"], "server_shutting_down");
+}
+
+// A stream that stays silent (a long queue, a long prefill) gets SSE keep-alive comments.
+TEST_F(Fixture, SilentStreamGetsKeepAlive) {
+  start();
+  backend->reply = "ab";
+  backend->delay = 1500ms;
+  auto c = client();
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = R"({"prompt": "x", "max_tokens": 2, "stream": true})";
+  req.set_header("Content-Type", "application/json");
+  std::string raw;
+  req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+    raw.append(d, n);
+    return true;
+  };
+  httplib::Response res;
+  httplib::Error err;
+  ASSERT_TRUE(c.send(req, res, err));
+  EXPECT_NE(raw.find(": keep-alive\n\n"), std::string::npos) << raw;
+  EXPECT_NE(raw.find("data: [DONE]"), std::string::npos);
 }
