@@ -2,6 +2,7 @@
 # Installs the Debian packages the build and tests need (only what is missing), as root.
 set -euo pipefail
 PKGS=(build-essential cmake ninja-build pkg-config libpcre2-dev nlohmann-json3-dev libcpp-httplib-dev
+      libboost-dev
       libcli11-dev libfmt-dev libspdlog-dev libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev
       libopenblas-dev python3 curl)
 # Node.js + npm (the test client) may come from another source than Debian's packages (e.g. a

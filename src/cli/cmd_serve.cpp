@@ -1,5 +1,7 @@
 // tokenspeed serve: the OpenAI-compatible HTTP server. It listens at once (GET /health is 503
 // while the model loads, 200 once it serves) and stops cleanly on SIGINT/SIGTERM.
+#include <sys/resource.h>
+
 #include <csignal>
 #include <pthread.h>
 #include <thread>
@@ -25,11 +27,49 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--chat-template", so.chat_template_file, "Jinja chat template file (overrides the model's)");
   app.add_option("--tool-call-parser", so.tool_call_parser, "hermes | qwen | qwen25 | llama3 | llama3_json");
   app.add_option("--reasoning-parser", so.reasoning_parser, "qwen3 | deepseek-r1");
-  app.add_option("--max-request-bytes", max_request_bytes, "largest request body (larger: 413)")
+  // HTTP limits (ts::server::http::HttpLimits): every breach is an OpenAI-shaped 4xx or a closed
+  // connection, counted in tokenspeed_http_limit_rejections_total{reason=...}.
+  auto& lim = so.limits;
+  app.add_option("--max-request-bytes", max_request_bytes, "largest request body, any transfer encoding (larger: 413)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_option("--http-threads", so.http_threads, "HTTP worker threads (more connections queue)")
-      ->check(CLI::Range(8, 4096))
+  app.add_option("--max-header-bytes", lim.max_header_bytes, "largest request line + headers (larger: 431)")
+      ->check(CLI::Range(size_t{256}, size_t{1} << 24))
+      ->capture_default_str();
+  app.add_option("--max-uri-bytes", lim.max_uri_bytes, "longest request target (longer: 414)")
+      ->check(CLI::Range(size_t{16}, size_t{1} << 24))
+      ->capture_default_str();
+  app.add_option("--http-header-timeout", lim.header_timeout_s,
+                 "seconds from a request's first byte to the end of its headers (slower: 408, closed)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--http-body-timeout", lim.body_timeout_s, "seconds to receive a request body (slower: 408, closed)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--http-idle-timeout", lim.idle_timeout_s, "seconds a keep-alive connection may wait for a request")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--max-connections", lim.max_connections, "open connections (beyond: 503, closed; 0: no cap)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--max-connections-per-ip", lim.max_connections_per_ip,
+                 "open connections per client address (beyond: 429, closed; 0: no cap)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--max-queued-requests", lim.max_queued_requests,
+                 "generation requests admitted and waiting for their first token (beyond: 503; 0: no cap)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--drain-timeout", so.drain_timeout_s,
+                 "on SIGTERM/SIGINT: seconds in-flight requests get to finish before they are ended")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--http-threads", so.http_threads, "HTTP I/O threads (they serve every connection)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--http-workers", so.http_workers,
+                 "request preparation threads (JSON, chat template, tokenisation)")
+      ->check(CLI::Range(1, 64))
       ->capture_default_str();
   ts::cli::add_engine_flags(app, eo);
   try {
@@ -41,6 +81,13 @@ int cmd_serve(int argc, char** argv) {
   ts::cli::resolve_model(model, eo);
   so.model_path = eo.model_dir;
   if (so.served_model_name.empty()) so.served_model_name = model.empty() ? "pycoder" : model;
+
+  // Thousands of client connections need as many descriptors: raise the soft limit to the hard one.
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
 
   // Signals: handled by one thread (sigwait), never asynchronously; a dead client never kills us.
   std::signal(SIGPIPE, SIG_IGN);

@@ -1,12 +1,12 @@
 #include "server/http_server.h"
 
-#include <httplib.h>
-
 #include <chrono>
-#include <thread>
+#include <functional>
+#include <regex>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "server/http/transport.h"
 #include "server/sse.h"
 
 namespace ts::server {
@@ -56,28 +56,6 @@ void account(Job& j, const StreamEvent& ev, ServerMetrics& m) {
   }
 }
 
-// Waits up to timeout_ms for an event from any unfinished job; returns its index or -1.
-int wait_any(std::vector<Job>& jobs, StreamEvent& ev, int timeout_ms) {
-  auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (true) {
-    int first = -1, active = 0;
-    for (size_t i = 0; i < jobs.size(); ++i) {
-      if (jobs[i].finished) continue;
-      ++active;
-      if (first < 0) first = static_cast<int>(i);
-    }
-    if (first < 0) return -1;
-    if (active == 1) {
-      int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
-      return jobs[first].stream->pop(ev, std::max(left, 0)) ? first : -1;
-    }
-    for (size_t i = 0; i < jobs.size(); ++i)
-      if (!jobs[i].finished && jobs[i].stream->pop(ev, 0)) return static_cast<int>(i);
-    if (Clock::now() >= deadline) return -1;
-    if (jobs[first].stream->pop(ev, 2)) return first;
-  }
-}
-
 bool all_finished(const std::vector<Job>& jobs) {
   for (auto& j : jobs)
     if (!j.finished) return false;
@@ -86,7 +64,7 @@ bool all_finished(const std::vector<Job>& jobs) {
 
 void cancel_all(std::vector<Job>& jobs) {
   for (auto& j : jobs)
-    if (!j.finished) j.stream->cancel();
+    if (!j.finished && j.stream) j.stream->cancel();
 }
 
 Usage total_usage(const std::vector<Job>& jobs, const std::vector<size_t>& prompt_sizes) {
@@ -108,227 +86,129 @@ Json finish_json(FinishReason r) {
   return *s ? Json(s) : Json(nullptr);
 }
 
-void send_error(httplib::Response& res, int status, const std::string& msg, const std::string& param = "",
-                const std::string& code = "") {
-  res.status = status;
-  res.set_content(dump(error_body(status, msg, param, code)), "application/json");
+http::Reply json_reply(int status, std::string body) {
+  http::Reply r;
+  r.status = status;
+  r.body = std::move(body);
+  return r;
 }
-}  // namespace
 
-// httplib's compiled listen backlog is 5: a burst of new connections (64 clients at once)
-// overflows it and some clients fail. listen() again on the bound socket raises it.
-class ListenServer : public httplib::Server {
+http::Reply error_reply(int status, const std::string& msg, const std::string& param = "",
+                        const std::string& code = "") {
+  return json_reply(status, dump(error_body(status, msg, param, code)));
+}
+
+// One admitted generation request, counted in ServerMetrics::queued_requests until its first
+// token arrives (or it ends): what --max-queued-requests bounds.
+class Ticket {
  public:
-  void raise_backlog(int n) {
-    socket_t s = svr_sock_;
-    if (s != INVALID_SOCKET) ::listen(s, n);
+  Ticket() = default;
+  explicit Ticket(std::atomic<int64_t>* q) : q_(q) {}
+  Ticket(Ticket&& o) noexcept : q_(std::exchange(o.q_, nullptr)) {}
+  Ticket& operator=(Ticket&& o) noexcept {
+    release();
+    q_ = std::exchange(o.q_, nullptr);
+    return *this;
   }
+  ~Ticket() { release(); }
+  void release() {
+    if (q_) --*q_;
+    q_ = nullptr;
+  }
+
+ private:
+  std::atomic<int64_t>* q_ = nullptr;
 };
 
-struct HttpServer::Impl {
-  ListenServer svr;
-  ChatTemplates templates;
-  ReasoningParser::Kind rkind = ReasoningParser::Kind::none;
-  ToolCallParser::Kind tkind = ToolCallParser::Kind::none;
-  mutable std::mutex mu;
-  std::shared_ptr<Backend> backend;
-  std::shared_ptr<std::atomic<bool>> stopping = std::make_shared<std::atomic<bool>>(false);
-  int64_t created = unix_time();
-  ModelInfo info;
+// The engine streams of one HTTP request, drained on its connection's strand whenever one of
+// them notifies. Streaming: every event becomes SSE chunk(s) via `on_event`; buffered: the
+// events are accumulated and `build` makes the reply once all have finished.
+class GenProducer final : public http::Producer {
+ public:
+  using OnEvent = std::function<void(int, const StreamEvent&, std::string&)>;
+  using Build = std::function<http::Reply(std::vector<Job>&)>;
 
-  std::shared_ptr<Backend> get_backend() const {
-    std::lock_guard<std::mutex> lk(mu);
-    return backend;
+  GenProducer(ServerMetrics& m, Ticket t, std::vector<Job> jobs, bool stream)
+      : m_(m), ticket_(std::move(t)), jobs_(std::move(jobs)), stream_(stream) {}
+  ~GenProducer() override { cancel_all(jobs_); }  // unfinished here: client gone or shutdown
+
+  OnEvent on_event;
+  Build build;
+  std::vector<size_t> prompt_sizes;
+  std::string id, model, object;
+  int64_t created = 0;
+  bool include_usage = false;
+
+  bool streaming() const override { return stream_; }
+  void start(std::function<void()> wake) override {
+    for (auto& j : jobs_) j.stream->set_notify(wake);
   }
-  ModelInfo model_info() const {
-    std::lock_guard<std::mutex> lk(mu);
-    return info;
-  }
-};
-
-HttpServer::HttpServer(ServerOptions opts) : impl_(std::make_unique<Impl>()), opts_(std::move(opts)) {
-  if (opts_.served_model_name.empty()) opts_.served_model_name = opts_.model_path;
-  impl_->rkind = ReasoningParser::kind_from_name(opts_.reasoning_parser);
-  impl_->tkind = ToolCallParser::kind_from_name(opts_.tool_call_parser);
-  impl_->templates = ChatTemplates::load(opts_.model_path, opts_.chat_template_file);
-  if (impl_->templates.available()) spdlog::info("chat template: {}", impl_->templates.origin());
-  else spdlog::warn("no chat template found for {}: /v1/chat/completions will answer 400 (use --chat-template)",
-                    opts_.model_path);
-  impl_->info.served_name = opts_.served_model_name;
-  impl_->info.model_path = opts_.model_path;
-
-  auto& svr = impl_->svr;
-  int threads = std::max(opts_.http_threads, 8);
-  svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  svr.set_payload_max_length(opts_.max_request_bytes);
-  svr.set_keep_alive_max_count(100000);
-  svr.set_tcp_nodelay(true);
-  svr.set_read_timeout(30);
-  svr.set_write_timeout(30);
-
-  Impl* im = impl_.get();
-  ServerMetrics* metrics = &metrics_;
-  const ServerOptions* o = &opts_;
-
-  svr.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (res.body.empty()) {
-      if (res.status == 404)
-        res.set_content(dump(error_body(404, "Route " + req.method + " " + req.path + " not found")), "application/json");
-      else if (res.status == 413)
-        res.set_content(dump(error_body(413, fmt::format("The request body is larger than the limit of {} bytes "
-                                                         "(--max-request-bytes)",
-                                                         opts_.max_request_bytes))),
-                        "application/json");
-      else if (res.status == 405)
-        res.set_content(dump(error_body(405, "Method " + req.method + " not allowed for " + req.path)), "application/json");
-      else
-        res.set_content(dump(error_body(res.status, fmt::format("HTTP error {}", res.status))), "application/json");
-    }
-  });
-  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string msg = "internal error";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      msg = e.what();
-    } catch (...) {
-    }
-    send_error(res, 500, msg);
-  });
-  svr.set_logger([metrics](const httplib::Request& req, const httplib::Response& res) {
-    metrics->count_http(res.status);
-    spdlog::debug("{} {} -> {}", req.method, req.path, res.status);
-  });
-
-  // Wraps a handler: JSON errors for ApiError / InvalidRequest / anything else.
-  auto guarded = [](auto fn) {
-    return [fn](const httplib::Request& req, httplib::Response& res) {
-      try {
-        fn(req, res);
-      } catch (const ApiError& e) {
-        send_error(res, e.status, e.what(), e.param, e.code);
-      } catch (const InvalidRequest& e) {
-        send_error(res, e.status(), e.what(), e.param());
-      } catch (const std::exception& e) {
-        spdlog::error("{} {}: {}", req.method, req.path, e.what());
-        send_error(res, 500, e.what());
+  bool poll(std::string& out) override {
+    if (done_) return true;
+    for (size_t i = 0; i < jobs_.size(); ++i) {
+      Job& j = jobs_[i];
+      StreamEvent ev;
+      while (!j.finished && j.stream->try_pop(ev)) {
+        ticket_.release();
+        account(j, ev, m_);
+        if (!stream_) {
+          j.text += ev.text;
+          for (auto& lp : ev.logprobs) j.lps.push_back(std::move(lp));
+          continue;
+        }
+        if (!ev.error.empty()) {
+          out += sse_data(error_body(500, "Generation failed: " + ev.error));
+          out += kSseDone;
+          cancel_all(jobs_);
+          return done_ = true;
+        }
+        on_event(static_cast<int>(i), ev, out);
       }
-    };
-  };
-  auto need_backend = [im]() {
-    auto b = im->get_backend();
-    if (!b) throw ApiError(503, "The model is still loading; retry when GET /health returns 200");
-    return b;
-  };
-
-  // --- health / models / metrics ---------------------------------------------------------------
-  svr.Get("/health", [im](const httplib::Request&, httplib::Response& res) {
-    if (im->get_backend()) {
-      res.status = 200;
-      res.set_content("{\"status\":\"ok\"}", "application/json");
-    } else {
-      res.status = 503;
-      res.set_content(dump(error_body(503, "The model is loading")), "application/json");
     }
-  });
-  auto model_card = [im, o]() {
-    ModelInfo info = im->model_info();
-    Json m = Json::object();
-    m["id"] = o->served_model_name;
-    m["object"] = "model";
-    m["created"] = im->created;
-    m["owned_by"] = "tokenspeed";
-    m["root"] = o->model_path;
-    m["max_model_len"] = info.context_length > 0 ? Json(info.context_length) : Json(nullptr);
-    return m;
-  };
-  svr.Get("/v1/models", guarded([model_card](const httplib::Request&, httplib::Response& res) {
-            Json out = Json::object();
-            out["object"] = "list";
-            out["data"] = Json::array({model_card()});
-            res.set_content(dump(out), "application/json");
-          }));
-  svr.Get(R"(/v1/models/(.+))", guarded([model_card, im](const httplib::Request& req, httplib::Response& res) {
-            std::string id = req.matches[1];
-            ModelInfo info = im->model_info();
-            if (id != info.served_name && id != info.model_path)
-              throw ApiError(404, "The model '" + id + "' does not exist", "model", "model_not_found");
-            res.set_content(dump(model_card()), "application/json");
-          }));
-  svr.Get("/metrics", [im, metrics, o](const httplib::Request&, httplib::Response& res) {
-    auto b = im->get_backend();
-    std::string text;
-    if (b) {
-      EngineMetrics em = b->metrics();
-      text = render_prometheus(&em, *metrics, o->served_model_name);
-    } else {
-      text = render_prometheus(nullptr, *metrics, o->served_model_name);
+    if (!all_finished(jobs_)) return false;
+    if (stream_) {
+      if (include_usage) {
+        Json u = Json::object();
+        u["id"] = id;
+        u["object"] = object;
+        u["created"] = created;
+        u["model"] = model;
+        u["choices"] = Json::array();
+        u["usage"] = usage_json(total_usage(jobs_, prompt_sizes));
+        out += sse_data(u);
+      }
+      out += kSseDone;
     }
-    res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
-  });
-
-  // --- generation ----------------------------------------------------------------------------
-  svr.Post("/v1/completions", guarded([this, need_backend](const httplib::Request& req, httplib::Response& res) {
-             handle_completions(need_backend(), req, res);
-           }));
-  svr.Post("/v1/chat/completions", guarded([this, need_backend](const httplib::Request& req, httplib::Response& res) {
-             handle_chat(need_backend(), req, res);
-           }));
-
-  // --- 405 for known routes with the wrong method ------------------------------------------------
-  auto not_allowed = [](const httplib::Request& req, httplib::Response& res) {
-    send_error(res, 405, "Method " + req.method + " not allowed for " + req.path);
-  };
-  for (const char* p : {"/v1/completions", "/v1/chat/completions"}) {
-    svr.Get(p, not_allowed);
-    svr.Put(p, not_allowed);
-    svr.Delete(p, not_allowed);
-    svr.Patch(p, not_allowed);
+    return done_ = true;
   }
-  for (const char* p : {"/health", "/metrics", "/v1/models", R"(/v1/models/(.+))"}) {
-    svr.Post(p, not_allowed);
-    svr.Put(p, not_allowed);
-    svr.Delete(p, not_allowed);
-    svr.Patch(p, not_allowed);
+  http::Reply reply() override {
+    if (shut_) return error_reply(503, "The server is shutting down", "", "server_shutting_down");
+    for (auto& j : jobs_)
+      if (!j.error.empty()) return error_reply(500, "Generation failed: " + j.error);
+    try {
+      return build(jobs_);
+    } catch (const std::exception& e) {
+      return error_reply(500, e.what());
+    }
   }
-}
-
-HttpServer::~HttpServer() { stop(); }
-
-void HttpServer::bind() {
-  auto& svr = impl_->svr;
-  if (opts_.port == 0) {
-    port_ = svr.bind_to_any_port(opts_.host);
-    if (port_ <= 0) fail("cannot bind {} (any port)", opts_.host);
-  } else {
-    if (!svr.bind_to_port(opts_.host, opts_.port)) fail("cannot bind {}:{} (in use?)", opts_.host, opts_.port);
-    port_ = opts_.port;
+  void cancel() override { cancel_all(jobs_); }
+  std::string keepalive() override { return kSseKeepAlive; }
+  void shutdown(std::string& out) override {
+    cancel_all(jobs_);
+    shut_ = done_ = true;
+    if (stream_) {
+      out += sse_data(error_body(503, "The server is shutting down", "", "server_shutting_down"));
+      out += kSseDone;
+    }
   }
-  svr.raise_backlog(4096);
-}
 
-void HttpServer::run() {
-  if (!impl_->stopping->load()) impl_->svr.listen_after_bind();
-}
+ private:
+  ServerMetrics& m_;
+  Ticket ticket_;
+  std::vector<Job> jobs_;
+  bool stream_, done_ = false, shut_ = false;
+};
 
-bool HttpServer::running() const { return impl_->svr.is_running(); }
-
-void HttpServer::stop() {
-  impl_->stopping->store(true);
-  impl_->svr.stop();
-}
-
-void HttpServer::set_backend(std::shared_ptr<Backend> backend) {
-  std::lock_guard<std::mutex> lk(impl_->mu);
-  impl_->info.context_length = backend->context_length();
-  impl_->info.vocab_size = backend->vocab_size();
-  impl_->backend = std::move(backend);
-}
-
-bool HttpServer::ready() const { return impl_->get_backend() != nullptr; }
-
-// --- shared by both generation routes ---------------------------------------------------------------
-namespace {
 // Submits one stream per (prompt, n); on failure cancels what was already submitted.
 std::vector<Job> submit_jobs(Backend& b, const std::vector<std::vector<int32_t>>& prompts, const GenerateParams& base,
                              int n) {
@@ -354,198 +234,14 @@ std::vector<Job> submit_jobs(Backend& b, const std::vector<std::vector<int32_t>>
   return jobs;
 }
 
-// Non-streaming: waits for every job, accumulating text and logprobs.
-void collect(std::vector<Job>& jobs, ServerMetrics& m, const std::atomic<bool>& stopping) {
-  while (!all_finished(jobs)) {
-    StreamEvent ev;
-    int i = wait_any(jobs, ev, 200);
-    if (stopping.load()) {
-      cancel_all(jobs);
-      throw ApiError(503, "The server is shutting down");
-    }
-    if (i < 0) continue;
-    Job& j = jobs[i];
-    j.text += ev.text;
-    for (auto& lp : ev.logprobs) j.lps.push_back(std::move(lp));
-    account(j, ev, m);
-  }
-  for (auto& j : jobs)
-    if (!j.error.empty()) throw ApiError(500, "Generation failed: " + j.error);
+http::Result sse_result(std::unique_ptr<GenProducer> p) {
+  http::Result r;
+  r.reply.content_type = "text/event-stream";
+  r.reply.headers = {{"Cache-Control", "no-cache"}, {"X-Accel-Buffering", "no"}};
+  r.producer = std::move(p);
+  return r;
 }
 
-struct StreamState {
-  std::vector<Job> jobs;
-  std::vector<size_t> prompt_sizes;
-  std::string id, model, object;
-  int64_t created = 0;
-  bool include_usage = false, done = false;
-  Clock::time_point last_write = Clock::now();
-  std::vector<bool> started;
-  std::vector<size_t> offsets;
-};
-
-// One call of an SSE content provider: waits for the next event. Returns false when the client is
-// gone (its streams are cancelled) or the server stops. `on_event` writes the chunk(s) for one event
-// and returns false when a write fails; `on_all_done` writes the trailer.
-template <class OnEvent>
-bool pump(StreamState& st, httplib::DataSink& sink, ServerMetrics& m, const std::atomic<bool>& stopping,
-          OnEvent&& on_event) {
-  SseWriter w(sink);
-  if (st.done) return false;
-  StreamEvent ev;
-  int i = wait_any(st.jobs, ev, 500);
-  if (stopping.load()) {
-    cancel_all(st.jobs);
-    return false;
-  }
-  if (i < 0) {
-    if (Clock::now() - st.last_write > std::chrono::seconds(2)) {
-      if (!w.send_raw(kSseKeepAlive)) {
-        cancel_all(st.jobs);
-        return false;
-      }
-      st.last_write = Clock::now();
-    }
-    return true;
-  }
-  Job& j = st.jobs[i];
-  account(j, ev, m);
-  if (!ev.error.empty()) {
-    w.send(error_body(500, "Generation failed: " + ev.error));
-    cancel_all(st.jobs);
-    w.done();
-    st.done = true;
-    return true;
-  }
-  if (!on_event(w, i, ev)) {
-    cancel_all(st.jobs);
-    return false;
-  }
-  st.last_write = Clock::now();
-  if (all_finished(st.jobs)) {
-    if (st.include_usage) {
-      Json u = Json::object();
-      u["id"] = st.id;
-      u["object"] = st.object;
-      u["created"] = st.created;
-      u["model"] = st.model;
-      u["choices"] = Json::array();
-      u["usage"] = usage_json(total_usage(st.jobs, st.prompt_sizes));
-      if (!w.send(u)) return false;
-    }
-    w.done();
-    st.done = true;
-  }
-  return true;
-}
-
-void start_sse(httplib::Response& res) {
-  res.set_header("Cache-Control", "no-cache");
-  res.set_header("X-Accel-Buffering", "no");
-}
-}  // namespace
-
-// --- /v1/completions ---------------------------------------------------------------------------------
-void HttpServer::handle_completions(std::shared_ptr<Backend> b, const httplib::Request& req, httplib::Response& res) {
-  Json body = parse_body(req.body);
-  ModelInfo info = impl_->model_info();
-  CompletionRequest cr = parse_completion_request(
-      body, info, [&](const std::string& s) { return b->encode(s, true); },
-      [&](const std::vector<int32_t>& ids) { return b->decode(ids, false); });
-  metrics_.generate_requests++;
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<size_t> sizes;
-  for (auto& p : cr.prompts) {
-    prompts.push_back(p.ids);
-    sizes.push_back(p.ids.size());
-  }
-  auto piece = [b](int32_t id) { return b->decode({id}, false); };
-  std::string id = random_id("cmpl-");
-  int64_t created = unix_time();
-
-  if (!cr.stream) {
-    std::vector<Job> jobs = submit_jobs(*b, prompts, cr.params, cr.n);
-    collect(jobs, metrics_, *impl_->stopping);
-    Json choices = Json::array();
-    for (auto& j : jobs) {
-      const PromptInput& p = cr.prompts[j.prompt_idx];
-      Json c = Json::object();
-      c["index"] = j.index;
-      c["text"] = cr.echo ? p.text + j.text : j.text;
-      if (cr.logprobs >= 0) {
-        CompletionLogprobs L;
-        size_t off = 0;
-        if (cr.echo) L.add_prompt(p.ids, piece, off);
-        L.add(j.lps, piece, off);
-        c["logprobs"] = L.to_json();
-      } else {
-        c["logprobs"] = nullptr;
-      }
-      c["finish_reason"] = finish_json(j.reason);
-      choices.push_back(std::move(c));
-    }
-    Json out = Json::object();
-    out["id"] = id;
-    out["object"] = "text_completion";
-    out["created"] = created;
-    out["model"] = opts_.served_model_name;
-    out["choices"] = std::move(choices);
-    out["usage"] = usage_json(total_usage(jobs, sizes));
-    res.set_content(dump(out), "application/json");
-    return;
-  }
-
-  auto st = std::make_shared<StreamState>();
-  st->jobs = submit_jobs(*b, prompts, cr.params, cr.n);
-  st->prompt_sizes = sizes;
-  st->id = id;
-  st->model = opts_.served_model_name;
-  st->object = "text_completion";
-  st->created = created;
-  st->include_usage = cr.include_usage;
-  st->started.assign(st->jobs.size(), false);
-  st->offsets.assign(st->jobs.size(), 0);
-  auto crp = std::make_shared<CompletionRequest>(std::move(cr));
-  auto stopping = impl_->stopping;
-  ServerMetrics* m = &metrics_;
-  start_sse(res);
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [st, crp, stopping, m, piece](size_t, httplib::DataSink& sink) {
-        return pump(*st, sink, *m, *stopping, [&](SseWriter& w, int i, const StreamEvent& ev) {
-          Job& j = st->jobs[i];
-          const PromptInput& p = crp->prompts[j.prompt_idx];
-          std::string text = ev.text;
-          Json lp = nullptr;
-          bool first = !st->started[i];
-          st->started[i] = true;
-          if (first && crp->echo) text = p.text + text;
-          if (crp->logprobs >= 0) {
-            CompletionLogprobs L;
-            if (first && crp->echo) L.add_prompt(p.ids, piece, st->offsets[i]);
-            L.add(ev.logprobs, piece, st->offsets[i]);
-            lp = L.to_json();
-          }
-          if (text.empty() && !ev.finished && ev.logprobs.empty()) return true;
-          Json c = Json::object();
-          c["index"] = j.index;
-          c["text"] = text;
-          c["logprobs"] = lp;
-          c["finish_reason"] = ev.finished ? finish_json(ev.reason) : Json(nullptr);
-          Json out = Json::object();
-          out["id"] = st->id;
-          out["object"] = "text_completion";
-          out["created"] = st->created;
-          out["model"] = st->model;
-          out["choices"] = Json::array({std::move(c)});
-          return w.send(out);
-        });
-      },
-      [st](bool) { cancel_all(st->jobs); });
-}
-
-// --- /v1/chat/completions ----------------------------------------------------------------------------
-namespace {
 Json delta_json(const ChatDelta& d, int& tool_index) {
   Json o = Json::object();
   if (!d.reasoning.empty()) o["reasoning_content"] = d.reasoning;
@@ -571,130 +267,377 @@ Json chat_finish(FinishReason r, bool tool_calls) {
 }
 }  // namespace
 
-void HttpServer::handle_chat(std::shared_ptr<Backend> b, const httplib::Request& req, httplib::Response& res) {
+struct HttpServer::Impl final : http::Handler {
+  const ServerOptions& opts;
+  ServerMetrics& metrics;
+  ChatTemplates templates;
+  ReasoningParser::Kind rkind = ReasoningParser::Kind::none;
+  ToolCallParser::Kind tkind = ToolCallParser::Kind::none;
+  mutable std::mutex mu;
+  std::shared_ptr<Backend> backend;
+  int64_t created = unix_time();
+  ModelInfo info;
+  std::unique_ptr<http::Transport> transport;
+
+  Impl(const ServerOptions& o, ServerMetrics& m) : opts(o), metrics(m) {}
+
+  std::shared_ptr<Backend> get_backend() const {
+    std::lock_guard<std::mutex> lk(mu);
+    return backend;
+  }
+  ModelInfo model_info() const {
+    std::lock_guard<std::mutex> lk(mu);
+    return info;
+  }
+
+  http::Reply error_reply(int status, const std::string& msg) override { return server::error_reply(status, msg); }
+
+  Json model_card() const {
+    ModelInfo mi = model_info();
+    Json m = Json::object();
+    m["id"] = opts.served_model_name;
+    m["object"] = "model";
+    m["created"] = created;
+    m["owned_by"] = "tokenspeed";
+    m["root"] = opts.model_path;
+    m["max_model_len"] = mi.context_length > 0 ? Json(mi.context_length) : Json(nullptr);
+    return m;
+  }
+
+  // Routing and everything cheap, on an I/O thread; generation requests are admitted here and
+  // prepared on a worker.
+  bool handle_inline(const http::Request& req, http::Result& out) override {
+    const std::string& p = req.path;
+    auto not_allowed = [&] {
+      out.reply = server::error_reply(405, "Method " + req.method + " not allowed for " + p);
+      return true;
+    };
+    bool get = req.method == "GET";
+    if (p == "/health") {
+      if (!get) return not_allowed();
+      out.reply = get_backend() ? json_reply(200, "{\"status\":\"ok\"}") : server::error_reply(503, "The model is loading");
+      return true;
+    }
+    if (p == "/metrics") {
+      if (!get) return not_allowed();
+      auto b = get_backend();
+      EngineMetrics em;
+      if (b) em = b->metrics();
+      out.reply.body = render_prometheus(b ? &em : nullptr, metrics, opts.served_model_name);
+      out.reply.content_type = "text/plain; version=0.0.4; charset=utf-8";
+      return true;
+    }
+    if (p == "/v1/models") {
+      if (!get) return not_allowed();
+      Json o = Json::object();
+      o["object"] = "list";
+      o["data"] = Json::array({model_card()});
+      out.reply = json_reply(200, dump(o));
+      return true;
+    }
+    if (p.rfind("/v1/models/", 0) == 0 && p.size() > 11) {
+      if (!get) return not_allowed();
+      std::string id = p.substr(11);
+      ModelInfo mi = model_info();
+      if (id != mi.served_name && id != mi.model_path)
+        out.reply = server::error_reply(404, "The model '" + id + "' does not exist", "model", "model_not_found");
+      else
+        out.reply = json_reply(200, dump(model_card()));
+      return true;
+    }
+    if (p == "/v1/completions" || p == "/v1/chat/completions") {
+      if (req.method != "POST") return not_allowed();
+      if (!get_backend()) {
+        out.reply = server::error_reply(503, "The model is still loading; retry when GET /health returns 200");
+        return true;
+      }
+      int64_t cap = opts.limits.max_queued_requests;
+      if (cap > 0 && metrics.queued_requests.load() >= cap) {
+        metrics.count_limit("queue_full");
+        out.reply = server::error_reply(
+            503, fmt::format("The server is overloaded: {} requests are already waiting (--max-queued-requests); retry later",
+                             cap),
+            "", "server_overloaded");
+        return true;
+      }
+      ++metrics.queued_requests;
+      return false;
+    }
+    out.reply = server::error_reply(404, "Route " + req.method + " " + p + " not found");
+    return true;
+  }
+
+  http::Result prepare(http::Request& req) override {
+    Ticket t(&metrics.queued_requests);
+    try {
+      auto b = get_backend();
+      if (!b) throw ApiError(503, "The model is still loading; retry when GET /health returns 200");
+      if (req.path == "/v1/completions") return completions(b, req, std::move(t));
+      return chat(b, req, std::move(t));
+    } catch (const ApiError& e) {
+      return {server::error_reply(e.status, e.what(), e.param, e.code), nullptr};
+    } catch (const InvalidRequest& e) {
+      return {server::error_reply(e.status(), e.what(), e.param()), nullptr};
+    } catch (const std::exception& e) {
+      spdlog::error("{} {}: {}", req.method, req.path, e.what());
+      return {server::error_reply(500, e.what()), nullptr};
+    }
+  }
+
+  http::Result completions(std::shared_ptr<Backend> b, const http::Request& req, Ticket ticket);
+  http::Result chat(std::shared_ptr<Backend> b, const http::Request& req, Ticket ticket);
+};
+
+HttpServer::HttpServer(ServerOptions opts) : opts_(std::move(opts)) {
+  if (opts_.served_model_name.empty()) opts_.served_model_name = opts_.model_path;
+  opts_.limits.max_body_bytes = opts_.max_request_bytes;
+  impl_ = std::make_unique<Impl>(opts_, metrics_);
+  impl_->rkind = ReasoningParser::kind_from_name(opts_.reasoning_parser);
+  impl_->tkind = ToolCallParser::kind_from_name(opts_.tool_call_parser);
+  impl_->templates = ChatTemplates::load(opts_.model_path, opts_.chat_template_file);
+  if (impl_->templates.available()) spdlog::info("chat template: {}", impl_->templates.origin());
+  else spdlog::warn("no chat template found for {}: /v1/chat/completions will answer 400 (use --chat-template)",
+                    opts_.model_path);
+  impl_->info.served_name = opts_.served_model_name;
+  impl_->info.model_path = opts_.model_path;
+  impl_->transport = std::make_unique<http::Transport>(*impl_, metrics_, opts_.limits, opts_.http_threads,
+                                                       opts_.http_workers, opts_.drain_timeout_s);
+}
+
+HttpServer::~HttpServer() {
+  stop();
+  impl_->transport.reset();  // joins the workers while the handler (impl_) is alive
+}
+
+void HttpServer::bind() { port_ = impl_->transport->bind(opts_.host, opts_.port); }
+void HttpServer::run() { impl_->transport->run(); }
+bool HttpServer::running() const { return impl_->transport->running(); }
+void HttpServer::stop() {
+  if (impl_->transport) impl_->transport->stop();
+}
+
+void HttpServer::set_backend(std::shared_ptr<Backend> backend) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  impl_->info.context_length = backend->context_length();
+  impl_->info.vocab_size = backend->vocab_size();
+  impl_->backend = std::move(backend);
+}
+
+bool HttpServer::ready() const { return impl_->get_backend() != nullptr; }
+
+// --- /v1/completions ---------------------------------------------------------------------------------
+http::Result HttpServer::Impl::completions(std::shared_ptr<Backend> b, const http::Request& req, Ticket ticket) {
   Json body = parse_body(req.body);
-  ModelInfo info = impl_->model_info();
-  ChatRequest cr = parse_chat_request(body, info);
-  std::string prompt = impl_->templates.render(cr.messages, cr.tools, cr.template_kwargs);
+  ModelInfo mi = model_info();
+  CompletionRequest cr = parse_completion_request(
+      body, mi, [&](const std::string& s) { return b->encode(s, true); },
+      [&](const std::vector<int32_t>& ids) { return b->decode(ids, false); });
+  metrics.generate_requests++;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<size_t> sizes;
+  for (auto& p : cr.prompts) {
+    prompts.push_back(p.ids);
+    sizes.push_back(p.ids.size());
+  }
+  auto piece = [b](int32_t id) { return b->decode({id}, false); };
+  auto crp = std::make_shared<CompletionRequest>(std::move(cr));
+  auto prod = std::make_unique<GenProducer>(metrics, std::move(ticket), submit_jobs(*b, prompts, crp->params, crp->n),
+                                            crp->stream);
+  prod->prompt_sizes = sizes;
+  prod->id = random_id("cmpl-");
+  prod->model = opts.served_model_name;
+  prod->object = "text_completion";
+  prod->created = unix_time();
+  prod->include_usage = crp->include_usage;
+
+  if (!crp->stream) {
+    prod->build = [crp, piece, sizes, id = prod->id, created = prod->created,
+                   model = prod->model](std::vector<Job>& jobs) {
+      Json choices = Json::array();
+      for (auto& j : jobs) {
+        const PromptInput& p = crp->prompts[j.prompt_idx];
+        Json c = Json::object();
+        c["index"] = j.index;
+        c["text"] = crp->echo ? p.text + j.text : j.text;
+        if (crp->logprobs >= 0) {
+          CompletionLogprobs L;
+          size_t off = 0;
+          if (crp->echo) L.add_prompt(p.ids, piece, off);
+          L.add(j.lps, piece, off);
+          c["logprobs"] = L.to_json();
+        } else {
+          c["logprobs"] = nullptr;
+        }
+        c["finish_reason"] = finish_json(j.reason);
+        choices.push_back(std::move(c));
+      }
+      Json out = Json::object();
+      out["id"] = id;
+      out["object"] = "text_completion";
+      out["created"] = created;
+      out["model"] = model;
+      out["choices"] = std::move(choices);
+      out["usage"] = usage_json(total_usage(jobs, sizes));
+      return json_reply(200, dump(out));
+    };
+    return {http::Reply{}, std::move(prod)};
+  }
+
+  // Per choice: whether its first chunk went out (echo), and its logprob text offset.
+  size_t njobs = crp->prompts.size() * static_cast<size_t>(crp->n);
+  auto started = std::make_shared<std::vector<bool>>(njobs, false);
+  auto offsets = std::make_shared<std::vector<size_t>>(njobs, 0);
+  GenProducer* self = prod.get();
+  prod->on_event = [crp, piece, started, offsets, self](int i, const StreamEvent& ev, std::string& w) {
+    const PromptInput& p = crp->prompts[static_cast<size_t>(i) / static_cast<size_t>(crp->n)];
+    std::string text = ev.text;
+    Json lp = nullptr;
+    bool first = !(*started)[i];
+    (*started)[i] = true;
+    if (first && crp->echo) text = p.text + text;
+    if (crp->logprobs >= 0) {
+      CompletionLogprobs L;
+      if (first && crp->echo) L.add_prompt(p.ids, piece, (*offsets)[i]);
+      L.add(ev.logprobs, piece, (*offsets)[i]);
+      lp = L.to_json();
+    }
+    if (text.empty() && !ev.finished && ev.logprobs.empty()) return;
+    Json c = Json::object();
+    c["index"] = i;
+    c["text"] = text;
+    c["logprobs"] = lp;
+    c["finish_reason"] = ev.finished ? finish_json(ev.reason) : Json(nullptr);
+    Json out = Json::object();
+    out["id"] = self->id;
+    out["object"] = "text_completion";
+    out["created"] = self->created;
+    out["model"] = self->model;
+    out["choices"] = Json::array({std::move(c)});
+    w += sse_data(out);
+  };
+  return sse_result(std::move(prod));
+}
+
+// --- /v1/chat/completions ----------------------------------------------------------------------------
+http::Result HttpServer::Impl::chat(std::shared_ptr<Backend> b, const http::Request& req, Ticket ticket) {
+  Json body = parse_body(req.body);
+  ModelInfo mi = model_info();
+  ChatRequest cr = parse_chat_request(body, mi);
+  std::string prompt = templates.render(cr.messages, cr.tools, cr.template_kwargs);
   std::vector<int32_t> ids = b->encode(prompt, false);
   if (ids.empty()) throw ApiError(400, "The chat template rendered an empty prompt", "messages");
   auto np = static_cast<int64_t>(ids.size());
   if (cr.max_tokens) {
-    check_context(np, *cr.max_tokens, info.context_length, "messages");
+    check_context(np, *cr.max_tokens, mi.context_length, "messages");
     cr.params.max_tokens = static_cast<int>(*cr.max_tokens);
   } else {
-    if (np >= info.context_length)
+    if (np >= mi.context_length)
       throw ApiError(400,
                      fmt::format("This model's maximum context length is {} tokens. However, your messages resulted "
                                  "in {} tokens. Please reduce the length of the messages.",
-                                 info.context_length, np),
+                                 mi.context_length, np),
                      "messages");
-    cr.params.max_tokens = static_cast<int>(info.context_length - np);
+    cr.params.max_tokens = static_cast<int>(mi.context_length - np);
   }
-  metrics_.generate_requests++;
+  metrics.generate_requests++;
   bool parse_tools = !cr.tools.is_null() && cr.tool_choice != ToolChoice::none;
-  ToolCallParser::Kind tkind = parse_tools ? impl_->tkind : ToolCallParser::Kind::none;
-  ReasoningParser::Kind rkind = impl_->rkind;
+  ToolCallParser::Kind tk = parse_tools ? tkind : ToolCallParser::Kind::none;
+  ReasoningParser::Kind rk = rkind;
   auto piece = [b](int32_t id) { return b->decode({id}, false); };
-  std::string id = random_id("chatcmpl-");
-  int64_t created = unix_time();
   bool want_lp = cr.logprobs;
   int top = cr.top_logprobs;
+  auto prod = std::make_unique<GenProducer>(metrics, std::move(ticket), submit_jobs(*b, {ids}, cr.params, cr.n),
+                                            cr.stream);
+  prod->prompt_sizes = {ids.size()};
+  prod->id = random_id("chatcmpl-");
+  prod->model = opts.served_model_name;
+  prod->object = "chat.completion.chunk";
+  prod->created = unix_time();
+  prod->include_usage = cr.include_usage;
 
   if (!cr.stream) {
-    std::vector<Job> jobs = submit_jobs(*b, {ids}, cr.params, cr.n);
-    collect(jobs, metrics_, *impl_->stopping);
-    Json choices = Json::array();
-    for (auto& j : jobs) {
-      ChatOutputParser parser(rkind, tkind);
-      ChatDelta all = parser.feed(j.text);
-      ChatDelta end = parser.finish();
-      all.reasoning += end.reasoning;
-      all.content += end.content;
-      for (auto& c : end.tool_calls) all.tool_calls.push_back(std::move(c));
-      Json msg = Json::object();
-      msg["role"] = "assistant";
-      bool has_calls = !all.tool_calls.empty();
-      msg["content"] = (has_calls && all.content.empty()) ? Json(nullptr) : Json(all.content);
-      if (rkind != ReasoningParser::Kind::none)
-        msg["reasoning_content"] = all.reasoning.empty() ? Json(nullptr) : Json(all.reasoning);
-      if (has_calls) {
-        int ti = 0;
-        msg["tool_calls"] = delta_json(ChatDelta{"", "", all.tool_calls}, ti)["tool_calls"];
-        for (auto& tc : msg["tool_calls"]) tc.erase("index");
+    size_t nprompt = ids.size();
+    prod->build = [rk, tk, want_lp, top, piece, nprompt, id = prod->id, created = prod->created,
+                   model = prod->model](std::vector<Job>& jobs) {
+      Json choices = Json::array();
+      for (auto& j : jobs) {
+        ChatOutputParser parser(rk, tk);
+        ChatDelta all = parser.feed(j.text);
+        ChatDelta end = parser.finish();
+        all.reasoning += end.reasoning;
+        all.content += end.content;
+        for (auto& c : end.tool_calls) all.tool_calls.push_back(std::move(c));
+        Json msg = Json::object();
+        msg["role"] = "assistant";
+        bool has_calls = !all.tool_calls.empty();
+        msg["content"] = (has_calls && all.content.empty()) ? Json(nullptr) : Json(all.content);
+        if (rk != ReasoningParser::Kind::none)
+          msg["reasoning_content"] = all.reasoning.empty() ? Json(nullptr) : Json(all.reasoning);
+        if (has_calls) {
+          int ti = 0;
+          msg["tool_calls"] = delta_json(ChatDelta{"", "", all.tool_calls}, ti)["tool_calls"];
+          for (auto& tc : msg["tool_calls"]) tc.erase("index");
+        }
+        Json c = Json::object();
+        c["index"] = j.index;
+        c["message"] = std::move(msg);
+        c["logprobs"] = want_lp ? Json{{"content", chat_logprobs_content(j.lps, top, piece)}} : Json(nullptr);
+        c["finish_reason"] = chat_finish(j.reason, has_calls);
+        choices.push_back(std::move(c));
       }
-      Json c = Json::object();
-      c["index"] = j.index;
-      c["message"] = std::move(msg);
-      c["logprobs"] = want_lp ? Json{{"content", chat_logprobs_content(j.lps, top, piece)}} : Json(nullptr);
-      c["finish_reason"] = chat_finish(j.reason, has_calls);
-      choices.push_back(std::move(c));
-    }
-    Json out = Json::object();
-    out["id"] = id;
-    out["object"] = "chat.completion";
-    out["created"] = created;
-    out["model"] = opts_.served_model_name;
-    out["choices"] = std::move(choices);
-    out["usage"] = usage_json(total_usage(jobs, {ids.size()}));
-    res.set_content(dump(out), "application/json");
-    return;
+      Json out = Json::object();
+      out["id"] = id;
+      out["object"] = "chat.completion";
+      out["created"] = created;
+      out["model"] = model;
+      out["choices"] = std::move(choices);
+      out["usage"] = usage_json(total_usage(jobs, {nprompt}));
+      return json_reply(200, dump(out));
+    };
+    return {http::Reply{}, std::move(prod)};
   }
 
-  auto st = std::make_shared<StreamState>();
-  st->jobs = submit_jobs(*b, {ids}, cr.params, cr.n);
-  st->prompt_sizes = {ids.size()};
-  st->id = id;
-  st->model = opts_.served_model_name;
-  st->object = "chat.completion.chunk";
-  st->created = created;
-  st->include_usage = cr.include_usage;
-  st->started.assign(st->jobs.size(), false);
+  size_t njobs = static_cast<size_t>(cr.n);
+  auto started = std::make_shared<std::vector<bool>>(njobs, false);
   auto parsers = std::make_shared<std::vector<ChatOutputParser>>();
-  auto tool_idx = std::make_shared<std::vector<int>>(st->jobs.size(), 0);
-  for (size_t i = 0; i < st->jobs.size(); ++i) parsers->emplace_back(rkind, tkind);
-  auto stopping = impl_->stopping;
-  ServerMetrics* m = &metrics_;
-  start_sse(res);
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [st, parsers, tool_idx, stopping, m, piece, want_lp, top](size_t, httplib::DataSink& sink) {
-        return pump(*st, sink, *m, *stopping, [&](SseWriter& w, int i, const StreamEvent& ev) {
-          Job& j = st->jobs[i];
-          auto chunk = [&](Json delta, Json lp, Json finish) {
-            Json c = Json::object();
-            c["index"] = j.index;
-            c["delta"] = std::move(delta);
-            c["logprobs"] = std::move(lp);
-            c["finish_reason"] = std::move(finish);
-            Json out = Json::object();
-            out["id"] = st->id;
-            out["object"] = "chat.completion.chunk";
-            out["created"] = st->created;
-            out["model"] = st->model;
-            out["choices"] = Json::array({std::move(c)});
-            return w.send(out);
-          };
-          if (!st->started[i]) {
-            st->started[i] = true;
-            if (!chunk(Json{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr)) return false;
-          }
-          auto& parser = (*parsers)[i];
-          ChatDelta d = parser.feed(ev.text);
-          if (ev.finished) {
-            ChatDelta end = parser.finish();
-            d.reasoning += end.reasoning;
-            d.content += end.content;
-            for (auto& c : end.tool_calls) d.tool_calls.push_back(std::move(c));
-          }
-          Json lp = nullptr;
-          if (want_lp && !ev.logprobs.empty()) lp = Json{{"content", chat_logprobs_content(ev.logprobs, top, piece)}};
-          if (d.empty() && lp.is_null() && !ev.finished) return true;
-          Json finish = ev.finished ? chat_finish(ev.reason, parser.has_tool_calls()) : Json(nullptr);
-          return chunk(delta_json(d, (*tool_idx)[i]), std::move(lp), std::move(finish));
-        });
-      },
-      [st](bool) { cancel_all(st->jobs); });
+  auto tool_idx = std::make_shared<std::vector<int>>(njobs, 0);
+  for (size_t i = 0; i < njobs; ++i) parsers->emplace_back(rk, tk);
+  GenProducer* self = prod.get();
+  prod->on_event = [started, parsers, tool_idx, piece, want_lp, top, self](int i, const StreamEvent& ev,
+                                                                            std::string& w) {
+    auto chunk = [&](Json delta, Json lp, Json finish) {
+      Json c = Json::object();
+      c["index"] = i;
+      c["delta"] = std::move(delta);
+      c["logprobs"] = std::move(lp);
+      c["finish_reason"] = std::move(finish);
+      Json out = Json::object();
+      out["id"] = self->id;
+      out["object"] = "chat.completion.chunk";
+      out["created"] = self->created;
+      out["model"] = self->model;
+      out["choices"] = Json::array({std::move(c)});
+      w += sse_data(out);
+    };
+    if (!(*started)[i]) {
+      (*started)[i] = true;
+      chunk(Json{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr);
+    }
+    auto& parser = (*parsers)[i];
+    ChatDelta d = parser.feed(ev.text);
+    if (ev.finished) {
+      ChatDelta end = parser.finish();
+      d.reasoning += end.reasoning;
+      d.content += end.content;
+      for (auto& c : end.tool_calls) d.tool_calls.push_back(std::move(c));
+    }
+    Json lp = nullptr;
+    if (want_lp && !ev.logprobs.empty()) lp = Json{{"content", chat_logprobs_content(ev.logprobs, top, piece)}};
+    if (d.empty() && lp.is_null() && !ev.finished) return;
+    Json finish = ev.finished ? chat_finish(ev.reason, parser.has_tool_calls()) : Json(nullptr);
+    chunk(delta_json(d, (*tool_idx)[i]), std::move(lp), std::move(finish));
+  };
+  return sse_result(std::move(prod));
 }
 
 }  // namespace ts::server

@@ -1,10 +1,13 @@
-// The OpenAI-compatible HTTP server (cpp-httplib). It listens before the model is loaded:
-// /health answers 503 until set_backend() is called, then 200. Routes:
+// The OpenAI-compatible HTTP server on the event-driven front door (server/http/transport.h).
+// It listens before the model is loaded: /health answers 503 until set_backend() is called,
+// then 200. Routes:
 //   POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /v1/models/{id},
-//   GET /health, GET /metrics. Unknown route -> 404, wrong method -> 405, body over
-//   max_request_bytes -> 413; every error body is OpenAI-shaped.
-// Each generation request holds one HTTP worker thread while it waits on its Stream(s); a
-// streaming client that goes away cancels its streams so the engine frees their KV blocks.
+//   GET /health, GET /metrics. Unknown route -> 404, wrong method -> 405, limits
+//   (http::HttpLimits) -> 4xx; every error body is OpenAI-shaped.
+// /health, /metrics and /v1/models answer on the I/O threads; generation requests are admitted
+// there (--max-queued-requests, else 503), prepared (JSON, chat template, tokenisation, submit)
+// on a small worker pool, then streamed from the engine's Streams without any waiting thread.
+// A client that goes away, streaming or not, cancels its streams (the engine aborts them).
 #pragma once
 #include <atomic>
 #include <memory>
@@ -15,12 +18,8 @@
 #include "server/chat_template.h"
 #include "server/metrics.h"
 #include "server/output_parsers.h"
+#include "server/http/limits.h"
 #include "server/protocol.h"
-
-namespace httplib {
-struct Request;
-struct Response;
-}
 
 namespace ts::server {
 
@@ -32,8 +31,11 @@ struct ServerOptions {
   std::string chat_template_file;   // --chat-template
   std::string tool_call_parser;     // --tool-call-parser
   std::string reasoning_parser;     // --reasoning-parser
-  size_t max_request_bytes = 32u << 20;
-  int http_threads = 256;           // connections beyond this queue (never rejected)
+  size_t max_request_bytes = 32u << 20;  // -> limits.max_body_bytes
+  int http_threads = 2;             // I/O threads (every connection is served by these)
+  int http_workers = 2;             // request preparation (template, tokenisation) threads
+  double drain_timeout_s = 30;      // stop(): in-flight requests get this long to finish
+  http::HttpLimits limits;          // max_body_bytes is taken from max_request_bytes
 };
 
 class HttpServer {
@@ -46,22 +48,21 @@ class HttpServer {
 
   void bind();                 // throws ts::Error when host:port cannot be bound
   int port() const { return port_; }
-  void run();                  // serves until stop(); call after bind()
-  void stop();                 // thread-safe; makes run() return, cancels in-flight streams
+  void run();                  // serves until stop() has drained; call after bind()
+  // Thread-safe: stops accepting, closes idle connections, lets in-flight requests finish for
+  // drain_timeout_s, then ends the rest (streams get an error event and [DONE], others 503).
+  void stop();
   bool running() const;        // run() is accepting connections
   void set_backend(std::shared_ptr<Backend> backend);  // the model is ready
   bool ready() const;
   ServerMetrics& metrics() { return metrics_; }
 
  private:
-  void handle_completions(std::shared_ptr<Backend> b, const httplib::Request& req, httplib::Response& res);
-  void handle_chat(std::shared_ptr<Backend> b, const httplib::Request& req, httplib::Response& res);
-
   struct Impl;
-  std::unique_ptr<Impl> impl_;
+  ServerMetrics metrics_;  // before impl_: the transport counts into it until it is gone
   ServerOptions opts_;
   int port_ = 0;
-  ServerMetrics metrics_;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace ts::server

@@ -60,6 +60,11 @@ void ServerMetrics::count_http(int status) {
   ++http_by_status[status];
 }
 
+void ServerMetrics::count_limit(const std::string& reason) {
+  std::lock_guard<std::mutex> lk(mu);
+  ++limit_by_reason[reason];
+}
+
 std::string render_prometheus(const EngineMetrics* e, ServerMetrics& s, const std::string& model_name) {
   std::string out;
   std::string l = fmt::format("{{model_name=\"{}\"}}", model_name);
@@ -123,6 +128,23 @@ std::string render_prometheus(const EngineMetrics* e, ServerMetrics& s, const st
   metric(out, "tokenspeed_http_generate_requests_total", "counter",
          "Completion and chat requests accepted by the HTTP layer (before n / batch fan-out).", l,
          static_cast<double>(s.generate_requests.load()));
+  metric(out, "tokenspeed_http_connections_open", "gauge", "Open client connections.", l,
+         static_cast<double>(s.connections_open.load()));
+  metric(out, "tokenspeed_http_connections_total", "counter", "Client connections accepted.", l,
+         static_cast<double>(s.connections_total.load()));
+  metric(out, "tokenspeed_http_client_disconnects_total", "counter",
+         "Requests whose client went away before the answer was complete (aborted).", l,
+         static_cast<double>(s.client_disconnects.load()));
+  metric(out, "tokenspeed_http_queued_requests", "gauge",
+         "Generation requests admitted and waiting for their first token (--max-queued-requests).", l,
+         static_cast<double>(s.queued_requests.load()));
+  out += "# HELP tokenspeed_http_limit_rejections_total Requests or connections refused by an HTTP limit or timeout.\n"
+         "# TYPE tokenspeed_http_limit_rejections_total counter\n";
+  {
+    std::lock_guard<std::mutex> lk(s.mu);
+    for (auto& [reason, n] : s.limit_by_reason)
+      out += fmt::format("tokenspeed_http_limit_rejections_total{{reason=\"{}\"}} {}\n", reason, n);
+  }
   out += "# HELP tokenspeed_http_requests_total HTTP responses by status code.\n"
          "# TYPE tokenspeed_http_requests_total counter\n";
   {

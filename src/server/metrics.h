@@ -31,7 +31,13 @@ struct ServerMetrics {
   LatencyHistogram ttft, itl, e2e;              // seconds
   void count_http(int status);
   std::atomic<int64_t> generate_requests{0};  // completions + chat requests accepted (before n / batch fan-out)
+  // The front door: open connections, accepted ever, requests whose client hung up before the
+  // answer was complete (they are aborted), admitted requests waiting for their first token.
+  std::atomic<int64_t> connections_open{0}, connections_total{0}, client_disconnects{0}, queued_requests{0};
+  // A limit breach (HttpLimits) or timeout, by reason ("body_too_large", "header_timeout", ...).
+  void count_limit(const std::string& reason);
   std::map<int, int64_t> http_by_status;
+  std::map<std::string, int64_t> limit_by_reason;
   std::mutex mu;
 };
 

@@ -1,8 +1,9 @@
 // Helpers for the server integration tests: spawn the real binary on a free port, wait for
 // /health, and tear it down; raw fetch helpers for the error cases.
-import { spawn } from 'node:child_process';
+import { spawn, execFile } from 'node:child_process';
 import net from 'node:net';
 import path from 'node:path';
+import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 
 export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
@@ -123,3 +124,118 @@ export const CODE_PROMPTS = [
   '# Sort a list of numbers\ndef sort_numbers(xs):\n',
   'def add(a, b):\n    return',
 ];
+
+// --- raw HTTP over a socket (hostile-client tests: pipelining, slow or oversized requests) --------
+
+// Opens a TCP connection to 127.0.0.1:port; resolves once connected.
+export function connect(port) {
+  return new Promise((resolve, reject) => {
+    const s = net.connect(port, '127.0.0.1', () => resolve(s));
+    s.on('error', reject);
+  });
+}
+
+// Collects what the server sends on `sock` until it closes or `timeoutMs` passes; resolves to
+// { data, closed } (data as a latin1 string).
+export function collect(sock, timeoutMs = 5000) {
+  return new Promise((resolve) => {
+    let data = '';
+    let done = false;
+    const finish = (closed) => {
+      if (done) return;
+      done = true;
+      clearTimeout(t);
+      resolve({ data, closed });
+    };
+    const t = setTimeout(() => finish(false), timeoutMs);
+    sock.on('data', (d) => { data += d.toString('latin1'); });
+    sock.on('close', () => finish(true));
+    sock.on('error', () => finish(true));
+  });
+}
+
+// Parses back-to-back HTTP/1.1 responses (Content-Length or chunked bodies) from `data`.
+export function parseResponses(data) {
+  const out = [];
+  let pos = 0;
+  while (pos < data.length) {
+    const end = data.indexOf('\r\n\r\n', pos);
+    if (end < 0) break;
+    const lines = data.slice(pos, end).split('\r\n');
+    const status = Number(lines[0].split(' ')[1]);
+    const headers = {};
+    for (const l of lines.slice(1)) {
+      const i = l.indexOf(':');
+      headers[l.slice(0, i).trim().toLowerCase()] = l.slice(i + 1).trim();
+    }
+    pos = end + 4;
+    let body = '';
+    if (headers['transfer-encoding'] === 'chunked') {
+      while (true) {
+        const le = data.indexOf('\r\n', pos);
+        if (le < 0) { pos = data.length; break; }
+        const n = parseInt(data.slice(pos, le), 16);
+        pos = le + 2;
+        if (n === 0) { pos += 2; break; }
+        body += data.slice(pos, pos + n);
+        pos += n + 2;
+      }
+    } else {
+      const n = Number(headers['content-length'] ?? 0);
+      body = data.slice(pos, pos + n);
+      pos += n;
+    }
+    out.push({ status, headers, body });
+  }
+  return out;
+}
+
+// Resident set size of a process in MiB (Linux).
+export function rssMiB(pid) {
+  const s = readFileSync(`/proc/${pid}/status`, 'utf8');
+  return Number(s.match(/VmRSS:\s+(\d+)/)[1]) / 1024;
+}
+
+// Streams one completion with fetch; resolves to { status, events (data payloads), text, finish }.
+export async function streamCompletion(url, body, init = {}) {
+  const r = await fetch(`${url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ ...body, stream: true }),
+    ...init,
+  });
+  const raw = await r.text();
+  const events = raw.split('\n\n').filter((e) => e.startsWith('data: ')).map((e) => e.slice(6));
+  let text = '';
+  let finish = null;
+  let error = null;
+  for (const e of events) {
+    if (e === '[DONE]') continue;
+    const j = JSON.parse(e);
+    if (j.error) { error = j.error; continue; }
+    for (const c of j.choices ?? []) {
+      text += c.text ?? '';
+      if (c.finish_reason) finish = c.finish_reason;
+    }
+  }
+  return { status: r.status, events, text, finish, error };
+}
+
+// Milliseconds for one GET of `path`.
+export async function timedGet(url, path = '/health') {
+  const t0 = performance.now();
+  const r = await fetch(`${url}${path}`);
+  await r.text();
+  return { ms: performance.now() - t0, status: r.status };
+}
+
+// Milliseconds for one GET measured by curl in its own process: the server's latency, not this
+// test process's event loop (busy with hundreds of its own streams).
+export function curlTime(url, path = '/health') {
+  return new Promise((resolve) => {
+    execFile('curl', ['-s', '-o', '/dev/null', '-m', '10', '-w', '%{http_code} %{time_total}', `${url}${path}`], (err, out) => {
+      const [code, t] = String(out).trim().split(' ');
+      resolve({ status: Number(code), ms: Number(t) * 1000 });
+    });
+  });
+}

@@ -101,6 +101,7 @@ struct Fixture : ::testing::Test {
   std::shared_ptr<FakeBackend> backend = std::make_shared<FakeBackend>();
   std::thread th;
   int port = 0;
+  double drain_timeout_s = 30;
 
   void start(const std::string& tool_parser = "hermes", const std::string& reasoning = "", bool with_backend = true) {
     dir = std::filesystem::temp_directory_path() / ("ts_http_test_" + std::to_string(::getpid()));
@@ -117,6 +118,8 @@ struct Fixture : ::testing::Test {
     o.reasoning_parser = reasoning;
     o.max_request_bytes = 4096;
     o.http_threads = 16;
+    o.drain_timeout_s = drain_timeout_s;
+    o.limits.stream_keepalive_s = 1;
     server = std::make_unique<HttpServer>(o);
     server->bind();
     port = server->port();
@@ -368,4 +371,62 @@ TEST_F(Fixture, NoChatTemplate) {
   for (int i = 0; i < 200 && !server->running(); ++i) std::this_thread::sleep_for(5ms);
   expect_error(post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}]})"), 400,
                "--chat-template");
+}
+
+// stop() drains: a stream in flight finishes normally (finish_reason, [DONE]) and run() returns.
+TEST_F(Fixture, StopDrainsStreams) {
+  start();
+  backend->reply = std::string(100, 'a');
+  backend->delay = 5ms;
+  std::vector<std::string> ev;
+  std::thread client([&] { ev = stream("/v1/completions", R"({"prompt": "x", "max_tokens": 100, "stream": true})"); });
+  std::this_thread::sleep_for(100ms);
+  server->stop();
+  th.join();
+  client.join();
+  ASSERT_GE(ev.size(), 2u);
+  EXPECT_EQ(ev.back(), "[DONE]");
+  EXPECT_EQ(J(ev[ev.size() - 2])["choices"][0]["finish_reason"], "stop");
+}
+
+// Past the drain timeout a stream ends with an error event and [DONE], never a silent cut.
+TEST_F(Fixture, StopPastDrainTimeoutEndsStreams) {
+  drain_timeout_s = 0.2;
+  start();
+  backend->reply = std::string(2000, 'a');
+  backend->delay = 5ms;
+  std::vector<std::string> ev;
+  std::thread client([&] { ev = stream("/v1/completions", R"({"prompt": "x", "max_tokens": 200, "stream": true})"); });
+  std::this_thread::sleep_for(100ms);
+  auto t0 = std::chrono::steady_clock::now();
+  server->stop();
+  th.join();
+  client.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  ASSERT_GE(ev.size(), 2u);
+  EXPECT_EQ(ev.back(), "[DONE]");
+  EXPECT_EQ(J(ev[ev.size() - 2])["error"]["code"], "server_shutting_down");
+}
+
+// A stream that stays silent (a long queue, a long prefill) gets SSE keep-alive comments.
+TEST_F(Fixture, SilentStreamGetsKeepAlive) {
+  start();
+  backend->reply = "ab";
+  backend->delay = 1500ms;
+  auto c = client();
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = R"({"prompt": "x", "max_tokens": 2, "stream": true})";
+  req.set_header("Content-Type", "application/json");
+  std::string raw;
+  req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+    raw.append(d, n);
+    return true;
+  };
+  httplib::Response res;
+  httplib::Error err;
+  ASSERT_TRUE(c.send(req, res, err));
+  EXPECT_NE(raw.find(": keep-alive\n\n"), std::string::npos) << raw;
+  EXPECT_NE(raw.find("data: [DONE]"), std::string::npos);
 }
