@@ -35,4 +35,12 @@ inline int64_t json_int(const nlohmann::json& j, const char* key, const std::str
   return j[key].get<int64_t>();
 }
 
+// A token id: an integer in [0, 2^24) (checked before narrowing: nlohmann's get<int32_t>()
+// would turn 2^40 into 0).
+inline int32_t json_token_id(const nlohmann::json& v, const std::string& where) {
+  if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= (int64_t(1) << 24))
+    fail("tokenizer.json: {} must be a token id in [0, 2^24), got {}", where, v.dump());
+  return static_cast<int32_t>(v.get<int64_t>());
+}
+
 }  // namespace ts::tok
