@@ -89,7 +89,7 @@ void Tokenizer::load_json(std::string_view text, const std::string& name) {
       a.content = json_string(e, "content", where);
       int64_t id = json_int(e, "id", where, -1);
       // Checked before the cast: 2^40 must not wrap to a small id, 1e8 must not size the tables.
-      int64_t bound = max_token_id_bound(size_t(model_->max_id() + 1) + at.size());
+      int64_t bound = token_id_limit(size_t(model_->max_id() + 1) + at.size());
       if (id >= bound)
         fail("tokenizer.json: {}.id {} is outside the vocabulary ({} model tokens + {} added; ids must be below {})",
              where, id, model_->max_id() + 1, at.size(), bound);
