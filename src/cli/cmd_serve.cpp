@@ -8,6 +8,7 @@
 #include "cli/engine_flags.h"
 #include "core/log.h"
 #include "server/http_server.h"
+#include "server/protocol.h"
 
 namespace {
 
@@ -28,6 +29,10 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--max-request-bytes", max_request_bytes, "largest request body (larger: 413)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  int max_json_depth = ts::server::max_json_depth();
+  app.add_option("--max-json-depth", max_json_depth, "deepest JSON nesting accepted in a request (deeper: 400)")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
   app.add_option("--http-threads", so.http_threads, "HTTP worker threads (more connections queue)")
       ->check(CLI::Range(8, 4096))
       ->capture_default_str();
@@ -38,6 +43,7 @@ int cmd_serve(int argc, char** argv) {
     return app.exit(e);
   }
   so.max_request_bytes = max_request_bytes;
+  ts::server::set_max_json_depth(max_json_depth);
   ts::cli::resolve_model(model, eo);
   so.model_path = eo.model_dir;
   if (so.served_model_name.empty()) so.served_model_name = model.empty() ? "pycoder" : model;
