@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "tokenizer/tokenizer.h"
 
