@@ -5,6 +5,8 @@ PKGS=(build-essential cmake ninja-build pkg-config libpcre2-dev nlohmann-json3-d
       libboost-dev
       libcli11-dev libfmt-dev libspdlog-dev libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev
       libopenblas-dev python3 curl)
+# scripts/fuzz.sh: clang with libFuzzer and the sanitizer runtimes (not needed by the normal build).
+[ "${1:-}" = "--fuzz" ] && PKGS+=(clang libclang-rt-dev libomp-dev)
 # Node.js + npm (the test client) may come from another source than Debian's packages (e.g. a
 # nodejs package that bundles npm, which conflicts with Debian's npm): only ask apt when missing.
 command -v node >/dev/null 2>&1 || PKGS+=(nodejs)

@@ -8,6 +8,16 @@ namespace {
 // Macro recursion limit: deep enough for recursive schema renderers (gpt-oss walks JSON schemas
 // with a recursive macro), shallow enough that a runaway template cannot exhaust a thread's stack.
 constexpr int kMaxCallDepth = 200;
+// Render budgets, so no template (or context) can hang a server thread or fill its memory:
+// loop iterations over the whole render (nested range(100000) loops would run 10^10 times) and
+// the rendered text (and every captured buffer: filter blocks, block sets, loop(...) calls).
+constexpr size_t kMaxLoopIterations = 5'000'000;
+constexpr size_t kMaxRenderOutput = kMaxGeneratedString;
+
+void check_output(const std::string& out) {
+  if (out.size() > kMaxRenderOutput)
+    throw JinjaError("MemoryError", fmt::format("the rendered text exceeds the {} MiB limit", kMaxRenderOutput >> 20));
+}
 
 struct MacroObj : Callable {
   MacroObj(const MacroDef& d, Frame* c, std::shared_ptr<Frame> h) : def(d), closure(c), holder(std::move(h)) {}
@@ -132,7 +142,11 @@ std::string Interp::render(const nlohmann::ordered_json& context) {
     for (auto it = context.begin(); it != context.end(); ++it) {
       auto s = prog_.sym_ids.find(it.key());
       if (s == prog_.sym_ids.end()) continue;
-      globals_[size_t(s->second)] = from_json(it.value());
+      try {
+        globals_[size_t(s->second)] = from_json(it.value());
+      } catch (const JinjaError& e) {
+        throw TemplateError(e.kind, fmt::format("{} ('{}')", e.msg, it.key()), 0, 0);
+      }
       has_global_[size_t(s->second)] = 1;
     }
   }
@@ -190,13 +204,17 @@ Flow Interp::exec(const Stmt& s) {
   cur_ = nullptr;
   stmt_pos_ = s.pos;
   switch (s.kind) {
-    case SK::Text: out_->append(static_cast<const TextStmt&>(s).text); break;
+    case SK::Text:
+      out_->append(static_cast<const TextStmt&>(s).text);
+      check_output(*out_);
+      break;
     case SK::Emit: {
       Value v = eval(*static_cast<const EmitStmt&>(s).expr);
       if (v.is_string())
         out_->append(v.str());
       else
         append_str(*out_, v);
+      check_output(*out_);
       break;
     }
     case SK::If: {
@@ -327,6 +345,9 @@ Value Interp::run_loop(const ForStmt& s, Frame* frame, const Value& iterable, in
   Swap<std::string*> o(out_, capture_out ? &buf : out_);
   const auto& list = items.lst().items;
   for (size_t k = 0; k < list.size(); ++k) {
+    if (++loop_iterations_ > kMaxLoopIterations)
+      throw JinjaError("SecurityError", fmt::format("the template ran more than {} loop iterations (sandbox limit)",
+                                                    kMaxLoopIterations));
     f.vars.clear();
     assign(s.target, list[k]);
     f.vars.emplace_back(kSymLoop, loopv);

@@ -100,6 +100,7 @@ class Interp {
   Pos stmt_pos_;
   Value captured_;  // output of the filter block / block set being filtered
   int call_depth_ = 0;
+  size_t loop_iterations_ = 0;  // over the whole render, against kMaxLoopIterations
   std::tm now_{};
   bool now_set_ = false;
 

@@ -491,8 +491,10 @@ bool is_py_space(uint32_t c) {
 
 // --- JSON ----------------------------------------------------------------------------------------
 
-Value from_json(const nlohmann::ordered_json& j) {
+Value from_json(const nlohmann::ordered_json& j, int depth) {
   using T = nlohmann::ordered_json::value_t;
+  if (depth > kMaxContextDepth)
+    throw JinjaError("RecursionError", fmt::format("template context nested deeper than {} levels", kMaxContextDepth));
   switch (j.type()) {
     case T::null: return Value::none();
     case T::boolean: return Value::boolean(j.get<bool>());
@@ -507,13 +509,13 @@ Value from_json(const nlohmann::ordered_json& j) {
     case T::array: {
       std::vector<Value> items;
       items.reserve(j.size());
-      for (auto& x : j) items.push_back(from_json(x));
+      for (auto& x : j) items.push_back(from_json(x, depth + 1));
       return Value::list(std::move(items));
     }
     case T::object: {
       std::vector<std::pair<Value, Value>> items;
       items.reserve(j.size());
-      for (auto it = j.begin(); it != j.end(); ++it) items.emplace_back(Value::string(it.key()), from_json(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it) items.emplace_back(Value::string(it.key()), from_json(it.value(), depth + 1));
       return Value::dict(std::move(items));
     }
     default: type_error("unsupported JSON value in template context");

@@ -176,7 +176,10 @@ std::vector<uint32_t> to_codepoints(std::string_view s);
 bool is_py_space(uint32_t cp);  // str.isspace()
 
 // --- JSON ----------------------------------------------------------------------------------------
-Value from_json(const nlohmann::ordered_json& j);
+// Recursive: the context's nesting is capped (RecursionError) so that a deep JSON value cannot
+// overflow the stack; the server already refuses request bodies deeper than --max-json-depth.
+constexpr int kMaxContextDepth = 256;
+Value from_json(const nlohmann::ordered_json& j, int depth = 0);
 nlohmann::ordered_json to_json(const Value& v);
 struct JsonOptions {
   bool ensure_ascii = false;

@@ -10,6 +10,7 @@
 #include "cli/engine_flags.h"
 #include "core/log.h"
 #include "server/http_server.h"
+#include "server/protocol.h"
 
 namespace {
 
@@ -32,6 +33,10 @@ int cmd_serve(int argc, char** argv) {
   auto& lim = so.limits;
   app.add_option("--max-request-bytes", max_request_bytes, "largest request body, any transfer encoding (larger: 413)")
       ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  int max_json_depth = ts::server::max_json_depth();
+  app.add_option("--max-json-depth", max_json_depth, "deepest JSON nesting accepted in a request (deeper: 400)")
+      ->check(CLI::Range(1, 100000))
       ->capture_default_str();
   app.add_option("--max-header-bytes", lim.max_header_bytes, "largest request line + headers (larger: 431)")
       ->check(CLI::Range(size_t{256}, size_t{1} << 24))
@@ -78,6 +83,7 @@ int cmd_serve(int argc, char** argv) {
     return app.exit(e);
   }
   so.max_request_bytes = max_request_bytes;
+  ts::server::set_max_json_depth(max_json_depth);
   ts::cli::resolve_model(model, eo);
   so.model_path = eo.model_dir;
   if (so.served_model_name.empty()) so.served_model_name = model.empty() ? "pycoder" : model;

@@ -2,15 +2,68 @@
 // (`rope_theta`, `rope_scaling` with rope_type or type) and transformers 5 `rope_parameters`.
 // Model files read architecture-specific fields (MoE, MLA, ...) from `raw` through get().
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/error.h"
 
 namespace ts::io {
+
+// Limits on config.json values (checked at load, so a bad file fails there and not in the first
+// forward): ids are int32, the rope table is max_position_embeddings x head_dim floats.
+constexpr int64_t kMaxVocab = int64_t(1) << 24;
+constexpr int64_t kMaxPositionEmbeddings = int64_t(1) << 24;
+constexpr int64_t kMaxLayers = 4096, kMaxHeads = 65536, kMaxHeadDim = 4096;
+constexpr int64_t kMaxHidden = int64_t(1) << 20;
+
+// A JSON value read as T, erroring "<path>: field <key> ..." on a wrong type or an integer that
+// does not fit T (nlohmann's get<int32_t>() silently truncates 2^40 to 0).
+template <typename T>
+T json_field(const nlohmann::json& v, const std::string& path, const std::string& key) {
+  if constexpr (std::is_same_v<T, bool>) {
+    TS_CHECK(v.is_boolean(), "{}: field {} must be a boolean, got {}", path, key, v.type_name());
+    return v.get<bool>();
+  } else if constexpr (std::is_integral_v<T>) {
+    using L = std::numeric_limits<T>;
+    bool ok = false;
+    T r{};
+    if (v.is_number_unsigned()) {
+      uint64_t u = v.get<uint64_t>();
+      ok = u <= uint64_t(L::max());
+      r = T(u);
+    } else if (v.is_number_integer()) {
+      int64_t i = v.get<int64_t>();
+      ok = L::is_signed ? (i >= int64_t(L::min()) && i <= int64_t(L::max())) : (i >= 0 && uint64_t(i) <= uint64_t(L::max()));
+      r = T(i);
+    } else if (v.is_number_float()) {  // 8.0 is accepted as 8 (some exporters write floats)
+      double d = v.get<double>();
+      ok = std::isfinite(d) && d == std::floor(d) && std::abs(d) < 9e18 && d >= double(L::min()) &&
+           d <= double(L::max());
+      r = ok ? T(d) : T{};
+    } else {
+      fail("{}: field {} must be an integer, got {}", path, key, v.type_name());
+    }
+    TS_CHECK(ok, "{}: field {} = {} is out of range [{}, {}]", path, key, v.dump(), L::min(), L::max());
+    return r;
+  } else if constexpr (std::is_floating_point_v<T>) {
+    TS_CHECK(v.is_number(), "{}: field {} must be a number, got {}", path, key, v.type_name());
+    return T(v.get<double>());
+  } else {
+    try {
+      return v.get<T>();
+    } catch (const nlohmann::json::exception& e) {
+      std::string w = e.what();
+      auto pos = w.find("] ");
+      fail("{}: field {} has the wrong type: {}", path, key, pos == std::string::npos ? w : w.substr(pos + 2));
+    }
+  }
+}
 
 struct RopeScaling {
   std::string type = "default";  // default | linear | llama3 | yarn | dynamic
@@ -39,16 +92,12 @@ struct ModelConfig {
   bool has(const char* key) const { return raw.contains(key) && !raw[key].is_null(); }
   template <typename T>
   T get(const char* key, T def) const {
-    return has(key) ? raw[key].get<T>() : def;
+    return has(key) ? json_field<T>(raw[key], path, key) : def;
   }
   template <typename T>
   T require(const char* key) const {
     TS_CHECK(has(key), "{}: missing field {}", path, key);
-    try {
-      return raw[key].get<T>();
-    } catch (const std::exception& e) {
-      fail("{}: field {} has the wrong type: {}", path, key, e.what());
-    }
+    return json_field<T>(raw[key], path, key);
   }
 };
 
@@ -65,6 +114,11 @@ ModelConfig load_config(const std::string& dir);
 ModelConfig parse_config(const nlohmann::json& j, const std::string& path);
 RopeScaling parse_rope(const nlohmann::json& j, const std::string& path);
 GenerationConfig load_generation_config(const std::string& dir);
-std::vector<int32_t> parse_id_list(const nlohmann::json& v);  // int, list of ints, or null
+// int, list of ints, or null; an id outside [0, 2^31) is an error naming `path` and `key`.
+std::vector<int32_t> parse_id_list(const nlohmann::json& v, const std::string& path = "config",
+                                   const std::string& key = "eos_token_id");
+// Range checks on the parsed fields and on the architecture fields every model reads (MoE top-k
+// vs experts, DeepSeek groups); called by parse_config.
+void validate_config(const ModelConfig& c);
 
 }  // namespace ts::io

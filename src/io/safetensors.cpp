@@ -6,8 +6,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+
+#include "core/checked.h"
+#include "io/json_file.h"
 
 namespace fs = std::filesystem;
 
@@ -33,59 +38,98 @@ static std::string shape_str(const std::vector<int64_t>& s) {
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  TS_CHECK(fd >= 0, "{}: cannot open ({})", path, std::strerror(errno));
-  struct stat st {};
-  ::fstat(fd, &st);
-  size_t size = size_t(st.st_size);
+  size_t size = 0;
+  int fd = open_regular_file(path, size);  // a FIFO or device fails here instead of blocking
   if (size < 8) {
     ::close(fd);
     fail("{}: truncated safetensors file ({} bytes, no header)", path, size);
   }
   void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  int mmap_errno = errno;
   ::close(fd);
-  TS_CHECK(p != MAP_FAILED, "{}: mmap failed ({})", path, std::strerror(errno));
+  TS_CHECK(p != MAP_FAILED, "{}: mmap failed ({})", path, std::strerror(mmap_errno));
   map_ = std::shared_ptr<void>(p, [size](void* q) { ::munmap(q, size); });
   const char* base = static_cast<const char*>(p);
   uint64_t hlen;
   std::memcpy(&hlen, base, 8);
   TS_CHECK(hlen <= size - 8, "{}: truncated safetensors file (header length {} > file size {})", path,
            hlen, size);
+  TS_CHECK(hlen <= kMaxSafetensorsHeader, "{}: safetensors header length {} exceeds the limit {}", path, hlen,
+           kMaxSafetensorsHeader);
   nlohmann::json header;
+  std::string_view htext(base + 8, size_t(hlen));
   try {
-    header = nlohmann::json::parse(base + 8, base + 8 + hlen);
-  } catch (const std::exception& e) {
+    check_json_depth(htext, kDefaultMaxJsonDepth, path + ": safetensors header");
+    header = nlohmann::json::parse(htext.begin(), htext.end());
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: bad safetensors header: {}", path, json_error_text(e));
+  } catch (const Error& e) {
     fail("{}: bad safetensors header: {}", path, e.what());
   }
   TS_CHECK(header.is_object(), "{}: bad safetensors header (not a JSON object)", path);
   data_ = base + 8 + hlen;
-  size_t data_size = size - 8 - hlen;
-  for (auto& [name, v] : header.items()) {
+  uint64_t data_size = size - 8 - hlen;
+  for (auto& item : header.items()) {
+    const std::string& name = item.key();
+    const nlohmann::json& v = item.value();  // (a structured binding cannot be captured below)
     if (name == "__metadata__") {
+      TS_CHECK(v.is_object(), "{}: __metadata__ must be an object", path);
       metadata_ = v;
       continue;
     }
     std::string ctx = path + ": tensor " + name;
-    try {
-      Entry e;
-      e.dtype = parse_dtype(v.at("dtype").get<std::string>(), ctx);
-      e.shape = v.at("shape").get<std::vector<int64_t>>();
-      auto off = v.at("data_offsets").get<std::vector<size_t>>();
-      TS_CHECK(off.size() == 2 && off[0] <= off[1], "{}: bad data_offsets", ctx);
-      e.begin = off[0];
-      e.end = off[1];
-      int64_t n = 1;
-      for (auto d : e.shape) n *= d;
-      TS_CHECK(e.shape.size() <= size_t(kMaxDims), "{}: rank {} not supported", ctx, e.shape.size());
-      TS_CHECK(size_t(n) * dtype_size(e.dtype) == e.end - e.begin,
-               "{}: shape {} does not match its byte range", ctx, shape_str(e.shape));
-      TS_CHECK(e.end <= data_size, "{}: truncated file (tensor ends at byte {} of {})", ctx, e.end,
-               data_size);
-      entries_[name] = std::move(e);
-    } catch (const nlohmann::json::exception& ex) {
-      fail("{}: bad header entry: {}", ctx, ex.what());
+    TS_CHECK(v.is_object(), "{}: header entry must be an object", ctx);
+    auto field = [&](const char* k) -> const nlohmann::json& {
+      TS_CHECK(v.contains(k), "{}: header entry has no {}", ctx, k);
+      return v[k];
+    };
+    const auto& jd = field("dtype");
+    TS_CHECK(jd.is_string(), "{}: dtype must be a string", ctx);
+    Entry e;
+    e.dtype = parse_dtype(jd.get<std::string>(), ctx);
+    const auto& js = field("shape");
+    TS_CHECK(js.is_array(), "{}: shape must be an array", ctx);
+    TS_CHECK(js.size() <= size_t(kMaxDims), "{}: rank {} not supported", ctx, js.size());
+    for (size_t i = 0; i < js.size(); ++i) {
+      TS_CHECK(js[i].is_number_unsigned() || (js[i].is_number_integer() && js[i].get<int64_t>() >= 0),
+               "{}: shape[{}] must be a non-negative integer", ctx, i);
+      TS_CHECK(js[i].get<uint64_t>() <= uint64_t(INT64_MAX), "{}: shape[{}] is too large", ctx, i);
+      e.shape.push_back(js[i].get<int64_t>());
     }
+    const auto& jo = field("data_offsets");
+    TS_CHECK(jo.is_array() && jo.size() == 2 && jo[0].is_number_unsigned() && jo[1].is_number_unsigned(),
+             "{}: data_offsets must be two non-negative integers", ctx);
+    e.begin = jo[0].get<uint64_t>();
+    e.end = jo[1].get<uint64_t>();
+    TS_CHECK(e.begin <= e.end, "{}: bad data_offsets [{}, {}] (begin after end)", ctx, e.begin, e.end);
+    TS_CHECK(e.end <= data_size, "{}: truncated file (tensor ends at byte {} of {})", ctx, e.end, data_size);
+    uint64_t nbytes = checked_mul_u(uint64_t(checked_numel(e.shape, ctx + ": shape")), dtype_size(e.dtype),
+                                    ctx + ": byte size");
+    TS_CHECK(nbytes == e.end - e.begin, "{}: shape {} ({} bytes) does not match its byte range [{}, {}]", ctx,
+             shape_str(e.shape), nbytes, e.begin, e.end);
+    TS_CHECK(e.begin % dtype_size(e.dtype) == 0, "{}: data offset {} is not aligned to its dtype ({} bytes)", ctx,
+             e.begin, dtype_size(e.dtype));
+    entries_[name] = std::move(e);
   }
+  // The tensors must tile the data section exactly: no overlap (two names for the same bytes, or
+  // a header off by some bytes), no holes, nothing past the last tensor.
+  std::vector<std::pair<const std::string*, const Entry*>> order;
+  for (auto& [n, e] : entries_) order.emplace_back(&n, &e);
+  std::sort(order.begin(), order.end(), [](auto& a, auto& b) {
+    return a.second->begin != b.second->begin ? a.second->begin < b.second->begin : a.second->end < b.second->end;
+  });
+  uint64_t at = 0;
+  const std::string* prev = nullptr;
+  for (auto& [n, e] : order) {
+    if (e->begin < at)
+      fail("{}: tensor {} (bytes [{}, {})) overlaps tensor {}", path, *n, e->begin, e->end, prev ? *prev : "");
+    if (e->begin > at)
+      fail("{}: tensor {} starts at byte {}, leaving a hole after byte {} of the data section", path, *n, e->begin, at);
+    at = e->end;
+    prev = n;
+  }
+  TS_CHECK(at == data_size, "{}: the tensors cover {} bytes but the data section has {} (wrong header length?)", path,
+           at, data_size);
 }
 
 Tensor SafetensorsFile::get(const std::string& name) const {
@@ -108,18 +152,16 @@ Checkpoint Checkpoint::open(const std::string& dir) {
   fs::path index = fs::path(dir) / "model.safetensors.index.json";
   std::vector<std::string> shard_names;
   if (fs::exists(index)) {
-    nlohmann::json j;
-    try {
-      std::ifstream f(index);
-      j = nlohmann::json::parse(f);
-    } catch (const std::exception& e) {
-      fail("{}: invalid JSON: {}", index.string(), e.what());
-    }
-    TS_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), "{}: no weight_map",
+    nlohmann::json j = read_json_file(index.string());
+    TS_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), "{}: no weight_map",
              index.string());
     std::map<std::string, size_t> shard_idx;
     for (auto& [name, shard] : j["weight_map"].items()) {
+      TS_CHECK(shard.is_string(), "{}: weight_map[{:?}] must be a file name (string)", index.string(), name);
       std::string s = shard.get<std::string>();
+      // Shards live in the model directory: no absolute paths, no "..".
+      TS_CHECK(!s.empty() && s[0] != '/' && fs::path(s).lexically_normal().string().rfind("..", 0) != 0,
+               "{}: weight_map[{:?}] = {:?} is not a file inside the model directory", index.string(), name, s);
       if (!shard_idx.count(s)) {
         shard_idx[s] = c.files_.size();
         fs::path p = fs::path(dir) / s;

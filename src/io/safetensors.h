@@ -12,6 +12,9 @@
 
 namespace ts::io {
 
+// The safetensors format's own bound on the JSON header (100 MB).
+constexpr uint64_t kMaxSafetensorsHeader = 100'000'000;
+
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::string& path);
@@ -25,7 +28,8 @@ class SafetensorsFile {
   struct Entry {
     DType dtype;
     std::vector<int64_t> shape;
-    size_t begin, end;  // byte offsets into the data section
+    uint64_t begin, end;  // byte offsets into the data section (validated: in range, aligned,
+                          // tiling the data section exactly)
   };
   std::string path_;
   std::shared_ptr<void> map_;  // munmap on last reference (views hold it too)

@@ -1,5 +1,7 @@
 #include "server/chat_template.h"
 
+#include "io/json_file.h"
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -25,12 +27,11 @@ struct ChatTemplates::Entry {
 namespace {
 namespace fs = std::filesystem;
 
+// Absent -> nullopt; present but not a regular file (a FIFO would block the load) -> ts::Error.
 std::optional<std::string> read_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) return std::nullopt;
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  std::error_code ec;
+  if (!fs::exists(p, ec)) return std::nullopt;
+  return io::read_regular_file(p.string());
 }
 
 

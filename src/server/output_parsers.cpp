@@ -1,5 +1,7 @@
 #include "server/output_parsers.h"
 
+#include "io/json_file.h"
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -63,6 +65,9 @@ bool split_objects(std::string_view s, std::vector<std::string_view>& out) {
 }  // namespace
 
 bool parse_tool_call_json(std::string_view text, ToolCall& call) {
+  // Model output nested deeper than requests may be is not a tool call (and would recurse deeply
+  // when the response is serialized).
+  if (io::json_depth(text, io::kDefaultMaxJsonDepth) > io::kDefaultMaxJsonDepth) return false;
   Json j = Json::parse(text.begin(), text.end(), nullptr, false);
   if (j.is_discarded() || !j.is_object()) return false;
   auto name = j.find("name");

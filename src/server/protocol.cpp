@@ -1,11 +1,32 @@
 #include "server/protocol.h"
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <fmt/format.h>
 #include <random>
 
+#include "io/json_file.h"
+
 namespace ts::server {
+
+namespace {
+// Set once at startup (serve --max-json-depth) before any request is parsed; read by every
+// parse. A policy limit, not engine state: it steers no computation.
+std::atomic<int> g_max_json_depth{io::kDefaultMaxJsonDepth};
+}  // namespace
+
+void set_max_json_depth(int depth) { g_max_json_depth.store(depth < 1 ? 1 : depth, std::memory_order_relaxed); }
+int max_json_depth() { return g_max_json_depth.load(std::memory_order_relaxed); }
+
+Json parse_json_limited(const std::string& text, const char* what) {
+  // The nesting pre-scan runs before nlohmann builds anything: a 50k-deep array would otherwise
+  // become a 50k-deep Json and then overflow the stack of the recursive Jinja conversion.
+  int limit = max_json_depth();
+  if (io::json_depth(text, limit) > limit)
+    throw ApiError(400, fmt::format("{} is nested deeper than {} levels (--max-json-depth)", what, limit));
+  return Json::parse(text);
+}
 
 namespace {
 const char* error_type(int status) {
@@ -53,12 +74,11 @@ std::string dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_hand
 Json parse_body(const std::string& body) {
   Json j;
   try {
-    j = Json::parse(body);
-  } catch (const Json::parse_error& e) {
-    std::string what = e.what();
-    // nlohmann: "[json.exception.parse_error.101] parse error at line 1, column 5: ..."
-    auto pos = what.find("] ");
-    throw ApiError(400, "Invalid JSON body: " + (pos == std::string::npos ? what : what.substr(pos + 2)));
+    j = parse_json_limited(body, "The request body");
+  } catch (const Json::exception& e) {
+    // parse_error, and out_of_range for a number such as 1e400 (was a 500). nlohmann's text:
+    // "[json.exception.parse_error.101] parse error at line 1, column 5: ..."
+    throw ApiError(400, "Invalid JSON body: " + io::json_error_text(e));
   }
   if (!j.is_object()) throw ApiError(400, std::string("The request body must be a JSON object, got ") + type_name(j));
   return j;
@@ -339,7 +359,7 @@ ChatRequest parse_chat_request(const Json& body, const ModelInfo& info) {
         // Templates expect arguments as a mapping (transformers' convention); OpenAI sends a string.
         if (auto ait = fit->find("arguments"); ait != fit->end() && ait->is_string()) {
           try {
-            Json parsed = Json::parse(ait->get<std::string>());
+            Json parsed = parse_json_limited(ait->get<std::string>(), (cp + ".function.arguments").c_str());
             if (parsed.is_object()) call["function"]["arguments"] = std::move(parsed);
           } catch (const Json::exception&) {
           }

@@ -33,8 +33,15 @@ Json error_body(int status, const std::string& message, const std::string& param
 // Serializes for the wire: compact, invalid UTF-8 replaced (never throws).
 std::string dump(const Json& j);
 
-// Parses a request body: malformed JSON or invalid UTF-8 -> 400; a non-object body -> 400.
+// Parses a request body: malformed JSON or invalid UTF-8 -> 400; a non-object body -> 400;
+// nesting deeper than max_json_depth() -> 400 (checked before parsing).
 Json parse_body(const std::string& body);
+
+// The nesting limit for request JSON (bodies and tool-call arguments); serve --max-json-depth.
+void set_max_json_depth(int depth);
+int max_json_depth();
+// Json::parse after the depth pre-scan; a too-deep text -> ApiError 400 naming `what`.
+Json parse_json_limited(const std::string& text, const char* what);
 
 // Typed optional getters: absent or null -> nullopt; a wrong type -> ApiError 400 naming `key`.
 std::optional<int64_t> get_int(const Json& o, const char* key);

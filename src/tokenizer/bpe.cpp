@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "tokenizer/byte_level.h"
+#include "tokenizer/json_util.h"
 #include "tokenizer/unicode.h"
 
 namespace ts::tok {
@@ -168,8 +169,12 @@ Bpe::Bpe(const nlohmann::json& m, bool byte_level) : byte_level_(byte_level), se
   vocab_.reserve(jv.size());
   int32_t max_id = -1;
   for (auto it = jv.begin(); it != jv.end(); ++it) {
-    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() > INT32_MAX)
+    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0)
       fail("tokenizer.json: model.vocab[{:?}] must be a non-negative integer id", it.key());
+    // The id tables are sized by the largest id: bound it before anything is allocated.
+    if (it.value().get<int64_t>() >= token_id_limit(jv.size()))
+      fail("tokenizer.json: model.vocab[{:?}] = {} is outside the vocabulary ({} entries; ids must be below {})",
+           it.key(), it.value().get<int64_t>(), jv.size(), token_id_limit(jv.size()));
     int32_t id = it.value().get<int32_t>();
     vocab_[it.key()] = id;
     max_id = std::max(max_id, id);

@@ -53,6 +53,15 @@ class PairMap {
   int shift_ = 64;
 };
 
+// Ids index dense tables (id -> token), so an id far past the number of tokens would allocate
+// gigabytes: ids must stay below twice the token count plus 1024 (room for the reserved gaps real
+// tokenizers have) and below 2^24.
+constexpr int64_t kMaxTokenId = int64_t(1) << 24;
+inline int64_t max_token_id_bound(size_t tokens) {
+  int64_t b = 2 * int64_t(tokens) + 1024;
+  return b < kMaxTokenId ? b : kMaxTokenId;
+}
+
 class Bpe {
  public:
   // `byte_level`: words arrive as raw bytes and vocab entries are read through the GPT-2

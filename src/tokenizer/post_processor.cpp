@@ -51,7 +51,10 @@ std::unique_ptr<PostProcessor> make_template(const nlohmann::json& j, const std:
     if (j.contains("special_tokens") && j["special_tokens"].is_object() && j["special_tokens"].contains(name)) {
       const auto& st = j["special_tokens"][name];
       if (!st.contains("ids") || !st["ids"].is_array()) fail("tokenizer.json: {}.special_tokens[{:?}].ids must be an array", where, name);
-      return st["ids"].get<std::vector<int32_t>>();
+      std::vector<int32_t> ids;
+      for (size_t i = 0; i < st["ids"].size(); ++i)
+        ids.push_back(json_token_id(st["ids"][i], fmt::format("{}.special_tokens[{:?}].ids[{}]", where, name, i)));
+      return ids;
     }
     if (auto id = lookup(name)) return std::vector<int32_t>{*id};
     fail("tokenizer.json: {}: special token {:?} of the template is not defined", where, name);
@@ -97,7 +100,7 @@ std::unique_ptr<PostProcessor> make_cls_sep(const nlohmann::json& j, const std::
   auto id_of = [&](const char* key) {
     if (!j.contains(key) || !j[key].is_array() || j[key].size() != 2 || !j[key][1].is_number_integer())
       fail("tokenizer.json: {}.{} must be [token, id]", where, key);
-    return j[key][1].get<int32_t>();
+    return json_token_id(j[key][1], fmt::format("{}.{}[1]", where, key));
   };
   std::vector<std::optional<std::vector<int32_t>>> pieces;
   pieces.emplace_back(std::vector<int32_t>{id_of("cls")});

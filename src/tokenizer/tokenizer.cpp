@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "io/json_file.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/decoder.h"
@@ -26,21 +27,12 @@ namespace {
 
 constexpr uint8_t kValid = 1, kSpecial = 2;
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("cannot open {}: {}", path, std::strerror(errno));
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) fail("cannot read {}", path);
-  return ss.str();
-}
+// Regular files only (a FIFO would block the load forever), bounded in size.
+std::string read_file(const std::string& path) { return io::read_regular_file(path); }
 
+// Nesting is checked before parsing; errors name the file, not nlohmann's exception id.
 nlohmann::json parse_json(std::string_view text, const std::string& name) {
-  try {
-    return nlohmann::json::parse(text.begin(), text.end());
-  } catch (const nlohmann::json::parse_error& e) {
-    fail("{}: invalid JSON: {}", name, e.what());
-  }
+  return io::parse_json_text(text, name);
 }
 
 }  // namespace
@@ -96,7 +88,13 @@ void Tokenizer::load_json(std::string_view text, const std::string& name) {
       std::string where = fmt::format("added_tokens[{}]", i);
       AddedToken a;
       a.content = json_string(e, "content", where);
-      a.id = static_cast<int32_t>(json_int(e, "id", where, -1));
+      int64_t id = json_int(e, "id", where, -1);
+      // Checked before the cast: 2^40 must not wrap to a small id, 1e8 must not size the tables.
+      int64_t bound = token_id_limit(size_t(model_->max_id() + 1) + at.size());
+      if (id >= bound)
+        fail("tokenizer.json: {}.id {} is outside the vocabulary ({} model tokens + {} added; ids must be below {})",
+             where, id, model_->max_id() + 1, at.size(), bound);
+      a.id = static_cast<int32_t>(id);
       a.special = json_bool(e, "special", where, false);
       a.single_word = json_bool(e, "single_word", where, false);
       a.lstrip = json_bool(e, "lstrip", where, false);
@@ -139,6 +137,13 @@ void Tokenizer::load_json(std::string_view text, const std::string& name) {
 
     post_processor_ = make_post_processor(field("post_processor"), "post_processor",
                                           [this](std::string_view t) { return token_to_id(t); });
+    if (post_processor_) {  // the ids it adds must be in the vocabulary (checked here, not at encode)
+      std::vector<int32_t> extra;
+      post_processor_->apply(extra);
+      for (int32_t id : extra)
+        if (id < 0 || size_t(id) >= flags_.size() || !(flags_[id] & kValid))
+          fail("tokenizer.json: post_processor adds token id {}, which is not in the vocabulary", id);
+    }
     decoder_ = make_decoder(field("decoder"), "decoder");
     byte_decode_ = decoder_ && decoder_->is_byte_level();
     if (byte_decode_) {
@@ -155,7 +160,7 @@ void Tokenizer::load_json(std::string_view text, const std::string& name) {
     if (msg.rfind(name, 0) == 0) throw;
     throw Error(fmt::format("{}: {}", name, msg));
   } catch (const nlohmann::json::exception& e) {
-    fail("{}: unexpected JSON content: {}", name, e.what());
+    fail("{}: unexpected JSON content: {}", name, io::json_error_text(e));
   }
 }
 

@@ -50,6 +50,77 @@ import json, sys
 c = json.load(open(sys.argv[1])); c["architectures"] = ["LlamaForCausalLM"]; c["rope_scaling"]["rope_type"] = "longrope"; json.dump(c, open(sys.argv[1], "w"))
 PY
 expect_error "rope type" "$BIN" verify-golden "$T/bad"
+# Issue #23: config values that used to crash (SIGFPE, SIGSEGV), load silently or fail only at the
+# first forward. Each must fail at load naming the file and the field.
+edit() {  # edit DIR FILE 'python statement on c'
+  python3 - "$1/$2" "$3" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); exec(sys.argv[2]); json.dump(c, open(sys.argv[1], "w"))
+PY
+}
+fresh() { rm -rf "$T/$1"; cp -r "$SRC/tests/data/$2" "$T/$1"; }
+fresh cfg llama3
+edit "$T/cfg" config.json 'c["num_attention_heads"] = 0'
+expect_error "config.json: field num_attention_heads = 0" "$BIN" verify-golden "$T/cfg"
+fresh cfg llama3
+edit "$T/cfg" config.json 'c["max_position_embeddings"] = 2**58'
+expect_error "config.json: field max_position_embeddings" "$BIN" verify-golden "$T/cfg"
+fresh cfg llama3
+edit "$T/cfg" config.json 'c["rms_norm_eps"] = -1'
+expect_error "config.json: field rms_norm_eps" "$BIN" verify-golden "$T/cfg"
+fresh cfg llama3
+edit "$T/cfg" config.json 'c["rope_theta"] = 0; c.get("rope_scaling", {}).pop("rope_theta", None)'
+expect_error "config.json: field rope_theta" "$BIN" verify-golden "$T/cfg"
+fresh cfg llama3
+python3 - "$T/cfg/config.json" <<'PY'
+import sys
+p = sys.argv[1]; s = open(p).read(); open(p, "w").write(s.replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": 1e400').replace('"rms_norm_eps": 1e-6', '"rms_norm_eps": 1e400'))
+PY
+grep -q 1e400 "$T/cfg/config.json" || echo '{"x": 1e400}' > "$T/cfg/config.json"
+expect_error "config.json: invalid JSON: number overflow parsing '1e400'" "$BIN" verify-golden "$T/cfg"
+fresh cfg qwen3_moe
+edit "$T/cfg" config.json 'c["num_experts_per_tok"] = 0'
+expect_error "config.json: field num_experts_per_tok = 0" "$BIN" verify-golden "$T/cfg"
+edit "$T/cfg" config.json 'c["num_experts_per_tok"] = 9'
+expect_error "config.json: field num_experts_per_tok = 9" "$BIN" verify-golden "$T/cfg"
+fresh cfg deepseek_v3
+edit "$T/cfg" config.json 'c["n_group"] = 0'
+expect_error "config.json: field n_group = 0" "$BIN" verify-golden "$T/cfg"
+edit "$T/cfg" config.json 'c["n_group"] = 3'
+expect_error "config.json: field n_group = 3" "$BIN" verify-golden "$T/cfg"
+# Model files that are FIFOs fail at once (each run is bounded by `timeout`: a hang is a failure).
+for f in config.json model.safetensors tokenizer.json; do
+  fresh fifo llama3
+  rm "$T/fifo/$f"; mkfifo "$T/fifo/$f"
+  expect_error "$f: is a FIFO" timeout 20 "$BIN" generate --model "$T/fifo" --prompt hi --max-tokens 1
+done
+# Tokenizer ids bounded by the vocabulary: no truncation of 2^40, no 9.7 GB table for 1e8.
+fresh tok llama3
+edit "$T/tok" tokenizer.json 'c["added_tokens"].append(dict(id=2**40, content="<x>", special=True))'
+expect_error "tokenizer.json: added_tokens\[.*\].id 1099511627776 is outside the vocabulary" "$BIN" tokenize --tokenizer "$T/tok" --text hi
+fresh tok llama3
+edit "$T/tok" tokenizer.json 'c["model"]["vocab"]["zzz"] = 100000000'
+expect_error 'tokenizer.json: model.vocab\["zzz"\] = 100000000 is outside the vocabulary' timeout 20 "$BIN" tokenize --tokenizer "$T/tok" --text hi
+# safetensors offsets: misaligned, overlapping, header length short by one.
+fresh st llama3
+python3 - "$T/st/model.safetensors" <<'PY'
+import json, struct, sys
+p = sys.argv[1]; b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n]); names = sorted(k for k in h if k != "__metadata__")
+a, b2 = names[0], names[1]
+h[b2]["data_offsets"] = h[a]["data_offsets"][:]  # b2 claims a's bytes (and shape mismatch aside, overlaps)
+h[b2]["shape"] = h[a]["shape"]; h[b2]["dtype"] = h[a]["dtype"]
+hs = json.dumps(h).encode(); hs += b" " * ((8 - (len(hs) + 8) % 8) % 8)
+open(p, "wb").write(struct.pack("<Q", len(hs)) + hs + b[8 + n:])
+PY
+expect_error "model.safetensors: tensor .* overlaps" "$BIN" verify-golden "$T/st"
+fresh st llama3
+python3 - "$T/st/model.safetensors" <<'PY'
+import struct, sys
+p = sys.argv[1]; b = bytearray(open(p, "rb").read()); n = struct.unpack("<Q", b[:8])[0]
+b[:8] = struct.pack("<Q", n - 1); open(p, "wb").write(b)
+PY
+expect_error "model.safetensors: " "$BIN" verify-golden "$T/st"
 # Empty prompt, ids outside the vocabulary, malformed id list.
 expect_error "empty" "$BIN" generate --model "$M" --prompt-ids ""
 expect_error "empty" "$BIN" generate --model "$M" --prompt ""

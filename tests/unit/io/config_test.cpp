@@ -1,0 +1,137 @@
+// config.json validation: every bad value from issue #23 fails at load with the file and field named.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "io/config.h"
+
+namespace {
+
+using ts::io::parse_config;
+
+nlohmann::json base() {
+  return nlohmann::json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 1088, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 10000.0})");
+}
+
+// Expects parse_config to throw a message containing every fragment.
+void expect_error(const nlohmann::json& j, std::initializer_list<const char*> parts) {
+  try {
+    parse_config(j, "m/config.json");
+    ADD_FAILURE() << "no error for " << j.dump();
+  } catch (const ts::Error& e) {
+    std::string msg = e.what();
+    EXPECT_EQ(msg.rfind("m/config.json: ", 0), 0u) << msg;
+    for (const char* p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+    EXPECT_EQ(msg.find("[json.exception"), std::string::npos) << msg;
+  }
+}
+
+nlohmann::json with(const char* key, nlohmann::json v) {
+  auto j = base();
+  j[key] = std::move(v);
+  return j;
+}
+
+TEST(Config, BaseLoads) {
+  auto c = parse_config(base(), "m/config.json");
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_EQ(c.num_kv_heads, 2);
+}
+
+TEST(Config, HeadsZeroIsAnErrorNotSigfpe) { expect_error(with("num_attention_heads", 0), {"num_attention_heads"}); }
+
+TEST(Config, HugeMaxPositionEmbeddings) {
+  expect_error(with("max_position_embeddings", int64_t(1) << 58), {"max_position_embeddings"});
+  expect_error(with("max_position_embeddings", 0), {"max_position_embeddings"});
+}
+
+TEST(Config, NormEpsAndRopeTheta) {
+  expect_error(with("rms_norm_eps", -1), {"rms_norm_eps"});
+  expect_error(with("rms_norm_eps", 0), {"rms_norm_eps"});
+  expect_error(with("rope_theta", 0), {"rope_theta"});
+  expect_error(with("rope_theta", -5), {"rope_theta"});
+}
+
+TEST(Config, WrongTypesNameTheField) {
+  expect_error(with("hidden_size", "big"), {"hidden_size", "integer"});
+  expect_error(with("num_hidden_layers", 2.5), {"num_hidden_layers"});
+  expect_error(with("tie_word_embeddings", "yes"), {"tie_word_embeddings"});
+  expect_error(with("vocab_size", int64_t(1) << 40), {"vocab_size"});
+}
+
+TEST(Config, HeadsVsHeadDimVsHidden) {
+  expect_error(with("num_attention_heads", 5), {"hidden_size 64 is not a multiple of num_attention_heads 5"});
+  expect_error(with("num_key_value_heads", 3), {"num_key_value_heads"});
+  expect_error(with("num_key_value_heads", 0), {"num_key_value_heads"});
+  auto j = with("num_attention_heads", 5);
+  j["head_dim"] = 16;  // an explicit head_dim need not divide hidden (Qwen3 does this)
+  j["num_key_value_heads"] = 5;
+  EXPECT_NO_THROW(parse_config(j, "m/config.json"));
+  j["head_dim"] = -1;
+  expect_error(j, {"head_dim"});
+}
+
+TEST(Config, EosOutsideTheVocabulary) {
+  expect_error(with("eos_token_id", 5000), {"eos_token_id"});
+  expect_error(with("eos_token_id", nlohmann::json::array({2, int64_t(1) << 40})), {"eos_token_id[1]"});
+  expect_error(with("bos_token_id", -3), {"bos_token_id"});
+}
+
+TEST(Config, MoeTopK) {
+  auto j = base();
+  j["num_experts"] = 8;
+  j["num_experts_per_tok"] = 2;
+  EXPECT_NO_THROW(parse_config(j, "m/config.json"));
+  j["num_experts_per_tok"] = 0;
+  expect_error(j, {"num_experts_per_tok"});
+  j["num_experts_per_tok"] = 9;
+  expect_error(j, {"num_experts_per_tok", "num_experts = 8"});
+}
+
+TEST(Config, DeepSeekGroups) {
+  auto j = base();
+  j["n_routed_experts"] = 8;
+  j["num_experts_per_tok"] = 2;
+  j["n_group"] = 2;
+  j["topk_group"] = 1;
+  EXPECT_NO_THROW(parse_config(j, "m/config.json"));
+  j["n_group"] = 0;
+  expect_error(j, {"n_group"});
+  j["n_group"] = 3;
+  expect_error(j, {"n_group = 3", "divide"});
+  j["n_group"] = 2;
+  j["topk_group"] = 3;
+  expect_error(j, {"topk_group"});
+  j["topk_group"] = 1;
+  j["num_experts_per_tok"] = 5;  // more than the 4 experts of one group
+  expect_error(j, {"num_experts_per_tok"});
+}
+
+TEST(Config, RopeScalingFields) {
+  auto j = base();
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 0}};
+  expect_error(j, {"factor"});
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4}, {"original_max_position_embeddings", 1e30}};
+  expect_error(j, {"original_max_position_embeddings"});
+}
+
+TEST(Config, ModelFieldGetNamesTheField) {
+  auto j = base();
+  j["num_experts_per_tok"] = "two";
+  j["num_experts"] = 0;
+  auto c = parse_config(j, "m/config.json");
+  try {
+    c.get<int>("num_experts_per_tok", 1);
+    ADD_FAILURE();
+  } catch (const ts::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("m/config.json: field num_experts_per_tok"), std::string::npos) << e.what();
+  }
+  j["num_experts_per_tok"] = int64_t(1) << 40;
+  c = parse_config(j, "m/config.json");
+  EXPECT_THROW(c.get<int>("num_experts_per_tok", 1), ts::Error);  // not truncated to 0
+}
+
+}  // namespace
