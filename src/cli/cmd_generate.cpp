@@ -9,6 +9,7 @@
 #include "cli/common.h"
 #include "cli/engine_flags.h"
 #include "runtime/engine.h"
+#include "server/output_processor.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -46,6 +47,7 @@ int cmd_generate(int argc, char** argv) {
   TS_CHECK(have_prompt != have_ids, "give exactly one of --prompt or --prompt-ids");
   TS_CHECK(!(have_prompt && prompt.empty()), "the prompt is empty");
   if (seed >= 0) gp.seed = uint64_t(seed);
+  gp.return_spec_trace = !trace_file.empty();
   if (eo.max_total_tokens <= 0) eo.max_total_tokens = 65536;  // one request: a small pool is plenty
   Engine engine(eo);
   gp.prompt = have_prompt ? engine.tokenizer().encode(prompt, true) : cli::parse_ids(prompt_ids);
@@ -54,6 +56,8 @@ int cmd_generate(int argc, char** argv) {
   std::shared_ptr<Stream> st;
   try {
     st = engine.submit(gp);
+    // Text (detok, stop strings) is made here as events are popped, not on the engine thread.
+    server::attach_output_processor(*st, engine.tokenizer_ptr(), gp, engine.eos_token_ids());
   } catch (const std::exception& e) {
     engine.stop();
     throw;

@@ -1,5 +1,6 @@
-// The engine thread: drain submissions -> schedule -> forward -> sample -> stop checks ->
-// stream events out. See engine.h for the threading contract.
+// The engine thread, one step at a time: drain submissions -> Scheduler::plan -> apply_plan
+// (plan transitions) -> Worker::execute -> apply (tokens, KV commits, stops, transitions) ->
+// stream events out. See engine.h for the threading contract and step.h for the data.
 #include "runtime/engine.h"
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include "models/model.h"
 #include "runtime/cuda_graph_runner.h"
 #include "runtime/model_runner.h"
+#include "runtime/plain_worker.h"
 #include "runtime/sampler.h"
 #include "runtime/scheduler.h"
 #include "runtime/spec_worker.h"
@@ -44,7 +46,9 @@ class EngineImpl {
   std::unique_ptr<ModelRunner> runner;
   std::unique_ptr<KvCache> kv;
   std::unique_ptr<Scheduler> sched;
-  std::unique_ptr<SpecWorker> spec;
+  std::unique_ptr<SpecWorker> spec;   // the EAGLE3 worker (null: the plain worker runs)
+  std::unique_ptr<PlainWorker> plain;
+  Worker* worker = nullptr;
   std::unordered_set<int32_t> eos;
   int64_t context_len = 0;
 
@@ -52,8 +56,14 @@ class EngineImpl {
   void loop();
   void step();
   void intake();
-  // Appends one generated token; returns true when the request finished.
-  bool push_token(Request& r, int32_t t, const TokenLogprob* lp, StreamEvent& ev);
+  // The plan's transitions, its rejected requests, and the worker handles its requests need.
+  void apply_plan();
+  // The one place results change requests: appends ids, advances num_computed, commits KV,
+  // checks token-level stops, makes the transitions, streams the events.
+  void apply(const StepResult& res);
+  // Appends one generated token at time `now`; returns why the request stops on it (none: it
+  // goes on). Inter-token latencies go to itl_ (observed once per step, one lock).
+  FinishReason push_token(Request& r, int32_t t, const TokenLogprob* lp, StreamEvent& ev, Clock::time_point now);
   void finish(Request& r, FinishReason why, StreamEvent& ev);
   void emit(Request& r, StreamEvent& ev);
   void fail_request(Request& r, const std::string& msg);
@@ -77,12 +87,10 @@ class EngineImpl {
     int64_t verify_steps = 0, accepted_tokens = 0, fixed_steps = 0, graph_steps = 0;
   } spec_log_;
   void log_spec_stats();
-  std::vector<ScheduledChunk> chunks_;
-  std::vector<SeqChunk> seq_chunks_;
-  std::vector<Request*> sample_reqs_;
-  std::vector<SampleResult> samples_;
-  std::vector<ops::SamplingRow> sample_rows_;
-  std::vector<int32_t> sample_ids_;
+  StepPlan plan_;      // reused every step
+  StepResult result_;  // reused every step
+  int64_t spec_verify_steps_ = 0, spec_accepted_tokens_ = 0;
+  std::vector<double> itl_;  // this step's inter-token latencies (reused)
 };
 
 EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
@@ -166,8 +174,12 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   so.token_budget = std::max(o.chunked_prefill_size, 1);
   so.max_num_seqs = max_seqs;
   if (!o.speculative_algorithm.empty()) {
-    spec = std::make_unique<SpecWorker>(o, *runner, *kv);
+    spec = std::make_unique<SpecWorker>(o, *runner);
     so.decode_tokens = spec->num_draft_tokens();
+    worker = spec.get();
+  } else {
+    plain = std::make_unique<PlainWorker>(*runner);
+    worker = plain.get();
   }
   sched = std::make_unique<Scheduler>(*kv, so);
   start_graphs(o, so);
@@ -230,7 +242,6 @@ std::shared_ptr<Stream> EngineImpl::submit(GenerateParams p) {
   r->tokens = p.prompt;
   r->prompt_len = int(p.prompt.size());
   r->submitted = Clock::now();
-  r->detok = std::make_shared<tok::StreamDecoder>(*tokenizer, true);
   {
     std::lock_guard<std::mutex> lk(mu_);
     r->id = next_id_++;
@@ -259,18 +270,13 @@ void EngineImpl::intake() {
   auto check = [&](const std::shared_ptr<Request>& r) {
     if (r->terminal()) return;
     if (r->stream->cancelled()) {
-      r->to(state::Aborted{"client disconnected"});
+      r->abort("client disconnected");
       StreamEvent ev;
       finish(*r, FinishReason::abort, ev);
     } else if (r->stream->stop_requested()) {
-      if (r->is<state::Waiting>() || r->is<state::Retracted>()) {
-        r->to(state::Aborted{"stopped by the client before it ran"});
-        StreamEvent ev;
-        finish(*r, FinishReason::stop, ev);
-      } else {
-        StreamEvent ev;
-        finish(*r, FinishReason::stop, ev);
-      }
+      if (r->is<state::Waiting>() || r->is<state::Retracted>()) r->abort("stopped by the client before it ran");
+      StreamEvent ev;
+      finish(*r, FinishReason::stop, ev);
     }
   };
   for (auto& r : sched->running()) check(r);
@@ -309,7 +315,7 @@ void EngineImpl::loop() {
 
 void EngineImpl::fail_request(Request& r, const std::string& msg) {
   if (r.terminal()) return;
-  r.to(state::Aborted{msg});
+  r.abort(msg);
   StreamEvent ev;
   ev.error = msg;
   finish(r, FinishReason::abort, ev);
@@ -317,118 +323,107 @@ void EngineImpl::fail_request(Request& r, const std::string& msg) {
 
 void EngineImpl::step() {
   auto t0 = Clock::now();
-  std::vector<std::shared_ptr<Request>> rejected;
-  chunks_ = sched->schedule(rejected);
-  for (auto& r : rejected)
-    fail_request(*r, fmt::format("request needs {} tokens of KV cache; the pool holds {}", r->tokens.size(),
-                                 kv->num_blocks() * kv->block_size()));
-  if (chunks_.empty()) {
+  sched->plan(plan_);
+  apply_plan();
+  if (plan_.empty()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
     return;
   }
-  double fwd_s = 0;
-  if (spec) {
-    fwd_s = spec->step(chunks_, [&](Request& r, int32_t t, const TokenLogprob* lp, StreamEvent& ev) { return push_token(r, t, lp, ev); },
-                       [&](Request& r, StreamEvent& ev) { emit(r, ev); });
-  } else {
-    seq_chunks_.clear();
-    sample_reqs_.clear();
-    for (auto& c : chunks_) {
-      Request& r = *c.req;
-      bool last = r.num_computed + c.num_tokens == int(r.tokens.size());
-      if (runner->has_state() && !r.state_slot) r.state_slot = runner->take_state_slot();
-      seq_chunks_.push_back({r.tokens.data() + r.num_computed, c.num_tokens, r.num_computed, &r.block_table,
-                             last ? SeqChunk::Logits::last : SeqChunk::Logits::none, r.state_slot ? *r.state_slot : -1});
-      if (last) sample_reqs_.push_back(&r);
-    }
-    // Penalties and logprobs work on host logits; otherwise sampling runs where the logits are.
-    bool host = false;
-    for (Request* r : sample_reqs_) host = host || needs_host_logits(*r);
-    auto f0 = Clock::now();
-    // Pure decode steps sample inside the decode CUDA graph when one fits.
-    bool sampled = false;
-    if (!host && sample_reqs_.size() == seq_chunks_.size()) {
-      sample_rows_.clear();
-      for (Request* r : sample_reqs_) sample_rows_.push_back(sampling_row(*r));
-      sampled = runner->run_sampled(seq_chunks_, sample_rows_, sample_ids_);
-      if (sampled) {
-        samples_.resize(sample_ids_.size());
-        for (size_t i = 0; i < sample_ids_.size(); ++i) samples_[i].token = sample_ids_[i];
-      }
-    }
-    if (!sampled) {
-      Tensor logits = runner->run(seq_chunks_, false, host);
-      // The device work (forward + sampling) completes inside sample_batch's copy of the ids:
-      // it counts as device time, not host time.
-      sample_batch(logits, sample_reqs_, samples_);
-    }
-    fwd_s = secs(Clock::now() - f0) - runner->last_build_seconds();
-    size_t si = 0;
-    for (auto& c : chunks_) {
-      Request& r = *c.req;
-      r.num_computed += c.num_tokens;
-      kv->commit(r.tokens.data(), r.num_computed, r.block_table, r.block_hashes);
-      if (r.num_computed < int(r.tokens.size())) continue;  // mid-prefill chunk
-      const SampleResult& s = samples_[si++];
-      if (r.is<state::Prefilling>()) r.to(state::Decoding{});
-      StreamEvent ev;
-      push_token(r, s.token, r.params.logprobs >= 0 ? &s.logprob : nullptr, ev);
-      emit(r, ev);
-    }
-  }
+  worker->execute(plan_, result_);
+  apply(result_);
   sched->reap();
-  update_metrics(secs(Clock::now() - t0) * 1e6 - fwd_s * 1e6);
+  update_metrics(secs(Clock::now() - t0) * 1e6 - result_.forward_s * 1e6);
   refresh_gauges();
 }
 
-bool EngineImpl::push_token(Request& r, int32_t t, const TokenLogprob* lp, StreamEvent& ev) {
-  auto now = Clock::now();
+void EngineImpl::apply_plan() {
+  apply_plan_transitions(plan_);
+  for (auto& r : plan_.rejected)
+    fail_request(*r, fmt::format("request needs {} tokens of KV cache; the pool holds {}", r->tokens.size(),
+                                 kv->num_blocks() * kv->block_size()));
+  // Worker-side handles, taken when a request first runs: its recurrent-state row (hybrid
+  // models) and its worker slot (the EAGLE3 draft-state row).
+  for (auto& c : plan_.chunks) {
+    Request& r = *c.req;
+    if (runner->has_state() && !r.state_slot) r.state_slot = runner->take_state_slot();
+    if (spec && !r.spec_slot) r.spec_slot = worker->acquire_slot();
+  }
+}
+
+void EngineImpl::apply(const StepResult& res) {
+  const auto now = Clock::now();
+  itl_.clear();
+  for (size_t k = 0; k < plan_.chunks.size(); ++k) {
+    Request& r = *plan_.chunks[k].req;
+    const RowResult& row = res.rows[k];
+    if (row.accepted < 0) {  // a plain row (or a prefill chunk of a speculative step)
+      r.num_computed += plan_.chunks[k].num_tokens;
+      kv->commit(r.tokens.data(), r.num_computed, r.block_table, r.block_hashes);
+      if (row.count == 0) continue;  // mid-prefill chunk: nothing sampled
+    }
+    if (r.is<state::Prefilling>()) r.transit<state::Prefilling>(state::Decoding{});
+    StreamEvent ev;
+    FinishReason why = FinishReason::none;
+    int kept = 0;
+    while (kept < row.count && why == FinishReason::none) {
+      const TokenLogprob* lp = row.lp_first >= 0 ? &res.logprobs[size_t(row.lp_first + kept)] : nullptr;
+      why = push_token(r, res.tokens[size_t(row.first + kept)], lp, ev, now);
+      ++kept;
+    }
+    if (row.accepted >= 0) {
+      // A verify row: the ids are the accepted drafts, then the bonus. Drafts after a stop
+      // do not count; the verify wrote K/V for the last context token and the kept drafts.
+      const int acc = std::min(kept, row.accepted);
+      if (r.params.return_spec_trace)
+        r.spec_trace.push_back({std::vector<int32_t>(res.drafts.begin() + row.draft_first,
+                                                     res.drafts.begin() + row.draft_first + row.draft_count),
+                                acc});
+      r.num_computed += 1 + acc;
+      ++spec_verify_steps_;
+      spec_accepted_tokens_ += acc + 1;
+      kv->commit(r.tokens.data(), r.num_computed, r.block_table, r.block_hashes);
+    }
+    if (why != FinishReason::none) finish(r, why, ev);
+    else emit(r, ev);
+    if (spec) {
+      if (r.terminal()) r.spec_slot.reset();
+      else r.spec_next = row.spec_next;
+    }
+  }
+  if (!itl_.empty()) {
+    std::lock_guard<std::mutex> lk(metrics_mu_);
+    for (double v : itl_) metrics_.itl_s.observe(v);
+  }
+}
+
+FinishReason EngineImpl::push_token(Request& r, int32_t t, const TokenLogprob* lp, StreamEvent& ev,
+                                    Clock::time_point now) {
   if (!r.has_first_token) {
     r.has_first_token = true;
     r.first_token = now;
     ev.ttft_s = secs(now - r.submitted);
   } else {
-    std::lock_guard<std::mutex> lk(metrics_mu_);
-    metrics_.itl_s.observe(secs(now - r.last_token));
+    itl_.push_back(secs(now - r.last_token));
   }
   r.last_token = now;
   r.tokens.push_back(t);
   ev.tokens.push_back(t);
   if (lp) ev.logprobs.push_back(*lp);
   const GenerateParams& p = r.params;
+  // Token-level stops only: stop strings are the consumer's (server::OutputProcessor), which
+  // ends the request through Stream::request_stop.
   bool stop_id = (!p.ignore_eos && eos.count(t)) || std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), t) != p.stop_token_ids.end();
-  if (!stop_id) r.text += r.detok->push(t);
-  if (!p.stop.empty()) {
-    size_t best = std::string::npos;
-    for (auto& s : p.stop) {
-      if (s.empty()) continue;
-      size_t from = r.text_emitted >= s.size() ? r.text_emitted - s.size() + 1 : 0;
-      size_t pos = r.text.find(s, from);
-      if (pos < best) best = pos;
-    }
-    if (best != std::string::npos) {
-      r.text.resize(best);
-      finish(r, FinishReason::stop, ev);
-      return true;
-    }
-  }
-  if (stop_id) {
-    finish(r, FinishReason::stop, ev);
-    return true;
-  }
-  if (r.num_generated() >= p.max_tokens || int64_t(r.tokens.size()) >= context_len) {
-    finish(r, FinishReason::length, ev);
-    return true;
-  }
-  return false;
+  if (stop_id) return FinishReason::stop;
+  if (r.num_generated() >= p.max_tokens || int64_t(r.tokens.size()) >= context_len) return FinishReason::length;
+  return FinishReason::none;
 }
 
 void EngineImpl::finish(Request& r, FinishReason why, StreamEvent& ev) {
-  if (!r.terminal()) r.to(state::Finished{why});
+  if (!r.terminal())
+    r.transit<state::Prefilling, state::Decoding>(state::Finished{why});
   ev.finished = true;
   ev.reason = why;
   for (auto& it : r.spec_trace) ev.spec_trace.emplace_back(it.drafts, it.accepted);
-  if (why != FinishReason::stop || r.params.stop.empty()) r.text += r.detok->flush();
   {
     // Counted before the final event goes out: a client that reads /metrics after its
     // response sees its own request.
@@ -446,21 +441,9 @@ void EngineImpl::finish(Request& r, FinishReason why, StreamEvent& ev) {
   emit(r, ev);
 }
 
-// Sends what is new since the last event. Text that could still become a stop string is held
-// back (cut to a UTF-8 boundary) until the next token decides.
+// Sends the ids new since the last event (text is the consumer's: StreamEvent).
 void EngineImpl::emit(Request& r, StreamEvent& ev) {
   if (ev.tokens.empty() && !ev.finished) return;
-  size_t end = r.text.size();
-  if (!ev.finished && !r.params.stop.empty()) {
-    size_t hold = 0;
-    for (auto& s : r.params.stop) hold = std::max(hold, s.size() - 1);
-    end = end > hold ? end - hold : 0;
-    while (end > r.text_emitted && end < r.text.size() && (static_cast<unsigned char>(r.text[end]) & 0xC0) == 0x80) --end;
-  }
-  if (end > r.text_emitted) {
-    ev.text = r.text.substr(r.text_emitted, end - r.text_emitted);
-    r.text_emitted = end;
-  }
   ev.prompt_tokens = r.prompt_len;
   ev.completion_tokens = r.num_generated();
   ev.cached_tokens = r.cached_tokens;
@@ -477,8 +460,8 @@ void EngineImpl::update_metrics(double host_us) {
   metrics_.prefix_hit_rate = metrics_.prompt_tokens ? double(metrics_.cached_prompt_tokens) / double(metrics_.prompt_tokens) : 0;
   metrics_.retractions = sched->retractions();
   if (spec) {
-    metrics_.spec_verify_steps = spec->verify_steps();
-    metrics_.spec_accepted_tokens = spec->accepted_tokens();
+    metrics_.spec_verify_steps = spec_verify_steps_;
+    metrics_.spec_accepted_tokens = spec_accepted_tokens_;
     metrics_.spec_fixed_steps = spec->fixed_steps();
     metrics_.spec_graph_steps = spec->graph_steps();
     metrics_.spec_timed_steps = spec->timed_steps();

@@ -42,6 +42,7 @@ struct GenerateParams {
   std::vector<int32_t> stop_token_ids;  // extra stop ids (the id itself is not emitted as text)
   bool ignore_eos = false;
   int logprobs = -1;                    // -1: none; k >= 0: sampled token + top-k
+  bool return_spec_trace = false;       // speculative decoding: send each verify's drafts (StreamEvent::spec_trace)
 };
 
 struct TokenLogprob {
@@ -50,17 +51,21 @@ struct TokenLogprob {
   std::vector<std::pair<int32_t, float>> top;  // top-k (id, logprob), best first
 };
 
-// One event from the engine to the client: new tokens/text, then a final event.
+// One event from the engine to the client: new token ids, then a final event. The engine sends
+// ids only (it never detokenises or searches stop strings); `text` is filled on the consumer's
+// side by the filter it installed on the Stream (server::attach_output_processor: detok, stop
+// strings, hold-back), on the consumer's thread.
 struct StreamEvent {
-  std::vector<int32_t> tokens;   // ids emitted in this step (after stop truncation)
-  std::string text;              // their text delta (UTF-8 safe, stop strings removed)
+  std::vector<int32_t> tokens;   // ids emitted in this step (after the engine's token-level stops)
+  std::string text;              // consumer side: their text delta (UTF-8 safe, stop strings removed)
   std::vector<TokenLogprob> logprobs;  // one per token when requested
   bool finished = false;
   FinishReason reason = FinishReason::none;
   std::string error;             // set if the request failed inside the engine
   int prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
   double ttft_s = 0;             // on the first event: seconds from submit to first token
-  // On the final event with speculative decoding: each verify step's drafts and accepted count.
+  // On the final event with speculative decoding and GenerateParams::return_spec_trace: each
+  // verify step's drafts and accepted count.
   std::vector<std::pair<std::vector<int32_t>, int>> spec_trace;
 };
 
@@ -69,6 +74,11 @@ struct StreamEvent {
 // a notifier and drain with try_pop() from their own thread.
 class Stream {
  public:
+  // Consumer-side processing of every event, run inside pop()/try_pop() on the consumer's
+  // thread before the event is returned (detokenisation, stop strings). Install it before the
+  // first pop; it may call request_stop()/cancel() on this Stream.
+  using Filter = std::function<void(StreamEvent&)>;
+  void set_filter(Filter f) { filter_ = std::move(f); }
   void push(StreamEvent ev);
   // Waits up to timeout_ms; returns false on timeout. Events arrive in order; the last one
   // has finished == true.
@@ -92,6 +102,7 @@ class Stream {
   std::condition_variable cv_;
   std::deque<StreamEvent> q_;
   std::function<void()> notify_;
+  Filter filter_;  // consumer thread only
   std::atomic<bool> cancelled_{false}, stop_requested_{false};
 };
 

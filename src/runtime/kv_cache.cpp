@@ -39,6 +39,8 @@ int32_t KvCache::take_block() {
 
 void KvCache::unref(int32_t id) {
   Block& b = blocks_[size_t(id)];
+  // A second release of the same reference would put the block on the free list twice.
+  TS_CHECK(b.ref > 0, "KvCache: block {} released with no reference held (double free)", id);
   if (--b.ref > 0) return;
   if (b.hashed && prefix_) {
     b.lru_it = lru_.insert(lru_.end(), id);
@@ -117,6 +119,25 @@ void KvCache::truncate(std::vector<int32_t>& table, std::vector<uint64_t>& hashe
   }
   size_t full = size_t(num_tokens / block_size_);
   if (hashes.size() > full) hashes.resize(full);
+}
+
+void KvCache::check() const {
+  std::vector<int> seen(blocks_.size(), 0);
+  for (int32_t id : free_) {
+    TS_CHECK(blocks_[size_t(id)].ref == 0 && !blocks_[size_t(id)].in_lru, "KvCache: free block {} is in use", id);
+    ++seen[size_t(id)];
+  }
+  for (int32_t id : lru_) {
+    TS_CHECK(blocks_[size_t(id)].ref == 0 && blocks_[size_t(id)].in_lru, "KvCache: cached block {} is in use", id);
+    ++seen[size_t(id)];
+  }
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    TS_CHECK(blocks_[i].ref >= 0, "KvCache: block {} has {} references", i, blocks_[i].ref);
+    if (blocks_[i].ref > 0) ++seen[i];
+    TS_CHECK(seen[i] == 1, "KvCache: block {} is on {} of the free/cached/referenced lists", i, seen[i]);
+  }
+  for (auto& [h, id] : by_hash_)
+    TS_CHECK(blocks_[size_t(id)].hashed && blocks_[size_t(id)].hash == h, "KvCache: hash index names block {} wrongly", id);
 }
 
 }  // namespace ts

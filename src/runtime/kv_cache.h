@@ -4,6 +4,7 @@
 // later requests reuse those blocks instead of recomputing them. Blocks nobody references stay
 // cached on an LRU list and are evicted only when the pool runs dry.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <list>
 #include <unordered_map>
@@ -38,6 +39,12 @@ class KvCache {
   void truncate(std::vector<int32_t>& table, std::vector<uint64_t>& hashes, int64_t num_tokens);
 
   static uint64_t hash_block(const int32_t* tokens, int n, uint64_t parent);
+
+  // Tests and simulations: references held on block `id`, and a full consistency check (every
+  // block is exactly one of free, cached-unreferenced on the LRU, or referenced; the hash index
+  // names only hashed blocks). Throws on a violation. O(blocks).
+  int32_t refs(int32_t id) const { return blocks_[size_t(id)].ref; }
+  void check() const;
 
  private:
   struct Block {

@@ -20,23 +20,15 @@ const char* state_name(const RequestState& s) {
 }
 
 bool transition_allowed(const RequestState& from, const RequestState& to) {
-  using namespace state;
-  if (std::holds_alternative<Finished>(from) || std::holds_alternative<Aborted>(from)) return false;
-  if (std::holds_alternative<Aborted>(to)) return true;
-  switch (from.index()) {
-    case 0: return std::holds_alternative<Prefilling>(to);                        // Waiting
-    case 1: return std::holds_alternative<Decoding>(to) || std::holds_alternative<Finished>(to) ||
-                   std::holds_alternative<Retracted>(to);                         // Prefilling
-    case 2: return std::holds_alternative<Finished>(to) || std::holds_alternative<Retracted>(to);  // Decoding
-    case 3: return std::holds_alternative<Waiting>(to);                           // Retracted
-  }
-  return false;
+  return std::visit(
+      [](const auto& f, const auto& t) {
+        return transition_allowed_v<std::decay_t<decltype(f)>, std::decay_t<decltype(t)>>();
+      },
+      from, to);
 }
 
-void Request::to(RequestState next) {
-  TS_CHECK(transition_allowed(state, next), "request {}: illegal transition {} -> {}", id, state_name(state),
-           state_name(next));
-  state = std::move(next);
+void Request::bad_transition(const char* to) const {
+  throw Error(fmt::format("request {}: illegal transition {} -> {}", id, state_name(state), to));
 }
 
 void Histogram::observe(double v) {
@@ -60,18 +52,24 @@ void Stream::push(StreamEvent ev) {
 }
 
 bool Stream::pop(StreamEvent& ev, int timeout_ms) {
-  std::unique_lock<std::mutex> lk(mu_);
-  if (!cv_.wait_for(lk, std::chrono::milliseconds(timeout_ms), [&] { return !q_.empty(); })) return false;
-  ev = std::move(q_.front());
-  q_.pop_front();
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (!cv_.wait_for(lk, std::chrono::milliseconds(timeout_ms), [&] { return !q_.empty(); })) return false;
+    ev = std::move(q_.front());
+    q_.pop_front();
+  }
+  if (filter_) filter_(ev);  // outside the lock: the engine's pushes never wait for text work
   return true;
 }
 
 bool Stream::try_pop(StreamEvent& ev) {
-  std::lock_guard<std::mutex> lk(mu_);
-  if (q_.empty()) return false;
-  ev = std::move(q_.front());
-  q_.pop_front();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (q_.empty()) return false;
+    ev = std::move(q_.front());
+    q_.pop_front();
+  }
+  if (filter_) filter_(ev);
   return true;
 }
 

@@ -4,11 +4,15 @@
 //   Decoding|Prefilling -> Retracted -> Waiting   (preempted when KV blocks run out; its tokens
 //                                                  are recomputed, reusing cached prefix blocks)
 //   any non-terminal state -> Aborted             (client gone, error)
-// An illegal transition throws; it never silently continues.
+// Transitions are made with Request::transit<From...>(To{}): a (From, To) pair the table below
+// forbids does not compile; the runtime check is only that the request is in one of the
+// named From states (it throws otherwise, never silently continues). The scheduler names the
+// admissions and retractions of a plan; Engine::apply_plan/apply make every transition.
 #pragma once
 #include <chrono>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -32,7 +36,22 @@ struct Aborted {
 using RequestState = std::variant<state::Waiting, state::Prefilling, state::Decoding, state::Retracted,
                                   state::Finished, state::Aborted>;
 
+// The transition table, at compile time.
+template <class From, class To>
+constexpr bool transition_allowed_v() {
+  using namespace state;
+  if constexpr (std::is_same_v<From, Finished> || std::is_same_v<From, Aborted>) return false;  // terminal
+  else if constexpr (std::is_same_v<To, Aborted>) return true;
+  else if constexpr (std::is_same_v<From, Waiting>) return std::is_same_v<To, Prefilling>;
+  else if constexpr (std::is_same_v<From, Prefilling>)
+    return std::is_same_v<To, Decoding> || std::is_same_v<To, Finished> || std::is_same_v<To, Retracted>;
+  else if constexpr (std::is_same_v<From, Decoding>) return std::is_same_v<To, Finished> || std::is_same_v<To, Retracted>;
+  else if constexpr (std::is_same_v<From, Retracted>) return std::is_same_v<To, Waiting>;
+  else return false;
+}
+
 const char* state_name(const RequestState& s);
+// The same table at run time (tests; diagnostics).
 bool transition_allowed(const RequestState& from, const RequestState& to);
 
 using Clock = std::chrono::steady_clock;
@@ -55,11 +74,7 @@ struct Request {
   std::shared_ptr<const int> state_slot;
   uint64_t seed = 0;
 
-  // Text and stop-string state (the engine emits text deltas that never split UTF-8).
-  std::string text;             // generated text so far (special tokens skipped)
-  size_t text_emitted = 0;      // bytes of `text` already sent
   int tokens_emitted = 0;       // generated tokens already sent
-  std::shared_ptr<tok::StreamDecoder> detok;
 
   Clock::time_point submitted, first_token, last_token;
   bool has_first_token = false;
@@ -81,7 +96,23 @@ struct Request {
   template <typename S>
   bool is() const { return std::holds_alternative<S>(state); }
   bool terminal() const { return is<state::Finished>() || is<state::Aborted>(); }
-  void to(RequestState next);
+  // Moves from one of the states From... to `next`. Every (From, To) pair must be in the table
+  // (static_assert); throws when the request is in none of the From states.
+  template <class... From, class To>
+  void transit(To next) {
+    static_assert(sizeof...(From) > 0, "name the states the transition leaves");
+    static_assert((transition_allowed_v<From, To>() && ...), "illegal request state transition");
+    if (!(is<From>() || ...)) bad_transition(state_name(RequestState(next)));
+    state = std::move(next);
+  }
+  // Any live state -> Aborted (no-op on a terminal request).
+  void abort(std::string why) {
+    if (!terminal())
+      transit<state::Waiting, state::Prefilling, state::Decoding, state::Retracted>(state::Aborted{std::move(why)});
+  }
+
+ private:
+  [[noreturn]] void bad_transition(const char* to) const;
 };
 
 }  // namespace ts

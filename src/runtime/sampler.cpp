@@ -8,19 +8,22 @@
 
 namespace ts {
 
-void apply_penalties(float* l, int64_t vocab, const Request& r) {
+void apply_penalties(float* l, int64_t vocab, const Request& r, const int32_t* extra, size_t n_extra) {
   const GenerateParams& p = r.params;
   if (p.repetition_penalty != 1.0f) {
     // HF/vLLM semantics: every token seen in prompt or output is penalised once.
     std::vector<bool> seen(size_t(vocab), false);
     for (int32_t t : r.tokens)
       if (t >= 0 && t < vocab) seen[size_t(t)] = true;
+    for (size_t i = 0; i < n_extra; ++i)
+      if (extra[i] >= 0 && extra[i] < vocab) seen[size_t(extra[i])] = true;
     for (int64_t i = 0; i < vocab; ++i)
       if (seen[size_t(i)]) l[i] = l[i] > 0 ? l[i] / p.repetition_penalty : l[i] * p.repetition_penalty;
   }
   if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
     std::unordered_map<int32_t, int> count;
     for (size_t i = size_t(r.prompt_len); i < r.tokens.size(); ++i) ++count[r.tokens[i]];
+    for (size_t i = 0; i < n_extra; ++i) ++count[extra[i]];
     for (auto& [t, c] : count)
       if (t >= 0 && t < vocab) l[t] -= p.frequency_penalty * float(c) + p.presence_penalty;
   }
@@ -72,34 +75,35 @@ bool needs_host_logits(const Request& r) {
   return p.logprobs >= 0 || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
 }
 
-void sample_batch(Tensor& logits, const std::vector<Request*>& reqs, std::vector<SampleResult>& out) {
+void sample_batch(Tensor& logits, const std::vector<const Request*>& reqs, std::vector<SampleResult>& out) {
   int64_t n = int64_t(reqs.size()), vocab = logits.size(-1);
+  // Engine-thread scratch, reused every step.
+  thread_local std::vector<ops::SamplingRow> rows;
+  thread_local std::vector<int32_t> ids;
+  rows.clear();
   if (logits.device != Device::cpu) {
-    std::vector<ops::SamplingRow> rows;
-    for (Request* r : reqs) {
+    for (const Request* r : reqs) {
       TS_CHECK(!needs_host_logits(*r), "sample_batch: request {} needs host logits", r->id);
       rows.push_back(sampling_row(*r));
     }
-    std::vector<int32_t> ids;
     ops::sample(logits, rows, ids);
     out.resize(size_t(n));
     for (int64_t i = 0; i < n; ++i) out[size_t(i)].token = ids[size_t(i)];
     return;
   }
   out.resize(size_t(n));
-  std::vector<ops::SamplingRow> rows(static_cast<size_t>(n));
+  rows.resize(size_t(n));
   // Logprobs are the model's own (pre-penalty, pre-temperature: vLLM's raw logprobs, and what
   // the speculative path reports): rows that want them keep a raw copy before the penalties.
   thread_local std::vector<std::vector<float>> raw;
   raw.resize(size_t(n));
   for (int64_t i = 0; i < n; ++i) {
-    Request& r = *reqs[size_t(i)];
+    const Request& r = *reqs[size_t(i)];
     float* row = logits.ptr<float>() + i * logits.row_stride();
     if (r.params.logprobs >= 0) raw[size_t(i)].assign(row, row + vocab);
     apply_penalties(row, vocab, r);
     rows[size_t(i)] = sampling_row(r);
   }
-  std::vector<int32_t> ids;
   ops::sample(logits, rows, ids);
   for (int64_t i = 0; i < n; ++i) {
     out[size_t(i)].token = ids[size_t(i)];

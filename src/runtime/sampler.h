@@ -20,7 +20,7 @@ ops::SamplingRow sampling_row(const Request& r);
 bool needs_host_logits(const Request& r);
 // logits: f32 [N, V] (host, modified in place by penalties; or on the device when no request
 // needs host logits); reqs[i] owns row i.
-void sample_batch(Tensor& logits, const std::vector<Request*>& reqs, std::vector<SampleResult>& out);
+void sample_batch(Tensor& logits, const std::vector<const Request*>& reqs, std::vector<SampleResult>& out);
 
 // log-softmax value of `id` and the top-k (id, logprob), from raw logits of one row.
 TokenLogprob token_logprob(const float* logits, int64_t vocab, int32_t id, int k);
@@ -30,7 +30,8 @@ TokenLogprob token_logprob(const float* logits, int64_t vocab, int32_t id, int k
 // removed (max(p - q, 0) renormalised). The result is distributed exactly as p.
 int32_t verify_draft_token(std::vector<float>& p, int32_t draft, uint64_t seed, uint64_t counter, bool& accepted);
 
-// Applies the request's penalties to one logits row.
-void apply_penalties(float* logits, int64_t vocab, const Request& r);
+// Applies the request's penalties to one logits row; `extra` [n_extra] are tokens generated
+// after r.tokens that count as output too (a speculative run accepted so far this step).
+void apply_penalties(float* logits, int64_t vocab, const Request& r, const int32_t* extra = nullptr, size_t n_extra = 0);
 
 }  // namespace ts

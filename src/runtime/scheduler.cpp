@@ -12,30 +12,32 @@ void Scheduler::release(Request& r) {
   r.state_slot.reset();  // a retracted request restarts from position 0, with fresh state
 }
 
-void Scheduler::retract_at(size_t idx) {
+void Scheduler::retract_at(size_t idx, StepPlan& plan) {
   std::shared_ptr<Request> rp = running_[idx];
   Request& r = *rp;
   release(r);
   r.num_computed = 0;
   r.spec_next = -1;
-  r.to(state::Retracted{});
-  r.to(state::Waiting{});
+  plan.retracted.push_back(&r);  // the engine moves it Retracted -> Waiting
   waiting_.push_front(rp);
   running_.erase(running_.begin() + long(idx));
   ++retractions_;
 }
 
-bool Scheduler::retract_newest(size_t after) {
+bool Scheduler::retract_newest(size_t after, StepPlan& plan) {
   for (size_t j = running_.size(); j-- > after + 1;) {
     if (running_[j]->terminal()) continue;
-    retract_at(j);
+    retract_at(j, plan);
     return true;
   }
   return false;
 }
 
-std::vector<ScheduledChunk> Scheduler::schedule(std::vector<std::shared_ptr<Request>>& rejected) {
-  std::vector<ScheduledChunk> out;
+void Scheduler::plan(StepPlan& plan) {
+  plan.clear();
+  std::vector<ScheduledChunk>& out = plan.chunks;
+  std::vector<std::shared_ptr<Request>>& rejected = plan.rejected;
+  const int64_t avail0 = kv_.available_blocks();
   int budget = opts_.token_budget;
   // 1. Decodes, oldest first. A decode that cannot get a block retracts the newest request.
   for (size_t i = 0; i < running_.size(); ++i) {
@@ -45,8 +47,8 @@ std::vector<ScheduledChunk> Scheduler::schedule(std::vector<std::shared_ptr<Requ
     int64_t need = int64_t(r.num_computed) + opts_.decode_tokens + opts_.extra_decode_slots;
     bool self_retracted = false;
     while (!kv_.ensure(r.block_table, need)) {
-      if (!retract_newest(i)) {  // nothing newer to preempt: r itself waits
-        retract_at(i);
+      if (!retract_newest(i, plan)) {  // nothing newer to preempt: r itself waits
+        retract_at(i, plan);
         self_retracted = true;
         break;
       }
@@ -87,12 +89,12 @@ std::vector<ScheduledChunk> Scheduler::schedule(std::vector<std::shared_ptr<Requ
       r.cached_tokens = std::min(cached, r.prompt_len);
       r.admitted_once = true;
     }
-    r.to(state::Prefilling{});
+    plan.admitted.push_back(&r);  // the engine moves it Waiting -> Prefilling
     running_.push_back(rp);
     out.push_back({&r, n});
     budget -= n;
   }
-  return out;
+  plan.blocks_allocated = avail0 - kv_.available_blocks();  // net of blocks retractions freed
 }
 
 void Scheduler::reap() {
@@ -103,6 +105,15 @@ void Scheduler::reap() {
   };
   running_.erase(std::remove_if(running_.begin(), running_.end(), done), running_.end());
   waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(), done), waiting_.end());
+}
+
+void apply_plan_transitions(const StepPlan& plan) {
+  // Retractions first: a request retracted by this plan may have been admitted again by it.
+  for (Request* r : plan.retracted) {
+    r->transit<state::Decoding, state::Prefilling>(state::Retracted{});
+    r->transit<state::Retracted>(state::Waiting{});
+  }
+  for (Request* r : plan.admitted) r->transit<state::Waiting>(state::Prefilling{});
 }
 
 }  // namespace ts

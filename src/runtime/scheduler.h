@@ -14,13 +14,9 @@
 
 #include "runtime/kv_cache.h"
 #include "runtime/request.h"
+#include "runtime/step.h"
 
 namespace ts {
-
-struct ScheduledChunk {
-  Request* req;
-  int num_tokens;  // tokens of req->tokens to compute, from req->num_computed
-};
 
 struct SchedulerOptions {
   int token_budget = 8192;
@@ -33,9 +29,11 @@ class Scheduler {
  public:
   Scheduler(KvCache& kv, SchedulerOptions opts) : kv_(kv), opts_(opts) {}
   void add(std::shared_ptr<Request> r) { waiting_.push_back(std::move(r)); }
-  // Builds the next step. Requests it cannot ever serve are returned in `rejected` (aborted by
-  // the caller with a message).
-  std::vector<ScheduledChunk> schedule(std::vector<std::shared_ptr<Request>>& rejected);
+  // Builds the next step into `plan` (cleared first; its vectors are reused). Requests it can
+  // never serve go to plan.rejected (the engine aborts them with a message). Block bookkeeping
+  // (allocation, prefix matches, retraction) happens here; the FSM transitions it makes are
+  // Waiting -> Prefilling (admission) and Decoding|Prefilling -> Retracted -> Waiting.
+  void plan(StepPlan& plan);
   // Removes finished/aborted requests from the running set and releases their blocks.
   void reap();
   void release(Request& r);
@@ -46,8 +44,8 @@ class Scheduler {
 
  private:
   // Retracts the newest running request admitted after index `after` (none: returns false).
-  bool retract_newest(size_t after);
-  void retract_at(size_t idx);
+  bool retract_newest(size_t after, StepPlan& plan);
+  void retract_at(size_t idx, StepPlan& plan);
   void commit(Request& r);
 
   KvCache& kv_;
@@ -56,5 +54,9 @@ class Scheduler {
   std::deque<std::shared_ptr<Request>> waiting_;
   int64_t retractions_ = 0;
 };
+
+// The FSM transitions a plan implies (retracted: -> Retracted -> Waiting; admitted: Waiting ->
+// Prefilling). Engine::apply_plan calls it right after plan(); simulations call it directly.
+void apply_plan_transitions(const StepPlan& plan);
 
 }  // namespace ts

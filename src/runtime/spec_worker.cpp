@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <mutex>
 
@@ -131,7 +132,7 @@ std::vector<int> SpecWorker::capture_layers_for(const EngineOptions& o, const io
   return layers;
 }
 
-SpecWorker::SpecWorker(const EngineOptions& o, ModelRunner& target, KvCache& kv) : target_(target), kv_(kv) {
+SpecWorker::SpecWorker(const EngineOptions& o, ModelRunner& target) : target_(target) {
   TS_CHECK(o.speculative_algorithm == "EAGLE3" || o.speculative_algorithm == "eagle3",
            "--speculative-algorithm {} is not supported (supported: EAGLE3)", o.speculative_algorithm);
   TS_CHECK(!o.speculative_draft_model_path.empty(), "--speculative-algorithm EAGLE3 needs --speculative-draft-model-path");
@@ -166,8 +167,10 @@ SpecWorker::SpecWorker(const EngineOptions& o, ModelRunner& target, KvCache& kv)
 
 SpecWorker::~SpecWorker() = default;
 
-int SpecWorker::slot_of(Request& r) {
-  if (!r.spec_slot) r.spec_slot = FreeSlots::take(free_slots_);
+std::shared_ptr<const int> SpecWorker::acquire_slot() { return FreeSlots::take(free_slots_); }
+
+int SpecWorker::slot_of(const Request& r) const {
+  TS_CHECK(r.spec_slot, "EAGLE3: request {} runs without a draft-state slot", r.id);
   return *r.spec_slot;
 }
 
@@ -180,7 +183,7 @@ static int32_t argmax(const float* l, int64_t v) {
 
 // Draft steps 1..N-1 for all decoding requests at once: step s feeds draft token s at
 // position n_ctx + s - 1 with the previous step's hidden r.
-void SpecWorker::draft_loop(const std::vector<Request*>& decodes, std::vector<std::vector<int32_t>>& drafts) {
+void SpecWorker::draft_loop(const std::vector<const Request*>& decodes, std::vector<std::vector<int32_t>>& drafts) {
   const int steps = n_ - 1;
   const int64_t H = draft_->hidden(), B = int64_t(decodes.size());
   drafts.assign(decodes.size(), {});
@@ -192,7 +195,7 @@ void SpecWorker::draft_loop(const std::vector<Request*>& decodes, std::vector<st
   std::vector<SeqChunk> chunks(decodes.size());
   for (int s = 1; s < steps; ++s) {
     for (size_t i = 0; i < decodes.size(); ++i) {
-      Request& q = *decodes[i];
+      const Request& q = *decodes[i];
       ids[i] = drafts[i].back();
       chunks[i] = {&ids[i], 1, q.num_computed + s - 1, &q.block_table, SeqChunk::Logits::last};
       Tensor hrow = h.slice_rows(int64_t(i), int64_t(i) + 1);
@@ -210,50 +213,56 @@ void SpecWorker::draft_loop(const std::vector<Request*>& decodes, std::vector<st
   }
 }
 
-int SpecWorker::accept(Request& r, const std::vector<int32_t>& drafts, const float* logits, int64_t vocab, const PushFn& push,
-                       const EmitFn& emit) {
-  StreamEvent ev;
-  std::vector<float> row(static_cast<size_t>(vocab)), p;
+int SpecWorker::accept(const Request& r, const int32_t* drafts, int num_drafts, const float* logits, int64_t vocab,
+                       StepResult& out, RowResult& row) {
+  std::vector<float>& buf = accept_row_;
+  std::vector<float>& p = accept_p_;
+  buf.resize(size_t(vocab));
+  const bool want_lp = r.params.logprobs >= 0;
+  row.first = int(out.tokens.size());
+  row.count = 0;
+  row.lp_first = want_lp ? int(out.logprobs.size()) : -1;
+  row.draft_first = int(out.drafts.size());
+  row.draft_count = num_drafts;
+  out.drafts.insert(out.drafts.end(), drafts, drafts + num_drafts);
   int acc = 0;
-  // Recorded before the tokens are pushed: a stop inside the run sends the final event (and
-  // the trace with it) from within push().
-  r.spec_trace.push_back({drafts, 0});
-  for (size_t j = 0; j <= drafts.size(); ++j) {
-    std::copy(logits + int64_t(j) * vocab, logits + int64_t(j + 1) * vocab, row.begin());
-    TokenLogprob lp;
-    apply_penalties(row.data(), vocab, r);  // sees every token accepted so far, like plain decoding
-    uint64_t ctr = uint64_t(r.num_generated());
+  for (int j = 0; j <= num_drafts; ++j) {
+    std::copy(logits + int64_t(j) * vocab, logits + int64_t(j + 1) * vocab, buf.begin());
+    // Penalties see every token accepted so far, like plain decoding.
+    apply_penalties(buf.data(), vocab, r, out.tokens.data() + row.first, size_t(row.count));
+    uint64_t ctr = uint64_t(r.num_generated() + j);
     ops::SamplingRow sp{r.params.temperature, r.params.top_k, r.params.top_p, r.params.min_p, r.seed, ctr};
     int32_t tok;
     bool is_draft = false;
     if (r.params.temperature <= 0.0f) {
-      tok = argmax(row.data(), vocab);
-      is_draft = j < drafts.size() && tok == drafts[j];
+      tok = argmax(buf.data(), vocab);
+      is_draft = j < num_drafts && tok == drafts[j];
     } else {
-      ops::cpu::sampling_probs(row.data(), vocab, sp, p);
-      if (j < drafts.size()) {
+      ops::cpu::sampling_probs(buf.data(), vocab, sp, p);
+      if (j < num_drafts) {
         tok = verify_draft_token(p, drafts[j], r.seed, ctr, is_draft);
       } else {
         std::vector<int32_t> one;
-        Tensor lt = Tensor::from_blob(row.data(), {1, vocab}, DType::f32, Device::cpu);
+        Tensor lt = Tensor::from_blob(buf.data(), {1, vocab}, DType::f32, Device::cpu);
         ops::cpu::sample(lt, {sp}, one);  // all drafts accepted: the bonus is a plain sample
         tok = one[0];
       }
     }
-    if (r.params.logprobs >= 0) lp = token_logprob(logits + int64_t(j) * vocab, vocab, tok, r.params.logprobs);
-    if (is_draft) r.spec_trace.back().accepted = ++acc;
-    bool done = push(r, tok, r.params.logprobs >= 0 ? &lp : nullptr, ev);
-    if (done || !is_draft) break;
+    if (want_lp) out.logprobs.push_back(token_logprob(logits + int64_t(j) * vocab, vocab, tok, r.params.logprobs));
+    out.tokens.push_back(tok);
+    ++row.count;
+    if (!is_draft) break;
+    ++acc;
   }
-  emit(r, ev);
+  row.accepted = acc;
   return acc;
 }
 
-double SpecWorker::mixed_step(const std::vector<ScheduledChunk>& chunks, const PushFn& push, const EmitFn& emit) {
+double SpecWorker::mixed_step(const StepPlan& plan, const std::vector<size_t>& rows, StepResult& out) {
   double t0 = now_s();
-  std::vector<Request*> decodes;
-  for (auto& c : chunks)
-    if (c.req->is<state::Decoding>()) decodes.push_back(c.req);
+  std::vector<const Request*> decodes;
+  for (size_t k : rows)
+    if (plan.chunks[k].req->is<state::Decoding>()) decodes.push_back(plan.chunks[k].req.get());
   // 1. Draft tokens for every decoding request.
   std::vector<std::vector<int32_t>> drafts;
   draft_loop(decodes, drafts);
@@ -263,9 +272,9 @@ double SpecWorker::mixed_step(const std::vector<ScheduledChunk>& chunks, const P
   std::vector<SeqChunk> seq;
   verify_ids_.resize(decodes.size());
   size_t di = 0;
-  std::vector<Request*> prefill_sample;
-  for (auto& c : chunks) {
-    Request& r = *c.req;
+  for (size_t k : rows) {
+    const Request& r = *plan.chunks[k].req;
+    const int num = plan.chunks[k].num_tokens;
     if (r.is<state::Decoding>()) {
       auto& v = verify_ids_[di];
       v.assign(1, r.tokens.back());
@@ -273,10 +282,9 @@ double SpecWorker::mixed_step(const std::vector<ScheduledChunk>& chunks, const P
       seq.push_back({v.data(), int(v.size()), r.num_computed, &r.block_table, SeqChunk::Logits::all});
       ++di;
     } else {
-      bool last = r.num_computed + c.num_tokens == int(r.tokens.size());
-      seq.push_back({r.tokens.data() + r.num_computed, c.num_tokens, r.num_computed, &r.block_table,
+      bool last = r.num_computed + num == int(r.tokens.size());
+      seq.push_back({r.tokens.data() + r.num_computed, num, r.num_computed, &r.block_table,
                      last ? SeqChunk::Logits::last : SeqChunk::Logits::none});
-      if (last) prefill_sample.push_back(&r);
     }
   }
   double f0 = now_s();
@@ -284,64 +292,67 @@ double SpecWorker::mixed_step(const std::vector<ScheduledChunk>& chunks, const P
   fwd += now_s() - f0;
   Tensor aux = target_.last_aux();
   const int64_t vocab = logits.size(1);
-  // 3. Acceptance (decodes) and first-token sampling (completed prefills), in chunk order.
-  std::vector<int> accepted(chunks.size(), -1);
-  std::vector<int> ctx_before(chunks.size());
+  // 3. Acceptance (decodes) and first-token sampling (completed prefills), in row order.
   int64_t lrow = 0;
   std::vector<SampleResult> samples;
-  size_t vi = 0;
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    Request& r = *chunks[i].req;
-    ctx_before[i] = r.num_computed;
+  di = 0;
+  for (size_t k : rows) {
+    const Request& r = *plan.chunks[k].req;
+    RowResult& row = out.rows[k];
     if (r.is<state::Decoding>()) {
-      const auto& v = verify_ids_[vi++];
-      std::vector<int32_t> d(v.begin() + 1, v.end());
-      int acc = accept(r, d, logits.ptr<float>() + lrow * vocab, vocab, push, emit);
+      const auto& v = verify_ids_[di++];
+      accept(r, v.data() + 1, int(v.size()) - 1, logits.ptr<float>() + lrow * vocab, vocab, out, row);
       lrow += int64_t(v.size());
-      accepted[i] = acc;
-      r.num_computed += 1 + acc;
-      ++verify_steps_;
-      accepted_tokens_ += acc + 1;
-    } else {
-      r.num_computed += chunks[i].num_tokens;
-      if (r.num_computed == int(r.tokens.size())) {
-        Tensor row = logits.slice_rows(lrow, lrow + 1);
-        std::vector<Request*> one{&r};
-        sample_batch(row, one, samples);
-        ++lrow;
-        r.to(state::Decoding{});
-        StreamEvent ev;
-        push(r, samples[0].token, r.params.logprobs >= 0 ? &samples[0].logprob : nullptr, ev);
-        emit(r, ev);
+    } else if (r.num_computed + plan.chunks[k].num_tokens == int(r.tokens.size())) {
+      Tensor lrow_t = logits.slice_rows(lrow, lrow + 1);
+      std::vector<const Request*> one{&r};
+      sample_batch(lrow_t, one, samples);
+      ++lrow;
+      row.first = int(out.tokens.size());
+      row.count = 1;
+      out.tokens.push_back(samples[0].token);
+      if (r.params.logprobs >= 0) {
+        row.lp_first = int(out.logprobs.size());
+        out.logprobs.push_back(samples[0].logprob);
       }
     }
-    kv_.commit(r.tokens.data(), r.num_computed, r.block_table, r.block_hashes);
   }
   // 4. One draft forward: catch-up over verified positions (ids = accepted drafts + bonus,
-  //    hidden = verify aux rows) and the draft prefill of prefill chunks (ids shifted by one).
+  //    hidden = verify aux rows) and the draft prefill of prefill chunks (ids shifted by one:
+  //    draft entry p pairs token p+1 with target hidden p). Every row has its next token —
+  //    the prompt's, or one produced above — so every row catches up; rows the engine then
+  //    finishes wrote draft entries that nothing reads.
   double d0 = now_s();
   std::vector<SeqChunk> dseq;
   std::vector<int32_t> aux_rows;
-  std::vector<Request*> dreq;
-  std::vector<size_t> dchunk;
+  std::vector<size_t> drow;  // plan row of each dseq entry that wants the next draft input
+  std::vector<int> dcount;
+  // Catch-up ids: tokens [start + 1, start + count] of the request as it will be after apply
+  // (its tokens, then the ids produced this step). Filled first, pointed into after.
+  catch_ids_.clear();
   int32_t trow = 0;
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    Request& r = *chunks[i].req;
-    int n_in = seq[i].num_tokens;
-    int start = ctx_before[i];
-    int count = accepted[i] >= 0 ? accepted[i] + 1 : n_in;
-    // Draft entry p pairs token p+1 with target hidden p; a prefill chunk that does not end
-    // the prompt has its next token in the prompt already.
-    bool have_next = start + count < int(r.tokens.size());
-    if (!r.terminal() && have_next) {
-      bool want_logits = r.is<state::Decoding>() && r.num_computed == int(r.tokens.size()) - 1;
-      dseq.push_back({r.tokens.data() + start + 1, count, start, &r.block_table,
-                      want_logits ? SeqChunk::Logits::last : SeqChunk::Logits::none});
-      for (int k = 0; k < count; ++k) aux_rows.push_back(trow + k);
-      dreq.push_back(want_logits ? &r : nullptr);
-      dchunk.push_back(i);
-    }
+  for (size_t q = 0; q < rows.size(); ++q) {
+    const size_t k = rows[q];
+    const Request& r = *plan.chunks[k].req;
+    const RowResult& row = out.rows[k];
+    const int n_in = seq[q].num_tokens, start = r.num_computed;
+    const int count = row.accepted >= 0 ? row.accepted + 1 : n_in;
+    const int have = int(r.tokens.size());
+    for (int p = start + 1; p <= start + count; ++p)
+      catch_ids_.push_back(p < have ? r.tokens[size_t(p)] : out.tokens[size_t(row.first + (p - have))]);
+    dcount.push_back(count);
+    for (int c = 0; c < count; ++c) aux_rows.push_back(trow + c);
     trow += n_in;
+  }
+  size_t off = 0;
+  for (size_t q = 0; q < rows.size(); ++q) {
+    const size_t k = rows[q];
+    const Request& r = *plan.chunks[k].req;
+    const bool want_logits = out.rows[k].count > 0;  // the row produced ids: it needs the next draft input
+    dseq.push_back({catch_ids_.data() + off, dcount[q], r.num_computed, &r.block_table,
+                    want_logits ? SeqChunk::Logits::last : SeqChunk::Logits::none});
+    off += size_t(dcount[q]);
+    drow.push_back(want_logits ? k : SIZE_MAX);
   }
   if (!dseq.empty()) {
     const int64_t H = draft_->hidden(), T = int64_t(aux_rows.size());  // [T, H] catch-up rows
@@ -356,45 +367,52 @@ double SpecWorker::mixed_step(const std::vector<ScheduledChunk>& chunks, const P
     Tensor dl = draft_->forward(dbatch_, draft_kv_, h, r_out);
     Tensor host = dl.device == Device::cpu ? dl : dl.to(Device::cpu);
     int64_t li = 0;
-    for (size_t k = 0; k < dseq.size(); ++k) {
-      Request* r = dreq[k];
-      if (!r) continue;
-      int64_t last_row = dbuilder_.chunk_row(k) + dseq[k].num_tokens - 1;
-      r->spec_next = draft_->to_target(argmax(host.ptr<float>() + li * host.size(1), host.size(1)));
-      Tensor src = r_out.slice_rows(last_row, last_row + 1), dst = pool_row(*r);
+    for (size_t q = 0; q < dseq.size(); ++q) {
+      if (drow[q] == SIZE_MAX) continue;
+      const Request& r = *plan.chunks[drow[q]].req;
+      int64_t last_row = dbuilder_.chunk_row(q) + dseq[q].num_tokens - 1;
+      out.rows[drow[q]].spec_next = draft_->to_target(argmax(host.ptr<float>() + li * host.size(1), host.size(1)));
+      Tensor src = r_out.slice_rows(last_row, last_row + 1), dst = pool_row(r);
       ops::copy_rows(src, dst);
       ++li;
     }
   }
   draft_s_ += now_s() - d0;
-  for (auto& c : chunks)
-    if (c.req->terminal()) c.req->spec_slot.reset();
   return fwd + (now_s() - d0);  // model time (draft loop, verify, catch-up); the rest is host time
 }
 
-double SpecWorker::step(const std::vector<ScheduledChunk>& chunks, const PushFn& push, const EmitFn& emit) {
+void SpecWorker::execute(const StepPlan& plan, StepResult& out) {
+  out.clear(plan.chunks.size());
   // Reused every step (the engine loop allocates nothing in steady state).
-  std::vector<Request*>& decodes = decodes_;
-  std::vector<ScheduledChunk>& rest = rest_;  // prefill chunks (and decodes without a draft input yet)
-  decodes.clear();
-  rest.clear();
-  for (auto& c : chunks) {
-    if (c.req->is<state::Decoding>() && c.req->spec_next >= 0) decodes.push_back(c.req);
-    else rest.push_back(c);
+  decodes_.clear();
+  decode_rows_.clear();
+  rest_rows_.clear();  // prefill chunks (and decodes without a draft input yet)
+  all_rows_.clear();
+  for (size_t k = 0; k < plan.chunks.size(); ++k) {
+    const Request* r = plan.chunks[k].req.get();
+    all_rows_.push_back(k);
+    if (r->is<state::Decoding>() && r->spec_next >= 0) {
+      decodes_.push_back(r);
+      decode_rows_.push_back(k);
+    } else {
+      rest_rows_.push_back(k);
+    }
   }
   // The fixed-shape path drives the target model directly (rank 0 only): tensor-parallel
   // targets keep the mixed path, which runs every rank through the ModelRunner.
-  if (decodes.empty() || target_.tp_size() != 1) return mixed_step(chunks, push, emit);
+  if (decodes_.empty() || target_.tp_size() != 1) {
+    out.forward_s = mixed_step(plan, all_rows_, out);
+    return;
+  }
   // Decodes take the fixed-shape (graph) step; prefill chunks scheduled with them run after it
   // as their own step, so a busy server's decodes are not dragged onto the eager mixed path.
-  double t = decode_step(decodes, push, emit);
-  if (!rest.empty()) t += mixed_step(rest, push, emit);
-  return t;
+  out.forward_s = decode_step(decodes_, decode_rows_, out);
+  if (!rest_rows_.empty()) out.forward_s += mixed_step(plan, rest_rows_, out);
 }
 
 // Uploads one step's inputs into lane L. Graph lanes (bucket > 0) pad to the bucket with
 // dummy rows (cache slot -1, pool row pad_slot_) and a fixed block-table width.
-void SpecWorker::build_lane(Lane& L, const std::vector<Request*>& reqs, int bucket, int kv_bound) {
+void SpecWorker::build_lane(Lane& L, const std::vector<const Request*>& reqs, int bucket, int kv_bound) {
   const int B = int(reqs.size()), n = n_, Bb = bucket > 0 ? bucket : B, bs = draft_kv_.block_size;
   const Device dev = draft_->device();
   auto opts = [&](int rows) {
@@ -414,7 +432,7 @@ void SpecWorker::build_lane(Lane& L, const std::vector<Request*>& reqs, int buck
     ids.assign(size_t(B), 0);
     L.chunks.clear();
     for (int i = 0; i < B; ++i) {
-      Request& r = *reqs[size_t(i)];
+      const Request& r = *reqs[size_t(i)];
       if (s == 1) ids[size_t(i)] = r.spec_next;
       L.chunks.push_back({&ids[size_t(i)], 1, r.num_computed + s - 1, &r.block_table, SeqChunk::Logits::last});
     }
@@ -424,7 +442,7 @@ void SpecWorker::build_lane(Lane& L, const std::vector<Request*>& reqs, int buck
   L.vids_host.assign(size_t(L.cap) * size_t(n), 0);
   L.chunks.clear();
   for (int i = 0; i < B; ++i) {
-    Request& r = *reqs[size_t(i)];
+    const Request& r = *reqs[size_t(i)];
     L.vids_host[size_t(i * n)] = r.tokens.back();
     L.vids_host[size_t(i * n + 1)] = r.spec_next;
     for (int j = 0; j < n; ++j)
@@ -532,7 +550,7 @@ struct SpecWorker::Marks {
 
 // The graph lane and its graphs for this batch, or the eager lane (g null) when no captured
 // bucket fits (batch above the largest bucket, context above the largest bound, no graphs).
-SpecWorker::Lane* SpecWorker::pick_lane(const std::vector<Request*>& decodes, int& bucket, int& kv_bound, LaneGraphs*& g) {
+SpecWorker::Lane* SpecWorker::pick_lane(const std::vector<const Request*>& decodes, int& bucket, int& kv_bound, LaneGraphs*& g) {
   const int B = int(decodes.size());
   bucket = kv_bound = 0;
   g = nullptr;
@@ -540,7 +558,7 @@ SpecWorker::Lane* SpecWorker::pick_lane(const std::vector<Request*>& decodes, in
   if (graph_ && B <= graph_->buckets.back()) {
     int max_kv = 0;
     bool fits = true;
-    for (Request* r : decodes) {
+    for (const Request* r : decodes) {
       max_kv = std::max(max_kv, r->num_computed + n_);
       fits = fits && int(r->block_table.size()) <= graph_->width;
     }
@@ -568,9 +586,9 @@ SpecWorker::Lane* SpecWorker::pick_lane(const std::vector<Request*>& decodes, in
 }
 
 // Rejection sampling against the target's filtered distribution for every request of the step
-// (pushes their tokens), then the accepted ids and counts go back for the catch-up.
-void SpecWorker::host_accept(const std::vector<Request*>& decodes, Lane& L, const PushFn& push, const EmitFn& emit,
-                             std::vector<int>& accepted) {  // [B], filled
+// (their ids go to `out`), then the accepted ids and counts go back for the catch-up.
+void SpecWorker::host_accept(const std::vector<const Request*>& decodes, const std::vector<size_t>& rows, Lane& L,
+                             StepResult& out) {
   const int B = int(decodes.size()), n = n_;
   const int64_t cap = L.cap, V = L.vlogits.size(1);
   int32_t* hv = L.host.data() + cap;  // vids [cap*n] | tgt [cap*n] | acc [cap]
@@ -580,21 +598,18 @@ void SpecWorker::host_accept(const std::vector<Request*>& decodes, Lane& L, cons
   if (lg.device != Device::cpu) lg = lg.to(Device::cpu);
   device_copy(hv, Device::cpu, L.io.ptr<int32_t>() + cap, L.io.device, size_t(B) * n * sizeof(int32_t));
   for (int i = 0; i < B; ++i) {
-    Request& r = *decodes[size_t(i)];
-    std::vector<int32_t> d(hv + int64_t(i) * n + 1, hv + int64_t(i + 1) * n);
-    const int start = r.num_computed;
-    accepted[size_t(i)] = accept(r, d, lg.ptr<float>() + int64_t(i) * n * V, V, push, emit);
-    for (int j = 0; j < n; ++j) {
-      size_t k = size_t(start + 1 + j);
-      ht[int64_t(i) * n + j] = j <= accepted[size_t(i)] && k < r.tokens.size() ? r.tokens[k] : 0;
-    }
-    ha[i] = accepted[size_t(i)];
+    const Request& r = *decodes[size_t(i)];
+    RowResult& row = out.rows[rows[size_t(i)]];
+    const int acc = accept(r, hv + int64_t(i) * n + 1, n - 1, lg.ptr<float>() + int64_t(i) * n * V, V, out, row);
+    for (int j = 0; j < n; ++j) ht[int64_t(i) * n + j] = j <= acc ? out.tokens[size_t(row.first + j)] : 0;
+    ha[i] = acc;
   }
   device_copy(L.io.ptr<int32_t>() + cap + cap * n, L.io.device, ht, Device::cpu, size_t(B) * n * sizeof(int32_t));
   device_copy(L.io.ptr<int32_t>() + cap + 2 * cap * n, L.io.device, ha, Device::cpu, size_t(B) * sizeof(int32_t));
 }
 
-double SpecWorker::decode_step(const std::vector<Request*>& decodes, const PushFn& push, const EmitFn& emit) {
+double SpecWorker::decode_step(const std::vector<const Request*>& decodes, const std::vector<size_t>& rows,
+                               StepResult& out) {
   const int B = int(decodes.size()), n = n_;
   double t0 = now_s();
   int bucket = 0, kvb = 0;
@@ -603,14 +618,13 @@ double SpecWorker::decode_step(const std::vector<Request*>& decodes, const PushF
   const int Bb = bucket > 0 ? bucket : B;
   build_lane(*L, decodes, bucket, kvb);
   bool host = false;  // sampling, penalties or logprobs: acceptance on the host
-  for (Request* r : decodes) host = host || r->params.temperature > 0.0f || needs_host_logits(*r);
+  for (const Request* r : decodes) host = host || r->params.temperature > 0.0f || needs_host_logits(*r);
   // Greedy graph steps run as one launch, except every 8th, which runs the phase graphs so
   // the draft/verify split stays measured.
   const bool timed = !(g && !host) || fixed_steps_ % 8 == 0;
   if (g && !host && !timed) {
     replay(g, &Lane::Graphs::all);
-    accepted_.assign(size_t(B), 0);
-    return finish_decode_step(decodes, *L, host, true, true, t0, push, emit);
+    return finish_decode_step(decodes, rows, *L, host, true, true, t0, out);
   }
   // Draft steps, verify, greedy acceptance; host acceptance; catch-up. Marks: 0 draft 1 verify 2
   // (host acceptance) 3 catch-up 4.
@@ -621,8 +635,7 @@ double SpecWorker::decode_step(const std::vector<Request*>& decodes, const PushF
   if (replay(g, &Lane::Graphs::verify)) L->vlogits = g->vlogits;
   else segment_v(*L, Bb);
   marks.record(2);
-  accepted_.assign(size_t(B), 0);
-  if (host) host_accept(decodes, *L, push, emit, accepted_);
+  if (host) host_accept(decodes, rows, *L, out);
   marks.record(3);
   if (!replay(g, &Lane::Graphs::catchup)) segment_b(*L, Bb);
   marks.record(4);
@@ -633,14 +646,13 @@ double SpecWorker::decode_step(const std::vector<Request*>& decodes, const PushF
   draft_s_ += marks.seconds(0, 1) + marks.seconds(3, 4);
   verify_s_ += marks.seconds(1, 2);
   ++timed_steps_;
-  return finish_decode_step(decodes, *L, host, bucket > 0, false, t0, push, emit);
+  return finish_decode_step(decodes, rows, *L, host, bucket > 0, false, t0, out);
 }
 
-// Pushes the greedy requests' accepted drafts and bonus token (host-accepted requests pushed
-// theirs already), advances every request and keeps its next draft input.
-double SpecWorker::finish_decode_step(const std::vector<Request*>& decodes, Lane& lane, bool host, bool graph,
-                                      bool read_back, double t0, const PushFn& push, const EmitFn& emit) {
-  std::vector<int>& accepted = accepted_;  // host-accepted counts (zeros for greedy requests)
+// Reports the greedy requests' accepted drafts and bonus token (host-accepted requests have
+// theirs already) and every request's next draft input.
+double SpecWorker::finish_decode_step(const std::vector<const Request*>& decodes, const std::vector<size_t>& rows,
+                                      Lane& lane, bool host, bool graph, bool read_back, double t0, StepResult& out) {
   Lane* L = &lane;
   const int B = int(decodes.size()), n = n_;
   const int64_t cap = L->cap;
@@ -651,26 +663,19 @@ double SpecWorker::finish_decode_step(const std::vector<Request*>& decodes, Lane
   if (read_back)  // the one-launch path
     device_copy(hv, Device::cpu, L->io.ptr<int32_t>() + cap, L->io.device, size_t(2 * cap + 2 * cap * n) * sizeof(int32_t));
   double fwd = now_s() - t0;
-  // 4. Greedy requests: push the accepted drafts and the bonus token.
   for (int i = 0; i < B; ++i) {
-    Request& r = *decodes[size_t(i)];
+    RowResult& row = out.rows[rows[size_t(i)]];
     if (!host) {
-      StreamEvent ev;
       const int a = ha[i];
-      r.spec_trace.push_back({std::vector<int32_t>(hv + int64_t(i) * n + 1, hv + int64_t(i + 1) * n), 0});
-      for (int j = 0; j <= a; ++j) {
-        const bool is_draft = j < a;
-        if (is_draft) accepted[size_t(i)] = ++r.spec_trace.back().accepted;
-        if (push(r, ht[int64_t(i) * n + j], nullptr, ev)) break;
-      }
-      emit(r, ev);
+      row.accepted = a;
+      row.draft_first = int(out.drafts.size());
+      row.draft_count = n - 1;
+      out.drafts.insert(out.drafts.end(), hv + int64_t(i) * n + 1, hv + int64_t(i + 1) * n);
+      row.first = int(out.tokens.size());
+      row.count = a + 1;
+      out.tokens.insert(out.tokens.end(), ht + int64_t(i) * n, ht + int64_t(i) * n + a + 1);
     }
-    r.num_computed += 1 + accepted[size_t(i)];
-    ++verify_steps_;
-    accepted_tokens_ += accepted[size_t(i)] + 1;
-    kv_.commit(r.tokens.data(), r.num_computed, r.block_table, r.block_hashes);
-    if (r.terminal()) r.spec_slot.reset();
-    else r.spec_next = hn[i];
+    row.spec_next = hn[i];
   }
   ++fixed_steps_;
   if (graph) ++graph_steps_;
@@ -711,7 +716,7 @@ void SpecWorker::size_for_graphs(const GraphOptions& go) {
   }
   // The largest step, eagerly: the draft's and the target's arenas reach their high-water marks.
   int b = G->buckets.back();
-  std::vector<Request*> reqs;
+  std::vector<const Request*> reqs;
   for (int i = 0; i < b; ++i) reqs.push_back(&dummies_[size_t(i)]);
   build_lane(*G, reqs, b, G->kv_bounds.back());
   segment_a(*G, b);
@@ -749,7 +754,7 @@ void SpecWorker::enable_graphs(const GraphOptions& go) {
   Workspace* tws = target_.model().workspace();
   Workspace& dws = draft_->workspace();
   auto reqs = [&](int b) {
-    std::vector<Request*> v;
+    std::vector<const Request*> v;
     for (int i = 0; i < b; ++i) v.push_back(&dummies_[size_t(i)]);
     return v;
   };

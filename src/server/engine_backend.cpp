@@ -1,4 +1,5 @@
 #include "server/backend.h"
+#include "server/output_processor.h"
 #include "tokenizer/tokenizer.h"
 
 namespace ts::server {
@@ -6,9 +7,19 @@ namespace ts::server {
 namespace {
 class EngineBackend final : public Backend {
  public:
-  explicit EngineBackend(const EngineOptions& opts) : engine_(opts) { engine_.start(); }
+  explicit EngineBackend(const EngineOptions& opts) : engine_(opts), eos_(engine_.eos_token_ids()) { engine_.start(); }
   ~EngineBackend() override { stop(); }
-  std::shared_ptr<Stream> submit(GenerateParams params) override { return engine_.submit(std::move(params)); }
+  // The engine sends ids; the text (detok, stop strings) is made when the HTTP side pops each
+  // event, on its thread (StreamEvent::text).
+  std::shared_ptr<Stream> submit(GenerateParams params) override {
+    GenerateParams text_params;
+    text_params.stop = params.stop;
+    text_params.stop_token_ids = params.stop_token_ids;
+    text_params.ignore_eos = params.ignore_eos;
+    std::shared_ptr<Stream> st = engine_.submit(std::move(params));
+    attach_output_processor(*st, engine_.tokenizer_ptr(), text_params, eos_);
+    return st;
+  }
   EngineMetrics metrics() const override { return engine_.metrics(); }
   std::vector<int32_t> encode(const std::string& text, bool add_special) const override {
     return engine_.tokenizer().encode(text, add_special);
@@ -27,6 +38,7 @@ class EngineBackend final : public Backend {
 
  private:
   Engine engine_;
+  std::vector<int32_t> eos_;
   bool stopped_ = false;
 };
 }  // namespace

@@ -87,4 +87,25 @@ OutputOptions output_options(const GenerateParams& p, const std::vector<int32_t>
   return o;
 }
 
+void attach_output_processor(Stream& st, std::shared_ptr<const tok::Tokenizer> tok, const GenerateParams& p,
+                             const std::vector<int32_t>& eos_ids) {
+  auto proc = std::make_shared<OutputProcessor>(std::move(tok), output_options(p, eos_ids));
+  auto counted = std::make_shared<int>(0);
+  Stream* self = &st;  // the filter lives inside the Stream: a raw pointer, no cycle
+  st.set_filter([proc, counted, self](StreamEvent& ev) {
+    const bool was_stopped = proc->stopped();
+    OutputProcessor::Delta d = proc->feed(ev);
+    ev.text = std::move(d.text);
+    if (was_stopped) d.tokens = 0;  // tokens the engine made after the match do not count
+    if (size_t(d.tokens) < ev.tokens.size()) ev.tokens.resize(size_t(d.tokens));
+    if (ev.logprobs.size() > ev.tokens.size()) ev.logprobs.resize(ev.tokens.size());
+    *counted += d.tokens;
+    if (proc->stopped()) {
+      if (!was_stopped) self->request_stop();
+      ev.completion_tokens = std::min(ev.completion_tokens, *counted);
+      if (ev.finished && ev.reason == FinishReason::length) ev.reason = FinishReason::stop;
+    }
+  });
+}
+
 }  // namespace ts::server

@@ -69,4 +69,12 @@ class OutputProcessor {
 // engine's EOS ids (unless ignore_eos) and the request's stop_token_ids.
 OutputOptions output_options(const GenerateParams& p, const std::vector<int32_t>& eos_ids);
 
+// Installs an OutputProcessor as `st`'s filter (Stream::set_filter), so every event a consumer
+// pops carries its text, on the consumer's thread. On a stop-string match the filter asks the
+// engine to stop (Stream::request_stop) and drops what follows the match: the event's tokens
+// and logprobs are cut to those that count, later events carry none, and the final event's
+// completion_tokens counts the tokens up to the match. Call before the first pop.
+void attach_output_processor(Stream& st, std::shared_ptr<const tok::Tokenizer> tok, const GenerateParams& p,
+                             const std::vector<int32_t>& eos_ids);
+
 }  // namespace ts::server

@@ -83,6 +83,7 @@ std::vector<SpecRun> run_all(Engine& e, const std::vector<std::vector<int32_t>>&
     g.max_tokens = n;
     g.temperature = 0;
     g.ignore_eos = true;
+    g.return_spec_trace = true;
     st.push_back(e.submit(g));
   }
   std::vector<SpecRun> out;

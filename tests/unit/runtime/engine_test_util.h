@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "runtime/engine.h"
+#include "server/output_processor.h"
 
 namespace ts::test {
 
@@ -51,6 +52,14 @@ inline Result collect(const std::shared_ptr<Stream>& st) {
       return r;
     }
   }
+}
+
+// Submits with the server's output processor on the stream, so collect() gets text and stop
+// strings end the request (the engine itself sends ids only).
+inline std::shared_ptr<Stream> submit_text(Engine& e, const GenerateParams& p) {
+  auto st = e.submit(p);
+  server::attach_output_processor(*st, e.tokenizer_ptr(), p, e.eos_token_ids());
+  return st;
 }
 
 inline GenerateParams greedy(std::vector<int32_t> prompt, int max_tokens) {

@@ -49,7 +49,9 @@ TEST(SpecGolden, Eagle3TracesMatchExactly) {
   e.start();
   double steps = 0, tokens = 0;
   for (auto& t : g["traces"]) {
-    Result r = collect(e.submit(greedy(t["prompt"].get<std::vector<int32_t>>(), 64)));
+    GenerateParams p = greedy(t["prompt"].get<std::vector<int32_t>>(), 64);
+    p.return_spec_trace = true;
+    Result r = collect(e.submit(p));
     EXPECT_EQ(r.tokens, t["greedy"].get<std::vector<int32_t>>()) << "lossless";
     ASSERT_EQ(r.trace.size(), t["iterations"].size());
     for (size_t i = 0; i < r.trace.size(); ++i) {

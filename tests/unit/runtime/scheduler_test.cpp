@@ -1,0 +1,332 @@
+// Scheduler, KvCache and request FSM without a model: plans are "executed" by a fake worker
+// that samples pseudo-random ids, and applied with the engine's rules (append, advance, commit,
+// stop at max_tokens). The randomized simulation drives thousands of arrivals, aborts,
+// retractions and prefix hits through a tiny pool and checks after every step that no block
+// leaks or is freed twice and that the scheduler never stalls.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <random>
+#include <set>
+#include <type_traits>
+#include <utility>
+
+#include "runtime/kv_cache.h"
+#include "runtime/request.h"
+#include "runtime/scheduler.h"
+
+namespace ts {
+namespace {
+
+// --- FSM ----------------------------------------------------------------------------------
+
+// The table at compile time: legal pairs compile, illegal ones are rejected by
+// Request::transit's static_assert (checked here through the same constexpr table).
+using namespace state;
+static_assert(transition_allowed_v<Waiting, Prefilling>());
+static_assert(transition_allowed_v<Prefilling, Decoding>());
+static_assert(transition_allowed_v<Prefilling, Finished>());
+static_assert(transition_allowed_v<Prefilling, Retracted>());
+static_assert(transition_allowed_v<Decoding, Finished>());
+static_assert(transition_allowed_v<Decoding, Retracted>());
+static_assert(transition_allowed_v<Retracted, Waiting>());
+static_assert(transition_allowed_v<Waiting, Aborted>() && transition_allowed_v<Decoding, Aborted>());
+static_assert(!transition_allowed_v<Waiting, Decoding>());
+static_assert(!transition_allowed_v<Decoding, Prefilling>());
+static_assert(!transition_allowed_v<Retracted, Prefilling>());
+static_assert(!transition_allowed_v<Finished, Aborted>());
+static_assert(!transition_allowed_v<Aborted, Waiting>());
+static_assert(!transition_allowed_v<Finished, Finished>());
+
+// Workers get `const StepPlan&`: through it a request is read-only.
+static_assert(std::is_same_v<decltype(std::declval<const StepPlan&>().chunks[0].req.operator->()), const Request*>);
+static_assert(std::is_same_v<decltype(*std::declval<const StepPlan&>().chunks[0].req), const Request&>);
+static_assert(std::is_same_v<decltype(std::declval<StepPlan&>().chunks[0].req.operator->()), Request*>);
+
+TEST(RequestFsm, RuntimeTableMatchesTheCompileTimeOne) {
+  std::vector<RequestState> all = {Waiting{}, Prefilling{}, Decoding{}, Retracted{}, Finished{FinishReason::stop},
+                                   Aborted{"x"}};
+  // Every (from, to) pair, spelled out: rows = from, columns = to (W P D R F A).
+  const bool want[6][6] = {
+      {0, 1, 0, 0, 0, 1},  // Waiting
+      {0, 0, 1, 1, 1, 1},  // Prefilling
+      {0, 0, 0, 1, 1, 1},  // Decoding
+      {1, 0, 0, 0, 0, 1},  // Retracted
+      {0, 0, 0, 0, 0, 0},  // Finished
+      {0, 0, 0, 0, 0, 0},  // Aborted
+  };
+  for (size_t f = 0; f < all.size(); ++f)
+    for (size_t t = 0; t < all.size(); ++t)
+      EXPECT_EQ(transition_allowed(all[f], all[t]), want[f][t]) << state_name(all[f]) << " -> " << state_name(all[t]);
+}
+
+TEST(RequestFsm, TransitFromTheWrongStateThrows) {
+  Request r;
+  r.transit<Waiting>(Prefilling{});
+  EXPECT_TRUE(r.is<Prefilling>());
+  EXPECT_THROW(r.transit<Decoding>(Finished{FinishReason::stop}), Error);  // legal pair, wrong current state
+  r.transit<Prefilling>(Decoding{});
+  r.abort("gone");
+  EXPECT_TRUE(r.terminal());
+  r.abort("again");  // no-op on a terminal request
+  EXPECT_EQ(std::get<Aborted>(r.state).why, "gone");
+}
+
+// --- KvCache ------------------------------------------------------------------------------
+
+TEST(KvCache, PrefixReuseRefcountsAndEviction) {
+  KvCache kv(4, 2, true);
+  std::vector<int32_t> toks = {1, 2, 3, 4, 5};
+  std::vector<int32_t> ta;
+  std::vector<uint64_t> ha;
+  ASSERT_TRUE(kv.ensure(ta, 5));  // 3 blocks
+  EXPECT_EQ(kv.used_blocks(), 3);
+  kv.commit(toks.data(), 5, ta, ha);  // two full blocks hashed
+  EXPECT_EQ(ha.size(), 2u);
+  std::vector<int32_t> tb;
+  std::vector<uint64_t> hb;
+  EXPECT_EQ(kv.match_prefix(toks.data(), 4, tb, hb), 4);  // shares both full blocks
+  EXPECT_EQ(kv.refs(tb[0]), 2);
+  EXPECT_EQ(kv.used_blocks(), 3);
+  kv.release(ta, ha);
+  kv.check();
+  EXPECT_EQ(kv.used_blocks(), 2);  // b's shared blocks stay referenced; a's last block is free
+  kv.release(tb, hb);
+  EXPECT_EQ(kv.used_blocks(), 0);
+  EXPECT_EQ(kv.available_blocks(), 4);
+  // Cached blocks come back by hash, and are evicted (LRU) when the pool runs dry.
+  std::vector<int32_t> tc;
+  std::vector<uint64_t> hc;
+  EXPECT_EQ(kv.match_prefix(toks.data(), 4, tc, hc), 4);
+  kv.release(tc, hc);
+  std::vector<int32_t> td;
+  ASSERT_TRUE(kv.ensure(td, 8));  // all four blocks: the cached ones are evicted
+  EXPECT_FALSE(kv.ensure(td, 9));
+  std::vector<uint64_t> hd;
+  kv.release(td, hd);
+  std::vector<int32_t> te;
+  std::vector<uint64_t> he;
+  EXPECT_EQ(kv.match_prefix(toks.data(), 4, te, he), 0);  // evicted: no hit
+  kv.check();
+}
+
+TEST(KvCache, DoubleReleaseIsCaught) {
+  KvCache kv(2, 4, false);
+  std::vector<int32_t> t;
+  std::vector<uint64_t> h;
+  ASSERT_TRUE(kv.ensure(t, 4));
+  std::vector<int32_t> copy = t;  // a stale second owner of the same reference
+  kv.release(t, h);
+  EXPECT_THROW(kv.release(copy, h), Error);
+}
+
+// --- Scheduler ----------------------------------------------------------------------------
+
+std::shared_ptr<Request> make_req(int64_t id, std::vector<int32_t> prompt, int max_tokens) {
+  auto r = std::make_shared<Request>();
+  r->id = id;
+  r->tokens = std::move(prompt);
+  r->prompt_len = int(r->tokens.size());
+  r->params.max_tokens = max_tokens;
+  return r;
+}
+
+// The engine's apply for a fake worker: rows that end their sequence get `decode_tokens` ids
+// (all accepted, like a speculative run); max_tokens stops.
+void fake_apply(StepPlan& plan, KvCache& kv, std::mt19937& rng, int decode_tokens = 1, int vocab = 50) {
+  for (ScheduledChunk& c : plan.chunks) {
+    Request& r = *c.req;
+    const bool decode = r.is<Decoding>();
+    const bool last = r.num_computed + c.num_tokens == int(r.tokens.size());
+    r.num_computed += decode ? 1 : c.num_tokens;
+    if (!decode && !last) {
+      kv.commit(r.tokens.data(), r.num_computed, r.block_table, r.block_hashes);
+      continue;
+    }
+    if (r.is<Prefilling>()) r.transit<Prefilling>(Decoding{});
+    const int produce = decode ? decode_tokens : 1;
+    for (int k = 0; k < produce && !r.terminal(); ++k) {
+      if (k > 0) ++r.num_computed;  // accepted drafts were computed by the verify
+      r.tokens.push_back(int32_t(rng() % uint32_t(vocab)));
+      if (r.num_generated() >= r.params.max_tokens) r.transit<Decoding>(Finished{FinishReason::length});
+    }
+    kv.commit(r.tokens.data(), r.num_computed, r.block_table, r.block_hashes);
+  }
+}
+
+TEST(Scheduler, PlansDecodesThenPrefillsThenAdmissionsUnderTheBudget) {
+  KvCache kv(64, 4, true);
+  SchedulerOptions so;
+  so.token_budget = 10;
+  Scheduler s(kv, so);
+  s.add(make_req(1, std::vector<int32_t>(7, 1), 4));
+  s.add(make_req(2, std::vector<int32_t>(7, 2), 4));
+  StepPlan p;
+  s.plan(p);
+  apply_plan_transitions(p);
+  ASSERT_EQ(p.chunks.size(), 2u);  // 7 + 3 (the second prompt is chunked)
+  EXPECT_EQ(p.chunks[0].num_tokens, 7);
+  EXPECT_EQ(p.chunks[1].num_tokens, 3);
+  EXPECT_EQ(p.admitted.size(), 2u);
+  EXPECT_GT(p.blocks_allocated, 0);
+  std::mt19937 rng(1);
+  fake_apply(p, kv, rng);
+  s.plan(p);
+  apply_plan_transitions(p);
+  ASSERT_EQ(p.chunks.size(), 2u);  // request 1 decodes first, then request 2's next chunk
+  EXPECT_EQ(p.chunks[0].req->id, 1);
+  EXPECT_EQ(p.chunks[0].num_tokens, 1);
+  EXPECT_EQ(p.chunks[1].req->id, 2);
+  EXPECT_EQ(p.chunks[1].num_tokens, 4);
+  EXPECT_TRUE(p.admitted.empty());
+}
+
+TEST(Scheduler, RetractsTheNewestWhenBlocksRunOutAndRejectsTheImpossible) {
+  KvCache kv(4, 4, false);  // 16 tokens
+  SchedulerOptions so;
+  so.token_budget = 64;
+  Scheduler s(kv, so);
+  s.add(make_req(1, std::vector<int32_t>(7, 1), 20));
+  s.add(make_req(2, std::vector<int32_t>(7, 2), 20));
+  s.add(make_req(3, std::vector<int32_t>(40, 3), 1));  // can never fit
+  StepPlan p;
+  std::mt19937 rng(2);
+  s.plan(p);
+  apply_plan_transitions(p);
+  ASSERT_EQ(p.rejected.size(), 1u);
+  EXPECT_EQ(p.rejected[0]->id, 3);
+  fake_apply(p, kv, rng);
+  bool retracted = false;
+  for (int step = 0; step < 10 && !retracted; ++step) {
+    s.plan(p);
+    apply_plan_transitions(p);
+    for (Request* r : p.retracted) {
+      retracted = true;
+      EXPECT_EQ(r->id, 2);  // the newest goes
+      EXPECT_TRUE(r->is<Waiting>());
+      EXPECT_TRUE(r->block_table.empty());
+      EXPECT_EQ(r->num_computed, 0);
+    }
+    fake_apply(p, kv, rng);
+    s.reap();
+  }
+  EXPECT_TRUE(retracted);
+  EXPECT_EQ(s.retractions(), 1);
+  EXPECT_EQ(s.waiting().front()->id, 2);
+}
+
+// --- The randomized simulation --------------------------------------------------------------
+
+struct SimConfig {
+  int64_t blocks;
+  int block_size, budget, max_seqs, decode_tokens, extra_slots;
+  bool prefix;
+  uint32_t seed;
+};
+
+void simulate(const SimConfig& cfg) {
+  KvCache kv(cfg.blocks, cfg.block_size, cfg.prefix);
+  SchedulerOptions so;
+  so.token_budget = cfg.budget;
+  so.max_num_seqs = cfg.max_seqs;
+  so.decode_tokens = cfg.decode_tokens;
+  so.extra_decode_slots = cfg.extra_slots;
+  Scheduler s(kv, so);
+  std::mt19937 rng(cfg.seed);
+  // Shared prefixes so later prompts hit the prefix cache.
+  std::vector<std::vector<int32_t>> prefixes;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int32_t> p(size_t(cfg.block_size * (1 + i % 4)));
+    for (auto& t : p) t = int32_t(rng() % 50);
+    prefixes.push_back(p);
+  }
+  const int64_t pool_tokens = cfg.blocks * cfg.block_size;
+  std::vector<std::shared_ptr<Request>> all;
+  int64_t next_id = 1, finished = 0, aborted = 0, rejected = 0, cached = 0;
+  const int arrivals = 3000;
+  StepPlan plan;
+  int steps = 0;
+  for (; steps < 200000; ++steps) {
+    // Arrivals: bursts of up to 4, until `arrivals` are in.
+    if (next_id <= arrivals && rng() % 3 == 0) {
+      int burst = 1 + int(rng() % 4);
+      for (int b = 0; b < burst && next_id <= arrivals; ++b) {
+        std::vector<int32_t> prompt;
+        if (rng() % 4 != 0) prompt = prefixes[rng() % prefixes.size()];
+        int tail = 1 + int(rng() % uint32_t(3 * cfg.block_size));
+        if (rng() % 50 == 0) tail = int(pool_tokens);  // now and then one that can never fit
+        for (int k = 0; k < tail; ++k) prompt.push_back(int32_t(rng() % 50));
+        auto r = make_req(next_id++, prompt, 1 + int(rng() % 24));
+        all.push_back(r);
+        s.add(r);
+      }
+    }
+    // Aborts (client gone) anywhere: running, waiting, retracted.
+    if (rng() % 7 == 0 && !all.empty()) {
+      auto& r = all[rng() % all.size()];
+      if (!r->terminal()) {
+        r->abort("client gone");
+        ++aborted;
+      }
+    }
+    s.reap();
+    if (s.idle() && next_id > arrivals) break;
+    s.plan(plan);
+    apply_plan_transitions(plan);
+    for (auto& r : plan.rejected) {
+      r->abort("too long");
+      ++rejected;
+      ASSERT_GT(int64_t(r->tokens.size()) + cfg.decode_tokens + cfg.extra_slots, pool_tokens - cfg.block_size);
+    }
+    for (Request* r : plan.admitted) cached += r->num_computed;
+    // No stall: with requests to serve, every plan runs something (or rejects something).
+    if (!s.running().empty() || !s.waiting().empty()) {
+      ASSERT_TRUE(!plan.chunks.empty() || !plan.rejected.empty())
+          << "stall at step " << steps << ": " << s.running().size() << " running, " << s.waiting().size()
+          << " waiting, " << kv.available_blocks() << " blocks available";
+    }
+    // Every planned row has the blocks for what it computes.
+    int budget_used = 0;
+    std::set<const Request*> seen;
+    for (auto& c : plan.chunks) {
+      ASSERT_TRUE(seen.insert(c.req.get()).second) << "request planned twice";
+      ASSERT_FALSE(c.req->terminal());
+      ASSERT_GE(int64_t(c.req->block_table.size()) * cfg.block_size, c.req->num_computed + c.num_tokens);
+      budget_used += c.req->is<Decoding>() ? cfg.decode_tokens : c.num_tokens;
+    }
+    ASSERT_LE(budget_used, cfg.budget + cfg.max_seqs * cfg.decode_tokens);
+    fake_apply(plan, kv, rng, cfg.decode_tokens);
+    for (auto& c : plan.chunks)
+      if (c.req->is<Finished>()) ++finished;
+    s.reap();
+    // No leak, no double free: referenced blocks are exactly the live requests' tables.
+    kv.check();
+    std::set<int32_t> live;
+    for (auto& r : s.running())
+      for (int32_t b : r->block_table) live.insert(b);
+    for (auto& r : s.waiting()) ASSERT_TRUE(r->block_table.empty()) << "waiting request " << r->id << " holds blocks";
+    ASSERT_EQ(int64_t(live.size()), kv.used_blocks()) << "step " << steps;
+    ASSERT_LE(int(s.running().size()), cfg.max_seqs);
+  }
+  ASSERT_TRUE(s.idle()) << "did not drain in " << steps << " steps";
+  EXPECT_EQ(kv.used_blocks(), 0);
+  EXPECT_EQ(kv.available_blocks(), cfg.blocks);
+  kv.check();
+  for (auto& r : all) EXPECT_TRUE(r->terminal()) << "request " << r->id << " in " << state_name(r->state);
+  EXPECT_EQ(finished + aborted + rejected, arrivals);
+  EXPECT_GT(s.retractions(), 0) << "the pool should be small enough to retract";
+  if (cfg.prefix) {
+    EXPECT_GT(cached, 0) << "no prefix hits";
+  }
+  std::printf("  %lld finished, %lld aborted, %lld rejected, %lld retractions, %lld cached tokens, %d steps\n",
+              static_cast<long long>(finished), static_cast<long long>(aborted), static_cast<long long>(rejected),
+              static_cast<long long>(s.retractions()), static_cast<long long>(cached), steps);
+}
+
+TEST(SchedulerSimulation, PlainDecodeTinyPool) { simulate({24, 4, 32, 16, 1, 0, true, 11}); }
+TEST(SchedulerSimulation, SpeculativeWidthAndLookahead) { simulate({32, 4, 48, 12, 4, 1, true, 12}); }
+TEST(SchedulerSimulation, NoPrefixCacheOneBlockSeqs) { simulate({20, 8, 16, 32, 1, 0, false, 13}); }
+
+}  // namespace
+}  // namespace ts
