@@ -91,6 +91,7 @@ class EngineImpl {
   StepResult result_;  // reused every step
   int64_t spec_verify_steps_ = 0, spec_accepted_tokens_ = 0;
   std::vector<double> itl_;  // this step's inter-token latencies (reused)
+  double part_us_[3] = {}, part_ewma_[3] = {};  // plan, worker host, apply (this step; EWMA)
 };
 
 EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
@@ -329,11 +330,18 @@ void EngineImpl::step() {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
     return;
   }
+  auto t1 = Clock::now();
   worker->execute(plan_, result_);
+  auto t2 = Clock::now();
   apply(result_);
   sched->reap();
-  update_metrics(secs(Clock::now() - t0) * 1e6 - result_.forward_s * 1e6);
   refresh_gauges();
+  auto t3 = Clock::now();
+  const double fwd_us = result_.forward_s * 1e6;
+  part_us_[0] = secs(t1 - t0) * 1e6;
+  part_us_[1] = std::max(0.0, secs(t2 - t1) * 1e6 - fwd_us);
+  part_us_[2] = secs(t3 - t2) * 1e6;
+  update_metrics(secs(t3 - t0) * 1e6 - fwd_us);
 }
 
 void EngineImpl::apply_plan() {
@@ -454,9 +462,13 @@ void EngineImpl::emit(Request& r, StreamEvent& ev) {
 
 void EngineImpl::update_metrics(double host_us) {
   host_us_ewma_ = metrics_.steps == 0 ? host_us : 0.95 * host_us_ewma_ + 0.05 * host_us;
+  for (int i = 0; i < 3; ++i) part_ewma_[i] = metrics_.steps == 0 ? part_us_[i] : 0.95 * part_ewma_[i] + 0.05 * part_us_[i];
   std::lock_guard<std::mutex> lk(metrics_mu_);
   ++metrics_.steps;
   metrics_.step_host_us_mean = host_us_ewma_;
+  metrics_.step_plan_us_mean = part_ewma_[0];
+  metrics_.step_worker_host_us_mean = part_ewma_[1];
+  metrics_.step_apply_us_mean = part_ewma_[2];
   metrics_.prefix_hit_rate = metrics_.prompt_tokens ? double(metrics_.cached_prompt_tokens) / double(metrics_.prompt_tokens) : 0;
   metrics_.retractions = sched->retractions();
   if (spec) {

@@ -156,6 +156,9 @@ struct EngineMetrics {
   int64_t kv_total_blocks = 0, kv_used_blocks = 0;
   double prefix_hit_rate = 0;       // cached / prompt tokens
   double step_host_us_mean = 0;     // host time per step (schedule + batch build + results)
+  // Its parts (EWMA, us): Scheduler::plan + apply_plan; the worker's host share (batch build,
+  // uploads: its wall time minus forward seconds); Engine::apply + reap + gauges.
+  double step_plan_us_mean = 0, step_worker_host_us_mean = 0, step_apply_us_mean = 0;
   int64_t steps = 0, retractions = 0;
   int64_t spec_verify_steps = 0, spec_accepted_tokens = 0;  // accepted length = tokens / steps
   // Engine steps on the fixed-shape speculative decode path, and those replayed as CUDA graphs;

@@ -264,8 +264,10 @@ void host_time_at(int n, int max_tokens) {
   for (auto& p : prompts) st.push_back(e.submit(greedy(p, max_tokens)));
   for (auto& s : st) EXPECT_TRUE(collect(s).error.empty());
   EngineMetrics m = e.metrics();
-  std::printf("  engine host time per step at %d running requests: %.1f us (EWMA over %lld steps; target <= 50 us)\n", n,
-              m.step_host_us_mean, static_cast<long long>(m.steps));
+  std::printf("  engine host time per step at %d running requests: %.1f us (EWMA over %lld steps; target <= 50 us): "
+              "plan %.1f, worker host %.1f, apply %.1f\n",
+              n, m.step_host_us_mean, static_cast<long long>(m.steps), m.step_plan_us_mean, m.step_worker_host_us_mean,
+              m.step_apply_us_mean);
   EXPECT_GT(m.step_host_us_mean, 0.0);
   EXPECT_LT(m.step_host_us_mean, 5000.0);  // a guard against pathologies, not the target
 }

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <random>
 #include <set>
@@ -322,6 +323,59 @@ void simulate(const SimConfig& cfg) {
   std::printf("  %lld finished, %lld aborted, %lld rejected, %lld retractions, %lld cached tokens, %d steps\n",
               static_cast<long long>(finished), static_cast<long long>(aborted), static_cast<long long>(rejected),
               static_cast<long long>(s.retractions()), static_cast<long long>(cached), steps);
+}
+
+// Host cost of the scheduling half of a step with n running decodes (no model): plan, its
+// transitions, and an apply that appends one id per request, commits and pushes one event per
+// request into its Stream (what Engine::apply does per row). Printed in us per step.
+double plan_apply_us(int n) {
+  KvCache kv(int64_t(n) * 64, 16, true);
+  SchedulerOptions so;
+  so.token_budget = 8192;
+  so.max_num_seqs = n;
+  Scheduler s(kv, so);
+  std::vector<std::shared_ptr<Request>> reqs;
+  for (int i = 0; i < n; ++i) {
+    auto r = make_req(i + 1, std::vector<int32_t>(size_t(40 + i % 50), int32_t(i % 7)), 1 << 20);
+    r->stream = std::make_shared<Stream>();
+    reqs.push_back(r);
+    s.add(r);
+  }
+  StepPlan plan;
+  std::mt19937 rng(5);
+  StreamEvent drain;
+  auto step = [&] {
+    s.plan(plan);
+    apply_plan_transitions(plan);
+    fake_apply(plan, kv, rng);
+    for (auto& c : plan.chunks) {
+      StreamEvent ev;
+      ev.tokens.push_back(c.req->tokens.back());
+      c.req->stream->push(std::move(ev));
+    }
+    s.reap();
+  };
+  for (int i = 0; i < 3; ++i) step();  // prefill, then decodes
+  const int steps = 400;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < steps; ++i) {
+    step();
+    if (i % 64 == 0)
+      for (auto& r : reqs)
+        while (r->stream->try_pop(drain)) {
+        }
+  }
+  double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / steps;
+  EXPECT_EQ(int(s.running().size()), n);
+  return us;
+}
+
+TEST(SchedulerHostTime, PlanAndApplyAt64And160Running) {
+  for (int n : {64, 160}) {
+    double us = plan_apply_us(n);
+    std::printf("  plan + transitions + apply + stream push, %d running decodes: %.1f us per step (target <= 50 us)\n", n, us);
+    EXPECT_LT(us, 5000.0);  // a guard, not the target (shared CI machines)
+  }
 }
 
 TEST(SchedulerSimulation, PlainDecodeTinyPool) { simulate({24, 4, 32, 16, 1, 0, true, 11}); }

@@ -145,3 +145,38 @@ TEST(OutputProcessor, OptionsFromParams) {
 }
 
 }  // namespace
+
+namespace {
+
+// attach_output_processor: the Stream's filter makes the text on the popping thread; a stop
+// string asks the engine to stop and drops the tokens after the match.
+TEST(AttachOutputProcessor, FilterMakesTextAndStopsTheStream) {
+  auto tok = demo_tok();
+  std::vector<int32_t> ids = tok->encode("x = 1\ny = 2\nz = 3\n", false);
+  ASSERT_GT(ids.size(), 6u);
+  GenerateParams p;
+  p.stop = {"y ="};
+  Stream st;
+  attach_output_processor(st, tok, p, {});
+  for (size_t i = 0; i < ids.size(); ++i) {
+    StreamEvent ev = tokens_event({ids[i]}, i + 1 == ids.size(), i + 1 == ids.size() ? FinishReason::length : FinishReason::none);
+    ev.completion_tokens = int(i + 1);
+    st.push(std::move(ev));
+  }
+  std::string text;
+  size_t kept = 0;
+  StreamEvent ev;
+  while (st.try_pop(ev)) {
+    text += ev.text;
+    kept += ev.tokens.size();
+    if (ev.finished) break;
+  }
+  EXPECT_EQ(text, "x = 1\n");
+  EXPECT_TRUE(st.stop_requested());
+  EXPECT_TRUE(ev.finished);
+  EXPECT_EQ(ev.reason, FinishReason::stop);  // the match, not the engine's length, ends it
+  EXPECT_EQ(ev.completion_tokens, int(kept));
+  EXPECT_LT(kept, ids.size());
+}
+
+}  // namespace
