@@ -121,5 +121,32 @@ TEST(Vocab, ByteFallbackAndSpecialsAreHandled) {
     }
 }
 
+// Speculative decoding: accept drafted tokens, roll back the rejected tail; masks and
+// termination are as if the tail had never been accepted.
+TEST(Matcher, RollbackRestoresMasksOnARealTokenizer) {
+  auto tok = tok::Tokenizer::load(test::repo("models/pycoder"));
+  auto vocab = Vocab::from_tokenizer(*tok);
+  auto cg = std::make_shared<const CompiledGrammar>(
+      json_schema_grammar(std::string_view(R"({"type":"object","properties":{"a":{"type":"array","items":{"type":"integer"}}},"required":["a"]})")),
+      vocab);
+  std::vector<int32_t> ids = tok->encode(R"({"a": [1, 22, 333]})");
+  Matcher m(cg);
+  std::vector<std::vector<uint32_t>> before;
+  std::vector<uint32_t> row(static_cast<size_t>(vocab->mask_words()));
+  for (int32_t id : ids) {
+    m.fill_bitmask(row.data());
+    before.push_back(row);
+    ASSERT_TRUE(m.accept_token(id));
+  }
+  ASSERT_TRUE(m.can_terminate());
+  for (size_t k = 1; k <= ids.size(); ++k) {
+    m.rollback(1);
+    m.fill_bitmask(row.data());
+    EXPECT_EQ(row, before[ids.size() - k]) << "after rolling back " << k;
+  }
+  EXPECT_EQ(m.num_rollback(), 0u);
+  EXPECT_TRUE(m.accept_token(ids[0]));
+}
+
 }  // namespace
 }  // namespace ts::grammar
