@@ -15,7 +15,7 @@ STEPS=${1:-tests,labs,golden,demo,graphs,bench8b,moe30b,minimax}
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv,noheader
 if has tests; then
-  timeout 240 $B/test_cuda > $OUT/test_cuda.log 2>&1; echo "test_cuda rc=$?"
+  timeout ${TEST_TIMEOUT:-240} $B/test_cuda > $OUT/test_cuda.log 2>&1; echo "test_cuda rc=$?"
   grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|tests ran" $OUT/test_cuda.log | head -20
 fi
 if has labs; then
