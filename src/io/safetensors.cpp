@@ -219,8 +219,18 @@ void write_safetensors(const std::string& path,
                        const std::map<std::string, std::string>& metadata) {
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
+  // The data section has no holes and every tensor starts aligned to its element size (what the
+  // reader checks, and what the safetensors library writes): lay tensors out by element size,
+  // largest first, keeping the caller's order within one size. Each tensor's byte size is a
+  // multiple of its element size, so every offset stays aligned.
+  std::vector<size_t> order(tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return dtype_size(tensors[a].second.dtype) > dtype_size(tensors[b].second.dtype);
+  });
   size_t off = 0;
-  for (auto& [name, t] : tensors) {
+  for (size_t i : order) {
+    auto& [name, t] = tensors[i];
     TS_CHECK(t.device == Device::cpu && t.is_contiguous(), "write_safetensors: {} must be a contiguous host tensor", name);
     header[name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.dims()}, {"data_offsets", {off, off + t.nbytes()}}};
     off += t.nbytes();
@@ -232,7 +242,7 @@ void write_safetensors(const std::string& path,
   uint64_t hl = h.size();
   f.write(reinterpret_cast<const char*>(&hl), 8);
   f.write(h.data(), std::streamsize(h.size()));
-  for (auto& [_, t] : tensors) f.write(static_cast<const char*>(t.data), std::streamsize(t.nbytes()));
+  for (size_t i : order) f.write(static_cast<const char*>(tensors[i].second.data), std::streamsize(tensors[i].second.nbytes()));
   TS_CHECK(f.good(), "{}: write failed", path);
 }
 

@@ -34,9 +34,16 @@ b = open(p, "rb").read()
 n = struct.unpack("<Q", b[:8])[0]
 h = json.loads(b[8:8 + n])
 exec(stmt)
+# Repack the data section so it stays valid safetensors (no holes: a deleted tensor's bytes go
+# too; offsets keep their order and alignment) and only the edit itself is wrong.
+data, out = b[8 + n:], b""
+for k, v in sorted(((k, v) for k, v in h.items() if k != "__metadata__"), key=lambda kv: kv[1]["data_offsets"][0]):
+    a, e = v["data_offsets"]
+    v["data_offsets"] = [len(out), len(out) + (e - a)]
+    out += data[a:e]
 s = json.dumps(h).encode()
 s += b" " * ((8 - (len(s) + 8) % 8) % 8)
-open(p, "wb").write(struct.pack("<Q", len(s)) + s + b[8 + n:])
+open(p, "wb").write(struct.pack("<Q", len(s)) + s + out)
 PY
 }
 
