@@ -86,6 +86,19 @@ Json finish_json(FinishReason r) {
   return *s ? Json(s) : Json(nullptr);
 }
 
+// The envelope every completion response and chunk shares (OpenAI field order); callers add
+// "usage" where it belongs.
+Json completion_json(const std::string& id, const std::string& object, int64_t created, const std::string& model,
+                     Json choices) {
+  Json out = Json::object();
+  out["id"] = id;
+  out["object"] = object;
+  out["created"] = created;
+  out["model"] = model;
+  out["choices"] = std::move(choices);
+  return out;
+}
+
 http::Reply json_reply(int status, std::string body) {
   http::Reply r;
   r.status = status;
@@ -168,12 +181,7 @@ class GenProducer final : public http::Producer {
     if (!all_finished(jobs_)) return false;
     if (stream_) {
       if (include_usage) {
-        Json u = Json::object();
-        u["id"] = id;
-        u["object"] = object;
-        u["created"] = created;
-        u["model"] = model;
-        u["choices"] = Json::array();
+        Json u = completion_json(id, object, created, model, Json::array());
         u["usage"] = usage_json(total_usage(jobs_, prompt_sizes));
         out += sse_data(u);
       }
@@ -471,12 +479,7 @@ http::Result HttpServer::Impl::completions(std::shared_ptr<Backend> b, const htt
         c["finish_reason"] = finish_json(j.reason);
         choices.push_back(std::move(c));
       }
-      Json out = Json::object();
-      out["id"] = id;
-      out["object"] = "text_completion";
-      out["created"] = created;
-      out["model"] = model;
-      out["choices"] = std::move(choices);
+      Json out = completion_json(id, "text_completion", created, model, std::move(choices));
       out["usage"] = usage_json(total_usage(jobs, sizes));
       return json_reply(200, dump(out));
     };
@@ -507,13 +510,7 @@ http::Result HttpServer::Impl::completions(std::shared_ptr<Backend> b, const htt
     c["text"] = text;
     c["logprobs"] = lp;
     c["finish_reason"] = ev.finished ? finish_json(ev.reason) : Json(nullptr);
-    Json out = Json::object();
-    out["id"] = self->id;
-    out["object"] = "text_completion";
-    out["created"] = self->created;
-    out["model"] = self->model;
-    out["choices"] = Json::array({std::move(c)});
-    w += sse_data(out);
+    w += sse_data(completion_json(self->id, "text_completion", self->created, self->model, Json::array({std::move(c)})));
   };
   return sse_result(std::move(prod));
 }
@@ -585,12 +582,7 @@ http::Result HttpServer::Impl::chat(std::shared_ptr<Backend> b, const http::Requ
         c["finish_reason"] = chat_finish(j.reason, has_calls);
         choices.push_back(std::move(c));
       }
-      Json out = Json::object();
-      out["id"] = id;
-      out["object"] = "chat.completion";
-      out["created"] = created;
-      out["model"] = model;
-      out["choices"] = std::move(choices);
+      Json out = completion_json(id, "chat.completion", created, model, std::move(choices));
       out["usage"] = usage_json(total_usage(jobs, {nprompt}));
       return json_reply(200, dump(out));
     };
@@ -611,13 +603,8 @@ http::Result HttpServer::Impl::chat(std::shared_ptr<Backend> b, const http::Requ
       c["delta"] = std::move(delta);
       c["logprobs"] = std::move(lp);
       c["finish_reason"] = std::move(finish);
-      Json out = Json::object();
-      out["id"] = self->id;
-      out["object"] = "chat.completion.chunk";
-      out["created"] = self->created;
-      out["model"] = self->model;
-      out["choices"] = Json::array({std::move(c)});
-      w += sse_data(out);
+      w += sse_data(completion_json(self->id, "chat.completion.chunk", self->created, self->model,
+                                    Json::array({std::move(c)})));
     };
     if (!(*started)[i]) {
       (*started)[i] = true;
