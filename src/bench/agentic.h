@@ -121,6 +121,9 @@ struct LevelResult {
   std::optional<double> ttft_first_p50_ms, ttft_first_p99_ms, ttft_later_p50_ms, ttft_later_p99_ms;
   std::optional<double> cache_hit_rate, cache_hit_rate_later;
   std::optional<double> accept_length;
+  // KV tiers, from GET /metrics deltas (ours; null elsewhere): prompt tokens found in the device
+  // tier / in the host tier (loaded back) per level prompt token, and GB loaded from the host.
+  std::optional<double> device_hit_rate, host_hit_rate, host_loaded_gb;
   std::optional<double> mean_prompt_tokens;
   std::string first_error;
 };
@@ -139,6 +142,12 @@ std::map<std::string, double> parse_prometheus(std::string_view text);
 // (sglang:spec_accept_length). nullopt when none is present or nothing was verified.
 std::optional<double> accept_length_between(const std::map<std::string, double>& before,
                                             const std::map<std::string, double>& after);
+
+// Fills L.device_hit_rate / host_hit_rate / host_loaded_gb from two scrapes of ours
+// (tokenspeed_prefix_cache_{device,host}_hit_tokens_total over L.prompt_tokens,
+// tokenspeed_kvstore_loaded_bytes_total); leaves them null when the counters are absent.
+void tier_stats_between(const std::map<std::string, double>& before, const std::map<std::string, double>& after,
+                        LevelResult& L);
 
 // ---- synthetic code text ----------------------------------------------------------------------
 struct Rng {  // splitmix64: the same sequence on every platform / standard library

@@ -65,6 +65,9 @@ std::vector<std::pair<std::string, nlohmann::json>> level_fields(const LevelResu
           {"cache_hit_rate_later_turns", opt(L.cache_hit_rate_later)},
           {"mean_prompt_tokens", opt(L.mean_prompt_tokens)},
           {"accept_length", opt(L.accept_length)},
+          {"device_hit_rate", opt(L.device_hit_rate)},
+          {"host_hit_rate", opt(L.host_hit_rate)},
+          {"host_loaded_gb", opt(L.host_loaded_gb)},
           {"first_error", L.first_error.empty() ? nlohmann::json(nullptr) : nlohmann::json(L.first_error)}};
 }
 
@@ -125,7 +128,10 @@ nlohmann::json results_json(const AgenticRun& run) {
       {"tokens_per_chunk", "per-chunk usage deltas when every chunk has usage; else 1 for the first chunk and the "
                            "rest of usage.completion_tokens spread over the later chunks; else 1 per chunk"},
       {"cache_hit_rate", "sum usage.prompt_tokens_details.cached_tokens / sum usage.prompt_tokens"},
-      {"accept_length", "from GET /metrics deltas over the level (speculative decoding); null when absent"}};
+      {"accept_length", "from GET /metrics deltas over the level (speculative decoding); null when absent"},
+      {"device_hit_rate", "prompt tokens found in the device KV tier / prompt tokens (GET /metrics deltas; ours only)"},
+      {"host_hit_rate", "prompt tokens loaded back from the host KV tier / prompt tokens (GET /metrics deltas; ours only)"},
+      {"host_loaded_gb", "GB copied host tier -> device over the level (GET /metrics deltas; ours only)"}};
   return j;
 }
 
@@ -224,6 +230,8 @@ std::string results_table(const AgenticRun& run) {
   out += fmt::format("{:>5} {:>6} {:>4} {:>10} {:>11} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>6} {:>6} {:>8}\n", "conc",
                      "reqs", "err", "user tok/s", "GPU tok/min", "TTFT1 p50", "TTFT1 p99", "TTFTn p50", "TTFTn p99",
                      "ITL p50", "ITL p99", "cache", "accept", "time s");
+  bool tiers = false;
+  for (auto& L : run.levels) tiers = tiers || L.host_hit_rate.has_value();
   for (auto& L : run.levels)
     out += fmt::format("{:>5} {:>6} {:>4} {:>10} {:>11} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>6} {:>6} {:>8.1f}\n",
                        L.concurrency, L.requests, L.errors, f(L.per_user_tps), f(L.per_gpu_tpm, "{:.0f}"),
@@ -232,6 +240,12 @@ std::string results_table(const AgenticRun& run) {
                        f(L.itl_p99_ms, "{:.2f}"), f(L.cache_hit_rate, "{:.3f}"), f(L.accept_length, "{:.2f}"),
                        L.duration_s);
   out += "(TTFT/ITL in ms; TTFT1 = first turns, TTFTn = later turns; cache = cached / prompt tokens)\n";
+  if (tiers) {
+    out += fmt::format("{:>5} {:>12} {:>12} {:>12}\n", "conc", "device hits", "host hits", "host GB in");
+    for (auto& L : run.levels)
+      out += fmt::format("{:>5} {:>12} {:>12} {:>12}\n", L.concurrency, f(L.device_hit_rate, "{:.3f}"),
+                         f(L.host_hit_rate, "{:.3f}"), f(L.host_loaded_gb, "{:.2f}"));
+  }
   return out;
 }
 

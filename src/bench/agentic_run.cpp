@@ -409,6 +409,7 @@ AgenticRun run_agentic(const AgenticConfig& cfg_in) {
     LevelResult L = compute_level(lr.recs, conc, n, c.num_gpus, lr.t0, lr.t1);
     L.truncated_conversations = lr.truncated;
     L.accept_length = accept_length_between(before, after);
+    tier_stats_between(before, after, L);
     if (L.errors) warn(s, fmt::format("c={}: {} of {} requests failed; first: {}", conc, L.errors, L.requests, L.first_error));
     run.levels.push_back(std::move(L));
   }

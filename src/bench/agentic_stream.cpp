@@ -308,3 +308,19 @@ std::optional<double> accept_length_between(const std::map<std::string, double>&
 }
 
 }  // namespace ts::bench
+
+namespace ts::bench {
+void tier_stats_between(const std::map<std::string, double>& before, const std::map<std::string, double>& after,
+                        LevelResult& L) {
+  auto delta = [&](const char* k) -> std::optional<double> {
+    auto a = after.find(k);
+    if (a == after.end() || !std::isfinite(a->second)) return std::nullopt;
+    auto b = before.find(k);
+    return a->second - (b == before.end() ? 0.0 : b->second);
+  };
+  const double prompt = double(L.prompt_tokens);
+  if (auto d = delta("tokenspeed_prefix_cache_device_hit_tokens_total"); d && prompt > 0) L.device_hit_rate = *d / prompt;
+  if (auto h = delta("tokenspeed_prefix_cache_host_hit_tokens_total"); h && prompt > 0) L.host_hit_rate = *h / prompt;
+  if (auto g = delta("tokenspeed_kvstore_loaded_bytes_total")) L.host_loaded_gb = *g / 1e9;
+}
+}  // namespace ts::bench

@@ -225,3 +225,22 @@ TEST(AgenticConfig, ParseLists) {
   EXPECT_THROW(parse_range("15-10"), ts::Error);
   EXPECT_THROW(parse_range("a-b"), ts::Error);
 }
+
+TEST(AgenticMetrics, KvTierHitRatesFromMetricsDeltas) {
+  LevelResult L;
+  L.prompt_tokens = 1000;
+  std::map<std::string, double> before = {{"tokenspeed_prefix_cache_device_hit_tokens_total", 100},
+                                          {"tokenspeed_prefix_cache_host_hit_tokens_total", 0},
+                                          {"tokenspeed_kvstore_loaded_bytes_total", 0}};
+  std::map<std::string, double> after = {{"tokenspeed_prefix_cache_device_hit_tokens_total", 400},
+                                         {"tokenspeed_prefix_cache_host_hit_tokens_total", 500},
+                                         {"tokenspeed_kvstore_loaded_bytes_total", 2e9}};
+  tier_stats_between(before, after, L);
+  EXPECT_DOUBLE_EQ(*L.device_hit_rate, 0.3);
+  EXPECT_DOUBLE_EQ(*L.host_hit_rate, 0.5);
+  EXPECT_DOUBLE_EQ(*L.host_loaded_gb, 2.0);
+  LevelResult other;  // another engine: no counters, nulls
+  other.prompt_tokens = 10;
+  tier_stats_between({}, {{"vllm:num_requests_running", 1}}, other);
+  EXPECT_FALSE(other.device_hit_rate || other.host_hit_rate || other.host_loaded_gb);
+}
