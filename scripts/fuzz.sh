@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 SECS=${1:-30}
 shift || true
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(protocol config safetensors tokenizer chat_template)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(protocol config safetensors tokenizer chat_template http grammar)
 BUILD_DIR=${FUZZ_BUILD_DIR:-build-fuzz}
 scripts/setup.sh --fuzz
 LAUNCHER=()

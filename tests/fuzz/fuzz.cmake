@@ -7,14 +7,14 @@ endif()
 set(TS_FUZZ_SAN -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1)
 file(GLOB TS_FUZZ_LIB_SOURCES CONFIGURE_DEPENDS
   src/io/*.cpp src/tokenizer/*.cpp src/chat/*.cpp src/core/log.cpp src/core/tensor.cpp src/core/device_memory.cpp
-  src/server/protocol.cpp)
+  src/server/protocol.cpp src/server/http/request_parse.cpp src/grammar/*.cpp)
 add_library(tsfuzz STATIC ${TS_FUZZ_LIB_SOURCES})
 target_include_directories(tsfuzz PUBLIC src ${CMAKE_BINARY_DIR}/generated ${XXHASH_INCLUDE})
 target_compile_options(tsfuzz PRIVATE -fsanitize=fuzzer-no-link ${TS_FUZZ_SAN} ${TS_CPU_FLAGS})
 target_link_libraries(tsfuzz PUBLIC PkgConfig::PCRE2 nlohmann_json::nlohmann_json fmt::fmt spdlog::spdlog
   ${XXHASH_LIB} Threads::Threads)
 add_custom_target(fuzz_all)
-foreach(t protocol config safetensors tokenizer chat_template)
+foreach(t protocol config safetensors tokenizer chat_template http grammar)
   add_executable(fuzz_${t} tests/fuzz/fuzz_${t}.cpp)
   target_compile_options(fuzz_${t} PRIVATE -fsanitize=fuzzer ${TS_FUZZ_SAN})
   target_link_options(fuzz_${t} PRIVATE -fsanitize=fuzzer ${TS_FUZZ_SAN})
