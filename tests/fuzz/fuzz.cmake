@@ -21,3 +21,13 @@ foreach(t protocol config safetensors tokenizer chat_template http grammar)
   target_link_libraries(fuzz_${t} PRIVATE tsfuzz)
   add_dependencies(fuzz_all fuzz_${t})
 endforeach()
+# The unit tests of the same parsers, built with the same sanitizers (ASan + UBSan, sanitizer
+# coverage without libFuzzer): scripts/fuzz.sh runs them after the fuzzers, so a memory error or
+# undefined behaviour on the tests' own inputs fails CI too.
+file(GLOB TS_SAN_TEST_SOURCES CONFIGURE_DEPENDS tests/unit/io/*.cpp tests/unit/tokenizer/*.cpp tests/unit/chat/*.cpp
+  tests/unit/grammar/*.cpp tests/unit/server/protocol_test.cpp tests/unit/server/protocol_limits_test.cpp
+  tests/unit/server/http_request_parse_test.cpp)
+add_executable(san_unit_tests ${TS_SAN_TEST_SOURCES})
+target_compile_options(san_unit_tests PRIVATE ${TS_FUZZ_SAN})
+target_link_options(san_unit_tests PRIVATE ${TS_FUZZ_SAN})
+target_link_libraries(san_unit_tests PRIVATE tsfuzz GTest::gtest GTest::gtest_main)
