@@ -1,4 +1,5 @@
 #include "server/backend.h"
+#include "server/kv_events.h"
 #include "server/output_processor.h"
 #include "tokenizer/tokenizer.h"
 
@@ -7,7 +8,14 @@ namespace ts::server {
 namespace {
 class EngineBackend final : public Backend {
  public:
-  explicit EngineBackend(const EngineOptions& opts) : engine_(opts), eos_(engine_.eos_token_ids()) { engine_.start(); }
+  EngineBackend(const EngineOptions& opts, const KvEventsConfig& events)
+      : engine_(with_events(opts, events)), eos_(engine_.eos_token_ids()) {
+    if (events.active()) {
+      publisher_ = std::make_unique<KvEventPublisher>(events, opts.block_size);
+      engine_.set_kv_event_sink([p = publisher_.get()](std::vector<KvCacheEvent>& ev) { p->publish(ev); });
+    }
+    engine_.start();
+  }
   ~EngineBackend() override { stop(); }
   // The engine sends ids; the text (detok, stop strings) is made when the HTTP side pops each
   // event, on its thread (StreamEvent::text).
@@ -37,14 +45,19 @@ class EngineBackend final : public Backend {
   }
 
  private:
+  static EngineOptions with_events(EngineOptions o, const KvEventsConfig& events) {
+    o.kv_events = events.active();
+    return o;
+  }
   Engine engine_;
+  std::unique_ptr<KvEventPublisher> publisher_;  // null: events off
   std::vector<int32_t> eos_;
   bool stopped_ = false;
 };
 }  // namespace
 
-std::shared_ptr<Backend> make_engine_backend(const EngineOptions& opts) {
-  return std::make_shared<EngineBackend>(opts);
+std::shared_ptr<Backend> make_engine_backend(const EngineOptions& opts, const KvEventsConfig& events) {
+  return std::make_shared<EngineBackend>(opts, events);
 }
 
 }  // namespace ts::server
