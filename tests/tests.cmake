@@ -17,6 +17,20 @@ foreach(fixture llama3_fp8 qwen3_moe_fp8 deepseek_v3_fp8 llama3_fp8ch qwen3_fp8c
   add_test(NAME golden_${fixture} COMMAND $<TARGET_FILE:tokenspeed> verify-golden ${CMAKE_SOURCE_DIR}/tests/data/${fixture})
   set_tests_properties(golden_${fixture} PROPERTIES LABELS "golden;quant")
 endforeach()
+# Parallel layers on CPU ranks (threads over the CPU Comm backend, the engine's TP worker path):
+# each fixture at TP 2 must match its golden like TP 1 does.
+set(TS_TP2_FIXTURES llama3 llama2_mha qwen3 llama3_fp8 llama3_fp8ch qwen3_fp8ch llama3_nvfp4)
+foreach(fixture ${TS_TP2_FIXTURES})
+  add_test(NAME golden_tp2_${fixture} COMMAND $<TARGET_FILE:tokenspeed> verify-golden ${CMAKE_SOURCE_DIR}/tests/data/${fixture}
+    --device cpu --tp-size 2)
+  set_tests_properties(golden_tp2_${fixture} PROPERTIES LABELS "golden;parallel")
+endforeach()
+add_test(NAME golden_tp4_llama3 COMMAND $<TARGET_FILE:tokenspeed> verify-golden ${CMAKE_SOURCE_DIR}/tests/data/llama3
+  --device cpu --tp-size 4)
+set_tests_properties(golden_tp4_llama3 PROPERTIES LABELS "golden;parallel")
+add_test(NAME cli_parallel COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/parallel_test.sh $<TARGET_FILE:tokenspeed>
+  ${CMAKE_SOURCE_DIR}/tests/data)
+set_tests_properties(cli_parallel PROPERTIES LABELS "cli;parallel")
 # FP8 (e4m3, scale 1.0) KV cache on the CPU ops, dense fixtures: e4m3 keys/values move these
 # random models' logits by 0.11-0.22 (teacher-forced greedy check, near-ties within atol).
 foreach(fixture llama3 llama2_mha qwen3)

@@ -84,6 +84,7 @@ void apply_parallel_options(const parallel::ParallelOptions& p, EngineOptions& o
   o.ep_size = m.moe_ep;
   o.replicate_embedding = p.replicate_embedding;
   o.comm_fusion_max_num_tokens = p.comm_fusion_max_num_tokens;
+  o.parallel = p;
 }
 
 void add_model_arg(CLI::App& app, std::string& model) {
