@@ -118,11 +118,10 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   if (!o.speculative_algorithm.empty()) lo.capture_layers = SpecWorker::capture_layers_for(o, cfg);
   lo.replicate_embedding = o.replicate_embedding;
   TS_CHECK(o.tp_size >= 1, "--tp-size must be at least 1 (got {})", o.tp_size);
-  TS_CHECK(o.ep_size == 1 || o.ep_size == o.tp_size, "--ep-size {} must be 1 or the tp size {}", o.ep_size, o.tp_size);
+  const parallel::ParallelOptions po = engine_parallel_options(o);  // tp_workers.h
   TpModels tpm;
-  if (o.tp_size > 1) {
-    TS_CHECK(device == Device::cuda, "--tp-size {} needs --device cuda", o.tp_size);
-    tpm = load_tp_models(cfg, lo, o.tp_size, o.ep_size, o.comm_fusion_max_num_tokens);
+  if (po.world_size() > 1) {  // one shard per rank (GPUs or CPU threads), tp_workers.h
+    tpm = load_tp_models(cfg, lo, po);
     model = tpm.shards[0];
   } else {
     model = models::create_model(cfg, lo);
@@ -163,7 +162,7 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
                    double(per_slot) / (1 << 20), o.max_num_seqs, max_seqs);
     }
   }
-  runner = o.tp_size > 1 ? make_tp_runner(tpm, blocks, bs) : std::make_unique<ModelRunner>(model, blocks, bs, max_seqs);
+  runner = tpm.workers ? make_tp_runner(tpm, blocks, bs, max_seqs) : std::make_unique<ModelRunner>(model, blocks, bs, max_seqs);
   // Cached KV blocks cannot restore a recurrent layer's state at the end of the prefix.
   bool prefix_cache = !o.disable_prefix_cache;
   if (hybrid && prefix_cache) {

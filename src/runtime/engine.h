@@ -14,6 +14,8 @@
 #include <optional>
 #include <string>
 #include <thread>
+
+#include "parallel/options.h"
 #include <vector>
 
 #include "core/tensor.h"
@@ -143,6 +145,9 @@ struct EngineOptions {
   int ep_size = 1;
   bool replicate_embedding = false;
   int comm_fusion_max_num_tokens = 2048;
+  // The whole parallel mapping (the CLI's parallel flags; cli::apply_parallel_options fills it
+  // and the four fields above). A world of one here with tp_size > 1 above: tp_size / ep_size win.
+  parallel::ParallelOptions parallel;
 };
 
 // Cumulative histogram (Prometheus semantics: counts[i] = observations <= bounds[i]; the last
