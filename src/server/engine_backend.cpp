@@ -19,13 +19,14 @@ class EngineBackend final : public Backend {
   ~EngineBackend() override { stop(); }
   // The engine sends ids; the text (detok, stop strings) is made when the HTTP side pops each
   // event, on its thread (StreamEvent::text).
-  std::shared_ptr<Stream> submit(GenerateParams params) override {
+  std::shared_ptr<Stream> submit(GenerateParams params) override { return submit(std::move(params), SubmitOptions{}); }
+  std::shared_ptr<Stream> submit(GenerateParams params, const SubmitOptions& so) override {
     GenerateParams text_params;
     text_params.stop = params.stop;
     text_params.stop_token_ids = params.stop_token_ids;
     text_params.ignore_eos = params.ignore_eos;
     std::shared_ptr<Stream> st = engine_.submit(std::move(params));
-    attach_output_processor(*st, engine_.tokenizer_ptr(), text_params, eos_);
+    attach_output_processor(*st, engine_.tokenizer_ptr(), text_params, eos_, so.include_stop_str, so.stop_info);
     return st;
   }
   EngineMetrics metrics() const override { return engine_.metrics(); }

@@ -65,7 +65,8 @@ void check_model(const Json& body, const ModelInfo& info);
 // frequency_penalty, repetition_penalty. Range errors -> 400 naming the field.
 void parse_sampling(const Json& body, GenerateParams& p, int64_t vocab_size);
 
-// max_tokens (or `alt` e.g. max_completion_tokens); must be > 0 when present.
+// max_tokens, or `alt` (max_completion_tokens), which wins when both are present (OpenAI deprecates
+// max_tokens for it); must be > 0 when present.
 std::optional<int64_t> parse_max_tokens(const Json& body, const char* alt = nullptr);
 // n >= 1 (and <= 128).
 int parse_n(const Json& body);
@@ -93,6 +94,8 @@ struct CompletionRequest {
   int n = 1;
   bool echo = false, stream = false, include_usage = false;
   int logprobs = -1;                 // -1: none
+  bool include_stop_str = false;     // include_stop_str_in_output (vLLM)
+  int prompt_logprobs = -1;          // prompt_logprobs (vLLM; -1: none); echo + logprobs also needs them
 };
 
 using EncodeFn = std::function<std::vector<int32_t>(const std::string&)>;
@@ -118,6 +121,7 @@ struct ChatRequest {
   bool stream = false, include_usage = false;
   bool logprobs = false;
   int top_logprobs = 0;
+  bool include_stop_str = false;   // include_stop_str_in_output (vLLM)
 };
 
 // Validates messages (roles, content), tools, tool_choice, response_format (json modes -> 400
