@@ -1,4 +1,5 @@
 #include "server/backend.h"
+#include "runtime/structured.h"
 #include "server/output_processor.h"
 #include "tokenizer/tokenizer.h"
 
@@ -7,7 +8,10 @@ namespace ts::server {
 namespace {
 class EngineBackend final : public Backend {
  public:
-  explicit EngineBackend(const EngineOptions& opts) : engine_(opts), eos_(engine_.eos_token_ids()) { engine_.start(); }
+  explicit EngineBackend(const EngineOptions& opts)
+      : engine_(opts), eos_(engine_.eos_token_ids()), grammars_(engine_.tokenizer_ptr(), eos_) {
+    engine_.start();
+  }
   ~EngineBackend() override { stop(); }
   // The engine sends ids; the text (detok, stop strings) is made when the HTTP side pops each
   // event, on its thread (StreamEvent::text).
@@ -16,6 +20,8 @@ class EngineBackend final : public Backend {
     text_params.stop = params.stop;
     text_params.stop_token_ids = params.stop_token_ids;
     text_params.ignore_eos = params.ignore_eos;
+    // Structured outputs: compile (or find) the grammar here, on the HTTP worker thread.
+    if (params.structured && !params.structured->compiled) params.structured = grammars_.prepare(*params.structured);
     std::shared_ptr<Stream> st = engine_.submit(std::move(params));
     attach_output_processor(*st, engine_.tokenizer_ptr(), text_params, eos_);
     return st;
@@ -39,6 +45,7 @@ class EngineBackend final : public Backend {
  private:
   Engine engine_;
   std::vector<int32_t> eos_;
+  GrammarCache grammars_;
   bool stopped_ = false;
 };
 }  // namespace
