@@ -16,6 +16,7 @@
 #include "runtime/sampler.h"
 #include "runtime/scheduler.h"
 #include "runtime/spec_worker.h"
+#include "runtime/structured.h"
 #include "runtime/tp_workers.h"
 #include "tokenizer/tokenizer.h"
 
@@ -286,7 +287,14 @@ std::shared_ptr<Stream> EngineImpl::submit(GenerateParams p) {
                                      "({} in the prompt, {} for the completion).",
                                      context_len, p.prompt.size() + size_t(p.max_tokens), p.prompt.size(), p.max_tokens),
                          "max_tokens");
+  // Structured outputs / logit_bias / min_tokens (runtime/structured.h): the speculative worker
+  // does not apply them to its draft and verify rows yet, so refuse rather than ignore them.
+  if (spec && has_constraints(p))
+    throw InvalidRequest("structured outputs, logit_bias and min_tokens are not supported with speculative decoding "
+                         "(--speculative-algorithm) yet",
+                         p.structured ? "response_format" : (!p.logit_bias.empty() ? "logit_bias" : "min_tokens"));
   auto r = std::make_shared<Request>();
+  r->constraints = LogitsConstraints::make(p, std::vector<int32_t>(eos.begin(), eos.end()));
   r->stream = std::make_shared<Stream>();
   r->tokens = p.prompt;
   r->prompt_len = int(p.prompt.size());
@@ -485,6 +493,10 @@ FinishReason EngineImpl::push_token(Request& r, int32_t t, const TokenLogprob* l
   // ends the request through Stream::request_stop.
   bool stop_id = (!p.ignore_eos && eos.count(t)) || std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), t) != p.stop_token_ids.end();
   if (stop_id) return FinishReason::stop;
+  if (r.constraints) {  // the grammar state advances; a completed grammar ends the output
+    r.constraints->accept(t);
+    if (r.constraints->grammar_done() || r.constraints->failed()) return FinishReason::stop;
+  }
   if (r.num_generated() >= p.max_tokens || int64_t(r.tokens.size()) >= context_len) return FinishReason::length;
   return FinishReason::none;
 }

@@ -27,6 +27,8 @@ class StreamDecoder;
 
 namespace ts {
 
+struct StructuredRequest;  // runtime/structured.h: a grammar the output must follow
+
 enum class FinishReason { none, stop, length, abort };
 const char* finish_reason_name(FinishReason r);  // "stop", "length", "abort"
 
@@ -45,6 +47,12 @@ struct GenerateParams {
   bool ignore_eos = false;
   int logprobs = -1;                    // -1: none; k >= 0: sampled token + top-k
   bool return_spec_trace = false;       // speculative decoding: send each verify's drafts (StreamEvent::spec_trace)
+  // Logits constraints (runtime/structured.h, applied by the sampler): a grammar (compiled by
+  // GrammarCache before submit), additive biases per token id, and a minimum output length
+  // before which the stop ids are masked.
+  std::shared_ptr<const StructuredRequest> structured;
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  int min_tokens = 0;
 };
 
 struct TokenLogprob {
