@@ -17,7 +17,7 @@ namespace {
 
 int cmd_serve(int argc, char** argv) {
   CLI::App app{"tokenspeed serve: OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/models, "
-               "/health, /metrics)"};
+               "/v1/responses, /v1/messages, /v1/embeddings, /tokenize, /detokenize, /version, /health, /metrics)"};
   std::string model;
   ts::server::ServerOptions so;
   ts::EngineOptions eo;
@@ -82,6 +82,16 @@ int cmd_serve(int argc, char** argv) {
                  "KV cache events for prefix-aware routers, vLLM's JSON, e.g. '{\"enable_kv_cache_events\": true, "
                  "\"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\"}' "
                  "(msgpack over ZMQ PUB; docs/DEPLOY.md)");
+  app.add_option("--api-key", so.api_key,
+                 "require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every route but /health and /metrics "
+                 "(401 otherwise); default: $TOKENSPEED_API_KEY")
+      ->envname("TOKENSPEED_API_KEY");
+  app.add_option("--responses-store-size", so.responses_store_size,
+                 "/v1/responses kept in memory for previous_response_id and GET /v1/responses/{id} (LRU; 0: none)")
+      ->capture_default_str();
+  app.add_option("--embedding-pooling", so.embedding_pooling, "/v1/embeddings: pool the final hidden states: last | mean")
+      ->check(CLI::IsMember({"last", "mean"}))
+      ->capture_default_str();
   ts::cli::add_engine_flags(app, eo);
   try {
     app.parse(argc, argv);

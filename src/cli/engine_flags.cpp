@@ -85,11 +85,11 @@ void apply_parallel_options(const parallel::ParallelOptions& p, EngineOptions& o
   if (m.attn_dp > 1) later(fmt::format("--data-parallel-size {}", m.attn_dp));
   if (p.nnodes > 1) later(fmt::format("--nnodes {}", p.nnodes));
   if (m.dense_tp != m.attn_tp) later(fmt::format("--dense-tp-size {}", m.dense_tp));
-  if (m.moe_tp != m.world && m.moe_ep == 1) later(fmt::format("--moe-tp-size {}", m.moe_tp));
   o.tp_size = m.attn_tp;
   o.ep_size = m.moe_ep;
   o.replicate_embedding = p.replicate_embedding;
   o.comm_fusion_max_num_tokens = p.comm_fusion_max_num_tokens;
+  o.parallel = p;
 }
 
 void add_model_arg(CLI::App& app, std::string& model) {

@@ -16,6 +16,7 @@
 #include "runtime/sampler.h"
 #include "runtime/scheduler.h"
 #include "runtime/spec_worker.h"
+#include "runtime/structured.h"
 #include "runtime/tp_workers.h"
 #include "tokenizer/tokenizer.h"
 
@@ -118,11 +119,10 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   if (!o.speculative_algorithm.empty()) lo.capture_layers = SpecWorker::capture_layers_for(o, cfg);
   lo.replicate_embedding = o.replicate_embedding;
   TS_CHECK(o.tp_size >= 1, "--tp-size must be at least 1 (got {})", o.tp_size);
-  TS_CHECK(o.ep_size == 1 || o.ep_size == o.tp_size, "--ep-size {} must be 1 or the tp size {}", o.ep_size, o.tp_size);
+  const parallel::ParallelOptions po = engine_parallel_options(o);  // tp_workers.h
   TpModels tpm;
-  if (o.tp_size > 1) {
-    TS_CHECK(device == Device::cuda, "--tp-size {} needs --device cuda", o.tp_size);
-    tpm = load_tp_models(cfg, lo, o.tp_size, o.ep_size, o.comm_fusion_max_num_tokens);
+  if (po.world_size() > 1) {  // one shard per rank (GPUs or CPU threads), tp_workers.h
+    tpm = load_tp_models(cfg, lo, po);
     model = tpm.shards[0];
   } else {
     model = models::create_model(cfg, lo);
@@ -163,7 +163,7 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
                    double(per_slot) / (1 << 20), o.max_num_seqs, max_seqs);
     }
   }
-  runner = o.tp_size > 1 ? make_tp_runner(tpm, blocks, bs) : std::make_unique<ModelRunner>(model, blocks, bs, max_seqs);
+  runner = tpm.workers ? make_tp_runner(tpm, blocks, bs, max_seqs) : std::make_unique<ModelRunner>(model, blocks, bs, max_seqs);
   // Cached KV blocks cannot restore a recurrent layer's state at the end of the prefix.
   bool prefix_cache = !o.disable_prefix_cache;
   if (hybrid && prefix_cache) {
@@ -287,7 +287,14 @@ std::shared_ptr<Stream> EngineImpl::submit(GenerateParams p) {
                                      "({} in the prompt, {} for the completion).",
                                      context_len, p.prompt.size() + size_t(p.max_tokens), p.prompt.size(), p.max_tokens),
                          "max_tokens");
+  // Structured outputs / logit_bias / min_tokens (runtime/structured.h): the speculative worker
+  // does not apply them to its draft and verify rows yet, so refuse rather than ignore them.
+  if (spec && has_constraints(p))
+    throw InvalidRequest("structured outputs, logit_bias and min_tokens are not supported with speculative decoding "
+                         "(--speculative-algorithm) yet",
+                         p.structured ? "response_format" : (!p.logit_bias.empty() ? "logit_bias" : "min_tokens"));
   auto r = std::make_shared<Request>();
+  r->constraints = LogitsConstraints::make(p, std::vector<int32_t>(eos.begin(), eos.end()));
   r->stream = std::make_shared<Stream>();
   r->tokens = p.prompt;
   r->prompt_len = int(p.prompt.size());
@@ -486,6 +493,10 @@ FinishReason EngineImpl::push_token(Request& r, int32_t t, const TokenLogprob* l
   // ends the request through Stream::request_stop.
   bool stop_id = (!p.ignore_eos && eos.count(t)) || std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), t) != p.stop_token_ids.end();
   if (stop_id) return FinishReason::stop;
+  if (r.constraints) {  // the grammar state advances; a completed grammar ends the output
+    r.constraints->accept(t);
+    if (r.constraints->grammar_done() || r.constraints->failed()) return FinishReason::stop;
+  }
   if (r.num_generated() >= p.max_tokens || int64_t(r.tokens.size()) >= context_len) return FinishReason::length;
   return FinishReason::none;
 }

@@ -14,6 +14,8 @@
 #include <optional>
 #include <string>
 #include <thread>
+
+#include "parallel/options.h"
 #include <vector>
 
 #include "core/tensor.h"
@@ -24,6 +26,8 @@ class StreamDecoder;
 }
 
 namespace ts {
+
+struct StructuredRequest;  // runtime/structured.h: a grammar the output must follow
 
 enum class FinishReason { none, stop, length, abort };
 const char* finish_reason_name(FinishReason r);  // "stop", "length", "abort"
@@ -43,6 +47,12 @@ struct GenerateParams {
   bool ignore_eos = false;
   int logprobs = -1;                    // -1: none; k >= 0: sampled token + top-k
   bool return_spec_trace = false;       // speculative decoding: send each verify's drafts (StreamEvent::spec_trace)
+  // Logits constraints (runtime/structured.h, applied by the sampler): a grammar (compiled by
+  // GrammarCache before submit), additive biases per token id, and a minimum output length
+  // before which the stop ids are masked.
+  std::shared_ptr<const StructuredRequest> structured;
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  int min_tokens = 0;
 };
 
 struct TokenLogprob {
@@ -143,6 +153,9 @@ struct EngineOptions {
   int ep_size = 1;
   bool replicate_embedding = false;
   int comm_fusion_max_num_tokens = 2048;
+  // The whole parallel mapping (the CLI's parallel flags; cli::apply_parallel_options fills it
+  // and the four fields above). A world of one here with tp_size > 1 above: tp_size / ep_size win.
+  parallel::ParallelOptions parallel;
 };
 
 // Cumulative histogram (Prometheus semantics: counts[i] = observations <= bounds[i]; the last

@@ -20,6 +20,8 @@
 
 namespace ts {
 
+class LogitsConstraints;  // runtime/structured.h
+
 namespace state {
 struct Waiting {};
 struct Prefilling {};
@@ -74,6 +76,8 @@ struct Request {
   // it runs (taken at its first chunk, dropped when it ends or is retracted).
   std::shared_ptr<const int> state_slot;
   uint64_t seed = 0;
+  // Grammar matcher, logit_bias, min_tokens (null when the request has none of them).
+  std::shared_ptr<LogitsConstraints> constraints;
 
   int tokens_emitted = 0;       // generated tokens already sent
 
