@@ -348,7 +348,8 @@ void EngineImpl::refresh_gauges() {
   metrics_.waiting = int(sched->waiting().size());
   metrics_.kv_used_blocks = kv->used_blocks();
   metrics_.kv_usage = double(kv->used_blocks()) / double(kv->num_blocks());
-  metrics_.prefix_device_hit_blocks = kv->device_hit_blocks();
+  metrics_.prefix_device_hit_tokens = kv->device_hit_tokens();
+  metrics_.prefix_host_hit_tokens = kv->host_hit_tokens();
   metrics_.prefix_host_hit_blocks = kv->host_hit_blocks();
   if (store) {
     const KvStoreStats& st = store->stats();

@@ -191,8 +191,9 @@ struct EngineMetrics {
   // Per finished request: waiting (submit -> first admission), prefill (admission -> first
   // token), decode (first token -> finish) seconds.
   Histogram queue_s, prefill_s, decode_s;
-  // Prefix lookups in blocks, per tier (device hits; host-tier hits = loads).
-  int64_t prefix_device_hit_blocks = 0, prefix_host_hit_blocks = 0;
+  // Prefix hits of first admissions in tokens, per tier (host: loaded back); host-tier lookup
+  // hits in blocks (every lookup, retries included: what was loaded).
+  int64_t prefix_device_hit_tokens = 0, prefix_host_hit_tokens = 0, prefix_host_hit_blocks = 0;
   int64_t host_cached_prompt_tokens = 0;  // of cached_prompt_tokens, loaded from the host tier
   // Host tier (KvStore; 0 blocks: off).
   int64_t kvstore_total_blocks = 0, kvstore_used_blocks = 0;

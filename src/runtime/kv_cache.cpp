@@ -132,7 +132,6 @@ int KvCache::match_prefix(const int32_t* tokens, int max_tokens, std::vector<int
     ++b.ref;
     table.push_back(it->second);
     hashes.push_back(h);
-    ++device_hits_;
     n += block_size_;
   }
   return n;

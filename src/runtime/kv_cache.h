@@ -59,9 +59,16 @@ class KvCache {
   void enable_events();
   bool events_enabled() const { return events_on_; }
   void drain_events(std::vector<KvCacheEvent>& out);
-  // Prefix-lookup counters (blocks): device-tier hits and host-tier hits (loads).
-  int64_t device_hit_blocks() const { return device_hits_; }
-  int64_t host_hit_blocks() const { return host_hits_; }
+  // Prefix hits of admissions (tokens; the scheduler reports each request's first admission,
+  // so retried and re-admitted lookups do not count twice): from the device tier, from the host
+  // tier (loaded back).
+  void count_admission(int device_tokens, int host_tokens) {
+    device_hit_tokens_ += device_tokens;
+    host_hit_tokens_ += host_tokens;
+  }
+  int64_t device_hit_tokens() const { return device_hit_tokens_; }
+  int64_t host_hit_tokens() const { return host_hit_tokens_; }
+  int64_t host_hit_blocks() const { return host_hits_; }  // every host-tier lookup hit (loads)
   // Tokens the last match_prefix found in the host tier (a subset of its return value).
   int last_host_tokens() const { return last_host_tokens_; }
 
@@ -95,7 +102,7 @@ class KvCache {
   std::vector<int32_t> block_tokens_;
   bool events_on_ = false;
   std::vector<KvCacheEvent> events_;
-  int64_t device_hits_ = 0, host_hits_ = 0;
+  int64_t host_hits_ = 0, device_hit_tokens_ = 0, host_hit_tokens_ = 0;
   int last_host_tokens_ = 0;
 };
 

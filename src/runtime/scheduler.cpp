@@ -89,6 +89,7 @@ void Scheduler::plan(StepPlan& plan) {
     if (!r.admitted_once) {
       r.cached_tokens = std::min(cached, r.prompt_len);
       r.host_cached_tokens = std::min(kv_.last_host_tokens(), r.cached_tokens);
+      kv_.count_admission(r.cached_tokens - r.host_cached_tokens, r.host_cached_tokens);
       r.admitted_once = true;
       r.scheduled = Clock::now();
     }

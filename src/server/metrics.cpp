@@ -67,13 +67,15 @@ void render_vllm(std::string& out, const EngineMetrics& e, const std::string& mo
 
 // The host KV tier (KvStore) and the per-tier prefix hits.
 void render_kvstore(std::string& out, const EngineMetrics& e, const std::string& l) {
-  const double bs = e.block_size;
   metric(out, "tokenspeed_prefix_cache_device_hit_tokens_total", "counter",
-         "Prompt tokens found in the device KV tier (prefix lookups, every admission).", l,
-         static_cast<double>(e.prefix_device_hit_blocks) * bs);
+         "Prompt tokens of admitted requests found in the device KV tier (first admission).", l,
+         static_cast<double>(e.prefix_device_hit_tokens));
   metric(out, "tokenspeed_prefix_cache_host_hit_tokens_total", "counter",
-         "Prompt tokens found in the host KV tier and loaded back (prefix lookups, every admission).", l,
-         static_cast<double>(e.prefix_host_hit_blocks) * bs);
+         "Prompt tokens of admitted requests found in the host KV tier and loaded back (first admission).", l,
+         static_cast<double>(e.prefix_host_hit_tokens));
+  metric(out, "tokenspeed_kvstore_hit_blocks_total", "counter",
+         "Host-tier blocks found by prefix lookups and loaded (retried and re-admitted lookups included).", l,
+         static_cast<double>(e.prefix_host_hit_blocks));
   metric(out, "tokenspeed_host_cached_prompt_tokens_total", "counter",
          "Of the cached prompt tokens of finished requests, those loaded from the host KV tier.", l,
          static_cast<double>(e.host_cached_prompt_tokens));

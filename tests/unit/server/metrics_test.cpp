@@ -65,7 +65,7 @@ TEST(Metrics, VllmNamesBesideTokenspeed) {
   e.prompt_tokens = 100;
   e.cached_prompt_tokens = 60;
   e.block_size = 16;
-  e.prefix_host_hit_blocks = 2;
+  e.prefix_host_hit_tokens = 32;
   e.kvstore_total_blocks = 64;
   e.kvstore_bytes_loaded = 4096;
   e.ttft_s = Histogram({0.5, 1.0});
