@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "runtime/kv_cache.h"
+#include "runtime/kv_store.h"
 #include "runtime/model_runner.h"
 
 namespace ts {
@@ -46,7 +47,14 @@ PromptPassResult run_prompt_pass(ModelRunner& runner, KvCache& kv, const PromptP
   }
   std::vector<int32_t> table;
   std::vector<uint64_t> hashes;
-  if (!kv.ensure(table, n)) {
+  // With a host tier, taking blocks may evict cached ones whose write-back must run before the
+  // pass overwrites them (the same plan boundary the scheduler keeps).
+  kv.begin_plan();
+  const bool ok = kv.ensure(table, n);
+  KvBlockOps ops;
+  kv.take_ops(ops);
+  if (kv.store() && !ops.empty()) kv.store()->execute(ops);
+  if (!ok) {
     out.error = fmt::format("the KV cache has no room for a {}-token pass now; retry later", n);
     return out;
   }

@@ -49,6 +49,8 @@ class Backend {
 };
 
 // Loads the model and tokenizer (may throw ts::Error) and starts the engine thread.
-std::shared_ptr<Backend> make_engine_backend(const EngineOptions& opts);
+struct KvEventsConfig;
+// `events`: KV cache events (--kv-events-config); off unless active().
+std::shared_ptr<Backend> make_engine_backend(const EngineOptions& opts, const KvEventsConfig& events);
 
 }  // namespace ts::server

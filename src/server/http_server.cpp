@@ -427,6 +427,30 @@ struct HttpServer::Impl final : http::Handler {
 
   http::Result completions(std::shared_ptr<Backend> b, const http::Request& req, Ticket ticket);
   http::Result chat(std::shared_ptr<Backend> b, const http::Request& req, Ticket ticket);
+
+  // Tools without --tool-call-parser use the hermes syntax (<tool_call>{...}</tool_call>): the
+  // most common template convention, and with tool_choice required/named the grammar makes the
+  // model write exactly that, so calls always come back parsed instead of tools being dropped.
+  ToolCallParser::Kind tool_kind() const {
+    return tkind == ToolCallParser::Kind::none ? ToolCallParser::Kind::hermes : tkind;
+  }
+  // tool_choice required / named: the output is forced by grammar to be tool-call syntax with
+  // arguments following the tool's schema (structured part of #18; output_parsers.h). With a
+  // reasoning parser the grammar (of any kind) starts after the reasoning block.
+  void apply_tool_choice(ChatRequest& cr) const {
+    if (cr.tool_choice == ToolChoice::required || cr.tool_choice == ToolChoice::named) {
+      if (cr.structured)
+        throw ApiError(400, "'tool_choice' required or named cannot be combined with 'response_format' or another "
+                            "output constraint", "tool_choice");
+      cr.structured = tool_call_structured(cr.tools, cr.tool_choice == ToolChoice::named ? cr.tool_choice_name : "",
+                                           cr.parallel_tool_calls, tool_kind());
+    }
+    if (cr.structured) {
+      if (rkind == ReasoningParser::Kind::qwen3) cr.structured->reasoning = StructuredRequest::Reasoning::qwen3;
+      if (rkind == ReasoningParser::Kind::deepseek_r1) cr.structured->reasoning = StructuredRequest::Reasoning::deepseek_r1;
+      cr.params.structured = cr.structured;
+    }
+  }
 };
 
 HttpServer::HttpServer(ServerOptions opts) : opts_(std::move(opts)) {
@@ -579,6 +603,7 @@ http::Result HttpServer::Impl::chat(std::shared_ptr<Backend> b, const http::Requ
   Json body = parse_body(req.body);
   ModelInfo mi = model_info();
   ChatRequest cr = parse_chat_request(body, mi);
+  apply_tool_choice(cr);
   std::string prompt = templates.render(cr.messages, cr.tools, cr.template_kwargs);
   std::vector<int32_t> ids = b->encode(prompt, false);
   if (ids.empty()) throw ApiError(400, "The chat template rendered an empty prompt", "messages");
@@ -597,7 +622,7 @@ http::Result HttpServer::Impl::chat(std::shared_ptr<Backend> b, const http::Requ
   }
   metrics.generate_requests++;
   bool parse_tools = !cr.tools.is_null() && cr.tool_choice != ToolChoice::none;
-  ToolCallParser::Kind tk = parse_tools ? tkind : ToolCallParser::Kind::none;
+  ToolCallParser::Kind tk = parse_tools ? tool_kind() : ToolCallParser::Kind::none;
   ReasoningParser::Kind rk = rkind;
   auto piece = [b](int32_t id) { return b->decode({id}, false); };
   bool want_lp = cr.logprobs;
