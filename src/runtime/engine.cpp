@@ -4,6 +4,7 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
+#include <future>
 #include <random>
 #include <unordered_set>
 
@@ -13,6 +14,7 @@
 #include "runtime/cuda_graph_runner.h"
 #include "runtime/model_runner.h"
 #include "runtime/plain_worker.h"
+#include "runtime/prompt_pass.h"
 #include "runtime/sampler.h"
 #include "runtime/scheduler.h"
 #include "runtime/spec_worker.h"
@@ -35,6 +37,7 @@ class EngineImpl {
   void start() { thread_ = std::thread([this] { loop(); }); }
   void stop();
   std::shared_ptr<Stream> submit(GenerateParams p);
+  PromptPassResult prompt_pass(PromptPassRequest req);
   EngineMetrics metrics() const {
     std::lock_guard<std::mutex> lk(metrics_mu_);
     return metrics_;
@@ -81,6 +84,9 @@ class EngineImpl {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::shared_ptr<Request>> incoming_;
+  // Prefill-only passes (prompt_pass) waiting for the engine thread: run(true) between steps,
+  // run(false) at shutdown (the caller gets an error).
+  std::vector<std::function<void(bool)>> passes_;
   bool stopping_ = false;
   int64_t next_id_ = 1;
   std::mt19937_64 seed_rng_{std::random_device{}()};
@@ -117,6 +123,9 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
            "rejected drafts would need the recurrent state rolled back",
            cfg.architecture, o.speculative_algorithm);
   if (!o.speculative_algorithm.empty()) lo.capture_layers = SpecWorker::capture_layers_for(o, cfg);
+  // Otherwise the final residual stream is the capture (prompt_pass: /v1/embeddings); it costs
+  // nothing unless a forward asks for it.
+  else if (!models::has_recurrent_layers(cfg)) lo.capture_layers = {int(cfg.num_layers)};
   lo.replicate_embedding = o.replicate_embedding;
   TS_CHECK(o.tp_size >= 1, "--tp-size must be at least 1 (got {})", o.tp_size);
   const parallel::ParallelOptions po = engine_parallel_options(o);  // tp_workers.h
@@ -312,11 +321,14 @@ std::shared_ptr<Stream> EngineImpl::submit(GenerateParams p) {
 
 void EngineImpl::intake() {
   std::vector<std::shared_ptr<Request>> in;
+  std::vector<std::function<void(bool)>> passes;
   {
     std::unique_lock<std::mutex> lk(mu_);
-    if (incoming_.empty() && sched->idle() && !stopping_) cv_.wait_for(lk, std::chrono::milliseconds(100));
+    if (incoming_.empty() && passes_.empty() && sched->idle() && !stopping_) cv_.wait_for(lk, std::chrono::milliseconds(100));
     in.swap(incoming_);
+    passes.swap(passes_);
   }
+  for (auto& run : passes) run(true);
   for (auto& r : in) {
     sched->add(r);
     std::lock_guard<std::mutex> lk(metrics_mu_);
@@ -380,6 +392,46 @@ void EngineImpl::loop() {
   }
   for (auto& r : sched->running()) fail_request(*r, "server shutting down");
   for (auto& r : sched->waiting()) fail_request(*r, "server shutting down");
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto& run : passes_) run(false);
+  passes_.clear();
+}
+
+PromptPassResult EngineImpl::prompt_pass(PromptPassRequest req) {
+  if (req.ids.empty()) throw InvalidRequest("the prompt is empty", "input");
+  int64_t vocab = model->config().vocab_size;
+  for (int32_t t : req.ids)
+    if (t < 0 || t >= vocab)
+      throw InvalidRequest(fmt::format("token id {} is outside the vocabulary (0..{})", t, vocab - 1), "input");
+  if (int64_t(req.ids.size()) > context_len)
+    throw InvalidRequest(fmt::format("This model's maximum context length is {} tokens; the input has {}", context_len,
+                                     req.ids.size()),
+                         "input");
+  auto done = std::make_shared<std::promise<PromptPassResult>>();
+  auto fut = done->get_future();
+  // Logprob passes keep a [chunk, vocab] f32 logits block on the host: bound it to ~256 MiB.
+  int chunk = std::max(1, opts.chunked_prefill_size);
+  if (req.logprobs >= 0) chunk = int(std::clamp<int64_t>((int64_t(256) << 20) / (4 * std::max<int64_t>(vocab, 1)), 1, chunk));
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stopping_) throw Error("the engine is shutting down");
+    passes_.push_back([this, done, req = std::move(req), chunk](bool run) {
+      PromptPassResult r;
+      if (!run) {
+        r.error = "server shutting down";
+      } else {
+        try {
+          r = run_prompt_pass(*runner, *kv, req, chunk);
+        } catch (const std::exception& e) {
+          r.error = e.what();
+        }
+        refresh_gauges();
+      }
+      done->set_value(std::move(r));
+    });
+  }
+  cv_.notify_one();
+  return fut.get();
 }
 
 void EngineImpl::fail_request(Request& r, const std::string& msg) {
@@ -584,6 +636,7 @@ Engine::~Engine() = default;
 void Engine::start() { impl_->start(); }
 void Engine::stop() { impl_->stop(); }
 std::shared_ptr<Stream> Engine::submit(GenerateParams p) { return impl_->submit(std::move(p)); }
+PromptPassResult Engine::prompt_pass(PromptPassRequest req) { return impl_->prompt_pass(std::move(req)); }
 EngineMetrics Engine::metrics() const { return impl_->metrics(); }
 const tok::Tokenizer& Engine::tokenizer() const { return *impl_->tokenizer; }
 std::shared_ptr<const tok::Tokenizer> Engine::tokenizer_ptr() const { return impl_->tokenizer; }

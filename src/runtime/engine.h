@@ -206,6 +206,8 @@ struct EngineMetrics {
 struct KvCacheEvent;
 
 class EngineImpl;
+struct PromptPassRequest;  // runtime/prompt_pass.h
+struct PromptPassResult;
 
 class Engine {
  public:
@@ -214,6 +216,9 @@ class Engine {
   void start();   // starts the engine thread
   void stop();
   std::shared_ptr<Stream> submit(GenerateParams params);  // thread-safe
+  // Thread-safe, blocking: a prefill-only pass (embeddings, prompt logprobs; runtime/prompt_pass.h)
+  // run on the engine thread between two steps.
+  PromptPassResult prompt_pass(PromptPassRequest req);
   EngineMetrics metrics() const;                          // thread-safe snapshot
   const tok::Tokenizer& tokenizer() const;
   std::shared_ptr<const tok::Tokenizer> tokenizer_ptr() const;

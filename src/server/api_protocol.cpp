@@ -119,6 +119,7 @@ EmbeddingsRequest parse_embeddings_request(const Json& body, const ModelInfo& in
   }
   if (items.size() > 2048) bad(fmt::format("'input' has {} items; at most 2048 are allowed", items.size()), "input");
   for (auto& v : items) {
+    if (v.is_string() && v.get<std::string>().empty()) bad("'input' must not contain empty strings or lists", "input");
     std::vector<int32_t> ids = v.is_string() ? encode(v.get<std::string>()) : ids_of(v, info, "input");
     if (ids.empty()) bad("'input' must not contain empty strings or lists", "input");
     if (static_cast<int64_t>(ids.size()) > info.context_length)
@@ -190,6 +191,53 @@ Json embedding_value(const std::vector<float>& v, bool base64) {
     for (int b = 0; b < 4; ++b) bytes[i * 4 + size_t(b)] = static_cast<unsigned char>(w >> (8 * b));
   }
   return base64_encode(bytes.data(), bytes.size());
+}
+
+// --- prompt logprobs -------------------------------------------------------------------------------------
+void add_prompt_logprobs(CompletionLogprobs& L, const std::vector<int32_t>& ids, const std::vector<TokenLogprob>& lps,
+                         int top, const std::function<std::string(int32_t)>& piece, size_t& offset) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    std::string tok = piece(ids[i]);
+    L.tokens.push_back(tok);
+    L.text_offset.push_back(offset);
+    offset += tok.size();
+    if (i == 0 || i - 1 >= lps.size()) {
+      L.token_logprobs.push_back(nullptr);
+      L.top_logprobs.push_back(nullptr);
+      continue;
+    }
+    const TokenLogprob& lp = lps[i - 1];
+    L.token_logprobs.push_back(lp.logprob);
+    Json t = Json::object();
+    for (size_t k = 0; k < lp.top.size() && static_cast<int>(k) < top; ++k) {
+      std::string s = piece(lp.top[k].first);
+      if (!t.contains(s)) t[s] = lp.top[k].second;
+    }
+    L.top_logprobs.push_back(std::move(t));
+  }
+}
+
+Json vllm_prompt_logprobs(const std::vector<int32_t>& ids, const std::vector<TokenLogprob>& lps,
+                          const std::vector<int32_t>& ranks, int top, const std::function<std::string(int32_t)>& piece) {
+  Json out = Json::array();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i == 0 || i - 1 >= lps.size()) {
+      out.push_back(nullptr);
+      continue;
+    }
+    const TokenLogprob& lp = lps[i - 1];
+    Json e = Json::object();
+    e[std::to_string(ids[i])] = Json{{"logprob", lp.logprob},
+                                     {"rank", i - 1 < ranks.size() ? Json(ranks[i - 1]) : Json(nullptr)},
+                                     {"decoded_token", piece(ids[i])}};
+    for (size_t k = 0; k < lp.top.size() && static_cast<int>(k) < top; ++k) {
+      std::string key = std::to_string(lp.top[k].first);
+      if (!e.contains(key))
+        e[key] = Json{{"logprob", lp.top[k].second}, {"rank", k + 1}, {"decoded_token", piece(lp.top[k].first)}};
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
 }
 
 // --- Anthropic Messages ------------------------------------------------------------------------------

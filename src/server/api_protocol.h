@@ -9,6 +9,7 @@
 // reasoning, content, tool calls) is written back in the API's own shapes here.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -57,6 +58,16 @@ void finish_embedding(std::vector<float>& v, std::optional<int64_t> dims);
 // A float list, or base64 of the little-endian f32 bytes (OpenAI's encoding_format=base64).
 Json embedding_value(const std::vector<float>& v, bool base64);
 std::string base64_encode(const void* data, size_t n);
+
+// --- prompt logprobs (/v1/completions) ---------------------------------------------------------------
+// echo with logprobs: the prompt's tokens with their real logprobs (the first token has none:
+// null, as OpenAI answers) and `top` alternatives. lps[i] scores ids[i + 1].
+void add_prompt_logprobs(CompletionLogprobs& L, const std::vector<int32_t>& ids, const std::vector<TokenLogprob>& lps,
+                         int top, const std::function<std::string(int32_t)>& piece, size_t& offset);
+// vLLM's prompt_logprobs: one entry per prompt token, null for the first, else
+// {"<id>": {"logprob", "rank", "decoded_token"}} for the prompt token and the top `top`.
+Json vllm_prompt_logprobs(const std::vector<int32_t>& ids, const std::vector<TokenLogprob>& lps,
+                          const std::vector<int32_t>& ranks, int top, const std::function<std::string(int32_t)>& piece);
 
 // --- /v1/messages (Anthropic) ------------------------------------------------------------------------
 // The Messages body as an OpenAI chat body: system -> a system message; user content blocks

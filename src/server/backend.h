@@ -35,7 +35,11 @@ class Backend {
     (void)ids, (void)mean_pooling;
     throw ApiError(501, "Embeddings are not supported by this backend");
   }
-  virtual std::vector<TokenLogprob> prompt_logprobs(const std::vector<int32_t>& ids, int top) {
+  struct PromptLogprobs {
+    std::vector<TokenLogprob> lps;  // [ids.size() - 1]
+    std::vector<int32_t> ranks;     // [ids.size() - 1]: the prompt token's rank (1 = most likely)
+  };
+  virtual PromptLogprobs prompt_logprobs(const std::vector<int32_t>& ids, int top) {
     (void)ids, (void)top;
     throw ApiError(501, "Prompt logprobs are not supported by this backend");
   }

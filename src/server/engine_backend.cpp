@@ -1,3 +1,4 @@
+#include "runtime/prompt_pass.h"
 #include "server/backend.h"
 #include "server/kv_events.h"
 #include "runtime/structured.h"
@@ -32,6 +33,20 @@ class EngineBackend final : public Backend {
     attach_output_processor(*st, engine_.tokenizer_ptr(), text_params, eos_, so.include_stop_str, so.stop_info);
     return st;
   }
+  std::vector<float> embed(const std::vector<int32_t>& ids, bool mean_pooling) override {
+    PromptPassRequest r;
+    r.ids = ids;
+    r.hidden = true;
+    r.mean = mean_pooling;
+    return pass(std::move(r)).hidden;
+  }
+  PromptLogprobs prompt_logprobs(const std::vector<int32_t>& ids, int top) override {
+    PromptPassRequest r;
+    r.ids = ids;
+    r.logprobs = std::max(top, 0);
+    PromptPassResult res = pass(std::move(r));
+    return {std::move(res.logprobs), std::move(res.ranks)};
+  }
   EngineMetrics metrics() const override { return engine_.metrics(); }
   std::vector<int32_t> encode(const std::string& text, bool add_special) const override {
     return engine_.tokenizer().encode(text, add_special);
@@ -49,6 +64,11 @@ class EngineBackend final : public Backend {
   }
 
  private:
+  PromptPassResult pass(PromptPassRequest r) {
+    PromptPassResult res = engine_.prompt_pass(std::move(r));
+    if (!res.error.empty()) throw ApiError(res.error.find("retry") != std::string::npos ? 503 : 400, res.error);
+    return res;
+  }
   static EngineOptions with_events(EngineOptions o, const KvEventsConfig& events) {
     o.kv_events = events.active();
     return o;

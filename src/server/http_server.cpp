@@ -514,6 +514,12 @@ http::Result HttpServer::Impl::completions(std::shared_ptr<Backend> b, const htt
     sizes.push_back(p.ids.size());
   }
   auto piece = [b](int32_t id) { return b->decode({id}, false); };
+  // Prompt logprobs (prompt_logprobs, echo + logprobs): a prefill-only pass per prompt, before
+  // the generation is submitted (blocking this worker; the engine runs it between steps).
+  std::vector<Backend::PromptLogprobs> plps;
+  int ptop = std::max(cr.prompt_logprobs, cr.echo ? cr.logprobs : -1);
+  if (ptop >= 0)
+    for (auto& p : cr.prompts) plps.push_back(b->prompt_logprobs(p.ids, ptop));
   auto crp = std::make_shared<CompletionRequest>(std::move(cr));
   auto prod = std::make_unique<GenProducer>(
       metrics, std::move(ticket), submit_jobs(*b, prompts, crp->params, crp->n, crp->include_stop_str), crp->stream);
@@ -525,7 +531,7 @@ http::Result HttpServer::Impl::completions(std::shared_ptr<Backend> b, const htt
   prod->include_usage = crp->include_usage;
 
   if (!crp->stream) {
-    prod->build = [crp, piece, sizes, id = prod->id, created = prod->created,
+    prod->build = [crp, piece, sizes, plps, id = prod->id, created = prod->created,
                    model = prod->model](std::vector<Job>& jobs) {
       Json choices = Json::array();
       for (auto& j : jobs) {
@@ -536,7 +542,7 @@ http::Result HttpServer::Impl::completions(std::shared_ptr<Backend> b, const htt
         if (crp->logprobs >= 0) {
           CompletionLogprobs L;
           size_t off = 0;
-          if (crp->echo) L.add_prompt(p.ids, piece, off);
+          if (crp->echo) add_prompt_logprobs(L, p.ids, plps.at(size_t(j.prompt_idx)).lps, crp->logprobs, piece, off);
           L.add(j.lps, piece, off);
           c["logprobs"] = L.to_json();
         } else {
@@ -544,6 +550,10 @@ http::Result HttpServer::Impl::completions(std::shared_ptr<Backend> b, const htt
         }
         c["finish_reason"] = finish_json(j.reason);
         c["stop_reason"] = stop_reason_json(*j.stop);
+        if (crp->prompt_logprobs >= 0) {
+          const auto& pl = plps.at(size_t(j.prompt_idx));
+          c["prompt_logprobs"] = vllm_prompt_logprobs(p.ids, pl.lps, pl.ranks, crp->prompt_logprobs, piece);
+        }
         choices.push_back(std::move(c));
       }
       Json out = completion_json(id, "text_completion", created, model, std::move(choices));
@@ -558,7 +568,7 @@ http::Result HttpServer::Impl::completions(std::shared_ptr<Backend> b, const htt
   auto started = std::make_shared<std::vector<bool>>(njobs, false);
   auto offsets = std::make_shared<std::vector<size_t>>(njobs, 0);
   GenProducer* self = prod.get();
-  prod->on_event = [crp, piece, started, offsets, self](int i, const StreamEvent& ev, std::string& w) {
+  prod->on_event = [crp, piece, started, offsets, self, plps](int i, const StreamEvent& ev, std::string& w) {
     const PromptInput& p = crp->prompts[static_cast<size_t>(i) / static_cast<size_t>(crp->n)];
     std::string text = ev.text;
     Json lp = nullptr;
@@ -567,17 +577,22 @@ http::Result HttpServer::Impl::completions(std::shared_ptr<Backend> b, const htt
     if (first && crp->echo) text = p.text + text;
     if (crp->logprobs >= 0) {
       CompletionLogprobs L;
-      if (first && crp->echo) L.add_prompt(p.ids, piece, (*offsets)[i]);
+      if (first && crp->echo)
+        add_prompt_logprobs(L, p.ids, plps.at(size_t(i) / size_t(crp->n)).lps, crp->logprobs, piece, (*offsets)[i]);
       L.add(ev.logprobs, piece, (*offsets)[i]);
       lp = L.to_json();
     }
-    if (text.empty() && !ev.finished && ev.logprobs.empty()) return;
+    if (text.empty() && !ev.finished && ev.logprobs.empty() && !(first && crp->prompt_logprobs >= 0)) return;
     Json c = Json::object();
     c["index"] = i;
     c["text"] = text;
     c["logprobs"] = lp;
     c["finish_reason"] = ev.finished ? finish_json(ev.reason) : Json(nullptr);
     c["stop_reason"] = ev.finished ? stop_reason_json(*self->job(size_t(i)).stop) : Json(nullptr);
+    if (first && crp->prompt_logprobs >= 0) {
+      const auto& pl = plps.at(size_t(i) / size_t(crp->n));
+      c["prompt_logprobs"] = vllm_prompt_logprobs(p.ids, pl.lps, pl.ranks, crp->prompt_logprobs, piece);
+    }
     w += sse_data(completion_json(self->id, "text_completion", self->created, self->model, Json::array({std::move(c)})));
   };
   return sse_result(std::move(prod));
