@@ -25,6 +25,13 @@ void add_engine_flags(CLI::App& app, EngineOptions& o) {
       ->capture_default_str();
   app.add_option("--kvstore-size", o.kvstore_size_gb, "host KV tier size in GiB (overrides --kvstore-ratio)");
   app.add_flag("--enable-cache-report")->description("accepted for compatibility: cached tokens are always reported");
+  app.add_flag("--disable-overlap-schedule", o.disable_overlap_schedule,
+               "plan, run and apply each step in turn (default: plan and launch step N+1 while step N runs)");
+  app.add_flag("--enable-mixed-batch", o.enable_mixed_batch,
+               "while requests decode, cap each step's prefill tokens at --mixed-prefill-tokens (decodes never wait "
+               "behind a long prefill chunk)");
+  app.add_option("--mixed-prefill-tokens", o.mixed_prefill_tokens,
+                 "prefill tokens per step while requests decode, with --enable-mixed-batch (default 512)");
   app.add_option("--context-length", o.context_length, "max tokens per request (default: model's max_position_embeddings)");
   app.add_option("--speculative-algorithm", o.speculative_algorithm, "EAGLE3 to enable speculative decoding");
   app.add_option("--speculative-draft-model-path", o.speculative_draft_model_path, "EAGLE3 draft checkpoint directory");

@@ -30,6 +30,109 @@ namespace ts {
 
 static double secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+// Idle/busy accounting of the thread that drives the device: begin() at a step's start, end()
+// when its ids are on the host. On the GPU every step ends with its ids copied to the host, so
+// the device is idle from one step's end() to the next begin().
+struct IdleClock {
+  Clock::time_point last_end{};
+  bool have_end = false;
+  Clock::time_point t0{};
+  void begin(bool fresh, StepResult& r) {
+    t0 = Clock::now();
+    r.idle_before_s = fresh || !have_end ? -1.0 : secs(t0 - last_end);
+  }
+  void end(StepResult& r) {
+    last_end = Clock::now();
+    have_end = true;
+    r.busy_s = secs(last_end - t0);
+  }
+};
+
+// The overlap loop's device thread: runs staged steps (PlainWorker::run_staged) one at a time,
+// in launch order, into two alternating slots. The engine thread stages slot s, launch(s),
+// then applies the other slot's result while this thread runs s.
+class StepThread {
+ public:
+  explicit StepThread(PlainWorker& w) : w_(w), th_([this] { loop(); }) {}
+  ~StepThread() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      quit_ = true;
+    }
+    cv_.notify_all();
+    th_.join();
+  }
+  StagedStep staged[2];
+  StepResult result[2];
+  // Runs slot s after the step launched before it (whose result resolves s's futures; none:
+  // prev = -1). fresh: the engine had no work since that step (its idle time is not counted).
+  void launch(int s, int prev, bool fresh) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      queue_.push_back({s, prev, fresh});
+      done_[s] = false;
+    }
+    cv_.notify_all();
+  }
+  // Waits for slot s; rethrows what its step threw.
+  void wait(int s) {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return done_[s]; });
+    if (err_[s]) {
+      std::exception_ptr e = err_[s];
+      err_[s] = nullptr;
+      std::rethrow_exception(e);
+    }
+  }
+
+ private:
+  struct Job {
+    int slot, prev;
+    bool fresh;
+  };
+  void loop() {
+#ifdef TS_WITH_CUDA
+    if (cuda_available()) cuda::set_device(0);  // rank 0's GPU, as the engine thread's
+#endif
+    std::unique_lock<std::mutex> lk(mu_);
+    while (true) {
+      cv_.wait(lk, [&] { return quit_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      Job j = queue_.front();
+      queue_.pop_front();
+      lk.unlock();
+      std::exception_ptr err;
+      try {
+        StepResult& r = result[j.slot];
+        const StepResult* prev = j.prev >= 0 ? &result[j.prev] : nullptr;
+        const bool fresh = j.fresh;
+        // begin() after run_staged's clear(): the idle figure is written into the result.
+        clock_.t0 = Clock::now();
+        const double gap = fresh || !clock_.have_end ? -1.0 : secs(clock_.t0 - clock_.last_end);
+        w_.run_staged(staged[j.slot], prev, r);
+        r.idle_before_s = gap;
+        clock_.end(r);
+      } catch (...) {
+        err = std::current_exception();
+        clock_.have_end = false;
+      }
+      lk.lock();
+      err_[j.slot] = err;
+      done_[j.slot] = true;
+      cv_.notify_all();
+    }
+  }
+  PlainWorker& w_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  bool done_[2] = {true, true};
+  std::exception_ptr err_[2];
+  bool quit_ = false;
+  IdleClock clock_;
+  std::thread th_;  // last: starts after the members above exist
+};
+
 class EngineImpl {
  public:
   explicit EngineImpl(const EngineOptions& o);
@@ -61,12 +164,29 @@ class EngineImpl {
  private:
   void loop();
   void step();
+  // The simple loop's step; the overlap loop's step (plan N+1, stage, pre-apply, launch, then
+  // apply N); drain(): waits for and applies the step in flight (false: none).
+  void step_sync();
+  void step_overlap();
+  bool drain();
+  // Whether the next plan may be staged before the step in flight is applied.
+  bool overlap_ok();
+  // Overlap: what applying a plan will do, done when it is launched — num_computed advanced,
+  // a future id appended for every sampled row (its index kept in future_pos_[slot]),
+  // Prefilling -> Decoding, `finishing` when the id reaches max_tokens / the context.
+  void pre_apply(StepPlan& plan, int slot);
+  // Overlap: resolves the futures of a launched plan and does what apply() does for it.
+  void apply_overlapped(int slot);
   void intake();
   // The plan's transitions, its rejected requests, and the worker handles its requests need.
-  void apply_plan();
+  void apply_plan(StepPlan& plan);
   // The one place results change requests: appends ids, advances num_computed, commits KV,
   // checks token-level stops, makes the transitions, streams the events.
-  void apply(const StepResult& res);
+  void apply(StepPlan& plan, const StepResult& res);
+  // Why a request stops at generated id t placed at tokens[pos] (none: it goes on).
+  FinishReason stop_reason(const Request& r, int32_t t, size_t pos) const;
+  void observe_token_time(Request& r, StreamEvent& ev, Clock::time_point now);
+  void observe_idle(const StepResult& res);
   // Appends one generated token at time `now`; returns why the request stops on it (none: it
   // goes on). Inter-token latencies go to itl_ (observed once per step, one lock).
   FinishReason push_token(Request& r, int32_t t, const TokenLogprob* lp, StreamEvent& ev, Clock::time_point now);
@@ -99,8 +219,21 @@ class EngineImpl {
     int64_t verify_steps = 0, accepted_tokens = 0, fixed_steps = 0, graph_steps = 0;
   } spec_log_;
   void log_spec_stats();
-  StepPlan plan_;      // reused every step
-  StepResult result_;  // reused every step
+  StepPlan plan_;      // reused every step (simple loop)
+  StepResult result_;  // reused every step (simple loop)
+  // Overlap loop: two plan slots, alternating; inflight_ is the slot launched and not yet
+  // applied (-1: none). keep_ holds the running requests of each launched plan alive until
+  // it is applied (a request may finish and be reaped meanwhile).
+  bool overlap_ = false;
+  std::unique_ptr<StepThread> thread_steps_;
+  StepPlan plans_[2];
+  std::vector<size_t> future_pos_[2];
+  std::vector<std::shared_ptr<Request>> keep_[2];
+  int inflight_ = -1, next_slot_ = 0;
+  bool was_idle_ = true;  // the engine had no work since the last step it launched
+  IdleClock sync_clock_;
+  double idle_us_ewma_ = 0;
+  int64_t idle_counted_ = 0;
   int64_t spec_verify_steps_ = 0, spec_accepted_tokens_ = 0;
   std::vector<double> itl_;  // this step's inter-token latencies (reused)
   double part_us_[3] = {}, part_ewma_[3] = {};  // plan, worker host, apply (this step; EWMA)
@@ -188,6 +321,10 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   SchedulerOptions so;
   so.token_budget = std::max(o.chunked_prefill_size, 1);
   so.max_num_seqs = max_seqs;
+  if (o.enable_mixed_batch) {
+    TS_CHECK(o.mixed_prefill_tokens >= 1, "--mixed-prefill-tokens must be at least 1 (got {})", o.mixed_prefill_tokens);
+    so.mixed_prefill_tokens = o.mixed_prefill_tokens;
+  }
   if (!o.speculative_algorithm.empty()) {
     spec = std::make_unique<SpecWorker>(o, *runner);
     so.decode_tokens = spec->num_draft_tokens();
@@ -199,6 +336,10 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   start_kvstore(o);
   sched = std::make_unique<Scheduler>(*kv, so);
   start_graphs(o, so);
+  // Overlap scheduling for the plain worker; the EAGLE3 worker keeps the simple loop (its
+  // drafts and acceptance need the previous step's ids on the host before it is planned).
+  overlap_ = !o.disable_overlap_schedule && plain;
+  if (overlap_) thread_steps_ = std::make_unique<StepThread>(*plain);
   context_len = o.context_length > 0 ? std::min(o.context_length, cfg.max_position_embeddings) : cfg.max_position_embeddings;
   context_len = std::min<int64_t>(context_len, blocks * bs - so.decode_tokens);
   io::GenerationConfig gc = io::load_generation_config(o.model_dir);
@@ -324,10 +465,16 @@ void EngineImpl::intake() {
   std::vector<std::function<void(bool)>> passes;
   {
     std::unique_lock<std::mutex> lk(mu_);
-    if (incoming_.empty() && passes_.empty() && sched->idle() && !stopping_) cv_.wait_for(lk, std::chrono::milliseconds(100));
+    if (incoming_.empty() && passes_.empty() && sched->idle() && inflight_ < 0 && !stopping_) {
+      cv_.wait_for(lk, std::chrono::milliseconds(100));
+      was_idle_ = true;
+    }
     in.swap(incoming_);
     passes.swap(passes_);
   }
+  // A prompt pass (embeddings, prompt logprobs) runs its own forwards on the runner and the KV
+  // pool: never while an overlapped step is in flight.
+  if (!passes.empty()) drain();
   for (auto& run : passes) run(true);
   for (auto& r : in) {
     sched->add(r);
@@ -383,12 +530,25 @@ void EngineImpl::loop() {
     try {
       intake();
       if (!sched->idle()) step();
+      else drain();
     } catch (const std::exception& e) {
       // A failed step fails the requests in it; the engine keeps serving.
       spdlog::error("engine step failed: {}", e.what());
+      if (inflight_ >= 0) {
+        try {
+          thread_steps_->wait(inflight_);
+        } catch (...) {
+        }
+        keep_[inflight_].clear();
+        inflight_ = -1;
+      }
       for (auto& r : sched->running()) fail_request(*r, e.what());
       sched->reap();
     }
+  }
+  try {
+    drain();
+  } catch (...) {
   }
   for (auto& r : sched->running()) fail_request(*r, "server shutting down");
   for (auto& r : sched->waiting()) fail_request(*r, "server shutting down");
@@ -443,9 +603,25 @@ void EngineImpl::fail_request(Request& r, const std::string& msg) {
 }
 
 void EngineImpl::step() {
+  if (overlap_ && overlap_ok()) return step_overlap();
+  drain();
+  step_sync();
+}
+
+bool EngineImpl::overlap_ok() {
+  // Steps of requests that need host logits (penalties read the history) run in the simple
+  // loop; so does everything once such a request is running or waiting.
+  for (auto& r : sched->running())
+    if (!r->terminal() && !PlainWorker::can_overlap(*r)) return false;
+  for (auto& r : sched->waiting())
+    if (!r->terminal() && !PlainWorker::can_overlap(*r)) return false;
+  return true;
+}
+
+void EngineImpl::step_sync() {
   auto t0 = Clock::now();
   sched->plan(plan_);
-  apply_plan();
+  apply_plan(plan_);
   // Host-tier copies first: writebacks read blocks this step overwrites, loads fill blocks it
   // reads (an empty plan may still have loaded blocks for an admission that then had to wait).
   if (store && !plan_.kv_ops.empty()) store->execute(plan_.kv_ops);
@@ -455,9 +631,14 @@ void EngineImpl::step() {
     return;
   }
   auto t1 = Clock::now();
+  sync_clock_.begin(was_idle_, result_);
+  const double idle = result_.idle_before_s;
+  was_idle_ = false;
   worker->execute(plan_, result_);
+  result_.idle_before_s = idle;
+  sync_clock_.end(result_);
   auto t2 = Clock::now();
-  apply(result_);
+  apply(plan_, result_);
   sched->reap();
   refresh_gauges();
   auto t3 = Clock::now();
@@ -465,31 +646,158 @@ void EngineImpl::step() {
   part_us_[0] = secs(t1 - t0) * 1e6;
   part_us_[1] = std::max(0.0, secs(t2 - t1) * 1e6 - fwd_us);
   part_us_[2] = secs(t3 - t2) * 1e6;
+  observe_idle(result_);
   update_metrics(secs(t3 - t0) * 1e6 - fwd_us);
 }
 
-void EngineImpl::apply_plan() {
-  apply_plan_transitions(plan_);
-  for (auto& r : plan_.rejected)
+bool EngineImpl::drain() {
+  if (inflight_ < 0) return false;
+  const int s = inflight_;
+  inflight_ = -1;
+  thread_steps_->wait(s);
+  apply_overlapped(s);
+  keep_[s].clear();
+  sched->reap();
+  refresh_gauges();
+  observe_idle(thread_steps_->result[s]);
+  return true;
+}
+
+void EngineImpl::step_overlap() {
+  auto t0 = Clock::now();
+  const int cur = next_slot_;
+  StepPlan& plan = plans_[cur];
+  sched->plan(plan);
+  apply_plan(plan);
+  if (store && !plan.kv_ops.empty()) {
+    // Host-tier copies read and write device blocks: they run once the step in flight is
+    // done (its writes land first, as in the simple loop), before this plan is launched.
+    if (inflight_ >= 0) thread_steps_->wait(inflight_);
+    store->execute(plan.kv_ops);
+  }
+  publish_kv_events();
+  if (plan.empty()) {
+    // Nothing new to run: the step in flight (if any) may unblock something.
+    if (!drain()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return;
+  }
+  plain->stage(plan, thread_steps_->staged[cur]);
+  pre_apply(plan, cur);
+  keep_[cur].assign(sched->running().begin(), sched->running().end());
+  auto t1 = Clock::now();
+  const int prev = inflight_;
+  thread_steps_->launch(cur, prev, was_idle_);
+  was_idle_ = false;
+  inflight_ = cur;
+  next_slot_ = cur ^ 1;
+  double wait_s = 0;
+  if (prev >= 0) {
+    auto w0 = Clock::now();
+    thread_steps_->wait(prev);
+    auto w1 = Clock::now();
+    wait_s = secs(w1 - w0);
+    apply_overlapped(prev);
+    keep_[prev].clear();
+    const StepResult& res = thread_steps_->result[prev];
+    observe_idle(res);
+    part_us_[1] = 0;  // the worker's host share runs on its own thread
+    std::lock_guard<std::mutex> lk(metrics_mu_);
+    ++metrics_.overlap_steps;
+  }
+  sched->reap();
+  refresh_gauges();
+  auto t3 = Clock::now();
+  part_us_[0] = secs(t1 - t0) * 1e6;
+  part_us_[2] = (secs(t3 - t1) - wait_s) * 1e6;
+  // Engine host time: everything but waiting for the device thread.
+  update_metrics((secs(t3 - t0) - wait_s) * 1e6);
+}
+
+void EngineImpl::pre_apply(StepPlan& plan, int slot) {
+  std::vector<size_t>& pos = future_pos_[slot];
+  pos.assign(plan.chunks.size(), SIZE_MAX);
+  for (size_t k = 0; k < plan.chunks.size(); ++k) {
+    Request& r = *plan.chunks[k].req;
+    const bool last = r.num_computed + plan.chunks[k].num_tokens == int(r.tokens.size());
+    r.num_computed += plan.chunks[k].num_tokens;
+    if (!last) continue;
+    pos[k] = r.tokens.size();
+    r.tokens.push_back(-int32_t(k + 1));
+    if (r.is<state::Prefilling>()) r.transit<state::Prefilling>(state::Decoding{});
+    if (r.num_generated() >= r.params.max_tokens || int64_t(r.tokens.size()) >= context_len) r.finishing = true;
+  }
+}
+
+void EngineImpl::apply_overlapped(int slot) {
+  StepPlan& plan = plans_[slot];
+  const StepResult& res = thread_steps_->result[slot];
+  const std::vector<size_t>& pos = future_pos_[slot];
+  const auto now = Clock::now();
+  itl_.clear();
+  for (size_t k = 0; k < plan.chunks.size(); ++k) {
+    Request& r = *plan.chunks[k].req;
+    if (r.terminal()) continue;  // aborted, or ended by the step before (its row here is waste)
+    const RowResult& row = res.rows[k];
+    if (row.count == 0) {
+      kv->commit(r.tokens.data(), r.num_computed, r.block_table, r.block_hashes);
+      continue;
+    }
+    const size_t p = pos[k];
+    TS_CHECK(p < r.tokens.size() && r.tokens[p] == -int32_t(k + 1), "request {}: future id of row {} lost", r.id, k);
+    const int32_t t = res.tokens[size_t(row.first)];
+    r.tokens[p] = t;
+    StreamEvent ev;
+    observe_token_time(r, ev, now);
+    ev.tokens.push_back(t);
+    const FinishReason why = stop_reason(r, t, p);
+    if (why != FinishReason::none) {
+      r.tokens.resize(p + 1);  // drops the next step's future: it will not be applied
+      finish(r, why, ev);      // (its blocks are committed when it is reaped, as in the simple loop)
+      continue;
+    }
+    // Positions below num_computed hold known ids now (the next future, if any, is at num_computed).
+    if (!r.is<state::Waiting>()) kv->commit(r.tokens.data(), r.num_computed, r.block_table, r.block_hashes);
+    emit(r, ev);
+  }
+  if (!itl_.empty()) {
+    std::lock_guard<std::mutex> lk(metrics_mu_);
+    for (double v : itl_) metrics_.itl_s.observe(v);
+  }
+}
+
+void EngineImpl::observe_idle(const StepResult& res) {
+  std::lock_guard<std::mutex> lk(metrics_mu_);
+  metrics_.device_busy_seconds += res.busy_s;
+  if (res.idle_before_s < 0) return;
+  const double us = res.idle_before_s * 1e6;
+  idle_us_ewma_ = idle_counted_ == 0 ? us : 0.95 * idle_us_ewma_ + 0.05 * us;
+  ++idle_counted_;
+  metrics_.device_idle_seconds += res.idle_before_s;
+  metrics_.device_idle_us_mean = idle_us_ewma_;
+}
+
+void EngineImpl::apply_plan(StepPlan& plan) {
+  apply_plan_transitions(plan);
+  for (auto& r : plan.rejected)
     fail_request(*r, fmt::format("request needs {} tokens of KV cache; the pool holds {}", r->tokens.size(),
                                  kv->num_blocks() * kv->block_size()));
   // Worker-side handles, taken when a request first runs: its recurrent-state row (hybrid
   // models) and its worker slot (the EAGLE3 draft-state row).
-  for (auto& c : plan_.chunks) {
+  for (auto& c : plan.chunks) {
     Request& r = *c.req;
     if (runner->has_state() && !r.state_slot) r.state_slot = runner->take_state_slot();
     if (spec && !r.spec_slot) r.spec_slot = worker->acquire_slot();
   }
 }
 
-void EngineImpl::apply(const StepResult& res) {
+void EngineImpl::apply(StepPlan& plan, const StepResult& res) {
   const auto now = Clock::now();
   itl_.clear();
-  for (size_t k = 0; k < plan_.chunks.size(); ++k) {
-    Request& r = *plan_.chunks[k].req;
+  for (size_t k = 0; k < plan.chunks.size(); ++k) {
+    Request& r = *plan.chunks[k].req;
     const RowResult& row = res.rows[k];
     if (row.accepted < 0) {  // a plain row (or a prefill chunk of a speculative step)
-      r.num_computed += plan_.chunks[k].num_tokens;
+      r.num_computed += plan.chunks[k].num_tokens;
       kv->commit(r.tokens.data(), r.num_computed, r.block_table, r.block_hashes);
       if (row.count == 0) continue;  // mid-prefill chunk: nothing sampled
     }
@@ -528,8 +836,7 @@ void EngineImpl::apply(const StepResult& res) {
   }
 }
 
-FinishReason EngineImpl::push_token(Request& r, int32_t t, const TokenLogprob* lp, StreamEvent& ev,
-                                    Clock::time_point now) {
+void EngineImpl::observe_token_time(Request& r, StreamEvent& ev, Clock::time_point now) {
   if (!r.has_first_token) {
     r.has_first_token = true;
     r.first_token = now;
@@ -538,9 +845,9 @@ FinishReason EngineImpl::push_token(Request& r, int32_t t, const TokenLogprob* l
     itl_.push_back(secs(now - r.last_token));
   }
   r.last_token = now;
-  r.tokens.push_back(t);
-  ev.tokens.push_back(t);
-  if (lp) ev.logprobs.push_back(*lp);
+}
+
+FinishReason EngineImpl::stop_reason(const Request& r, int32_t t, size_t pos) const {
   const GenerateParams& p = r.params;
   // Token-level stops only: stop strings are the consumer's (server::OutputProcessor), which
   // ends the request through Stream::request_stop.
@@ -550,13 +857,28 @@ FinishReason EngineImpl::push_token(Request& r, int32_t t, const TokenLogprob* l
     r.constraints->accept(t);
     if (r.constraints->grammar_done() || r.constraints->failed()) return FinishReason::stop;
   }
-  if (r.num_generated() >= p.max_tokens || int64_t(r.tokens.size()) >= context_len) return FinishReason::length;
+  if (int64_t(pos) + 1 - r.prompt_len >= p.max_tokens || int64_t(pos) + 1 >= context_len) return FinishReason::length;
   return FinishReason::none;
 }
 
+FinishReason EngineImpl::push_token(Request& r, int32_t t, const TokenLogprob* lp, StreamEvent& ev,
+                                    Clock::time_point now) {
+  observe_token_time(r, ev, now);
+  r.tokens.push_back(t);
+  ev.tokens.push_back(t);
+  if (lp) ev.logprobs.push_back(*lp);
+  return stop_reason(r, t, r.tokens.size() - 1);
+}
+
 void EngineImpl::finish(Request& r, FinishReason why, StreamEvent& ev) {
+  if (r.has_future()) {
+    // Overlap: the id of the step in flight will not be applied. KV is claimed only for
+    // known ids' positions below the last one, as the simple loop leaves it.
+    r.tokens.pop_back();
+    r.num_computed = std::min(r.num_computed, std::max(0, int(r.tokens.size()) - 1));
+  }
   if (!r.terminal())
-    r.transit<state::Prefilling, state::Decoding>(state::Finished{why});
+    r.transit<state::Waiting, state::Prefilling, state::Decoding>(state::Finished{why});
   ev.finished = true;
   ev.reason = why;
   for (auto& it : r.spec_trace) ev.spec_trace.emplace_back(it.drafts, it.accepted);
@@ -586,9 +908,9 @@ void EngineImpl::finish(Request& r, FinishReason why, StreamEvent& ev) {
 void EngineImpl::emit(Request& r, StreamEvent& ev) {
   if (ev.tokens.empty() && !ev.finished) return;
   ev.prompt_tokens = r.prompt_len;
-  ev.completion_tokens = r.num_generated();
+  ev.completion_tokens = r.num_generated_known();
   ev.cached_tokens = r.cached_tokens;
-  r.tokens_emitted = r.num_generated();
+  r.tokens_emitted = r.num_generated_known();
   r.stream->push(std::move(ev));
   ev = StreamEvent{};
 }

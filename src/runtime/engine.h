@@ -125,6 +125,13 @@ struct EngineOptions {
   int chunked_prefill_size = 8192;     // per-step token budget
   int max_num_seqs = 256;
   bool disable_prefix_cache = false;
+  // The simple loop (plan, run, apply, one after the other) instead of overlap scheduling
+  // (step N+1 is planned and launched before step N's results are applied).
+  bool disable_overlap_schedule = false;
+  // Mixed batches: while requests decode, a step's prefill chunks take at most
+  // mixed_prefill_tokens of the chunked_prefill_size budget (off: up to the whole budget).
+  bool enable_mixed_batch = false;
+  int mixed_prefill_tokens = 512;
   // Host-memory KV tier (KvStore): on with the prefix cache unless disabled; its size is
   // kvstore_size_gb GiB when > 0, else kvstore_ratio x the device pool (capped at half the
   // host memory available at start).
@@ -180,6 +187,12 @@ struct EngineMetrics {
   // Its parts (EWMA, us): Scheduler::plan + apply_plan; the worker's host share (batch build,
   // uploads: its wall time minus forward seconds); Engine::apply + reap + gauges.
   double step_plan_us_mean = 0, step_worker_host_us_mean = 0, step_apply_us_mean = 0;
+  // Device idle between consecutive steps (the thread that drives the device waiting for its
+  // next step; steps after the engine had nothing to do are not counted): EWMA us per step,
+  // and totals (idle share = idle / (idle + busy)). overlap_steps: steps launched while the
+  // previous one was still running.
+  double device_idle_us_mean = 0, device_idle_seconds = 0, device_busy_seconds = 0;
+  int64_t overlap_steps = 0;
   int64_t steps = 0, retractions = 0;
   int64_t spec_verify_steps = 0, spec_accepted_tokens = 0;  // accepted length = tokens / steps
   // Engine steps on the fixed-shape speculative decode path, and those replayed as CUDA graphs;

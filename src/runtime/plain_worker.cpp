@@ -5,49 +5,84 @@
 namespace ts {
 
 void PlainWorker::execute(const StepPlan& plan, StepResult& out) {
-  out.clear(plan.chunks.size());
-  seq_.clear();
-  sample_reqs_.clear();
-  sample_row_.clear();
-  for (size_t k = 0; k < plan.chunks.size(); ++k) {
+  stage(plan, sync_);
+  sync_.live = true;
+  run_staged(sync_, nullptr, out);
+}
+
+void PlainWorker::stage(const StepPlan& plan, StagedStep& s) const {
+  const size_t n = plan.chunks.size();
+  s.rows = n;
+  s.ids.clear();
+  s.seq.clear();
+  s.sample_row.clear();
+  s.sampling.clear();
+  s.reqs.clear();
+  s.logprobs.clear();
+  s.host = false;
+  s.live = false;
+  if (s.tables.size() < n) s.tables.resize(n);
+  size_t total = 0;
+  for (const ScheduledChunk& c : plan.chunks) total += size_t(c.num_tokens);
+  s.ids.reserve(total);  // SeqChunk::tokens point into it: no reallocation below
+  for (size_t k = 0; k < n; ++k) {
     const ScheduledChunk& c = plan.chunks[k];
     const Request& r = *c.req;
     const bool last = r.num_computed + c.num_tokens == int(r.tokens.size());
-    seq_.push_back({r.tokens.data() + r.num_computed, c.num_tokens, r.num_computed, &r.block_table,
-                    last ? SeqChunk::Logits::last : SeqChunk::Logits::none, r.state_slot ? *r.state_slot : -1});
+    const size_t at = s.ids.size();
+    s.ids.insert(s.ids.end(), r.tokens.begin() + r.num_computed, r.tokens.begin() + r.num_computed + c.num_tokens);
+    s.tables[k].assign(r.block_table.begin(), r.block_table.end());
+    s.seq.push_back({s.ids.data() + at, c.num_tokens, r.num_computed, &s.tables[k],
+                     last ? SeqChunk::Logits::last : SeqChunk::Logits::none, r.state_slot ? *r.state_slot : -1});
     if (last) {
-      sample_reqs_.push_back(&r);
-      sample_row_.push_back(k);
+      s.sample_row.push_back(k);
+      s.sampling.push_back(sampling_row(r));
+      s.logprobs.push_back(r.params.logprobs);
+      s.reqs.push_back(&r);
+      s.host = s.host || needs_host_logits(r);
     }
   }
-  // Penalties and logprobs work on host logits; otherwise sampling runs where the logits are.
-  bool host = false;
-  for (const Request* r : sample_reqs_) host = host || needs_host_logits(*r);
+}
+
+void PlainWorker::run_staged(StagedStep& s, const StepResult* prev, StepResult& out) {
+  TS_CHECK(s.live || !s.host, "a step that needs host logits cannot run overlapped");
+  out.clear(s.rows);
+  // Futures: the previous step's sampled ids (host copies, as that step returned them).
+  for (int32_t& t : s.ids) {
+    if (t >= 0) continue;
+    const size_t k = size_t(-(t + 1));
+    TS_CHECK(prev && k < prev->rows.size() && prev->rows[k].count > 0,
+             "step input holds future id {} the previous step did not produce", t);
+    t = prev->tokens[size_t(prev->rows[k].first)];
+  }
   auto f0 = std::chrono::steady_clock::now();
   // Pure decode steps sample inside the decode CUDA graph when one fits.
   bool sampled = false;
-  if (!host && sample_reqs_.size() == seq_.size()) {
-    sampling_.clear();
-    for (const Request* r : sample_reqs_) sampling_.push_back(sampling_row(*r));
-    sampled = runner_.run_sampled(seq_, sampling_, ids_);
-    if (sampled) {
+  if (!s.host && s.sample_row.size() == s.seq.size()) sampled = runner_.run_sampled(s.seq, s.sampling, ids_);
+  if (sampled) {
+    samples_.resize(ids_.size());
+    for (size_t i = 0; i < ids_.size(); ++i) samples_[i].token = ids_[i];
+  } else {
+    Tensor logits = runner_.run(s.seq, false, s.host);
+    // The device work (forward + sampling) completes inside the copy of the ids: it counts as
+    // device time, not host time.
+    if (s.live) {
+      sample_batch(logits, s.reqs, samples_);
+    } else if (!s.sampling.empty()) {
+      ops::sample(logits, s.sampling, ids_);
       samples_.resize(ids_.size());
       for (size_t i = 0; i < ids_.size(); ++i) samples_[i].token = ids_[i];
+    } else {
+      samples_.clear();
     }
   }
-  if (!sampled) {
-    Tensor logits = runner_.run(seq_, false, host);
-    // The device work (forward + sampling) completes inside sample_batch's copy of the ids:
-    // it counts as device time, not host time.
-    sample_batch(logits, sample_reqs_, samples_);
-  }
   out.forward_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - f0).count() - runner_.last_build_seconds();
-  for (size_t i = 0; i < sample_reqs_.size(); ++i) {
-    RowResult& row = out.rows[sample_row_[i]];
+  for (size_t i = 0; i < s.sample_row.size(); ++i) {
+    RowResult& row = out.rows[s.sample_row[i]];
     row.first = int(out.tokens.size());
     row.count = 1;
     out.tokens.push_back(samples_[i].token);
-    if (sample_reqs_[i]->params.logprobs >= 0) {
+    if (s.logprobs[i] >= 0) {
       row.lp_first = int(out.logprobs.size());
       out.logprobs.push_back(std::move(samples_[i].logprob));
     }

@@ -1,6 +1,16 @@
 // PlainWorker: the non-speculative step. One forward over every row of the plan (decodes and
 // prefill chunks in one batch), then sampling of the rows that end their sequence — inside the
 // decode CUDA graph when the step is pure decode, one fits and no request needs host logits.
+//
+// A step is two halves so the overlap loop can run the second on its own thread:
+//  - stage() (engine thread) copies everything the step reads from its requests (input ids,
+//    block tables, positions, sampling rows) into a StagedStep;
+//  - run_staged() (the thread that drives the device; one at a time, in launch order) runs the
+//    forward and sampling from the StagedStep alone. Input ids < 0 are futures: -(k+1) is the
+//    id sampled for row k of the previous step, read from its StepResult (`prev`) here, so a
+//    step can be staged before the previous one has produced its ids.
+// execute() is stage() + run_staged() on the calling thread (the simple loop; speculative and
+// host-logit steps), so both loops run the same code.
 #pragma once
 #include <vector>
 
@@ -10,20 +20,43 @@
 
 namespace ts {
 
+// One staged step (reused: every vector keeps its capacity).
+struct StagedStep {
+  std::vector<int32_t> ids;                  // every row's input ids, concatenated (futures < 0)
+  std::vector<std::vector<int32_t>> tables;  // row i's block table (copied: the scheduler grows them)
+  std::vector<SeqChunk> seq;                 // points into ids / tables
+  std::vector<size_t> sample_row;            // plan row of each sampled row
+  std::vector<ops::SamplingRow> sampling;    // one per sampled row
+  // The sampled rows' requests. Read (by sample_batch: penalties, logprobs) only when
+  // `live`: execute() runs the step on the engine thread, while the requests do not change.
+  // Overlapped steps sample from `sampling` alone (their requests pass can_overlap).
+  std::vector<const Request*> reqs;
+  std::vector<int> logprobs;                 // per sampled row: GenerateParams::logprobs
+  bool host = false;                         // some sampled row needs host logits
+  bool live = false;
+  size_t rows = 0;
+  bool empty() const { return rows == 0; }
+};
+
 class PlainWorker final : public Worker {
  public:
   explicit PlainWorker(ModelRunner& runner) : runner_(runner) {}
   void execute(const StepPlan& plan, StepResult& out) override;
   std::shared_ptr<const int> acquire_slot() override { return nullptr; }
+  // Whether a request's steps may be staged ahead of the previous step's ids (no host logits:
+  // penalties read the token history, which then still holds futures).
+  static bool can_overlap(const Request& r) { return !needs_host_logits(r); }
+  // Copies the plan into `s` (engine thread). Row ids the previous step has not produced yet
+  // must already be futures in the requests' tokens (the engine's pre-apply).
+  void stage(const StepPlan& plan, StagedStep& s) const;
+  // Runs a staged step; `prev`: the result of the step run just before (resolves futures;
+  // null: `s` must hold none). Touches no Request unless s.host.
+  void run_staged(StagedStep& s, const StepResult* prev, StepResult& out);
 
  private:
   ModelRunner& runner_;
-  // Reused every step.
-  std::vector<SeqChunk> seq_;
-  std::vector<const Request*> sample_reqs_;
-  std::vector<size_t> sample_row_;  // plan row of each sampled request
+  StagedStep sync_;  // execute()'s staging (reused)
   std::vector<SampleResult> samples_;
-  std::vector<ops::SamplingRow> sampling_;
   std::vector<int32_t> ids_;
 };
 

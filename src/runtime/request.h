@@ -4,6 +4,9 @@
 //   Decoding|Prefilling -> Retracted -> Waiting   (preempted when KV blocks run out; its tokens
 //                                                  are recomputed, reusing cached prefix blocks)
 //   any non-terminal state -> Aborted             (client gone, error)
+//   Waiting -> Finished                           (overlap loop: a request retracted while its
+//                                                  step was in flight, whose id from that step
+//                                                  ends it)
 // Transitions are made with Request::transit<From...>(To{}): a (From, To) pair the table below
 // forbids does not compile; the runtime check is only that the request is in one of the
 // named From states (it throws otherwise, never silently continues). The scheduler names the
@@ -44,7 +47,7 @@ constexpr bool transition_allowed_v() {
   using namespace state;
   if constexpr (std::is_same_v<From, Finished> || std::is_same_v<From, Aborted>) return false;  // terminal
   else if constexpr (std::is_same_v<To, Aborted>) return true;
-  else if constexpr (std::is_same_v<From, Waiting>) return std::is_same_v<To, Prefilling>;
+  else if constexpr (std::is_same_v<From, Waiting>) return std::is_same_v<To, Prefilling> || std::is_same_v<To, Finished>;
   else if constexpr (std::is_same_v<From, Prefilling>)
     return std::is_same_v<To, Decoding> || std::is_same_v<To, Finished> || std::is_same_v<To, Retracted>;
   else if constexpr (std::is_same_v<From, Decoding>) return std::is_same_v<To, Finished> || std::is_same_v<To, Retracted>;
@@ -80,6 +83,11 @@ struct Request {
   std::shared_ptr<LogitsConstraints> constraints;
 
   int tokens_emitted = 0;       // generated tokens already sent
+  // Overlap loop: the step in flight ends this request (max_tokens or context reached), so
+  // the scheduler plans nothing more for it. tokens.back() < 0 is a future id (see
+  // PlainWorker: the id the step in flight samples), resolved when that step is applied.
+  bool finishing = false;
+  bool has_future() const { return !tokens.empty() && tokens.back() < 0; }
 
   Clock::time_point submitted, first_token, last_token;
   Clock::time_point scheduled;  // first admission (queue time = scheduled - submitted)
@@ -98,6 +106,7 @@ struct Request {
   std::vector<SpecIteration> spec_trace;
 
   int num_generated() const { return int(tokens.size()) - prompt_len; }
+  int num_generated_known() const { return num_generated() - (has_future() ? 1 : 0); }
   int remaining_to_compute() const { return int(tokens.size()) - num_computed; }
   template <typename S>
   bool is() const { return std::holds_alternative<S>(state); }

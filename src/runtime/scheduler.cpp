@@ -43,7 +43,7 @@ void Scheduler::plan(StepPlan& plan) {
   // 1. Decodes, oldest first. A decode that cannot get a block retracts the newest request.
   for (size_t i = 0; i < running_.size(); ++i) {
     Request& r = *running_[i];
-    if (!r.is<state::Decoding>()) continue;
+    if (!r.is<state::Decoding>() || r.finishing) continue;  // finishing: ends with the step in flight
     int n = std::min(r.remaining_to_compute(), opts_.decode_tokens);
     int64_t need = int64_t(r.num_computed) + opts_.decode_tokens + opts_.extra_decode_slots;
     bool self_retracted = false;
@@ -58,6 +58,8 @@ void Scheduler::plan(StepPlan& plan) {
     out.push_back({&r, n});
     budget -= opts_.decode_tokens;
   }
+  // Mixed batches: decodes were planned, so the prefill share is capped.
+  if (opts_.mixed_prefill_tokens > 0 && !out.empty()) budget = std::min(budget, opts_.mixed_prefill_tokens);
   // 2. Prefills in progress.
   for (auto& rp : running_) {
     Request& r = *rp;

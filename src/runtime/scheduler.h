@@ -6,7 +6,8 @@
 //  2. Running requests in the middle of a chunked prefill continue.
 //  3. Waiting requests are admitted in FIFO order (prefix matched first) while budget,
 //     `max_num_seqs` and blocks allow. A prompt larger than the budget is chunked.
-// Decodes and prefill chunks share one step (mixed batches). Engine-thread only.
+// Decodes and prefill chunks share one step (mixed batches); with mixed_prefill_tokens the
+// prefill share of a step that has decodes is capped. Engine-thread only.
 #pragma once
 #include <deque>
 #include <memory>
@@ -23,6 +24,10 @@ struct SchedulerOptions {
   int max_num_seqs = 256;
   int decode_tokens = 1;  // tokens a decoding request needs per step (spec: num_draft_tokens)
   int extra_decode_slots = 0;  // additional KV slots reserved per decode (spec lookahead)
+  // --enable-mixed-batch: while decodes run, a step's prefill chunks take at most this many
+  // tokens (0: the whole remaining budget), so a decode step never carries a long prefill
+  // chunk (its inter-token latency stays near a pure decode step's).
+  int mixed_prefill_tokens = 0;
 };
 
 class Scheduler {

@@ -88,6 +88,10 @@ struct StepResult {
   std::vector<TokenLogprob> logprobs;
   std::vector<int32_t> drafts;
   double forward_s = 0;  // seconds in forwards (device work); the rest of the step is host time
+  // Set by whoever runs the step (the overlap thread, or the engine thread in the simple loop):
+  // seconds the device sat idle between the previous step's end and this one's start (-1: not
+  // counted, the engine had no work before it), and this step's busy seconds.
+  double idle_before_s = -1, busy_s = 0;
   void clear(size_t n_rows) {
     rows.assign(n_rows, RowResult{});
     tokens.clear();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -113,6 +114,30 @@ double percentile(std::vector<double> v, double p) {
   return v[lo] + (v[hi] - v[lo]) * frac;
 }
 
+// tokenspeed's /metrics device counters (idle, busy seconds); {-1, -1} when the server has
+// none (another server, or a scrape that failed).
+std::pair<double, double> device_seconds(const std::string& base) {
+  auto cli = make_client(base, 10);
+  auto res = cli->Get("/metrics");
+  std::pair<double, double> out{-1, -1};
+  if (!res || res->status != 200) return out;
+  auto read = [&](const std::string& name) {
+    size_t at = 0;
+    while ((at = res->body.find(name, at)) != std::string::npos) {
+      const bool line_start = at == 0 || res->body[at - 1] == '\n';
+      at += name.size();
+      if (!line_start) continue;
+      size_t sp = res->body.find(' ', at);
+      if (sp == std::string::npos) return -1.0;
+      return std::strtod(res->body.c_str() + sp + 1, nullptr);
+    }
+    return -1.0;
+  };
+  out.first = read("tokenspeed_device_idle_seconds_total");
+  out.second = read("tokenspeed_device_busy_seconds_total");
+  return out;
+}
+
 std::vector<BenchServingResult> run_bench_serving(const BenchServingOptions& o) {
   std::string base = normalize_base(o.base_url);
   std::string model = o.model;
@@ -154,6 +179,7 @@ std::vector<BenchServingResult> run_bench_serving(const BenchServingOptions& o) 
     for (int i = 0; i < n; ++i) bodies.push_back(make_body(rng));
     std::vector<Sample> samples(n);
     std::atomic<int> next{0};
+    const auto dev0 = device_seconds(base);
     auto t0 = Clock::now();
     std::vector<std::thread> threads;
     for (int t = 0; t < std::min(c, n); ++t) {
@@ -164,7 +190,12 @@ std::vector<BenchServingResult> run_bench_serving(const BenchServingOptions& o) 
     }
     for (auto& t : threads) t.join();
     double dur = secs(Clock::now() - t0);
+    const auto dev1 = device_seconds(base);
     BenchServingResult r;
+    if (dev0.first >= 0 && dev1.first >= 0 && dev0.second >= 0 && dev1.second >= 0) {
+      const double idle = dev1.first - dev0.first, busy = dev1.second - dev0.second;
+      if (idle + busy > 0) r.device_idle_pct = 100.0 * idle / (idle + busy);
+    }
     r.concurrency = c;
     r.requests = n;
     r.duration_s = dur;
@@ -191,13 +222,14 @@ std::vector<BenchServingResult> run_bench_serving(const BenchServingOptions& o) 
 }
 
 std::string format_bench_table(const std::vector<BenchServingResult>& rs) {
-  std::string s = fmt::format("{:>11} {:>8} {:>6} {:>9} {:>8} {:>10} {:>11} {:>11} {:>10} {:>10}\n", "concurrency",
+  std::string s = fmt::format("{:>11} {:>8} {:>6} {:>9} {:>8} {:>10} {:>11} {:>11} {:>10} {:>10} {:>9}\n", "concurrency",
                               "requests", "failed", "time_s", "req/s", "out_tok/s", "ttft_p50ms", "ttft_p99ms",
-                              "itl_p50ms", "itl_p99ms");
+                              "itl_p50ms", "itl_p99ms", "dev_idle%");
   for (auto& r : rs)
-    s += fmt::format("{:>11} {:>8} {:>6} {:>9.2f} {:>8.2f} {:>10.1f} {:>11.1f} {:>11.1f} {:>10.2f} {:>10.2f}\n",
+    s += fmt::format("{:>11} {:>8} {:>6} {:>9.2f} {:>8.2f} {:>10.1f} {:>11.1f} {:>11.1f} {:>10.2f} {:>10.2f} {:>9}\n",
                      r.concurrency, r.requests, r.failed, r.duration_s, r.req_per_s, r.output_tok_per_s, r.ttft_p50_ms,
-                     r.ttft_p99_ms, r.itl_p50_ms, r.itl_p99_ms);
+                     r.ttft_p99_ms, r.itl_p50_ms, r.itl_p99_ms,
+                     r.device_idle_pct >= 0 ? fmt::format("{:.2f}", r.device_idle_pct) : std::string("-"));
   for (auto& r : rs)
     if (!r.first_error.empty()) s += fmt::format("concurrency {}: first error: {}\n", r.concurrency, r.first_error);
   return s;

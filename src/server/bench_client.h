@@ -25,6 +25,9 @@ struct BenchServingResult {
   int64_t output_tokens = 0;
   double duration_s = 0, req_per_s = 0, output_tok_per_s = 0;
   double ttft_p50_ms = 0, ttft_p99_ms = 0, itl_p50_ms = 0, itl_p99_ms = 0;
+  // Share of device time idle between engine steps during this level, from the server's
+  // /metrics counters (tokenspeed_device_{idle,busy}_seconds_total); -1: not available.
+  double device_idle_pct = -1;
   std::string first_error;
 };
 

@@ -166,6 +166,17 @@ std::string render_prometheus(const EngineMetrics* e, ServerMetrics& s, const st
     metric(out, "tokenspeed_engine_step_host_time_us", "gauge", "Mean host time per engine step (microseconds).", l,
            e->step_host_us_mean);
     metric(out, "tokenspeed_engine_steps_total", "counter", "Engine steps run.", l, static_cast<double>(e->steps));
+    metric(out, "tokenspeed_engine_overlap_steps_total", "counter",
+           "Engine steps launched while the previous step was still running (overlap scheduling).", l,
+           static_cast<double>(e->overlap_steps));
+    metric(out, "tokenspeed_device_idle_seconds_total", "counter",
+           "Seconds the device sat idle between consecutive engine steps (not counting idle server time).", l,
+           e->device_idle_seconds);
+    metric(out, "tokenspeed_device_busy_seconds_total", "counter", "Seconds of engine steps on the device.", l,
+           e->device_busy_seconds);
+    metric(out, "tokenspeed_device_idle_between_steps_us", "gauge",
+           "Mean device idle time between consecutive engine steps (microseconds, moving average).", l,
+           e->device_idle_us_mean);
     metric(out, "tokenspeed_retractions_total", "counter", "Requests preempted (retracted) for lack of KV blocks.", l,
            static_cast<double>(e->retractions));
     render_kvstore(out, *e, l);

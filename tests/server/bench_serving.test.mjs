@@ -15,7 +15,7 @@ test('bench serving prints a table for each concurrency', () => {
   process.stderr.write(r.stderr);
   assert.equal(r.status, 0);
   const lines = r.stdout.trim().split('\n');
-  assert.match(lines[0], /concurrency\s+requests\s+failed.*req\/s\s+out_tok\/s\s+ttft_p50ms\s+ttft_p99ms\s+itl_p50ms\s+itl_p99ms/);
+  assert.match(lines[0], /concurrency\s+requests\s+failed.*req\/s\s+out_tok\/s\s+ttft_p50ms\s+ttft_p99ms\s+itl_p50ms\s+itl_p99ms\s+dev_idle%/);
   const rows = lines.slice(1).map((l) => l.trim().split(/\s+/));
   assert.equal(rows.length, 2);
   assert.deepEqual(rows.map((r) => r[0]), ['1', '4']);
@@ -23,5 +23,8 @@ test('bench serving prints a table for each concurrency', () => {
     assert.equal(row[1], '6');
     assert.equal(row[2], '0');
     assert.ok(Number(row[5]) > 0, 'output tok/s');
+    // Device idle between steps, from our server's /metrics counters.
+    const idle = Number(row[10]);
+    assert.ok(idle >= 0 && idle <= 100, `dev_idle% ${row[10]}`);
   }
 });

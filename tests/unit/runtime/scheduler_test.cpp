@@ -50,7 +50,7 @@ TEST(RequestFsm, RuntimeTableMatchesTheCompileTimeOne) {
                                    Aborted{"x"}};
   // Every (from, to) pair, spelled out: rows = from, columns = to (W P D R F A).
   const bool want[6][6] = {
-      {0, 1, 0, 0, 0, 1},  // Waiting
+      {0, 1, 0, 0, 1, 1},  // Waiting (-> Finished: overlap, retracted while in flight)
       {0, 0, 1, 1, 1, 1},  // Prefilling
       {0, 0, 0, 1, 1, 1},  // Decoding
       {1, 0, 0, 0, 0, 1},  // Retracted
@@ -181,6 +181,33 @@ TEST(Scheduler, PlansDecodesThenPrefillsThenAdmissionsUnderTheBudget) {
   EXPECT_EQ(p.chunks[1].req->id, 2);
   EXPECT_EQ(p.chunks[1].num_tokens, 4);
   EXPECT_TRUE(p.admitted.empty());
+}
+
+TEST(Scheduler, MixedBatchCapsPrefillWhileDecodesRun) {
+  for (int cap : {0, 16}) {
+    KvCache kv(256, 4, false);
+    SchedulerOptions so;
+    so.token_budget = 100;
+    so.mixed_prefill_tokens = cap;
+    Scheduler s(kv, so);
+    s.add(make_req(1, std::vector<int32_t>(5, 1), 50));
+    StepPlan p;
+    std::mt19937 rng(3);
+    s.plan(p);  // no decodes yet: the prefill takes the whole budget
+    apply_plan_transitions(p);
+    ASSERT_EQ(p.chunks.size(), 1u);
+    fake_apply(p, kv, rng);
+    s.add(make_req(2, std::vector<int32_t>(300, 2), 4));
+    s.plan(p);
+    apply_plan_transitions(p);
+    ASSERT_EQ(p.chunks.size(), 2u);
+    EXPECT_EQ(p.chunks[0].num_tokens, 1);                     // request 1's decode
+    EXPECT_EQ(p.chunks[1].num_tokens, cap > 0 ? cap : 99);    // request 2's first chunk
+    fake_apply(p, kv, rng);
+    s.plan(p);
+    apply_plan_transitions(p);
+    EXPECT_EQ(p.chunks[1].num_tokens, cap > 0 ? cap : 99) << "continuing prefill, cap " << cap;
+  }
 }
 
 TEST(Scheduler, RetractsTheNewestWhenBlocksRunOutAndRejectsTheImpossible) {

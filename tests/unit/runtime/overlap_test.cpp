@@ -1,0 +1,167 @@
+// Overlap scheduling on the CPU (the same loop the GPU runs: steps staged by the engine thread,
+// run on the device thread, applied one step late): greedy outputs equal the simple loop's
+// (--disable-overlap-schedule) under EOS / stop ids / max_tokens, retraction, aborts and
+// host-logit requests that force the simple loop; steps really overlap; nothing leaks.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "engine_test_util.h"
+
+using namespace ts;
+using namespace ts::test;
+
+namespace {
+
+EngineOptions opts(bool overlap, int64_t pool = 16384) {
+  EngineOptions o = small_engine(pool, 16);
+  o.disable_overlap_schedule = !overlap;
+  return o;
+}
+
+// Mixed finish conditions: EOS honoured (some), a stop id (some), max_tokens 1..24.
+std::vector<GenerateParams> mixed_params(const Engine& e, int n, const std::vector<Result>* ref = nullptr) {
+  auto prompts = code_prompts(e, n);
+  std::vector<GenerateParams> ps;
+  for (int i = 0; i < n; ++i) {
+    GenerateParams p = greedy(prompts[size_t(i)], 1 + (i * 7) % 16);
+    p.ignore_eos = i % 3 == 0;
+    if (ref && i % 4 == 1 && (*ref)[size_t(i)].tokens.size() > 3) p.stop_token_ids = {(*ref)[size_t(i)].tokens[2]};
+    ps.push_back(p);
+  }
+  return ps;
+}
+
+std::vector<Result> run_concurrent(Engine& e, const std::vector<GenerateParams>& ps) {
+  std::vector<std::shared_ptr<Stream>> st;
+  for (auto& p : ps) st.push_back(e.submit(p));
+  std::vector<Result> out;
+  for (auto& s : st) out.push_back(collect(s));
+  return out;
+}
+
+void wait_idle(Engine& e) {
+  for (int i = 0; i < 200 && (e.metrics().running > 0 || e.metrics().kv_used_blocks > 0); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+}
+
+void expect_same(const std::vector<Result>& a, const std::vector<Result>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(a[i].error.empty() && b[i].error.empty()) << a[i].error << b[i].error;
+    EXPECT_EQ(a[i].tokens, b[i].tokens) << "request " << i;
+    EXPECT_EQ(a[i].reason, b[i].reason) << "request " << i;
+    EXPECT_EQ(a[i].completion_tokens, b[i].completion_tokens) << "request " << i;
+    EXPECT_EQ(a[i].completion_tokens, int(a[i].tokens.size())) << "request " << i;
+  }
+}
+
+}  // namespace
+
+TEST(Overlap, GreedyEqualsSimpleLoopUnderStops) {
+  Engine simple(opts(false)), over(opts(true));
+  simple.start();
+  over.start();
+  auto ref0 = run_concurrent(simple, mixed_params(simple, 16));
+  auto ps = mixed_params(simple, 16, &ref0);  // now with stop ids taken from the outputs
+  auto a = run_concurrent(simple, ps);
+  auto b = run_concurrent(over, ps);
+  expect_same(a, b);
+  int stops = 0;
+  for (auto& r : b) stops += r.reason == FinishReason::stop;
+  EXPECT_GT(stops, 0);  // the stop-id / EOS paths were exercised
+  wait_idle(over);
+  EngineMetrics m = over.metrics(), ms = simple.metrics();
+  EXPECT_GT(m.overlap_steps, 0);
+  EXPECT_EQ(ms.overlap_steps, 0);
+  EXPECT_EQ(m.kv_used_blocks, 0);
+  EXPECT_EQ(m.running, 0);
+  EXPECT_GT(m.device_busy_seconds, 0);
+  EXPECT_GE(m.device_idle_seconds, 0);
+  int64_t made = 0;
+  for (auto& r : b) made += r.completion_tokens;
+  EXPECT_EQ(m.generation_tokens, made);
+}
+
+TEST(Overlap, RetractionEqualsSimpleLoop) {
+  Engine simple(opts(false, 256)), over(opts(true, 256));
+  simple.start();
+  over.start();
+  auto prompts = code_prompts(simple, 6);
+  std::vector<GenerateParams> ps;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ps.push_back(greedy(prompts[i], 24 + int(i)));
+    ps.back().ignore_eos = i % 2 == 0;
+  }
+  auto a = run_concurrent(simple, ps);
+  auto b = run_concurrent(over, ps);
+  expect_same(a, b);
+  EXPECT_GT(over.metrics().retractions, 0);
+  wait_idle(over);
+  EXPECT_EQ(over.metrics().kv_used_blocks, 0);
+}
+
+TEST(Overlap, AbortsMidFlightLeaveOthersUnchanged) {
+  Engine simple(opts(false)), over(opts(true));
+  simple.start();
+  over.start();
+  auto prompts = code_prompts(simple, 6);
+  std::vector<GenerateParams> ps;
+  for (auto& p : prompts) ps.push_back(greedy(p, 20));
+  auto a = run_concurrent(simple, ps);
+  // Same set plus long requests cancelled / stopped after their first event.
+  std::vector<std::shared_ptr<Stream>> st;
+  for (auto& p : ps) st.push_back(over.submit(p));
+  auto c1 = over.submit(greedy(prompts[0], 500));
+  auto c2 = over.submit(greedy(prompts[1], 500));
+  StreamEvent ev;
+  ASSERT_TRUE(c1->pop(ev, 60000));
+  c1->cancel();
+  ASSERT_TRUE(c2->pop(ev, 60000));
+  c2->request_stop();
+  std::vector<Result> b;
+  for (auto& s : st) b.push_back(collect(s));
+  expect_same(a, b);
+  Result r1 = collect(c1), r2 = collect(c2);
+  EXPECT_EQ(r1.reason, FinishReason::abort);
+  EXPECT_EQ(r2.reason, FinishReason::stop);
+  EXPECT_LT(r2.completion_tokens, 500);
+  wait_idle(over);
+  EngineMetrics m = over.metrics();
+  EXPECT_EQ(m.kv_used_blocks, 0);
+  EXPECT_EQ(m.requests_aborted, 1);
+  EXPECT_EQ(m.requests_finished, 7);
+}
+
+TEST(Overlap, HostLogitRequestsFallBackAndStayEqual) {
+  // A penalised request and one with logprobs run the simple loop while they are live; the
+  // greedy ones around them keep their outputs, and the penalised one matches the simple loop.
+  Engine simple(opts(false)), over(opts(true));
+  simple.start();
+  over.start();
+  auto prompts = code_prompts(simple, 6);
+  std::vector<GenerateParams> ps;
+  for (auto& p : prompts) ps.push_back(greedy(p, 16));
+  ps[2].repetition_penalty = 1.3f;
+  ps[4].logprobs = 2;
+  auto a = run_concurrent(simple, ps);
+  auto b = run_concurrent(over, ps);
+  expect_same(a, b);
+  ASSERT_EQ(b[4].logprobs.size(), b[4].tokens.size());
+  for (size_t i = 0; i < a[4].logprobs.size(); ++i) EXPECT_FLOAT_EQ(a[4].logprobs[i].logprob, b[4].logprobs[i].logprob);
+}
+
+TEST(Overlap, MaxTokensOneAndSeededSampling) {
+  Engine simple(opts(false)), over(opts(true));
+  simple.start();
+  over.start();
+  auto prompts = code_prompts(simple, 8);
+  std::vector<GenerateParams> ps;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerateParams p = greedy(prompts[i], i % 2 ? 1 : 9);
+    p.temperature = 0.8f;  // device sampling (not host logits): seeded, so reproducible
+    p.seed = 1234 + i;
+    ps.push_back(p);
+  }
+  expect_same(run_concurrent(simple, ps), run_concurrent(over, ps));
+}
