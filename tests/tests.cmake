@@ -50,6 +50,17 @@ foreach(spec "tp2_ep2:--tp-size;2;--ep-size;2" "tp4_ep4:--tp-size;4;--ep-size;4"
     ${CMAKE_SOURCE_DIR}/tests/data/deepseek_v3 --device cpu ${parts})
   set_tests_properties(golden_${name}_deepseek_v3 PROPERTIES LABELS "golden;parallel")
 endforeach()
+# MiniMax-M3: replicated embedding (the seed), KV and index heads replicated past their count at
+# TP 4, fused 3-D experts sharded; the seed's flagship attn_tp4_moe_ep4.
+foreach(spec "tp2:--tp-size;2" "tp2_ep2:--tp-size;2;--ep-size;2" "tp4:--tp-size;4"
+        "attn_tp4_moe_ep4:--attn-tp-size;4;--ep-size;4")
+  string(REPLACE ":" ";" parts "${spec}")
+  list(GET parts 0 name)
+  list(REMOVE_AT parts 0)
+  add_test(NAME golden_${name}_minimax_m3 COMMAND $<TARGET_FILE:tokenspeed> verify-golden
+    ${CMAKE_SOURCE_DIR}/tests/data/minimax_m3 --device cpu ${parts})
+  set_tests_properties(golden_${name}_minimax_m3 PROPERTIES LABELS "golden;parallel")
+endforeach()
 add_test(NAME golden_tp2_ep2_qwen3_moe_fp8 COMMAND $<TARGET_FILE:tokenspeed> verify-golden
   ${CMAKE_SOURCE_DIR}/tests/data/qwen3_moe_fp8 --device cpu --tp-size 2 --ep-size 2)
 set_tests_properties(golden_tp2_ep2_qwen3_moe_fp8 PROPERTIES LABELS "golden;parallel;quant")

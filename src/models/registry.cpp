@@ -43,8 +43,9 @@ std::unique_ptr<Model> create_model(const io::ModelConfig& cfg, const LoadOption
 // MoE TP or EP) so far.
   const std::string& a = cfg.architecture;
   bool tp_ok = a == "LlamaForCausalLM" || a == "MistralForCausalLM" || a == "Qwen2ForCausalLM" ||
-               a == "Qwen3ForCausalLM" || a == "Qwen3MoeForCausalLM" || a == "DeepseekV3ForCausalLM";
-  TS_CHECK(opts.mapping.tp_size == 1 || tp_ok, "{}: --tp-size {} is not supported for {} yet (Llama/Qwen2/Qwen3/Mistral/Qwen3-MoE/DeepSeek-V3 only)",
+               a == "Qwen3ForCausalLM" || a == "Qwen3MoeForCausalLM" || a == "DeepseekV3ForCausalLM" ||
+               a == "MiniMaxM3VLForCausalLM";
+  TS_CHECK(opts.mapping.tp_size == 1 || tp_ok, "{}: --tp-size {} is not supported for {} yet (Llama/Qwen2/Qwen3/Mistral/Qwen3-MoE/DeepSeek-V3/MiniMax-M3 only)",
            cfg.path, opts.mapping.tp_size, cfg.architecture);
   TS_CHECK(opts.mapping.tp_size == 1 || opts.comm, "{}: --tp-size {} needs a communicator", cfg.path, opts.mapping.tp_size);
   return it->second(cfg, opts);

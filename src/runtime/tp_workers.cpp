@@ -1,5 +1,9 @@
 #include "runtime/tp_workers.h"
 
+#include <omp.h>
+
+#include <algorithm>
+
 #include "core/error.h"
 #include "parallel/comm.h"
 #include "parallel/world.h"
@@ -14,6 +18,9 @@ namespace ts {
 
 TpWorkers::TpWorkers(int tp_size, Device device) : size_(tp_size) {
   TS_CHECK(tp_size >= 1, "TpWorkers: size {}", tp_size);
+  // CPU ranks share the host's cores: each rank's ops get an even share of OpenMP threads, so
+  // N ranks do not run N full teams that spin against each other between collectives.
+  if (device == Device::cpu) cpu_threads_ = std::max(1, omp_get_max_threads() / tp_size);
   w_.resize(size_t(tp_size));
   for (int r = 1; r < tp_size; ++r) {
     w_[size_t(r)] = std::make_unique<Worker>();
@@ -37,6 +44,7 @@ TpWorkers::~TpWorkers() {
 void TpWorkers::loop(int rank, Device device) {
   Worker& w = *w_[size_t(rank)];
   std::exception_ptr bind_error;
+  bind_cpu_threads();
 #ifdef TS_WITH_CUDA
   try {
     if (device == Device::cuda) cuda::set_device(rank);
@@ -101,10 +109,15 @@ void TpWorkers::wait() {
   if (first) std::rethrow_exception(first);
 }
 
+void TpWorkers::bind_cpu_threads() const {
+  if (cpu_threads_ > 0) omp_set_num_threads(cpu_threads_);  // this thread's OpenMP team size
+}
+
 void TpWorkers::run(const std::function<void(int)>& fn) {
   post(fn);
   std::exception_ptr local;
   try {
+    bind_cpu_threads();  // rank 0 runs on the caller's thread (e.g. the engine loop)
     fn(0);
   } catch (...) {
     local = std::current_exception();
