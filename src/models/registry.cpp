@@ -44,8 +44,8 @@ std::unique_ptr<Model> create_model(const io::ModelConfig& cfg, const LoadOption
   const std::string& a = cfg.architecture;
   bool tp_ok = a == "LlamaForCausalLM" || a == "MistralForCausalLM" || a == "Qwen2ForCausalLM" ||
                a == "Qwen3ForCausalLM" || a == "Qwen3MoeForCausalLM" || a == "DeepseekV3ForCausalLM" ||
-               a == "MiniMaxM3VLForCausalLM";
-  TS_CHECK(opts.mapping.tp_size == 1 || tp_ok, "{}: --tp-size {} is not supported for {} yet (Llama/Qwen2/Qwen3/Mistral/Qwen3-MoE/DeepSeek-V3/MiniMax-M3 only)",
+               a == "MiniMaxM3VLForCausalLM" || a == "Qwen3_5ForCausalLM";
+  TS_CHECK(opts.mapping.tp_size == 1 || tp_ok, "{}: --tp-size {} is not supported for {} yet (Llama/Qwen2/Qwen3/Mistral/Qwen3-MoE/DeepSeek-V3/MiniMax-M3/Qwen3.5 only)",
            cfg.path, opts.mapping.tp_size, cfg.architecture);
   TS_CHECK(opts.mapping.tp_size == 1 || opts.comm, "{}: --tp-size {} needs a communicator", cfg.path, opts.mapping.tp_size);
   return it->second(cfg, opts);

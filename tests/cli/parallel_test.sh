@@ -21,12 +21,13 @@ check_same() {  # check_same MODEL FLAGS...
   if [ -n "$want" ] && [ "$want" = "$got" ]; then echo "ok: $(basename "$model") $* = tp 1 $want"
   else echo "FAIL: $(basename "$model") $*: got '$got', want '$want'"; fails=$((fails+1)); fi
 }
-for m in ${MODELS:-llama3 llama2_mha qwen3_moe}; do
+for m in ${MODELS:-llama3 llama2_mha qwen3_moe deepseek_v3 minimax_m3 qwen3_5}; do
   check_same "$DATA/$m" --tp-size 2
 done
 check_same "$DATA/llama3" --tp-size 4
 check_same "$DATA/qwen3_moe" --tp-size 2 --ep-size 2
 check_same "$DATA/qwen3_moe" --tp-size 2 --ep-size 2 --disable-prefix-cache --max-num-seqs 1
+check_same "$DATA/minimax_m3" --attn-tp-size 4 --ep-size 4
 
 expect_error() {  # expect_error "pattern" cmd...
   local pat=$1; shift
