@@ -200,4 +200,33 @@ Grammar choice_grammar(const std::vector<std::string>& choices) {
   return g;
 }
 
+int embed_grammar(Grammar& dst, const Grammar& src, const std::string& prefix) {
+  std::vector<int> rule_map(src.num_rules());
+  for (size_t r = 0; r < src.num_rules(); ++r) {
+    std::string name = prefix + src.rule_name(static_cast<int>(r));
+    if (dst.find_rule(name) >= 0) throw InvalidRequest(fmt::format("grammar: rule '{}' already exists", name));
+    rule_map[r] = dst.rule(name);
+  }
+  // Expressions are created after their kids (every builder takes kid ids), so one pass in id
+  // order maps them.
+  std::vector<int> ex(src.num_exprs());
+  for (size_t i = 0; i < src.num_exprs(); ++i) {
+    const Expr& e = src.expr(static_cast<int>(i));
+    std::vector<int> kids;
+    for (int k : e.kids) kids.push_back(ex[static_cast<size_t>(k)]);
+    switch (e.kind) {
+      case Expr::kEmpty: ex[i] = dst.empty(); break;
+      case Expr::kLiteral: ex[i] = dst.lit(e.bytes); break;
+      case Expr::kChars: ex[i] = dst.chars(e.ranges); break;
+      case Expr::kSeq: ex[i] = dst.seq(std::move(kids)); break;
+      case Expr::kAlt: ex[i] = dst.alt(std::move(kids)); break;
+      case Expr::kRef: ex[i] = dst.ref(rule_map[static_cast<size_t>(e.rule)]); break;
+      case Expr::kRepeat: ex[i] = dst.rep(kids[0], e.min, e.max); break;
+    }
+  }
+  for (size_t r = 0; r < src.num_rules(); ++r)
+    if (src.rule_body(static_cast<int>(r)) >= 0) dst.define(rule_map[r], ex[static_cast<size_t>(src.rule_body(static_cast<int>(r)))]);
+  return rule_map[static_cast<size_t>(src.root())];
+}
+
 }  // namespace ts::grammar

@@ -97,6 +97,11 @@ int add_regex(Grammar& g, std::string_view pattern, bool json_string = false);
 // Exactly one of the choices.
 Grammar choice_grammar(const std::vector<std::string>& choices);
 
+// Copies every rule of `src` into `dst` under names prefixed with `prefix` (which must be unused
+// there) and returns the id in `dst` of src's root rule: front ends compose grammars this way
+// (a tool call's fixed syntax around its arguments' JSON-schema grammar).
+int embed_grammar(Grammar& dst, const Grammar& src, const std::string& prefix);
+
 // UTF-8 encode one code point.
 void append_utf8(std::string& out, uint32_t cp);
 

@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "ops/ops.h"
+#include "runtime/structured.h"
 
 namespace ts {
 
@@ -72,7 +73,8 @@ ops::SamplingRow sampling_row(const Request& r) {
 
 bool needs_host_logits(const Request& r) {
   const GenerateParams& p = r.params;
-  return p.logprobs >= 0 || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+  return p.logprobs >= 0 || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f ||
+         r.constraints != nullptr;
 }
 
 void sample_batch(Tensor& logits, const std::vector<const Request*>& reqs, std::vector<SampleResult>& out) {
@@ -102,6 +104,9 @@ void sample_batch(Tensor& logits, const std::vector<const Request*>& reqs, std::
     float* row = logits.ptr<float>() + i * logits.row_stride();
     if (r.params.logprobs >= 0) raw[size_t(i)].assign(row, row + vocab);
     apply_penalties(row, vocab, r);
+    // logit_bias, min_tokens, then the grammar mask (its next-step mask was computed on a mask
+    // thread while this step's forward ran).
+    if (r.constraints) r.constraints->apply(row, vocab, r.num_generated());
     rows[size_t(i)] = sampling_row(r);
   }
   ops::sample(logits, rows, ids);

@@ -1,5 +1,6 @@
 // Sampler: turns logits rows into tokens for a batch of requests: penalties (presence,
-// frequency, repetition) on host logits, then ops::sample, then optional top-k logprobs.
+// frequency, repetition) and logits constraints (logit_bias, min_tokens, grammar masks:
+// runtime/structured.h) on host logits, then ops::sample, then optional top-k logprobs.
 #pragma once
 #include <vector>
 
@@ -16,7 +17,7 @@ struct SampleResult {
 
 // The sampling parameters of a request's next token.
 ops::SamplingRow sampling_row(const Request& r);
-// Whether a request's sampling needs the logits on the host (penalties, logprobs).
+// Whether a request's sampling needs the logits on the host (penalties, logprobs, constraints).
 bool needs_host_logits(const Request& r);
 // logits: f32 [N, V] (host, modified in place by penalties; or on the device when no request
 // needs host logits); reqs[i] owns row i.

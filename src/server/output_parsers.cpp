@@ -5,6 +5,10 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include <fmt/format.h>
+#include "grammar/ir.h"
+#include "grammar/json_schema.h"
+#include "runtime/structured.h"
 #include "server/protocol.h"
 
 namespace ts::server {
@@ -276,6 +280,56 @@ ChatDelta ChatOutputParser::finish() {
   if (!content.empty()) tools_.feed(content, d.content, d.tool_calls);
   tools_.finish(d.content, d.tool_calls);
   return d;
+}
+
+// --- tool_choice by grammar -----------------------------------------------------------------------
+std::shared_ptr<StructuredRequest> tool_call_structured(const Json& tools, const std::string& only_name, bool parallel,
+                                                        ToolCallParser::Kind kind) {
+  TS_CHECK(kind != ToolCallParser::Kind::none, "tool_call_structured: no tool-call parser");
+  grammar::Grammar g;
+  grammar::JsonSchemaOptions opt;
+  opt.any_whitespace = false;
+  std::vector<int> alts;
+  std::string key = fmt::format("kind={} parallel={}\n", int(kind), parallel);
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const Json& f = tools[i]["function"];
+    std::string name = f["name"].get<std::string>();
+    if (!only_name.empty() && name != only_name) continue;
+    std::string param = fmt::format("tools[{}].function.parameters", i);
+    grammar::Grammar args;
+    auto pit = f.find("parameters");
+    try {
+      if (pit == f.end() || pit->is_null()) {
+        args = grammar::json_object_grammar(opt);
+      } else {
+        grammar::JsonSchemaOptions o = opt;
+        o.strict = true;  // the call must be parseable against the schema: no invented keys
+        args = grammar::json_schema_grammar(*pit, o);
+      }
+    } catch (const InvalidRequest& e) {
+      throw ApiError(400, fmt::format("Invalid JSON schema in '{}' (tool '{}'): {}", param, name, e.what()), param);
+    }
+    int args_root = grammar::embed_grammar(g, args, fmt::format("t{}-", i));
+    std::string head = kind == ToolCallParser::Kind::hermes
+                           ? fmt::format("{{\"name\": {}, \"arguments\": ", Json(name).dump())
+                           : fmt::format("{{\"name\": {}, \"parameters\": ", Json(name).dump());
+    alts.push_back(g.seq({g.lit(head), g.ref(args_root), g.lit("}")}));
+    key += name + "\n" + (pit == f.end() ? std::string("{}") : pit->dump()) + "\n";
+  }
+  TS_CHECK(!alts.empty(), "tool_call_structured: no tool named '{}'", only_name);
+  int call_rule = g.rule("tool-call");
+  int body = g.alt(alts);
+  if (kind == ToolCallParser::Kind::hermes) body = g.seq({g.lit("<tool_call>\n"), body, g.lit("\n</tool_call>")});
+  g.define(call_rule, body);
+  int root = g.rule("root");
+  std::string sep = kind == ToolCallParser::Kind::hermes ? "\n" : "; ";
+  g.define(root, parallel ? g.seq({g.ref(call_rule), g.star(g.seq({g.lit(sep), g.ref(call_rule)}))}) : g.ref(call_rule));
+  g.set_root(root);
+  auto out = std::make_shared<StructuredRequest>();
+  out->kind = "tool_call";
+  out->key = "tool_call\n" + key;
+  out->ir = std::make_shared<const grammar::Grammar>(std::move(g));
+  return out;
 }
 
 }  // namespace ts::server

@@ -3,9 +3,16 @@
 // even inside a tag), finish() at the end. Streaming and non-streaming use the same code, so the
 // concatenated streamed deltas always equal the non-streamed message.
 #pragma once
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace ts {
+struct StructuredRequest;
+}
 
 namespace ts::server {
 
@@ -75,6 +82,15 @@ class ChatOutputParser {
   ReasoningParser reasoning_;
   ToolCallParser tools_;
 };
+
+// tool_choice required / named, enforced by grammar: the output must be the tool-call syntax of
+// `kind` (hermes: <tool_call>\n{"name": "N", "arguments": ARGS}\n</tool_call>, one or more
+// separated by a newline; llama3: {"name": "N", "parameters": ARGS}, several joined by "; ")
+// calling one of `tools` (an OpenAI tools array) -- or only `only_name` when not empty -- with
+// ARGS following the tool's parameters schema (compact JSON; any object when it has none).
+// `parallel` false: exactly one call. An invalid parameters schema is a 400 naming the tool.
+std::shared_ptr<StructuredRequest> tool_call_structured(const nlohmann::ordered_json& tools, const std::string& only_name,
+                                                        bool parallel, ToolCallParser::Kind kind);
 
 // Parses one tool-call JSON object ({"name", "arguments"|"parameters"}) into `call` (id left
 // empty); false when it is not one.

@@ -3,9 +3,12 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <fmt/format.h>
 #include <random>
 
+#include "grammar/ir.h"
+#include "grammar/json_schema.h"
 #include "io/json_file.h"
 
 namespace ts::server {
@@ -174,14 +177,17 @@ void parse_sampling(const Json& body, GenerateParams& p, int64_t vocab_size) {
     }
   }
   if (auto b = get_bool(body, "ignore_eos")) p.ignore_eos = *b;
+  parse_logit_constraints(body, p, vocab_size);
 }
 
 std::optional<int64_t> parse_max_tokens(const Json& body, const char* alt) {
   const char* key = "max_tokens";
   auto m = get_int(body, key);
-  if (!m && alt) {
-    key = alt;
-    m = get_int(body, alt);
+  if (alt) {
+    if (auto a = get_int(body, alt)) {
+      key = alt;
+      m = a;
+    }
   }
   if (m && *m <= 0) bad(fmt::format("'{}' must be at least 1, got {}", key, *m), key);
   return m;
@@ -296,6 +302,12 @@ CompletionRequest parse_completion_request(const Json& body, const ModelInfo& in
   }
   r.params.max_tokens = static_cast<int>(max_tokens);
   r.params.logprobs = r.logprobs;
+  r.include_stop_str = get_bool(body, "include_stop_str_in_output").value_or(false);
+  if (auto k = get_int(body, "prompt_logprobs")) {
+    if (*k < 0 || *k > 20) bad(fmt::format("'prompt_logprobs' must be in [0, 20], got {}", *k), "prompt_logprobs");
+    r.prompt_logprobs = static_cast<int>(*k);
+  }
+  r.params.structured = parse_structured(body);
   return r;
 }
 
@@ -342,6 +354,7 @@ ChatRequest parse_chat_request(const Json& body, const ModelInfo& info) {
           mp + ".role");
     Json out = Json::object();
     for (auto& [k, v] : m.items()) out[k] = v;
+    if (role == "developer") out["role"] = "system";  // OpenAI's newer name; templates know "system"
     auto cit = m.find("content");
     bool has_tool_calls = false;
     if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null()) {
@@ -427,12 +440,8 @@ ChatRequest parse_chat_request(const Json& body, const ModelInfo& info) {
       if (!found) bad(fmt::format("'tool_choice' names '{}', which is not in 'tools'", r.tool_choice_name), "tool_choice");
     }
   }
-  if (auto rf = body.find("response_format"); rf != body.end() && !rf->is_null()) {
-    if (!rf->is_object()) bad("'response_format' must be an object", "response_format");
-    auto type = get_string(*rf, "type").value_or("text");
-    if (type != "text")
-      bad(fmt::format("response_format type '{}' is not supported by this server", type), "response_format");
-  }
+  r.structured = parse_structured(body);
+  r.parallel_tool_calls = get_bool(body, "parallel_tool_calls").value_or(true);
   if (auto kw = body.find("chat_template_kwargs"); kw != body.end() && !kw->is_null()) {
     if (!kw->is_object()) bad("'chat_template_kwargs' must be an object", "chat_template_kwargs");
     r.template_kwargs = *kw;
@@ -449,7 +458,154 @@ ChatRequest parse_chat_request(const Json& body, const ModelInfo& info) {
     r.top_logprobs = static_cast<int>(*k);
   }
   r.params.logprobs = r.logprobs ? r.top_logprobs : -1;
+  r.include_stop_str = get_bool(body, "include_stop_str_in_output").value_or(false);
   return r;
+}
+
+// --- structured outputs -----------------------------------------------------------------------
+namespace {
+// One constraint found in the body: the field that gave it, and the grammar.
+struct Found {
+  std::string field;
+  std::shared_ptr<StructuredRequest> req;
+};
+
+// Builds the grammar, turning the engine's InvalidRequest into a 400 naming the field.
+template <class F>
+std::shared_ptr<StructuredRequest> build(const std::string& field, const std::string& kind, std::string key, F make) {
+  auto out = std::make_shared<StructuredRequest>();
+  out->kind = kind;
+  out->key = kind + "\n" + std::move(key);
+  try {
+    out->ir = std::make_shared<const grammar::Grammar>(make());
+  } catch (const InvalidRequest& e) {
+    bad(fmt::format("Invalid {} in '{}': {}", kind == "grammar" ? "grammar" : kind, field, e.what()), field);
+  }
+  return out;
+}
+
+std::shared_ptr<StructuredRequest> schema_request(const std::string& field, const Json& schema, bool strict) {
+  Json s = schema;
+  if (s.is_string()) {
+    try {
+      s = parse_json_limited(schema.get<std::string>(), field.c_str());
+    } catch (const Json::exception& e) {
+      bad(fmt::format("Invalid JSON schema in '{}': {}", field, io::json_error_text(e)), field);
+    }
+  }
+  if (!s.is_object() && !s.is_boolean()) bad(fmt::format("'{}' must be a JSON schema (an object)", field), field);
+  grammar::JsonSchemaOptions opt;
+  opt.strict = strict;
+  opt.any_whitespace = false;
+  std::string key = fmt::format("strict={}\n{}", strict, s.dump());
+  return build(field, "json_schema", key, [&] { return grammar::json_schema_grammar(s, opt); });
+}
+
+std::shared_ptr<StructuredRequest> json_object_request(const std::string& field) {
+  grammar::JsonSchemaOptions opt;
+  opt.any_whitespace = false;
+  return build(field, "json_object", "", [&] { return grammar::json_object_grammar(opt); });
+}
+
+std::shared_ptr<StructuredRequest> regex_request(const std::string& field, const Json& v) {
+  if (!v.is_string()) bad(fmt::format("'{}' must be a string (a regular expression)", field), field);
+  std::string re = v.get<std::string>();
+  return build(field, "regex", re, [&] { return grammar::regex_grammar(re); });
+}
+
+std::shared_ptr<StructuredRequest> choice_request(const std::string& field, const Json& v) {
+  if (!v.is_array() || v.empty()) bad(fmt::format("'{}' must be a non-empty list of strings", field), field);
+  std::vector<std::string> choices;
+  std::string key;
+  for (auto& c : v) {
+    if (!c.is_string()) bad(fmt::format("'{}' must be a non-empty list of strings", field), field);
+    choices.push_back(c.get<std::string>());
+    key += Json(choices.back()).dump() + "\n";
+  }
+  return build(field, "choice", key, [&] { return grammar::choice_grammar(choices); });
+}
+
+std::shared_ptr<StructuredRequest> grammar_request(const std::string& field, const Json& v) {
+  if (!v.is_string()) bad(fmt::format("'{}' must be a string (a GBNF or Lark grammar)", field), field);
+  std::string text = v.get<std::string>();
+  return build(field, "grammar", text, [&] { return grammar::parse_ebnf(text); });
+}
+
+std::shared_ptr<StructuredRequest> response_format_request(const Json& rf) {
+  if (!rf.is_object()) bad("'response_format' must be an object", "response_format");
+  auto type = get_string(rf, "type").value_or("text");
+  if (type == "text") return nullptr;
+  if (type == "json_object") return json_object_request("response_format");
+  if (type == "json_schema") {
+    auto js = rf.find("json_schema");
+    if (js == rf.end() || !js->is_object())
+      bad("'response_format.json_schema' is required (an object with 'name' and 'schema')", "response_format.json_schema");
+    bool strict = get_bool(*js, "strict").value_or(false);
+    auto sc = js->find("schema");
+    // OpenAI allows a json_schema without 'schema': any JSON object then.
+    if (sc == js->end() || sc->is_null()) return json_object_request("response_format.json_schema");
+    return schema_request("response_format.json_schema.schema", *sc, strict);
+  }
+  bad(fmt::format("'response_format.type' must be text, json_object or json_schema, got '{}'", type), "response_format");
+}
+}  // namespace
+
+std::shared_ptr<StructuredRequest> parse_structured(const Json& body) {
+  std::vector<Found> found;
+  auto has = [&](const Json& o, const char* k) {
+    auto it = o.find(k);
+    return it != o.end() && !it->is_null();
+  };
+  if (has(body, "response_format"))
+    if (auto r = response_format_request(body["response_format"])) found.push_back({"response_format", r});
+  if (has(body, "structured_outputs")) {
+    const Json& so = body["structured_outputs"];
+    if (!so.is_object()) bad("'structured_outputs' must be an object", "structured_outputs");
+    if (has(so, "json")) found.push_back({"structured_outputs.json", schema_request("structured_outputs.json", so["json"], true)});
+    if (has(so, "regex")) found.push_back({"structured_outputs.regex", regex_request("structured_outputs.regex", so["regex"])});
+    if (has(so, "choice")) found.push_back({"structured_outputs.choice", choice_request("structured_outputs.choice", so["choice"])});
+    if (has(so, "grammar")) found.push_back({"structured_outputs.grammar", grammar_request("structured_outputs.grammar", so["grammar"])});
+    if (get_bool(so, "json_object").value_or(false))
+      found.push_back({"structured_outputs.json_object", json_object_request("structured_outputs.json_object")});
+    for (const char* k : {"structural_tag", "whitespace_pattern"})
+      if (has(so, k)) bad(fmt::format("'structured_outputs.{}' is not supported", k), "structured_outputs");
+  }
+  // vLLM's legacy fields and SGLang's.
+  if (has(body, "guided_json")) found.push_back({"guided_json", schema_request("guided_json", body["guided_json"], true)});
+  if (has(body, "guided_regex")) found.push_back({"guided_regex", regex_request("guided_regex", body["guided_regex"])});
+  if (has(body, "guided_choice")) found.push_back({"guided_choice", choice_request("guided_choice", body["guided_choice"])});
+  if (has(body, "guided_grammar")) found.push_back({"guided_grammar", grammar_request("guided_grammar", body["guided_grammar"])});
+  if (has(body, "json_schema")) found.push_back({"json_schema", schema_request("json_schema", body["json_schema"], true)});
+  if (has(body, "regex")) found.push_back({"regex", regex_request("regex", body["regex"])});
+  if (has(body, "ebnf")) found.push_back({"ebnf", grammar_request("ebnf", body["ebnf"])});
+  if (found.size() > 1)
+    bad(fmt::format("Only one output constraint may be given; got '{}' and '{}'", found[0].field, found[1].field),
+        found[1].field);
+  return found.empty() ? nullptr : found[0].req;
+}
+
+void parse_logit_constraints(const Json& body, GenerateParams& p, int64_t vocab_size) {
+  if (auto it = body.find("logit_bias"); it != body.end() && !it->is_null()) {
+    if (!it->is_object()) bad("'logit_bias' must be an object mapping token ids to biases", "logit_bias");
+    p.logit_bias.clear();
+    for (auto& [k, v] : it->items()) {
+      char* end = nullptr;
+      long long id = std::strtoll(k.c_str(), &end, 10);
+      if (k.empty() || *end != '\0') bad(fmt::format("'logit_bias' key '{}' is not a token id", k), "logit_bias");
+      if (id < 0 || id >= vocab_size)
+        bad(fmt::format("'logit_bias' token id {} is outside the vocabulary [0, {})", id, vocab_size), "logit_bias");
+      if (!v.is_number()) bad(fmt::format("'logit_bias[{}]' must be a number", k), "logit_bias");
+      double b = v.get<double>();
+      if (!(b >= -100 && b <= 100)) bad(fmt::format("'logit_bias[{}]' must be in [-100, 100], got {}", k, b), "logit_bias");
+      p.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(b));
+    }
+  }
+  if (auto m = get_int(body, "min_tokens")) {
+    if (*m < 0) bad(fmt::format("'min_tokens' must be >= 0, got {}", *m), "min_tokens");
+    if (auto mt = get_int(body, "max_tokens"); mt && *m > *mt)
+      bad(fmt::format("'min_tokens' ({}) must not exceed 'max_tokens' ({})", *m, *mt), "min_tokens");
+    p.min_tokens = static_cast<int>(std::min<int64_t>(*m, 1 << 30));
+  }
 }
 
 // --- responses -------------------------------------------------------------------------------

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/engine.h"
+#include "runtime/structured.h"
 
 namespace ts::server {
 
@@ -65,7 +66,20 @@ void check_model(const Json& body, const ModelInfo& info);
 // frequency_penalty, repetition_penalty. Range errors -> 400 naming the field.
 void parse_sampling(const Json& body, GenerateParams& p, int64_t vocab_size);
 
-// max_tokens (or `alt` e.g. max_completion_tokens); must be > 0 when present.
+// --- structured outputs and logits constraints (#18 item 3) ----------------------------------
+// The output-constraining fields, at most one of: response_format {type: json_object |
+// json_schema {schema, strict} | text}; vLLM's structured_outputs {json | regex | choice |
+// grammar | json_object} and the legacy guided_json / guided_regex / guided_choice /
+// guided_grammar; SGLang's json_schema / regex / ebnf. Null when none is given. The grammar is
+// built (validated) here: an invalid schema, regex or grammar is a 400 naming the field.
+// JSON is generated compact (no whitespace between tokens: small models otherwise loop on it).
+std::shared_ptr<StructuredRequest> parse_structured(const Json& body);
+// logit_bias {"<token id>": bias in [-100, 100]} (ids checked against the vocabulary) and
+// min_tokens (>= 0): into p.logit_bias / p.min_tokens. Called by parse_sampling.
+void parse_logit_constraints(const Json& body, GenerateParams& p, int64_t vocab_size);
+
+// max_tokens, or `alt` (max_completion_tokens), which wins when both are present (OpenAI deprecates
+// max_tokens for it); must be > 0 when present.
 std::optional<int64_t> parse_max_tokens(const Json& body, const char* alt = nullptr);
 // n >= 1 (and <= 128).
 int parse_n(const Json& body);
@@ -93,6 +107,8 @@ struct CompletionRequest {
   int n = 1;
   bool echo = false, stream = false, include_usage = false;
   int logprobs = -1;                 // -1: none
+  bool include_stop_str = false;     // include_stop_str_in_output (vLLM)
+  int prompt_logprobs = -1;          // prompt_logprobs (vLLM; -1: none); echo + logprobs also needs them
 };
 
 using EncodeFn = std::function<std::vector<int32_t>(const std::string&)>;
@@ -118,10 +134,16 @@ struct ChatRequest {
   bool stream = false, include_usage = false;
   bool logprobs = false;
   int top_logprobs = 0;
+  bool include_stop_str = false;   // include_stop_str_in_output (vLLM)
+  bool parallel_tool_calls = true;
+  // response_format / structured_outputs / ...; tool_choice required|named (made by the HTTP
+  // layer, which knows the tool-call parser: tool_call_structured in output_parsers.h).
+  std::shared_ptr<StructuredRequest> structured;
 };
 
-// Validates messages (roles, content), tools, tool_choice, response_format (json modes -> 400
-// "not supported"), chat_template_kwargs and the sampling fields. Tokenization happens later.
+// Validates messages (roles, content), tools, tool_choice, parallel_tool_calls,
+// response_format and the other structured-output fields (parse_structured),
+// chat_template_kwargs and the sampling fields. Tokenization happens later.
 ChatRequest parse_chat_request(const Json& body, const ModelInfo& info);
 
 // --- responses -----------------------------------------------------------------------------

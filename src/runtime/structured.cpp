@@ -1,0 +1,249 @@
+#include "runtime/structured.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <functional>
+#include <thread>
+
+#include "grammar/ir.h"
+#include "grammar/matcher.h"
+#include "tokenizer/tokenizer.h"
+
+namespace ts {
+
+// --- the mask threads ----------------------------------------------------------------------
+namespace {
+class MaskPool {
+ public:
+  MaskPool() {
+    for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { loop(); });
+  }
+  ~MaskPool() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  void run(std::function<void()> job) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      q_.push_back(std::move(job));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void loop() {
+    while (true) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return stop_ || !q_.empty(); });
+        if (q_.empty()) return;
+        job = std::move(q_.front());
+        q_.pop_front();
+      }
+      job();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> q_;
+  std::vector<std::thread> threads_;
+  bool stop_ = false;
+};
+}  // namespace
+
+void mask_pool_run(std::function<void()> job) {
+  static MaskPool pool;
+  pool.run(std::move(job));
+}
+
+// --- GrammarCache ----------------------------------------------------------------------------
+GrammarCache::GrammarCache(std::shared_ptr<const tok::Tokenizer> tok, std::vector<int32_t> stop_ids, size_t capacity)
+    : tok_(std::move(tok)), stop_ids_(std::move(stop_ids)), capacity_(std::max<size_t>(capacity, 1)) {}
+GrammarCache::~GrammarCache() = default;
+
+std::shared_ptr<const grammar::Vocab> GrammarCache::vocab() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!vocab_) vocab_ = grammar::Vocab::from_tokenizer(*tok_, stop_ids_);
+  return vocab_;
+}
+
+size_t GrammarCache::size() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return map_.size();
+}
+
+std::shared_ptr<const StructuredRequest> GrammarCache::prepare(const StructuredRequest& req) {
+  auto out = std::make_shared<StructuredRequest>(req);
+  if (!out->compiled) {
+    TS_CHECK(out->ir != nullptr, "GrammarCache::prepare: no grammar");
+    auto v = vocab();
+    std::shared_ptr<const grammar::CompiledGrammar> cg;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (auto it = map_.find(req.key); it != map_.end()) {
+        lru_.splice(lru_.begin(), lru_, it->second.second);
+        cg = it->second.first;
+      }
+    }
+    if (!cg) {
+      // Compiled outside the lock (0.1-5 ms); two racing requests for a new key both compile
+      // and the second insert wins, which is harmless.
+      cg = std::make_shared<const grammar::CompiledGrammar>(*out->ir, v);
+      std::lock_guard<std::mutex> lk(mu_);
+      if (auto it = map_.find(req.key); it != map_.end()) {
+        lru_.erase(it->second.second);
+        map_.erase(it);
+      }
+      lru_.push_front(req.key);
+      map_[req.key] = {cg, lru_.begin()};
+      while (map_.size() > capacity_) {
+        map_.erase(lru_.back());
+        lru_.pop_back();
+      }
+    }
+    out->compiled = std::move(cg);
+  }
+  if (out->reasoning != StructuredRequest::Reasoning::none) {
+    auto s = tok_->token_to_id("<think>"), e = tok_->token_to_id("</think>");
+    if (s && e) {
+      out->think_start = *s;
+      out->think_end = *e;
+    } else {
+      out->reasoning = StructuredRequest::Reasoning::none;  // no single-token tags: grammar from the start
+    }
+  }
+  return out;
+}
+
+// --- LogitsConstraints -----------------------------------------------------------------------
+bool has_constraints(const GenerateParams& p) {
+  return (p.structured && p.structured->compiled) || !p.logit_bias.empty() || p.min_tokens > 0;
+}
+
+std::shared_ptr<LogitsConstraints> LogitsConstraints::make(const GenerateParams& p, const std::vector<int32_t>& stop_ids) {
+  if (!has_constraints(p)) return nullptr;
+  return std::make_shared<LogitsConstraints>(p, stop_ids);
+}
+
+LogitsConstraints::LogitsConstraints(const GenerateParams& p, const std::vector<int32_t>& stop_ids)
+    : bias_(p.logit_bias), min_tokens_(p.min_tokens) {
+  if (min_tokens_ > 0) {
+    min_stop_ = stop_ids;
+    min_stop_.insert(min_stop_.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
+  }
+  if (p.structured && p.structured->compiled) {
+    matcher_ = std::make_unique<grammar::Matcher>(p.structured->compiled);
+    think_start_ = p.structured->think_start;
+    think_end_ = p.structured->think_end;
+    switch (p.structured->reasoning) {
+      case StructuredRequest::Reasoning::qwen3: phase_ = Phase::first_optional_think; break;
+      case StructuredRequest::Reasoning::deepseek_r1: phase_ = Phase::reasoning; break;
+      default: phase_ = Phase::active;
+    }
+    mask_.assign(size_t(matcher_->grammar().vocab().mask_words()), 0);
+    start_mask();
+  }
+}
+
+LogitsConstraints::~LogitsConstraints() {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return !pending_; });
+}
+
+void LogitsConstraints::start_mask() {
+  mask_valid_ = false;
+  if (!matcher_ || phase_ == Phase::reasoning || failed_) return;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    pending_ = true;
+  }
+  mask_pool_run([this] { compute_mask(); });
+}
+
+void LogitsConstraints::compute_mask() {
+  matcher_->fill_bitmask(mask_.data());
+  if (phase_ == Phase::first_optional_think && think_start_ >= 0 && think_start_ < int32_t(mask_.size() * 32))
+    mask_[size_t(think_start_ >> 5)] |= 1u << (think_start_ & 31);
+  std::lock_guard<std::mutex> lk(mu_);
+  mask_valid_ = true;
+  pending_ = false;
+  cv_.notify_all();
+}
+
+const uint32_t* LogitsConstraints::wait_mask() {
+  if (!matcher_ || phase_ == Phase::reasoning || failed_) return nullptr;
+  std::unique_lock<std::mutex> lk(mu_);
+  if (!pending_ && !mask_valid_) {  // never scheduled (cannot happen today): compute inline
+    lk.unlock();
+    compute_mask();
+    lk.lock();
+  }
+  cv_.wait(lk, [&] { return !pending_; });
+  return mask_.data();
+}
+
+void LogitsConstraints::apply(float* l, int64_t vocab, int n_generated) {
+  for (auto& [id, b] : bias_)
+    if (id >= 0 && id < vocab) l[id] += b;
+  const bool ban_stop = n_generated < min_tokens_;
+  thread_local std::vector<std::pair<int32_t, float>> saved;
+  saved.clear();
+  if (ban_stop)
+    for (int32_t id : min_stop_)
+      if (id >= 0 && id < vocab && l[id] != -INFINITY) {
+        saved.emplace_back(id, l[id]);
+        l[id] = -INFINITY;
+      }
+  const uint32_t* m = wait_mask();
+  if (!m) return;
+  const int64_t covered = std::min<int64_t>(vocab, int64_t(mask_.size()) * 32);
+  bool any = false;
+  for (int64_t i = 0; i < covered; ++i) {
+    if (!((m[i >> 5] >> (i & 31)) & 1u)) l[i] = -INFINITY;
+    else any = any || l[i] != -INFINITY;
+  }
+  // Ids past the tokenizer's vocabulary (a padded embedding) are never grammar tokens.
+  for (int64_t i = covered; i < vocab; ++i) l[i] = -INFINITY;
+  if (!any) {
+    // The grammar can only end here but min_tokens banned the stop ids: the grammar wins.
+    for (auto& [id, v] : saved)
+      if (id < covered && ((m[id >> 5] >> (id & 31)) & 1u)) l[id] = v, any = true;
+    if (!any)  // nothing the grammar allows has a finite logit (a bias of -inf): allow its set uniformly
+      for (int64_t i = 0; i < covered; ++i)
+        if ((m[i >> 5] >> (i & 31)) & 1u) l[i] = 0.0f;
+  }
+}
+
+void LogitsConstraints::accept(int32_t t) {
+  if (!matcher_ || failed_) return;
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return !pending_; });
+  }
+  switch (phase_) {
+    case Phase::reasoning:
+      if (t == think_end_) phase_ = Phase::active;
+      break;
+    case Phase::first_optional_think:
+      if (t == think_start_) {
+        phase_ = Phase::reasoning;
+        break;
+      }
+      phase_ = Phase::active;
+      [[fallthrough]];
+    case Phase::active:
+      if (!matcher_->accept_token(t)) failed_ = true;
+      break;
+  }
+  if (!matcher_->is_terminated()) start_mask();
+}
+
+bool LogitsConstraints::grammar_done() const { return matcher_ && matcher_->is_terminated(); }
+
+}  // namespace ts

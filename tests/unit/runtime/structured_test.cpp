@@ -1,0 +1,230 @@
+// Per-request logits constraints (runtime/structured.h): grammar masks applied to host logits,
+// the matcher advancing with accepted tokens, termination, logit_bias, min_tokens, the
+// reasoning gate, and sample_batch using them.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "grammar/ir.h"
+#include "grammar/json_schema.h"
+#include "grammar/matcher.h"
+#include "runtime/request.h"
+#include "runtime/sampler.h"
+#include "runtime/structured.h"
+
+namespace ts {
+namespace {
+
+// ids 0..255: one byte each; 256 = </s> (the stop id); 257 = <think>, 258 = </think>.
+constexpr int32_t kStop = 256, kThink = 257, kThinkEnd = 258, kV = 259;
+
+std::shared_ptr<const grammar::Vocab> vocab() {
+  static auto v = [] {
+    std::vector<std::string> b(kV);
+    for (int i = 0; i < 256; ++i) b[size_t(i)] = std::string(1, char(i));
+    b[kStop] = "</s>";
+    b[kThink] = "<think>";
+    b[kThinkEnd] = "</think>";
+    std::vector<bool> excl(kV, false);
+    excl[kThink] = excl[kThinkEnd] = true;  // special tokens: never grammar tokens
+    return std::make_shared<const grammar::Vocab>(b, excl, std::vector<int32_t>{kStop});
+  }();
+  return v;
+}
+
+std::shared_ptr<const StructuredRequest> structured(const grammar::Grammar& g,
+                                                    StructuredRequest::Reasoning r = StructuredRequest::Reasoning::none) {
+  auto s = std::make_shared<StructuredRequest>();
+  s->kind = "test";
+  s->compiled = std::make_shared<const grammar::CompiledGrammar>(g, vocab());
+  s->reasoning = r;
+  s->think_start = kThink;
+  s->think_end = kThinkEnd;
+  return s;
+}
+
+std::vector<float> flat_logits() { return std::vector<float>(kV, 0.0f); }
+
+int allowed(const std::vector<float>& l) {
+  int n = 0;
+  for (float x : l) n += x != -INFINITY;
+  return n;
+}
+
+TEST(Structured, NoConstraintsNoState) {
+  GenerateParams p;
+  EXPECT_FALSE(has_constraints(p));
+  EXPECT_EQ(LogitsConstraints::make(p, {kStop}), nullptr);
+}
+
+TEST(Structured, ChoiceMaskAdvancesAndTerminates) {
+  GenerateParams p;
+  p.structured = structured(grammar::choice_grammar({"yes", "no"}));
+  auto c = LogitsConstraints::make(p, {kStop});
+  ASSERT_NE(c, nullptr);
+  auto l = flat_logits();
+  c->apply(l.data(), kV, 0);
+  EXPECT_EQ(allowed(l), 2);  // 'y' or 'n'
+  EXPECT_NE(l['y'], -INFINITY);
+  EXPECT_NE(l['n'], -INFINITY);
+  EXPECT_EQ(l[kStop], -INFINITY);  // the grammar cannot end yet
+  for (char ch : std::string("no")) {
+    c->accept(ch);
+    EXPECT_FALSE(c->grammar_done());
+  }
+  l = flat_logits();
+  c->apply(l.data(), kV, 2);
+  EXPECT_EQ(allowed(l), 1);
+  EXPECT_NE(l[kStop], -INFINITY);  // complete: only the stop id
+  c->accept(kStop);
+  EXPECT_TRUE(c->grammar_done());
+  EXPECT_FALSE(c->failed());
+}
+
+TEST(Structured, PaddedVocabularyMasked) {
+  GenerateParams p;
+  p.structured = structured(grammar::choice_grammar({"a"}));
+  auto c = LogitsConstraints::make(p, {kStop});
+  std::vector<float> l(kV + 40, 0.0f);  // model vocabulary padded past the tokenizer's
+  c->apply(l.data(), int64_t(l.size()), 0);
+  EXPECT_EQ(allowed(l), 1);
+  EXPECT_NE(l['a'], -INFINITY);
+}
+
+TEST(Structured, RejectedTokenFails) {
+  GenerateParams p;
+  p.structured = structured(grammar::choice_grammar({"a"}));
+  auto c = LogitsConstraints::make(p, {kStop});
+  c->accept('z');
+  EXPECT_TRUE(c->failed());
+}
+
+TEST(Structured, LogitBiasAndMinTokens) {
+  GenerateParams p;
+  p.logit_bias = {{5, 3.0f}, {7, -100.0f}};
+  p.min_tokens = 2;
+  p.stop_token_ids = {9};
+  auto c = LogitsConstraints::make(p, {kStop});
+  ASSERT_NE(c, nullptr);
+  auto l = flat_logits();
+  c->apply(l.data(), kV, 0);
+  EXPECT_FLOAT_EQ(l[5], 3.0f);
+  EXPECT_FLOAT_EQ(l[7], -100.0f);
+  EXPECT_EQ(l[kStop], -INFINITY);  // min_tokens: eos and the request's stop ids masked
+  EXPECT_EQ(l[9], -INFINITY);
+  l = flat_logits();
+  c->apply(l.data(), kV, 2);  // reached
+  EXPECT_FLOAT_EQ(l[kStop], 0.0f);
+  EXPECT_FLOAT_EQ(l[9], 0.0f);
+}
+
+TEST(Structured, GrammarWinsOverMinTokens) {
+  GenerateParams p;
+  p.structured = structured(grammar::choice_grammar({"a"}));
+  p.min_tokens = 10;
+  auto c = LogitsConstraints::make(p, {kStop});
+  c->accept('a');
+  auto l = flat_logits();
+  c->apply(l.data(), kV, 1);
+  EXPECT_EQ(allowed(l), 1);  // only the stop id: never an all -inf row
+  EXPECT_NE(l[kStop], -INFINITY);
+}
+
+TEST(Structured, Qwen3ReasoningGate) {
+  GenerateParams p;
+  p.structured = structured(grammar::choice_grammar({"ok"}), StructuredRequest::Reasoning::qwen3);
+  auto c = LogitsConstraints::make(p, {kStop});
+  auto l = flat_logits();
+  c->apply(l.data(), kV, 0);
+  EXPECT_EQ(allowed(l), 2);  // 'o' or <think>
+  EXPECT_NE(l[kThink], -INFINITY);
+  c->accept(kThink);
+  l = flat_logits();
+  c->apply(l.data(), kV, 1);
+  EXPECT_EQ(allowed(l), kV);  // inside the reasoning: free
+  c->accept('x');
+  c->accept(kThinkEnd);
+  l = flat_logits();
+  c->apply(l.data(), kV, 3);
+  EXPECT_EQ(allowed(l), 1);
+  EXPECT_NE(l['o'], -INFINITY);
+  c->accept('o');
+  c->accept('k');
+  c->accept(kStop);
+  EXPECT_TRUE(c->grammar_done());
+}
+
+TEST(Structured, Qwen3WithoutThinkingStartsAtOnce) {
+  GenerateParams p;
+  p.structured = structured(grammar::choice_grammar({"ok"}), StructuredRequest::Reasoning::qwen3);
+  auto c = LogitsConstraints::make(p, {kStop});
+  c->accept('o');
+  auto l = flat_logits();
+  c->apply(l.data(), kV, 1);
+  EXPECT_EQ(allowed(l), 1);
+  EXPECT_NE(l['k'], -INFINITY);
+}
+
+TEST(Structured, DeepseekR1StartsInsideReasoning) {
+  GenerateParams p;
+  p.structured = structured(grammar::choice_grammar({"ok"}), StructuredRequest::Reasoning::deepseek_r1);
+  auto c = LogitsConstraints::make(p, {kStop});
+  auto l = flat_logits();
+  c->apply(l.data(), kV, 0);
+  EXPECT_EQ(allowed(l), kV);
+  c->accept(kThinkEnd);
+  l = flat_logits();
+  c->apply(l.data(), kV, 1);
+  EXPECT_EQ(allowed(l), 1);
+}
+
+// sample_batch: greedy and seeded sampling both follow the grammar, for every sample of n.
+TEST(Structured, SampleBatchFollowsJsonSchema) {
+  auto g = grammar::json_schema_grammar(
+      std::string_view(R"({"type":"object","properties":{"n":{"type":"integer","minimum":0,"maximum":99},)"
+                       R"("ok":{"type":"boolean"}},"required":["n","ok"]})"),
+      grammar::JsonSchemaOptions{true, false});
+  auto s = structured(g);
+  for (float temp : {0.0f, 1.0f}) {
+    std::vector<Request> reqs(3);
+    std::vector<const Request*> ptrs;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      reqs[i].params.structured = s;
+      reqs[i].params.temperature = temp;
+      reqs[i].seed = 1234 + i;
+      reqs[i].tokens = {1, 2};
+      reqs[i].prompt_len = 2;
+      reqs[i].constraints = LogitsConstraints::make(reqs[i].params, {kStop});
+      ptrs.push_back(&reqs[i]);
+    }
+    std::vector<std::string> out(reqs.size());
+    std::vector<bool> done(reqs.size(), false);
+    for (int step = 0; step < 40; ++step) {
+      Tensor logits = Tensor::empty({int64_t(reqs.size()), kV}, DType::f32, Device::cpu);
+      for (int64_t i = 0; i < logits.numel(); ++i) logits.ptr<float>()[i] = float((i * 7919) % 13) * 0.3f;
+      std::vector<SampleResult> res;
+      sample_batch(logits, ptrs, res);
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        if (done[i]) continue;
+        int32_t t = res[i].token;
+        reqs[i].tokens.push_back(t);
+        reqs[i].constraints->accept(t);
+        ASSERT_FALSE(reqs[i].constraints->failed());
+        if (t == kStop) done[i] = true;
+        else out[i] += char(t);
+      }
+    }
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      ASSERT_TRUE(done[i]) << out[i];
+      EXPECT_TRUE(reqs[i].constraints->grammar_done());
+      auto j = nlohmann::json::parse(out[i]);
+      EXPECT_TRUE(j["n"].is_number_integer()) << out[i];
+      EXPECT_TRUE(j["ok"].is_boolean()) << out[i];
+      EXPECT_LE(j["n"].get<int>(), 99);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ts
