@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "models/shape.h"
 #include "parallel/comm.h"
 #include "parallel/world.h"
 #include "runtime/engine.h"
@@ -135,6 +136,9 @@ TpModels load_tp_models(const io::ModelConfig& cfg, const models::LoadOptions& b
   const int world = p.world_size();
   TS_CHECK(world >= 2, "load_tp_models: a world of {} rank(s)", world);
   TS_CHECK(p.nnodes == 1, "--nnodes {}: several nodes are not run by the engine yet", p.nnodes);
+  // The model's shapes against the mapping, before any communicator or weight: an error that
+  // names the config field and the flag (heads, KV heads, experts, intermediate sizes).
+  parallel::check_model_fits(parallel::Mapping::resolve(p, 0), models::model_shape(cfg));
   // One Comm per local rank (index = rank): NCCL on GPUs, the deterministic CPU backend else.
   std::vector<std::shared_ptr<parallel::Comm>> comms;
   if (base.device == Device::cuda) {

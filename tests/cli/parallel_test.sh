@@ -42,4 +42,6 @@ expect_error "disagree" "$BIN" verify-golden "$DATA/llama3" --tp-size 2 --attn-t
 expect_error "does not divide the world size 2" "$BIN" verify-golden "$DATA/llama3" --tp-size 2 --ep-size 3
 expect_error "cannot both be > 1" "$BIN" generate --model "$DATA/llama3" --device cpu --prompt-ids 1 --tp-size 4 \
   --moe-tp-size 2 --ep-size 2
+expect_error "needs a mixture-of-experts model" "$BIN" verify-golden "$DATA/llama3" --tp-size 2 --ep-size 2
+expect_error "not divisible by the attention TP size 3" "$BIN" verify-golden "$DATA/llama3" --tp-size 3
 [ $fails -eq 0 ] || { echo "$fails failure(s)"; exit 1; }
