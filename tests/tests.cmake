@@ -20,7 +20,7 @@ endforeach()
 # Parallel layers on CPU ranks (threads over the CPU Comm backend, the engine's TP worker path):
 # each fixture at TP 2 must match its golden like TP 1 does.
 set(TS_TP2_FIXTURES llama3 llama2_mha qwen3 llama3_fp8 llama3_fp8ch qwen3_fp8ch llama3_nvfp4 qwen3_moe qwen3_moe_fp8
-  qwen3_moe_nvfp4 deepseek_v3 deepseek_v3_fp8)
+  qwen3_moe_nvfp4 deepseek_v3 deepseek_v3_fp8 minimax_m3 qwen3_5)
 foreach(fixture ${TS_TP2_FIXTURES})
   add_test(NAME golden_tp2_${fixture} COMMAND $<TARGET_FILE:tokenspeed> verify-golden ${CMAKE_SOURCE_DIR}/tests/data/${fixture}
     --device cpu --tp-size 2)
@@ -50,6 +50,21 @@ foreach(spec "tp2_ep2:--tp-size;2;--ep-size;2" "tp4_ep4:--tp-size;4;--ep-size;4"
     ${CMAKE_SOURCE_DIR}/tests/data/deepseek_v3 --device cpu ${parts})
   set_tests_properties(golden_${name}_deepseek_v3 PROPERTIES LABELS "golden;parallel")
 endforeach()
+# MiniMax-M3: replicated embedding (the seed), KV and index heads replicated past their count at
+# TP 4, fused 3-D experts sharded; the seed's flagship attn_tp4_moe_ep4.
+foreach(spec "tp2_ep2:--tp-size;2;--ep-size;2" "tp4:--tp-size;4"
+        "attn_tp4_moe_ep4:--attn-tp-size;4;--ep-size;4")
+  string(REPLACE ":" ";" parts "${spec}")
+  list(GET parts 0 name)
+  list(REMOVE_AT parts 0)
+  add_test(NAME golden_${name}_minimax_m3 COMMAND $<TARGET_FILE:tokenspeed> verify-golden
+    ${CMAKE_SOURCE_DIR}/tests/data/minimax_m3 --device cpu ${parts})
+  set_tests_properties(golden_${name}_minimax_m3 PROPERTIES LABELS "golden;parallel")
+endforeach()
+# Qwen3.5 (hybrid): Gated DeltaNet value heads split, key heads replicated at TP 4.
+add_test(NAME golden_tp4_qwen3_5 COMMAND $<TARGET_FILE:tokenspeed> verify-golden ${CMAKE_SOURCE_DIR}/tests/data/qwen3_5
+  --device cpu --tp-size 4)
+set_tests_properties(golden_tp4_qwen3_5 PROPERTIES LABELS "golden;parallel")
 add_test(NAME golden_tp2_ep2_qwen3_moe_fp8 COMMAND $<TARGET_FILE:tokenspeed> verify-golden
   ${CMAKE_SOURCE_DIR}/tests/data/qwen3_moe_fp8 --device cpu --tp-size 2 --ep-size 2)
 set_tests_properties(golden_tp2_ep2_qwen3_moe_fp8 PROPERTIES LABELS "golden;parallel;quant")

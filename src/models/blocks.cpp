@@ -145,7 +145,8 @@ MlpWeights load_mlp_shard(WeightLoader& wl, const std::string& pre, int64_t H, i
   return m;
 }
 
-EmbedHead load_embed_head(WeightLoader& wl, int64_t vocab, int64_t H, bool tied, int tp, int rank, int embed_tp) {
+EmbedHead load_embed_head(WeightLoader& wl, int64_t vocab, int64_t H, bool tied, int tp, int rank, int embed_tp,
+                          const std::string& root) {
   using Part = WeightLoader::Part;
   TS_CHECK(embed_tp == 1 || embed_tp == tp, "embedding tp size {} must be 1 or {}", embed_tp, tp);
   const parallel::VocabShard ev = parallel::shard_vocab(vocab, embed_tp, embed_tp == 1 ? 0 : rank);
@@ -153,11 +154,12 @@ EmbedHead load_embed_head(WeightLoader& wl, int64_t vocab, int64_t H, bool tied,
   EmbedHead e;
   e.embed_tp = embed_tp;
   e.embed_start = ev.start;
-  e.embed = wl.load_parts({Part{"model.embed_tokens.weight", {vocab, H}, 0, ev.start, ev.count}});
+  const std::string table = root + "embed_tokens.weight";
+  e.embed = wl.load_parts({Part{table, {vocab, H}, 0, ev.start, ev.count}});
   // Tied checkpoints usually omit lm_head.weight; some ship it anyway (then it must match).
-  const std::string head_name = (tied && !wl.has("lm_head.weight")) ? "model.embed_tokens.weight" : "lm_head.weight";
-  if (head_name == "model.embed_tokens.weight" && ev.start == hv.start && ev.count == hv.count) e.head = e.embed;
-  else if (head_name == "model.embed_tokens.weight" && embed_tp == 1) e.head = e.embed.narrow(0, hv.start, hv.count);
+  const std::string head_name = (tied && !wl.has("lm_head.weight")) ? table : "lm_head.weight";
+  if (head_name == table && ev.start == hv.start && ev.count == hv.count) e.head = e.embed;
+  else if (head_name == table && embed_tp == 1) e.head = e.embed.narrow(0, hv.start, hv.count);
   else e.head = wl.load_parts({Part{head_name, {vocab, H}, 0, hv.start, hv.count}});
   return e;
 }

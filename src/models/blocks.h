@@ -80,7 +80,9 @@ struct EmbedHead {
   int embed_tp = 1;
   int64_t embed_start = 0;
 };
-EmbedHead load_embed_head(WeightLoader& wl, int64_t vocab, int64_t hidden, bool tied, int tp, int rank, int embed_tp);
+// root: the tensors' prefix ("model." or a VL checkpoint's "model.language_model.").
+EmbedHead load_embed_head(WeightLoader& wl, int64_t vocab, int64_t hidden, bool tied, int tp, int rank, int embed_tp,
+                          const std::string& root = "model.");
 
 // Tensor parallelism of one decoder stack (the defaults: one rank, the single-GPU path).
 //  attn: the attention TP group; at size > 1 every attention output (row-parallel o_proj) is

@@ -12,6 +12,7 @@
 #include "models/rope.h"
 #include "ops/graph_hooks.h"
 #include "models/weights.h"
+#include "parallel/world.h"
 
 namespace ts::models {
 namespace {
@@ -110,25 +111,58 @@ class MiniMaxM3 final : public DecoderModel {
  public:
   MiniMaxM3(const io::ModelConfig& cfg, const LoadOptions& opts) : DecoderModel(cfg, opts.device), p_(minimax_m3_params(cfg)) {
     capture_layers_ = opts.capture_layers;
+    mapping_ = opts.mapping;
+    comm_ = opts.comm;
+    groups_ = opts.groups;
+    const int tp = mapping_.tp_size, rank = mapping_.tp_rank;
+    TS_CHECK(tp == 1 || (groups_ && comm_ && comm_->size() == tp), "{}: communicators do not match {}", cfg.path,
+             mapping_.str());
+    TS_CHECK(mapping_.dense_tp == mapping_.attn_tp, "{}: --dense-tp-size {} other than the attention TP size {} is not "
+             "implemented for {}", cfg.path, mapping_.dense_tp, mapping_.attn_tp, cfg.architecture);
     WeightLoader wl(io::Checkpoint::open(cfg.dir), opts.device);
     device_ = opts.device;
     dtype_ = wl.dtype();
     const int64_t H = p_.hidden, hd = p_.head_dim, qw = p_.heads * hd, kw = p_.kv_heads * hd, D = p_.idx_dim;
+    // This rank's shard: q heads, KV heads (replicated past num_kv_heads), index heads following
+    // the q heads (indexer.k_proj, its norms and cache replicated), experts (EP ranges or every
+    // expert's intermediate shard), the shared expert sharded under MoE TP, whole under EP. The
+    // embedding is replicated (resolve_embed: the seed), the LM head vocab-parallel.
+    const parallel::HeadShard hs = parallel::shard_heads(p_.heads, p_.kv_heads, mapping_.attn_tp, rank);
+    bool any_sparse = false;
+    for (auto v : p_.sparse_attn) any_sparse = any_sparse || v;
+    const parallel::IndexerShard is = any_sparse ? parallel::shard_indexer(p_.heads, p_.idx_heads, D, mapping_.attn_tp, rank)
+                                                 : parallel::IndexerShard{};
+    idx_heads_ = any_sparse ? is.heads.count : 0;
+    const parallel::Range er = parallel::expert_range(p_.experts, mapping_.moe_ep, mapping_.moe_ep_rank);
+    const parallel::Range mr = parallel::even_shard(p_.moe_inter, mapping_.moe_tp, mapping_.moe_tp_rank, "intermediate_size");
+    const parallel::Range sr = mapping_.moe_ep == 1 && p_.shared_inter > 0
+                                   ? parallel::even_shard(p_.shared_inter, mapping_.moe_tp, mapping_.moe_tp_rank,
+                                                          "shared_intermediate_size")
+                                   : parallel::Range{0, p_.shared_inter};
+    if (tp > 1) moe_par_ = std::make_unique<parallel::MoeParallel>(p_.experts, mapping_.moe_ep, mapping_.moe_ep_rank);
+    const int64_t q0 = hs.q.start * hd, qn = hs.q.count * hd, k0 = hs.kv.start * hd, kn = hs.kv.count * hd;
+    using Part = WeightLoader::Part;
     // Text-only checkpoints use model.*; the full VL checkpoint nests it in model.language_model.*.
     std::string root = wl.has("model.language_model.embed_tokens.weight") ? "model.language_model." : "model.";
-    embed_ = wl.load(root + "embed_tokens.weight", {p_.vocab, H});
+    embed_tp_ = resolve_embed(mapping_, opts.replicate_embedding);
+    EmbedHead eh = load_embed_head(wl, p_.vocab, H, p_.tied, tp, rank, embed_tp_, root);
+    embed_ = eh.embed;
+    head_ = eh.head;
+    embed_start_ = eh.embed_start;
     for (int64_t l = 0; l < p_.layers; ++l) {
       std::string pre = root + "layers." + std::to_string(l) + ".";
       std::string at = pre + "self_attn.";
       MiniMaxM3Layer L;
       L.input_norm = gemma_norm(wl, pre + "input_layernorm.weight", H);
       L.post_norm = gemma_norm(wl, pre + "post_attention_layernorm.weight", H);
-      L.attn.qkv = wl.load_stacked({at + "q_proj.weight", at + "k_proj.weight", at + "v_proj.weight"}, {{qw, H}, {kw, H}, {kw, H}});
-      L.attn.o = wl.load(at + "o_proj.weight", {H, qw});
+      L.attn.qkv = wl.load_parts({Part{at + "q_proj.weight", {qw, H}, 0, q0, qn}, Part{at + "k_proj.weight", {kw, H}, 0, k0, kn},
+                                  Part{at + "v_proj.weight", {kw, H}, 0, k0, kn}});
+      L.attn.o = wl.load_parts({Part{at + "o_proj.weight", {H, qw}, 1, q0, qn}});
       L.attn.q_norm = gemma_norm(wl, at + "q_norm.weight", hd);
       L.attn.k_norm = gemma_norm(wl, at + "k_norm.weight", hd);
       if (p_.sparse_attn[size_t(l)]) {
-        L.idx.q = wl.load(at + "indexer.q_proj.weight", {p_.idx_heads * D, H});
+        L.idx.q = wl.load_parts(
+            {Part{at + "indexer.q_proj.weight", {p_.idx_heads * D, H}, 0, is.q_rows.start, is.q_rows.count}});
         L.idx.k = wl.load(at + "indexer.k_proj.weight", {D, H});
         L.idx.q_norm = gemma_norm(wl, at + "indexer.q_norm.weight", D);
         L.idx.k_norm = gemma_norm(wl, at + "indexer.k_norm.weight", D);
@@ -137,23 +171,21 @@ class MiniMaxM3 final : public DecoderModel {
         L.moe.router = wl.load(pre + "mlp.gate.weight", {p_.experts, H});
         for (const char* n : {"mlp.gate.e_score_correction_bias", "mlp.e_score_correction_bias"})
           if (!L.moe.router_bias.data && wl.has(pre + n)) L.moe.router_bias = wl.load_f32(pre + n, {p_.experts});
-        load_experts(wl, pre + "mlp.experts", p_.experts, p_.moe_inter, H, L.moe);
-        if (wl.has(pre + "mlp.shared_experts.gate_up_proj.weight")) {
-          L.moe.shared.gate_up = wl.load(pre + "mlp.shared_experts.gate_up_proj.weight", {2 * p_.shared_inter, H});
-          L.moe.shared.down = wl.load(pre + "mlp.shared_experts.down_proj.weight", {H, p_.shared_inter});
-        }
+        load_experts_shard(wl, pre + "mlp.experts", p_.experts, p_.moe_inter, H, er, mr, L.moe);
+        if (wl.has(pre + "mlp.shared_experts.gate_up_proj.weight"))
+          L.moe.shared = load_fused_mlp(wl, pre + "mlp.shared_experts.", H, p_.shared_inter, sr);
       } else {
-        L.mlp.gate_up = wl.load(pre + "mlp.gate_up_proj.weight", {2 * p_.dense_inter, H});
-        L.mlp.down = wl.load(pre + "mlp.down_proj.weight", {H, p_.dense_inter});
+        const parallel::Range ir =
+            parallel::even_shard(p_.dense_inter, mapping_.dense_tp, mapping_.dense_tp_rank, "dense_intermediate_size");
+        L.mlp = load_fused_mlp(wl, pre + "mlp.", H, p_.dense_inter, ir);
       }
       layers_.push_back(std::move(L));
     }
     norm_ = gemma_norm(wl, root + "norm.weight", H);
-    head_ = (p_.tied && !wl.has("lm_head.weight")) ? embed_ : wl.load("lm_head.weight", {p_.vocab, H});
     weight_bytes_ = wl.bytes_loaded();
     int64_t table = std::max<int64_t>(cfg.max_position_embeddings, 1);
     rope_ = build_rope(cfg.rope, int(p_.rot_dim), cfg.max_position_embeddings, table, false, device_);
-    shape_ = {p_.heads, p_.kv_heads, hd, float(1.0 / std::sqrt(double(hd))), p_.eps};
+    shape_ = {hs.q.count, hs.kv.count, hd, float(1.0 / std::sqrt(double(hd))), p_.eps};
     moe_shape_.routing = p_.routing;
     moe_shape_.act = p_.act;
     for (int c : capture_layers_)
@@ -163,7 +195,7 @@ class MiniMaxM3 final : public DecoderModel {
   KvSpec kv_spec() const override {
     KvSpec s;
     s.num_layers = int(p_.layers);
-    s.k_heads = s.v_heads = int(p_.kv_heads);
+    s.k_heads = s.v_heads = int(shape_.num_kv_heads);
     s.k_dim = s.v_dim = int(p_.head_dim);
     return s;
   }
@@ -190,12 +222,34 @@ class MiniMaxM3 final : public DecoderModel {
           else attention_block(h, L.attn, shape_, rope_, b, kv.k[size_t(l)], kv.v[size_t(l)], ws_, x);
         },
         [&](int64_t l, Tensor& x, Tensor& y) {
-          if (p_.sparse_mlp[size_t(l)]) moe_block(x, layers_[size_t(l)].moe, moe_shape_, ws_, y);
-          else glu_mlp_block(x, layers_[size_t(l)].mlp, p_.act, ws_, y);
-        });
+          // true: y is a partial sum over the attention TP group (reduced with the next norm).
+          if (!p_.sparse_mlp[size_t(l)]) glu_mlp_block(x, layers_[size_t(l)].mlp, p_.act, ws_, y);
+          else if (!moe_par_) moe_block(x, layers_[size_t(l)].moe, moe_shape_, ws_, y);
+          else return moe_block_parallel(x, layers_[size_t(l)].moe, moe_shape_, *groups_, *moe_par_, ws_, y);
+          return true;
+        },
+        DecoderTp{comm_.get(), embed_tp_, embed_start_, mapping_.tp_size, p_.vocab});
   }
+  EmbedLayout embed_layout() const override { return {embed_tp_, embed_start_, embed_.size(0)}; }
+
+ protected:
+  // The seed: MiniMax-M3 keeps the whole embedding table on every rank (no vocab mask, no
+  // embedding all-reduce); the LM head stays vocab-parallel.
+  int resolve_embed(const parallel::Mapping&, bool) const override { return 1; }
 
  private:
+  // A fused gate_up_proj [2I, H] (gate rows then up rows) + down_proj [H, I] MLP under `pre`:
+  // gate rows [ir], up rows [I + ir], down's columns [ir].
+  static MlpWeights load_fused_mlp(WeightLoader& wl, const std::string& pre, int64_t H, int64_t inter,
+                                   const parallel::Range& ir) {
+    using Part = WeightLoader::Part;
+    MlpWeights m;
+    m.gate_up = wl.load_parts({Part{pre + "gate_up_proj.weight", {2 * inter, H}, 0, ir.start, ir.count},
+                               Part{pre + "gate_up_proj.weight", {2 * inter, H}, 0, inter + ir.start, ir.count}});
+    m.down = wl.load_parts({Part{pre + "down_proj.weight", {H, inter}, 1, ir.start, ir.count}});
+    return m;
+  }
+
   // Gemma-style norm weight: the checkpoint stores w, the norm scales by 1 + w.
   Tensor gemma_norm(WeightLoader& wl, const std::string& name, int64_t n) {
     Tensor w = wl.checkpoint().get(name, {n}).to_f32();
@@ -206,7 +260,8 @@ class MiniMaxM3 final : public DecoderModel {
   // Attention restricted to the key blocks the lightning indexer picks for each query.
   void sparse_attention_block(const Tensor& h, const MiniMaxM3Layer& L, ForwardBatch& b, Tensor& kc, Tensor& vc,
                               Tensor& idx_cache, Tensor& out) {
-    const int64_t T = h.rows(), nh = p_.heads, nkv = p_.kv_heads, hd = p_.head_dim, D = p_.idx_dim, Hi = p_.idx_heads;
+    const int64_t T = h.rows(), nh = shape_.num_heads, nkv = shape_.num_kv_heads, hd = p_.head_dim, D = p_.idx_dim,
+                  Hi = idx_heads_;
     const int64_t qw = nh * hd, kw = nkv * hd;
     TS_CHECK(idx_cache.data || T == 0, "minimax_m3: no indexer cache for a sparse layer");
     WorkspaceScope scope(ws_);
@@ -241,6 +296,12 @@ class MiniMaxM3 final : public DecoderModel {
   }
 
   MiniMaxM3Params p_;
+  int64_t idx_heads_ = 0;  // this rank's index heads (all at tp 1)
+  std::shared_ptr<parallel::Comm> comm_;
+  std::shared_ptr<const parallel::ParallelGroups> groups_;
+  std::unique_ptr<parallel::MoeParallel> moe_par_;  // tp > 1: this rank's experts
+  int embed_tp_ = 1;
+  int64_t embed_start_ = 0;
   std::vector<MiniMaxM3Layer> layers_;
   ops::Rope rope_;
   AttentionShape shape_{};

@@ -159,8 +159,13 @@ void load_experts_shard(WeightLoader& wl, const std::string& prefix, int64_t exp
     load_experts(wl, prefix, experts, inter, hidden, w);
     return;
   }
-  TS_CHECK(!wl.has(prefix + ".gate_up_proj"), "{}: fused 3-D expert tensors cannot be sharded yet (experts {}..{}, "
-           "intermediate {}..{})", prefix, er.start, er.end(), ir.start, ir.end());
+  if (wl.has(prefix + ".gate_up_proj")) {  // fused [E, 2I, H] (gate rows then up rows) and [E, H, I]
+    w.gate_up = wl.load_blocks3(prefix + ".gate_up_proj", {experts, 2 * inter, hidden}, er.start, er.count,
+                                {{ir.start, ir.count}, {inter + ir.start, ir.count}}, 0, hidden);
+    w.down = wl.load_blocks3(prefix + ".down_proj", {experts, hidden, inter}, er.start, er.count, {{0, hidden}},
+                             ir.start, ir.count);
+    return;
+  }
   using Part = WeightLoader::Part;
   std::vector<Part> gu, down;
   for (int64_t e = er.start; e < er.end(); ++e) {

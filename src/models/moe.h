@@ -53,7 +53,7 @@ void load_experts(WeightLoader& wl, const std::string& prefix, int64_t experts, 
 
 // The routed experts of one rank: experts [er] (EP) with every expert's intermediate rows [ir]
 // (MoE TP: gate rows ir, up rows ir, down's columns ir) as [E_local, 2 I_local, H] and
-// [E_local, H, I_local]. The whole ranges: load_experts. Fused 3-D checkpoints: EP ranges only.
+// [E_local, H, I_local], from either checkpoint layout. The whole ranges: load_experts.
 void load_experts_shard(WeightLoader& wl, const std::string& prefix, int64_t experts, int64_t inter, int64_t hidden,
                         const parallel::Range& er, const parallel::Range& ir, MoeWeights& w);
 

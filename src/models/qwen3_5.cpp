@@ -11,6 +11,7 @@
 //    recurrent matrix live in state slots (StateSpec), one row per sequence.
 // Every RMSNorm but the gated one is zero-centred (scale 1 + w, stored as 1 + w at load).
 #include <cmath>
+#include <cstring>
 
 #include "models/blocks.h"
 #include "models/rope.h"
@@ -89,16 +90,37 @@ class Qwen35 final : public DecoderModel {
  public:
   Qwen35(const io::ModelConfig& cfg, const LoadOptions& opts) : DecoderModel(cfg, opts.device), p_(qwen3_5_params(cfg)) {
     TS_CHECK(opts.device == Device::cpu, "{}: qwen3_5 on cuda is not implemented (use --device cpu)", cfg.path);
-    TS_CHECK(opts.mapping.tp_size == 1, "{}: tensor parallelism is not supported for {}", cfg.path, cfg.architecture);
     TS_CHECK(opts.capture_layers.empty(), "{}: EAGLE3 speculative decoding is not supported for {}", cfg.path,
              cfg.architecture);
+    mapping_ = opts.mapping;
+    comm_ = opts.comm;
+    const int tp = mapping_.tp_size, rank = mapping_.tp_rank;
+    TS_CHECK(tp == 1 || (comm_ && comm_->size() == tp), "{}: communicator does not match {}", cfg.path, mapping_.str());
+    TS_CHECK(mapping_.dense_tp == mapping_.attn_tp, "{}: --dense-tp-size {} other than the attention TP size {} is not "
+             "implemented for {}", cfg.path, mapping_.dense_tp, mapping_.attn_tp, cfg.architecture);
     WeightLoader wl(io::Checkpoint::open(cfg.dir), opts.device);
     device_ = opts.device;
     dtype_ = wl.dtype();
     const int64_t H = p_.hidden, hd = p_.head_dim, qw = p_.heads * hd, kw = p_.kv_heads * hd;
     const int64_t nv = p_.lin_v_heads, cd = p_.conv_dim(), vd = p_.value_dim();
+    // This rank's shard: linear attention's value heads (key heads split or replicated like KV
+    // heads): in_proj_qkv rows and conv channels q | k | v, z / b / a rows, A_log / dt_bias,
+    // out_proj columns; full attention's heads (per-head query|gate rows); MLP columns; the
+    // vocabulary rows of the LM head (and of the table unless replicated).
+    const parallel::LinearAttnShard ls =
+        parallel::shard_linear_attn(p_.lin_k_heads, nv, p_.lin_k_dim, p_.lin_v_dim, mapping_.attn_tp, rank);
+    const parallel::HeadShard hs = parallel::shard_heads(p_.heads, p_.kv_heads, mapping_.attn_tp, rank);
+    const parallel::Range ir = parallel::even_shard(p_.inter, mapping_.dense_tp, mapping_.dense_tp_rank, "intermediate_size");
+    nk_ = ls.k_heads.count;
+    nv_ = ls.v_heads.count;
+    const int64_t cd_l = 2 * nk_ * p_.lin_k_dim + nv_ * p_.lin_v_dim;
+    const int64_t k0 = hs.kv.start * hd, kn = hs.kv.count * hd;
     using Part = WeightLoader::Part;
-    embed_ = wl.load("model.embed_tokens.weight", {p_.vocab, H});
+    embed_tp_ = resolve_embed(mapping_, opts.replicate_embedding);
+    EmbedHead eh = load_embed_head(wl, p_.vocab, H, p_.tied, tp, rank, embed_tp_);
+    embed_ = eh.embed;
+    head_ = eh.head;
+    embed_start_ = eh.embed_start;
     int kv_layers = 0;
     for (int64_t l = 0; l < p_.layers; ++l) {
       std::string pre = "model.layers." + std::to_string(l) + ".";
@@ -107,57 +129,75 @@ class Qwen35 final : public DecoderModel {
       L.post_norm = centred_norm(wl, pre + "post_attention_layernorm.weight", H);
       if (p_.linear[size_t(l)]) {
         std::string at = pre + "linear_attn.";
-        L.lin.in_proj = wl.load_stacked(
-            {at + "in_proj_qkv.weight", at + "in_proj_z.weight", at + "in_proj_b.weight", at + "in_proj_a.weight"},
-            {{cd, H}, {vd, H}, {nv, H}, {nv, H}});
-        L.lin.conv = wl.load(at + "conv1d.weight", {cd, 1, p_.conv_kernel}).view({cd, p_.conv_kernel});
-        L.lin.A_log = wl.load_f32(at + "A_log", {nv});
-        L.lin.dt_bias = wl.load_f32(at + "dt_bias", {nv});
+        const std::string qkv = at + "in_proj_qkv.weight";
+        L.lin.in_proj = wl.load_parts({Part{qkv, {cd, H}, 0, ls.q_rows.start, ls.q_rows.count},
+                                       Part{qkv, {cd, H}, 0, ls.k_rows.start, ls.k_rows.count},
+                                       Part{qkv, {cd, H}, 0, ls.v_rows.start, ls.v_rows.count},
+                                       Part{at + "in_proj_z.weight", {vd, H}, 0, ls.z_rows.start, ls.z_rows.count},
+                                       Part{at + "in_proj_b.weight", {nv, H}, 0, ls.v_heads.start, ls.v_heads.count},
+                                       Part{at + "in_proj_a.weight", {nv, H}, 0, ls.v_heads.start, ls.v_heads.count}});
+        // Conv channels follow in_proj_qkv's rows (q | k | v of this rank); CPU-only model: the
+        // loaded table is on the host.
+        const int64_t K = p_.conv_kernel;
+        Tensor conv = wl.load(at + "conv1d.weight", {cd, 1, K}).view({cd, K});
+        if (cd_l == cd) {
+          L.lin.conv = conv;
+        } else {
+          L.lin.conv = Tensor::empty({cd_l, K}, conv.dtype, Device::cpu);
+          int64_t row = 0;
+          for (const parallel::Range& r : {ls.q_rows, ls.k_rows, ls.v_rows}) {
+            std::memcpy(static_cast<char*>(L.lin.conv.data) + size_t(row * K) * dtype_size(conv.dtype),
+                        static_cast<const char*>(conv.data) + size_t(r.start * K) * dtype_size(conv.dtype),
+                        size_t(r.count * K) * dtype_size(conv.dtype));
+            row += r.count;
+          }
+        }
+        L.lin.A_log = wl.load_f32(at + "A_log", {nv}).narrow(0, ls.v_heads.start, ls.v_heads.count);
+        L.lin.dt_bias = wl.load_f32(at + "dt_bias", {nv}).narrow(0, ls.v_heads.start, ls.v_heads.count);
         L.lin.norm = wl.load(at + "norm.weight", {p_.lin_v_dim});
-        L.lin.out = wl.load(at + "out_proj.weight", {H, vd});
+        L.lin.out = wl.load_parts({Part{at + "out_proj.weight", {H, vd}, 1, ls.z_rows.start, ls.z_rows.count}});
       } else {
         // q_proj rows are per head [query (hd) | gate (hd)]: regrouped to q | k | v | gate.
         std::string at = pre + "self_attn.";
         std::vector<Part> parts;
-        for (int64_t h = 0; h < p_.heads; ++h) parts.push_back(Part{at + "q_proj.weight", {2 * qw, H}, 0, 2 * h * hd, hd});
-        parts.push_back(Part{at + "k_proj.weight", {kw, H}, 0, 0, kw});
-        parts.push_back(Part{at + "v_proj.weight", {kw, H}, 0, 0, kw});
-        for (int64_t h = 0; h < p_.heads; ++h)
+        for (int64_t h = hs.q.start; h < hs.q.end(); ++h)
+          parts.push_back(Part{at + "q_proj.weight", {2 * qw, H}, 0, 2 * h * hd, hd});
+        parts.push_back(Part{at + "k_proj.weight", {kw, H}, 0, k0, kn});
+        parts.push_back(Part{at + "v_proj.weight", {kw, H}, 0, k0, kn});
+        for (int64_t h = hs.q.start; h < hs.q.end(); ++h)
           parts.push_back(Part{at + "q_proj.weight", {2 * qw, H}, 0, 2 * h * hd + hd, hd});
         L.attn.qkv = wl.load_parts(parts);
         L.attn.output_gate = true;
-        L.attn.o = wl.load(at + "o_proj.weight", {H, qw});
+        L.attn.o = wl.load_parts({Part{at + "o_proj.weight", {H, qw}, 1, hs.q.start * hd, hs.q.count * hd}});
         L.attn.q_norm = centred_norm(wl, at + "q_norm.weight", hd);
         L.attn.k_norm = centred_norm(wl, at + "k_norm.weight", hd);
         L.kv_index = kv_layers++;
       }
-      L.mlp.gate_up = wl.load_stacked({pre + "mlp.gate_proj.weight", pre + "mlp.up_proj.weight"}, {{p_.inter, H}, {p_.inter, H}});
-      L.mlp.down = wl.load(pre + "mlp.down_proj.weight", {H, p_.inter});
+      L.mlp = load_mlp_shard(wl, pre + "mlp.", H, p_.inter, ir);
       layers_.push_back(std::move(L));
     }
     kv_layers_ = kv_layers;
     norm_ = centred_norm(wl, "model.norm.weight", H);
-    head_ = (p_.tied && !wl.has("lm_head.weight")) ? embed_ : wl.load("lm_head.weight", {p_.vocab, H});
     weight_bytes_ = wl.bytes_loaded();
     int64_t table = std::max<int64_t>(cfg.max_position_embeddings, 1);
     rope_ = build_rope(cfg.rope, int(p_.rot_dim), cfg.max_position_embeddings, table, false, device_);
-    shape_ = {p_.heads, p_.kv_heads, hd, float(1.0 / std::sqrt(double(hd))), p_.eps};
+    shape_ = {hs.q.count, hs.kv.count, hd, float(1.0 / std::sqrt(double(hd))), p_.eps};
   }
 
   // Paged K/V on the full-attention layers only (KvPool index = Qwen35Layer::kv_index).
   KvSpec kv_spec() const override {
     KvSpec s;
     s.num_layers = kv_layers_;
-    s.k_heads = s.v_heads = int(p_.kv_heads);
+    s.k_heads = s.v_heads = int(shape_.num_kv_heads);
     s.k_dim = s.v_dim = int(p_.head_dim);
     return s;
   }
   StateSpec state_spec() const override {
     StateSpec s;
     s.layers = p_.linear;
-    s.conv_dim = int(p_.conv_dim());
+    s.conv_dim = int(2 * nk_ * p_.lin_k_dim + nv_ * p_.lin_v_dim);  // this rank's channels
     s.conv_len = int(p_.conv_kernel - 1);
-    s.heads = int(p_.lin_v_heads);
+    s.heads = int(nv_);
     s.k_dim = int(p_.lin_k_dim);
     s.v_dim = int(p_.lin_v_dim);
     return s;
@@ -165,31 +205,22 @@ class Qwen35 final : public DecoderModel {
 
   // --- forward ------------------------------------------------------------------------------
   Tensor forward(ForwardBatch& b, KvPool& kv) override {
-    ws_.reset();
-    const int64_t T = b.num_tokens, H = p_.hidden;
-    Tensor residual = ws_.alloc({T, H}, dtype_);
-    Tensor x = ws_.alloc({T, H}, dtype_);
-    Tensor h = ws_.alloc({T, H}, dtype_);
-    Tensor y = ws_.alloc({T, H}, dtype_);  // ping-pong with x across layers
-    ops::embedding(b.input_ids, embed_, residual);
-    ops::graph_segment_begin();
-    for (int64_t l = 0; l < p_.layers; ++l) {
-      Qwen35Layer& L = layers_[size_t(l)];
-      layer_input(b, l, residual, x, h, L.input_norm, p_.eps, capture_slot(int(l)));
-      if (p_.linear[size_t(l)]) {
-        TS_CHECK(kv.conv.size() > size_t(l) && kv.conv[size_t(l)].data, "qwen3_5: no recurrent state for layer {}", l);
-        delta_net_block(h, L.lin, b, kv.conv[size_t(l)], kv.ssm[size_t(l)], x);
-      } else {
-        attention_block(h, L.attn, shape_, rope_, b, kv.k[size_t(L.kv_index)], kv.v[size_t(L.kv_index)], ws_, x);
-      }
-      ops::fused_add_rmsnorm(x, residual, L.post_norm, p_.eps);
-      mlp_block(x, L.mlp, ws_, y);
-      std::swap(x, y);
-    }
-    ops::add_inplace(residual, x);
-    capture_aux(b, residual, capture_slot(int(p_.layers)));
-    return lm_head_logits(b, residual, norm_, p_.eps, head_, ws_);
+    return decoder_forward(
+        *this, b, ws_, {p_.layers, p_.hidden, p_.eps, dtype_}, embed_, norm_, head_,
+        [&](int64_t l) { return std::pair<const Tensor&, const Tensor&>(layers_[size_t(l)].input_norm, layers_[size_t(l)].post_norm); },
+        [&](int64_t l, Tensor& h, Tensor& x) {
+          Qwen35Layer& L = layers_[size_t(l)];
+          if (p_.linear[size_t(l)]) {
+            TS_CHECK(kv.conv.size() > size_t(l) && kv.conv[size_t(l)].data, "qwen3_5: no recurrent state for layer {}", l);
+            delta_net_block(h, L.lin, b, kv.conv[size_t(l)], kv.ssm[size_t(l)], x);
+          } else {
+            attention_block(h, L.attn, shape_, rope_, b, kv.k[size_t(L.kv_index)], kv.v[size_t(L.kv_index)], ws_, x);
+          }
+        },
+        [&](int64_t l, Tensor& x, Tensor& y) { mlp_block(x, layers_[size_t(l)].mlp, ws_, y); },
+        DecoderTp{comm_.get(), embed_tp_, embed_start_, mapping_.tp_size, p_.vocab});
   }
+  EmbedLayout embed_layout() const override { return {embed_tp_, embed_start_, embed_.size(0)}; }
 
  private:
   // Zero-centred norm weight: the checkpoint stores w, the norm scales by 1 + w.
@@ -203,8 +234,8 @@ class Qwen35 final : public DecoderModel {
   void delta_net_block(const Tensor& h, const DeltaNetWeights& w, ForwardBatch& b, Tensor& conv_state, Tensor& ssm_state,
                        Tensor& out) {
     WorkspaceScope scope(ws_);
-    const int64_t T = h.rows(), nk = p_.lin_k_heads, nv = p_.lin_v_heads, dk = p_.lin_k_dim, dv = p_.lin_v_dim;
-    const int64_t kd = p_.key_dim(), vd = p_.value_dim(), cd = p_.conv_dim();
+    const int64_t T = h.rows(), nk = nk_, nv = nv_, dk = p_.lin_k_dim, dv = p_.lin_v_dim;
+    const int64_t kd = nk * dk, vd = nv * dv, cd = 2 * kd + vd;  // this rank's heads
     Tensor proj = ws_.alloc({T, cd + vd + 2 * nv}, dtype_);  // qkv | z | b | a
     ops::linear(h, w.in_proj, proj);
     Tensor mixed = ws_.alloc({T, cd}, dtype_);
@@ -221,6 +252,10 @@ class Qwen35 final : public DecoderModel {
   }
 
   Qwen35Params p_;
+  int64_t nk_ = 0, nv_ = 0;  // this rank's linear-attention key / value heads
+  std::shared_ptr<parallel::Comm> comm_;
+  int embed_tp_ = 1;
+  int64_t embed_start_ = 0;
   std::vector<Qwen35Layer> layers_;
   int kv_layers_ = 0;
   ops::Rope rope_;

@@ -3,6 +3,7 @@
 #include <map>
 
 #include "models/model.h"
+#include "models/shape.h"
 
 namespace ts::models {
 
@@ -43,11 +44,43 @@ std::unique_ptr<Model> create_model(const io::ModelConfig& cfg, const LoadOption
 // MoE TP or EP) so far.
   const std::string& a = cfg.architecture;
   bool tp_ok = a == "LlamaForCausalLM" || a == "MistralForCausalLM" || a == "Qwen2ForCausalLM" ||
-               a == "Qwen3ForCausalLM" || a == "Qwen3MoeForCausalLM" || a == "DeepseekV3ForCausalLM";
-  TS_CHECK(opts.mapping.tp_size == 1 || tp_ok, "{}: --tp-size {} is not supported for {} yet (Llama/Qwen2/Qwen3/Mistral/Qwen3-MoE/DeepSeek-V3 only)",
+               a == "Qwen3ForCausalLM" || a == "Qwen3MoeForCausalLM" || a == "DeepseekV3ForCausalLM" ||
+               a == "MiniMaxM3VLForCausalLM" || a == "Qwen3_5ForCausalLM";
+  TS_CHECK(opts.mapping.tp_size == 1 || tp_ok, "{}: --tp-size {} is not supported for {} yet (Llama/Qwen2/Qwen3/Mistral/Qwen3-MoE/DeepSeek-V3/MiniMax-M3/Qwen3.5 only)",
            cfg.path, opts.mapping.tp_size, cfg.architecture);
   TS_CHECK(opts.mapping.tp_size == 1 || opts.comm, "{}: --tp-size {} needs a communicator", cfg.path, opts.mapping.tp_size);
   return it->second(cfg, opts);
+}
+
+parallel::ModelShape model_shape(const io::ModelConfig& c) {
+  parallel::ModelShape s;
+  const std::string& a = c.architecture;
+  s.name = c.path;
+  s.heads = c.num_heads;
+  s.kv_heads = c.num_kv_heads;
+  if (a == "DeepseekV3ForCausalLM") {
+    s.mla = true;
+    s.experts = c.get<int64_t>("n_routed_experts", 0);
+    s.moe_inter = c.get<int64_t>("moe_intermediate_size", 0);
+    s.shared_inter = s.moe_inter * c.get<int64_t>("n_shared_experts", 0);
+    if (c.get<int64_t>("first_k_dense_replace", 0) > 0 || s.experts == 0) s.dense_inter = c.intermediate_size;
+  } else if (a == "Qwen3MoeForCausalLM") {
+    s.experts = c.has("num_experts") ? c.get<int64_t>("num_experts", 0) : c.get<int64_t>("num_local_experts", 0);
+    s.moe_inter = c.get<int64_t>("moe_intermediate_size", 0);
+  } else if (a == "MiniMaxM3VLForCausalLM") {
+    s.experts = c.has("num_local_experts") ? c.get<int64_t>("num_local_experts", 0) : c.get<int64_t>("num_experts", 0);
+    s.moe_inter = c.intermediate_size;
+    s.shared_inter = c.get<int64_t>("shared_intermediate_size", 0) * c.get<int64_t>("n_shared_experts", 1);
+    s.dense_inter = c.get<int64_t>("dense_intermediate_size", 0);
+    s.index_heads = c.get<int64_t>("index_n_heads", 0);
+  } else {
+    s.dense_inter = c.intermediate_size;
+    if (a == "Qwen3_5ForCausalLM") {
+      s.linear_k_heads = c.get<int64_t>("linear_num_key_heads", 0);
+      s.linear_v_heads = c.get<int64_t>("linear_num_value_heads", 0);
+    }
+  }
+  return s;
 }
 
 bool has_recurrent_layers(const io::ModelConfig& cfg) {

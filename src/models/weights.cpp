@@ -63,6 +63,33 @@ Tensor WeightLoader::load(const std::string& name, const std::vector<int64_t>& s
   return out;
 }
 
+Tensor WeightLoader::load_blocks3(const std::string& name, const std::vector<int64_t>& shape, int64_t a0, int64_t an,
+                                 const std::vector<std::pair<int64_t, int64_t>>& b_ranges, int64_t c0, int64_t cn) {
+  TS_CHECK(shape.size() == 3, "{}: load_blocks3 needs a 3-D shape", name);
+  Tensor t = host_float(name, shape);
+  TS_CHECK(t.is_contiguous(), "{}: checkpoint tensor must be contiguous", name);
+  const int64_t B = shape[1], C = shape[2];
+  int64_t bn = 0;
+  for (auto [b0, n] : b_ranges) {
+    TS_CHECK(b0 >= 0 && n >= 0 && b0 + n <= B, "{}: rows [{}, {}) outside {}", name, b0, b0 + n, B);
+    bn += n;
+  }
+  TS_CHECK(a0 >= 0 && an >= 0 && a0 + an <= shape[0] && c0 >= 0 && cn >= 0 && c0 + cn <= C,
+           "{}: block [{}, +{}) x [{}, +{}) outside {}", name, a0, an, c0, cn, t.shape_str());
+  const size_t es = dtype_size(t.dtype);
+  Tensor cut = Tensor::empty({an, bn, cn}, t.dtype, Device::cpu);
+  char* dst = static_cast<char*>(cut.data);
+  for (int64_t a = a0; a < a0 + an; ++a)
+    for (auto [b0, n] : b_ranges)
+      for (int64_t b = b0; b < b0 + n; ++b) {
+        std::memcpy(dst, static_cast<const char*>(t.data) + size_t((a * B + b) * C + c0) * es, size_t(cn) * es);
+        dst += size_t(cn) * es;
+      }
+  Tensor out = convert(cut, dtype_, device_);
+  bytes_ += out.nbytes();
+  return out;
+}
+
 Tensor WeightLoader::load_f32(const std::string& name, const std::vector<int64_t>& shape) {
   Tensor t = host_float(name, shape);
   Tensor out = convert(t, DType::f32, device_);

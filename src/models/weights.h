@@ -37,6 +37,11 @@ class WeightLoader {
   };
   // Loads the parts (each sliced) stacked along dim 0.
   Tensor load_parts(const std::vector<Part>& parts);
+  // A 3-D tensor [A, B, C] (fused experts: [E, 2I, H] or [E, H, I]) cut to the a-range [a0, a0 +
+  // an) of dim 0, the listed ranges {start, count} of dim 1 (stacked in order) and [c0, c0 + cn) of
+  // dim 2: [an, sum counts, cn]. Quantized tensors are dequantized first (as load does).
+  Tensor load_blocks3(const std::string& name, const std::vector<int64_t>& shape, int64_t a0, int64_t an,
+                      const std::vector<std::pair<int64_t, int64_t>>& b_ranges, int64_t c0, int64_t cn);
   // Raw host tensor (any dtype, no conversion), e.g. int64 index maps.
   Tensor raw(const std::string& name) const { return ckpt_.get(name); }
   size_t bytes_loaded() const { return bytes_; }

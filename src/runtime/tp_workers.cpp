@@ -1,6 +1,11 @@
 #include "runtime/tp_workers.h"
 
+#include <omp.h>
+
+#include <algorithm>
+
 #include "core/error.h"
+#include "models/shape.h"
 #include "parallel/comm.h"
 #include "parallel/world.h"
 #include "runtime/engine.h"
@@ -14,6 +19,9 @@ namespace ts {
 
 TpWorkers::TpWorkers(int tp_size, Device device) : size_(tp_size) {
   TS_CHECK(tp_size >= 1, "TpWorkers: size {}", tp_size);
+  // CPU ranks share the host's cores: each rank's ops get an even share of OpenMP threads, so
+  // N ranks do not run N full teams that spin against each other between collectives.
+  if (device == Device::cpu) cpu_threads_ = std::max(1, omp_get_max_threads() / tp_size);
   w_.resize(size_t(tp_size));
   for (int r = 1; r < tp_size; ++r) {
     w_[size_t(r)] = std::make_unique<Worker>();
@@ -37,6 +45,7 @@ TpWorkers::~TpWorkers() {
 void TpWorkers::loop(int rank, Device device) {
   Worker& w = *w_[size_t(rank)];
   std::exception_ptr bind_error;
+  bind_cpu_threads();
 #ifdef TS_WITH_CUDA
   try {
     if (device == Device::cuda) cuda::set_device(rank);
@@ -101,10 +110,15 @@ void TpWorkers::wait() {
   if (first) std::rethrow_exception(first);
 }
 
+void TpWorkers::bind_cpu_threads() const {
+  if (cpu_threads_ > 0) omp_set_num_threads(cpu_threads_);  // this thread's OpenMP team size
+}
+
 void TpWorkers::run(const std::function<void(int)>& fn) {
   post(fn);
   std::exception_ptr local;
   try {
+    bind_cpu_threads();  // rank 0 runs on the caller's thread (e.g. the engine loop)
     fn(0);
   } catch (...) {
     local = std::current_exception();
@@ -122,6 +136,9 @@ TpModels load_tp_models(const io::ModelConfig& cfg, const models::LoadOptions& b
   const int world = p.world_size();
   TS_CHECK(world >= 2, "load_tp_models: a world of {} rank(s)", world);
   TS_CHECK(p.nnodes == 1, "--nnodes {}: several nodes are not run by the engine yet", p.nnodes);
+  // The model's shapes against the mapping, before any communicator or weight: an error that
+  // names the config field and the flag (heads, KV heads, experts, intermediate sizes).
+  parallel::check_model_fits(parallel::Mapping::resolve(p, 0), models::model_shape(cfg));
   // One Comm per local rank (index = rank): NCCL on GPUs, the deterministic CPU backend else.
   std::vector<std::shared_ptr<parallel::Comm>> comms;
   if (base.device == Device::cuda) {

@@ -45,7 +45,9 @@ class TpWorkers {
     std::exception_ptr error;
   };
   void loop(int rank, Device device);
+  void bind_cpu_threads() const;
   int size_;
+  int cpu_threads_ = 0;  // CPU ranks: OpenMP threads per rank (0: GPU ranks, left alone)
   std::vector<std::unique_ptr<Worker>> w_;  // index = rank; w_[0] unused
   const std::function<void(int)>* posted_ = nullptr;
 };

@@ -21,12 +21,13 @@ check_same() {  # check_same MODEL FLAGS...
   if [ -n "$want" ] && [ "$want" = "$got" ]; then echo "ok: $(basename "$model") $* = tp 1 $want"
   else echo "FAIL: $(basename "$model") $*: got '$got', want '$want'"; fails=$((fails+1)); fi
 }
-for m in ${MODELS:-llama3 llama2_mha qwen3_moe}; do
+for m in ${MODELS:-llama3 llama2_mha qwen3_moe deepseek_v3 minimax_m3 qwen3_5}; do
   check_same "$DATA/$m" --tp-size 2
 done
 check_same "$DATA/llama3" --tp-size 4
 check_same "$DATA/qwen3_moe" --tp-size 2 --ep-size 2
 check_same "$DATA/qwen3_moe" --tp-size 2 --ep-size 2 --disable-prefix-cache --max-num-seqs 1
+check_same "$DATA/minimax_m3" --attn-tp-size 4 --ep-size 4
 
 expect_error() {  # expect_error "pattern" cmd...
   local pat=$1; shift
@@ -41,4 +42,6 @@ expect_error "disagree" "$BIN" verify-golden "$DATA/llama3" --tp-size 2 --attn-t
 expect_error "does not divide the world size 2" "$BIN" verify-golden "$DATA/llama3" --tp-size 2 --ep-size 3
 expect_error "cannot both be > 1" "$BIN" generate --model "$DATA/llama3" --device cpu --prompt-ids 1 --tp-size 4 \
   --moe-tp-size 2 --ep-size 2
+expect_error "needs a mixture-of-experts model" "$BIN" verify-golden "$DATA/llama3" --tp-size 2 --ep-size 2
+expect_error "not divisible by the attention TP size 3" "$BIN" verify-golden "$DATA/llama3" --tp-size 3
 [ $fails -eq 0 ] || { echo "$fails failure(s)"; exit 1; }
