@@ -21,12 +21,15 @@ void PlainWorker::execute(const StepPlan& plan, StepResult& out) {
     }
   }
   // Penalties and logprobs work on host logits; otherwise sampling runs where the logits are.
-  bool host = false;
-  for (const Request* r : sample_reqs_) host = host || needs_host_logits(*r);
+  bool host = false, masked = false;
+  for (const Request* r : sample_reqs_) {
+    host = host || needs_host_logits(*r);
+    masked = masked || needs_mask(*r);  // structured outputs: sample_batch applies the masks
+  }
   auto f0 = std::chrono::steady_clock::now();
   // Pure decode steps sample inside the decode CUDA graph when one fits.
   bool sampled = false;
-  if (!host && sample_reqs_.size() == seq_.size()) {
+  if (!host && !masked && sample_reqs_.size() == seq_.size()) {
     sampling_.clear();
     for (const Request* r : sample_reqs_) sampling_.push_back(sampling_row(*r));
     sampled = runner_.run_sampled(seq_, sampling_, ids_);
