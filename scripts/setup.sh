@@ -4,7 +4,9 @@ set -euo pipefail
 PKGS=(build-essential cmake ninja-build pkg-config libpcre2-dev nlohmann-json3-dev libcpp-httplib-dev
       libboost-dev
       libcli11-dev libfmt-dev libspdlog-dev libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev
-      libopenblas-dev python3 curl)
+      libopenblas-dev python3 curl
+      libzmq3-dev cppzmq-dev libmsgpack-cxx-dev  # KV cache events: ZMQ PUB + msgpack (server/kv_events)
+      nginx-light)                               # docs/DEPLOY.md's replicas test (tests/server/deploy)
 # scripts/fuzz.sh: clang with libFuzzer and the sanitizer runtimes (not needed by the normal build).
 [ "${1:-}" = "--fuzz" ] && PKGS+=(clang libclang-rt-dev libomp-dev)
 # Node.js + npm (the test client) may come from another source than Debian's packages (e.g. a

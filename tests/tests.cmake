@@ -17,6 +17,45 @@ foreach(fixture llama3_fp8 qwen3_moe_fp8 deepseek_v3_fp8 llama3_fp8ch qwen3_fp8c
   add_test(NAME golden_${fixture} COMMAND $<TARGET_FILE:tokenspeed> verify-golden ${CMAKE_SOURCE_DIR}/tests/data/${fixture})
   set_tests_properties(golden_${fixture} PROPERTIES LABELS "golden;quant")
 endforeach()
+# Parallel layers on CPU ranks (threads over the CPU Comm backend, the engine's TP worker path):
+# each fixture at TP 2 must match its golden like TP 1 does.
+set(TS_TP2_FIXTURES llama3 llama2_mha qwen3 llama3_fp8 llama3_fp8ch qwen3_fp8ch llama3_nvfp4 qwen3_moe qwen3_moe_fp8
+  qwen3_moe_nvfp4 deepseek_v3 deepseek_v3_fp8)
+foreach(fixture ${TS_TP2_FIXTURES})
+  add_test(NAME golden_tp2_${fixture} COMMAND $<TARGET_FILE:tokenspeed> verify-golden ${CMAKE_SOURCE_DIR}/tests/data/${fixture}
+    --device cpu --tp-size 2)
+  set_tests_properties(golden_tp2_${fixture} PROPERTIES LABELS "golden;parallel")
+endforeach()
+add_test(NAME golden_tp4_llama3 COMMAND $<TARGET_FILE:tokenspeed> verify-golden ${CMAKE_SOURCE_DIR}/tests/data/llama3
+  --device cpu --tp-size 4)
+set_tests_properties(golden_tp4_llama3 PROPERTIES LABELS "golden;parallel")
+# MoE mappings: EP over the attention group (attn-TP 2 + MoE-EP 2), EP inside a larger attention
+# group (TP 4, EP 2: exact combine, then the EP group's sum), the whole world (TP 4, EP 4), MoE TP
+# over a sub-group (TP 4, MoE TP 2), and a quantized checkpoint under EP.
+foreach(spec "tp2_ep2:--tp-size;2;--ep-size;2" "tp4_ep2:--tp-size;4;--ep-size;2"
+        "tp4_ep4:--attn-tp-size;4;--enable-expert-parallel" "tp4_moetp2:--tp-size;4;--moe-tp-size;2")
+  string(REPLACE ":" ";" parts "${spec}")
+  list(GET parts 0 name)
+  list(REMOVE_AT parts 0)
+  add_test(NAME golden_${name}_qwen3_moe COMMAND $<TARGET_FILE:tokenspeed> verify-golden
+    ${CMAKE_SOURCE_DIR}/tests/data/qwen3_moe --device cpu ${parts})
+  set_tests_properties(golden_${name}_qwen3_moe PROPERTIES LABELS "golden;parallel")
+endforeach()
+# MLA (DeepSeek-V3): heads split, latent path replicated; shared experts whole under EP.
+foreach(spec "tp2_ep2:--tp-size;2;--ep-size;2" "tp4_ep4:--tp-size;4;--ep-size;4" "tp4_moetp2:--tp-size;4;--moe-tp-size;2")
+  string(REPLACE ":" ";" parts "${spec}")
+  list(GET parts 0 name)
+  list(REMOVE_AT parts 0)
+  add_test(NAME golden_${name}_deepseek_v3 COMMAND $<TARGET_FILE:tokenspeed> verify-golden
+    ${CMAKE_SOURCE_DIR}/tests/data/deepseek_v3 --device cpu ${parts})
+  set_tests_properties(golden_${name}_deepseek_v3 PROPERTIES LABELS "golden;parallel")
+endforeach()
+add_test(NAME golden_tp2_ep2_qwen3_moe_fp8 COMMAND $<TARGET_FILE:tokenspeed> verify-golden
+  ${CMAKE_SOURCE_DIR}/tests/data/qwen3_moe_fp8 --device cpu --tp-size 2 --ep-size 2)
+set_tests_properties(golden_tp2_ep2_qwen3_moe_fp8 PROPERTIES LABELS "golden;parallel;quant")
+add_test(NAME cli_parallel COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/parallel_test.sh $<TARGET_FILE:tokenspeed>
+  ${CMAKE_SOURCE_DIR}/tests/data)
+set_tests_properties(cli_parallel PROPERTIES LABELS "cli;parallel")
 # FP8 (e4m3, scale 1.0) KV cache on the CPU ops, dense fixtures: e4m3 keys/values move these
 # random models' logits by 0.11-0.22 (teacher-forced greedy check, near-ties within atol).
 foreach(fixture llama3 llama2_mha qwen3)
@@ -66,7 +105,7 @@ set_tests_properties(cli_chat_template PROPERTIES LABELS "cli;chat")
 # server
 find_program(NODE_EXECUTABLE node)
 if(NODE_EXECUTABLE)
-  foreach(t openai preemption bench_serving frontdoor shutdown structured)
+  foreach(t openai preemption bench_serving frontdoor shutdown deploy structured)
     add_test(NAME server_${t} COMMAND ${NODE_EXECUTABLE} --test ${CMAKE_SOURCE_DIR}/tests/server/${t}.test.mjs)
     set_tests_properties(server_${t} PROPERTIES ENVIRONMENT "TOKENSPEED_BIN=$<TARGET_FILE:tokenspeed>"
       LABELS server TIMEOUT 900)

@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/engine_flags.h"
 #include "models/model.h"
 #include "runtime/cuda_graph_runner.h"
 #include "runtime/model_runner.h"
@@ -77,11 +78,8 @@ int cmd_bench_decode(int argc, char** argv) {
   app.add_option("--prompt-tokens", prompt_tokens, "prompt length");
   app.add_option("--gen-tokens", gen_tokens, "tokens decoded after the prompt");
   app.add_option("--device", device, "auto | cpu | cuda");
-  int tp_size = 1, fusion = 2048;
-  bool replicate = false;
-  app.add_option("--tp-size", tp_size, "GPUs to split the model over (tensor parallelism)");
-  app.add_flag("--replicate-embedding", replicate, "with --tp-size: replicated instead of vocab-parallel embedding");
-  app.add_option("--comm-fusion-max-num-tokens", fusion, "fused one-shot all-reduce + norm up to this many tokens (0: off)");
+  parallel::ParallelOptions po;  // --tp-size, --ep-size, --replicate-embedding, ... (engine_flags.h)
+  cli::add_parallel_flags(app, po);
   app.add_flag("--graphs", graphs, "also run with CUDA graphs (decode + breakable prefill) and compare");
   app.add_option("--cached-prefix", cached_prefix, "with --graphs: prefill latency of new tokens after this many cached tokens");
   app.add_option("--new-tokens", new_tokens_s, "with --cached-prefix: new-token counts to time");
@@ -90,10 +88,13 @@ int cmd_bench_decode(int argc, char** argv) {
   models::LoadOptions lo;
   lo.device = cli::parse_device(device);
   Setup s;
+  parallel::Mapping::resolve(po, 0);  // invalid combinations: an error naming the flags
+  const int tp_size = po.world_size();
+  const bool replicate = po.replicate_embedding;
   lo.replicate_embedding = replicate;
   TpModels tpm;
   if (tp_size > 1) {
-    tpm = load_tp_models(io::load_config(model_dir), lo, tp_size, 1, fusion);
+    tpm = load_tp_models(io::load_config(model_dir), lo, po);
     s.model = tpm.shards[0];
   } else {
     s.model = models::load_model(model_dir, lo);

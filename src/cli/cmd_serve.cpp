@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
+#include "server/kv_events.h"
 #include "core/log.h"
 #include "server/http_server.h"
 #include "server/protocol.h"
@@ -16,7 +17,7 @@ namespace {
 
 int cmd_serve(int argc, char** argv) {
   CLI::App app{"tokenspeed serve: OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/models, "
-               "/health, /metrics)"};
+               "/v1/responses, /v1/messages, /v1/embeddings, /tokenize, /detokenize, /version, /health, /metrics)"};
   std::string model;
   ts::server::ServerOptions so;
   ts::EngineOptions eo;
@@ -76,11 +77,35 @@ int cmd_serve(int argc, char** argv) {
                  "request preparation threads (JSON, chat template, tokenisation)")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+  std::string kv_events_json;
+  app.add_option("--kv-events-config", kv_events_json,
+                 "KV cache events for prefix-aware routers, vLLM's JSON, e.g. '{\"enable_kv_cache_events\": true, "
+                 "\"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\"}' "
+                 "(msgpack over ZMQ PUB; docs/DEPLOY.md)");
+  app.add_option("--api-key", so.api_key,
+                 "require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every route but /health and /metrics "
+                 "(401 otherwise); default: $TOKENSPEED_API_KEY")
+      ->envname("TOKENSPEED_API_KEY");
+  app.add_option("--responses-store-size", so.responses_store_size,
+                 "/v1/responses kept in memory for previous_response_id and GET /v1/responses/{id} (LRU; 0: none)")
+      ->capture_default_str();
+  app.add_option("--embedding-pooling", so.embedding_pooling, "/v1/embeddings: pool the final hidden states: last | mean")
+      ->check(CLI::IsMember({"last", "mean"}))
+      ->capture_default_str();
   ts::cli::add_engine_flags(app, eo);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  }
+  ts::server::KvEventsConfig kv_events;
+  if (!kv_events_json.empty()) {
+    try {
+      kv_events = ts::server::KvEventsConfig::parse(kv_events_json);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return 2;
+    }
   }
   so.max_request_bytes = max_request_bytes;
   ts::server::set_max_json_depth(max_json_depth);
@@ -120,7 +145,7 @@ int cmd_serve(int argc, char** argv) {
   std::thread loader([&] {
     try {
       auto t0 = std::chrono::steady_clock::now();
-      backend = ts::server::make_engine_backend(eo);
+      backend = ts::server::make_engine_backend(eo, kv_events);
       server.set_backend(backend);
       spdlog::info("model ready in {:.2f}s: context {} tokens, vocab {}",
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),

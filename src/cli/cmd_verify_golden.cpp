@@ -6,9 +6,11 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/engine_flags.h"
 #include "cli/golden.h"
 #include "models/model.h"
 #include "runtime/model_runner.h"
+#include "runtime/tp_workers.h"
 
 namespace {
 
@@ -35,19 +37,37 @@ int cmd_verify_golden(int argc, char** argv) {
   app.add_option("--kv-cache-dtype", kv_dtype,
                  "auto | bf16 | fp8 | fp8_e4m3: fp8 stores the KV cache as e4m3 (scale 1.0; CPU backend, paged k/v "
                  "models); the greedy check is then teacher-forced with near-ties within atol, as on the GPU");
+  // The parallel flags (--tp-size, --ep-size, ...): the model runs as one shard per rank (CPU
+  // ranks are threads over the CPU Comm backend), through the engine's TP worker path.
+  parallel::ParallelOptions po;
+  cli::add_parallel_flags(app, po);
   CLI11_PARSE(app, argc, argv);
 
   cli::Golden g(dir);
   models::LoadOptions lo;
   lo.device = cli::parse_device(device);
-  std::shared_ptr<models::Model> model = models::load_model(dir, lo);
   const int bs = 16;
   int64_t blocks = (g.max_prompt_len() + 32) / bs + 2;
-  ModelRunner runner(model, blocks, bs);
+  parallel::Mapping::resolve(po, 0);  // invalid flag combinations: an error naming them
+  TS_CHECK(po.nnodes == 1, "verify-golden: --nnodes {} is not supported (one process)", po.nnodes);
+  TpModels tpm;
+  std::shared_ptr<models::Model> model;
+  std::unique_ptr<ModelRunner> runner_ptr;
+  if (po.world_size() > 1) {
+    tpm = load_tp_models(io::load_config(dir), lo, po);
+    model = tpm.shards[0];
+    runner_ptr = make_tp_runner(tpm, blocks, bs);
+  } else {
+    lo.replicate_embedding = po.replicate_embedding;
+    model = models::load_model(dir, lo);
+    runner_ptr = std::make_unique<ModelRunner>(model, blocks, bs);
+  }
+  ModelRunner& runner = *runner_ptr;
   TS_CHECK(kv_dtype == "auto" || kv_dtype == "bf16" || kv_dtype == "fp8" || kv_dtype == "fp8_e4m3",
            "--kv-cache-dtype '{}' is not supported (supported: auto, bf16, fp8, fp8_e4m3)", kv_dtype);
   const bool kv_fp8 = kv_dtype == "fp8" || kv_dtype == "fp8_e4m3";
   if (kv_fp8) {
+    TS_CHECK(!tpm.workers, "--kv-cache-dtype fp8 is checked at one rank only (drop the parallel flags)");
     // The CPU ops read and write an F8_E4M3 cache (ops/cpu/attention.cpp); swap the pool's k/v.
     KvPool& kv = runner.kv();
     bool paged_kv = model->device() == Device::cpu && !runner.has_state();
@@ -110,8 +130,9 @@ int cmd_verify_golden(int argc, char** argv) {
       std::printf("  got:  %s\n  want: %s\n", gs.c_str(), ws.c_str());
     }
   }
-  std::printf("%s: max abs logit diff %.3g (atol %.3g) on %s%s — %s\n", dir.c_str(), worst, atol,
-              device_name(model->device()), kv_fp8 ? " (FP8 KV cache)" : "", ok ? "PASS" : "FAIL");
+  const std::string ranks = po.world_size() > 1 ? " (" + model->mapping().str() + ")" : std::string();
+  std::printf("%s: max abs logit diff %.3g (atol %.3g) on %s%s%s — %s\n", dir.c_str(), worst, atol,
+              device_name(model->device()), ranks.c_str(), kv_fp8 ? " (FP8 KV cache)" : "", ok ? "PASS" : "FAIL");
   return ok ? 0 : 1;
 }
 

@@ -2,10 +2,11 @@
 
 #include "cli/commands.h"
 #include "core/device_memory.h"
+#include "server/api_protocol.h"
 
 namespace {
 int cmd_version(int, char**) {
-  std::printf("tokenspeed 0.1.0 (cuda backend: %s, gpu present: %s)\n",
+  std::printf("tokenspeed %s (cuda backend: %s, gpu present: %s)\n", ts::server::kTokenspeedVersion,
 #ifdef TS_WITH_CUDA
               "built",
 #else

@@ -18,6 +18,12 @@ void add_engine_flags(CLI::App& app, EngineOptions& o) {
   app.add_option("--chunked-prefill-size", o.chunked_prefill_size, "token budget per engine step (prefill chunk size)");
   app.add_option("--max-num-seqs,--max-running-requests", o.max_num_seqs, "max requests running at once");
   app.add_flag("--disable-prefix-cache,--disable-radix-cache", o.disable_prefix_cache, "do not reuse cached prefix blocks");
+  app.add_flag("--disable-kvstore", o.disable_kvstore,
+               "no host-memory KV tier (by default blocks evicted from the device prefix cache are kept in host memory "
+               "and loaded back on a prefix hit)");
+  app.add_option("--kvstore-ratio", o.kvstore_ratio, "host KV tier size as a multiple of the device KV pool")
+      ->capture_default_str();
+  app.add_option("--kvstore-size", o.kvstore_size_gb, "host KV tier size in GiB (overrides --kvstore-ratio)");
   app.add_flag("--enable-cache-report")->description("accepted for compatibility: cached tokens are always reported");
   app.add_option("--context-length", o.context_length, "max tokens per request (default: model's max_position_embeddings)");
   app.add_option("--speculative-algorithm", o.speculative_algorithm, "EAGLE3 to enable speculative decoding");
@@ -79,11 +85,11 @@ void apply_parallel_options(const parallel::ParallelOptions& p, EngineOptions& o
   if (m.attn_dp > 1) later(fmt::format("--data-parallel-size {}", m.attn_dp));
   if (p.nnodes > 1) later(fmt::format("--nnodes {}", p.nnodes));
   if (m.dense_tp != m.attn_tp) later(fmt::format("--dense-tp-size {}", m.dense_tp));
-  if (m.moe_tp != m.world && m.moe_ep == 1) later(fmt::format("--moe-tp-size {}", m.moe_tp));
   o.tp_size = m.attn_tp;
   o.ep_size = m.moe_ep;
   o.replicate_embedding = p.replicate_embedding;
   o.comm_fusion_max_num_tokens = p.comm_fusion_max_num_tokens;
+  o.parallel = p;
 }
 
 void add_model_arg(CLI::App& app, std::string& model) {

@@ -113,4 +113,53 @@ Tensor lm_head_logits_tp(ForwardBatch& batch, const Tensor& x, const Tensor& nor
   return logits;
 }
 
+AttentionWeights load_attention_shard(WeightLoader& wl, const std::string& pre, int64_t H, int64_t heads,
+                                      int64_t kv_heads, int64_t hd, bool qkv_bias, bool qk_norm,
+                                      const parallel::HeadShard& hs) {
+  using Part = WeightLoader::Part;
+  const int64_t qw = heads * hd, kw = kv_heads * hd;
+  const int64_t q0 = hs.q.start * hd, qn = hs.q.count * hd, k0 = hs.kv.start * hd, kn = hs.kv.count * hd;
+  AttentionWeights a;
+  a.qkv = wl.load_parts({Part{pre + "self_attn.q_proj.weight", {qw, H}, 0, q0, qn},
+                         Part{pre + "self_attn.k_proj.weight", {kw, H}, 0, k0, kn},
+                         Part{pre + "self_attn.v_proj.weight", {kw, H}, 0, k0, kn}});
+  if (qkv_bias)
+    a.qkv_bias = wl.load_parts({Part{pre + "self_attn.q_proj.bias", {qw}, 0, q0, qn},
+                                Part{pre + "self_attn.k_proj.bias", {kw}, 0, k0, kn},
+                                Part{pre + "self_attn.v_proj.bias", {kw}, 0, k0, kn}});
+  a.o = wl.load_parts({Part{pre + "self_attn.o_proj.weight", {H, qw}, 1, q0, qn}});
+  if (qk_norm) {
+    a.q_norm = wl.load(pre + "self_attn.q_norm.weight", {hd});
+    a.k_norm = wl.load(pre + "self_attn.k_norm.weight", {hd});
+  }
+  return a;
+}
+
+MlpWeights load_mlp_shard(WeightLoader& wl, const std::string& pre, int64_t H, int64_t inter, const parallel::Range& ir) {
+  using Part = WeightLoader::Part;
+  MlpWeights m;
+  // Column-parallel gate|up: this shard's gate rows, then its up rows.
+  m.gate_up = wl.load_parts({Part{pre + "gate_proj.weight", {inter, H}, 0, ir.start, ir.count},
+                             Part{pre + "up_proj.weight", {inter, H}, 0, ir.start, ir.count}});
+  m.down = wl.load_parts({Part{pre + "down_proj.weight", {H, inter}, 1, ir.start, ir.count}});
+  return m;
+}
+
+EmbedHead load_embed_head(WeightLoader& wl, int64_t vocab, int64_t H, bool tied, int tp, int rank, int embed_tp) {
+  using Part = WeightLoader::Part;
+  TS_CHECK(embed_tp == 1 || embed_tp == tp, "embedding tp size {} must be 1 or {}", embed_tp, tp);
+  const parallel::VocabShard ev = parallel::shard_vocab(vocab, embed_tp, embed_tp == 1 ? 0 : rank);
+  const parallel::VocabShard hv = parallel::shard_vocab(vocab, tp, rank);
+  EmbedHead e;
+  e.embed_tp = embed_tp;
+  e.embed_start = ev.start;
+  e.embed = wl.load_parts({Part{"model.embed_tokens.weight", {vocab, H}, 0, ev.start, ev.count}});
+  // Tied checkpoints usually omit lm_head.weight; some ship it anyway (then it must match).
+  const std::string head_name = (tied && !wl.has("lm_head.weight")) ? "model.embed_tokens.weight" : "lm_head.weight";
+  if (head_name == "model.embed_tokens.weight" && ev.start == hv.start && ev.count == hv.count) e.head = e.embed;
+  else if (head_name == "model.embed_tokens.weight" && embed_tp == 1) e.head = e.embed.narrow(0, hv.start, hv.count);
+  else e.head = wl.load_parts({Part{head_name, {vocab, H}, 0, hv.start, hv.count}});
+  return e;
+}
+
 }  // namespace ts::models

@@ -1,11 +1,15 @@
 // Shared building blocks for the model files: attention over the paged cache, the gated MLP,
 // the embedding + final-norm + LM-head ends of the network, and EAGLE3 aux capture.
 #pragma once
+#include <type_traits>
+
 #include "core/workspace.h"
 #include "models/model.h"
 #include "ops/graph_hooks.h"
 #include "ops/ops.h"
+#include "models/weights.h"
 #include "parallel/comm.h"
+#include "parallel/mapping.h"
 
 namespace ts::models {
 
@@ -58,12 +62,51 @@ Tensor lm_head_logits(ForwardBatch& batch, const Tensor& x, const Tensor& norm_w
 Tensor lm_head_logits_tp(ForwardBatch& batch, const Tensor& x, const Tensor& norm_w, float eps, const Tensor& head_shard,
                          int64_t vocab, parallel::Comm& comm, Workspace& ws);
 
-// The single-GPU decoder stack every model file runs (pre-norm residual layers):
+// --- this rank's shard at load time (the whole tensors at TP 1) ---------------------------------
+// q|k|v rows of this rank's heads (shard_heads: KV heads replicated past num_kv_heads), their
+// biases, o_proj's matching columns and the optional per-head q/k norms (replicated).
+AttentionWeights load_attention_shard(WeightLoader& wl, const std::string& pre, int64_t hidden, int64_t heads,
+                                      int64_t kv_heads, int64_t head_dim, bool qkv_bias, bool qk_norm,
+                                      const parallel::HeadShard& hs);
+// Gated MLP under `pre` ("model.layers.3.mlp."): gate|up rows [ir] (column-parallel), down's
+// columns [ir] (row-parallel).
+MlpWeights load_mlp_shard(WeightLoader& wl, const std::string& pre, int64_t hidden, int64_t inter,
+                          const parallel::Range& ir);
+// The token embedding and the LM head of attention-TP rank `rank` of `tp`: the table
+// vocab-parallel (embed_tp == tp) or replicated (embed_tp 1), the head vocab-parallel at tp > 1 (a
+// view of the table when the rows coincide, or a shard of the tied table).
+struct EmbedHead {
+  Tensor embed, head;
+  int embed_tp = 1;
+  int64_t embed_start = 0;
+};
+EmbedHead load_embed_head(WeightLoader& wl, int64_t vocab, int64_t hidden, bool tied, int tp, int rank, int embed_tp);
+
+// Tensor parallelism of one decoder stack (the defaults: one rank, the single-GPU path).
+//  attn: the attention TP group; at size > 1 every attention output (row-parallel o_proj) is
+//    this rank's partial sum, reduced together with the residual add and the next norm
+//    (Comm::all_reduce_add_rmsnorm). The MLP / MoE callable says per layer whether its output is
+//    such a partial sum too (returns true; a void callable: always) or already complete.
+//  embed_tp / embed_start: the embedding table's layout (EmbedLayout); a sharded table gives
+//    partial rows whose all-reduce is fused into layer 0's norm (the seed's rule: only then).
+//  head_tp / vocab: the LM head is vocab-parallel over attn when head_tp > 1 (rows of
+//    shard_vocab(vocab, head_tp, rank)), its logits all-gathered.
+struct DecoderTp {
+  parallel::Comm* attn = nullptr;
+  int embed_tp = 1;
+  int64_t embed_start = 0;
+  int head_tp = 1;
+  int64_t vocab = 0;
+  bool sharded() const { return attn && attn->size() > 1; }
+};
+
+// The decoder stack every model file runs (pre-norm residual layers):
 //   residual = embed(ids); per layer l: h = input_norm(residual) (layer_input: EAGLE3 capture),
 //   attn(l, h, x) writes the attention output [T, H] into x, then residual += x and
 //   x = post_norm(residual), mlp(l, x, y) writes the MLP/MoE output [T, H] into y;
 //   finally residual += last output and the LM head. norms(l) returns {input_norm, post_norm}.
-// `m` supplies the EAGLE3 capture slots.
+// `m` supplies the EAGLE3 capture slots. With tp.sharded() the same stack runs on this rank's
+// shard (DecoderTp above); otherwise exactly the single-rank path.
 struct DecoderDims {
   int64_t layers = 0, hidden = 0;
   float eps = 1e-6f;
@@ -71,25 +114,61 @@ struct DecoderDims {
 };
 template <class Norms, class Attn, class Mlp>
 Tensor decoder_forward(const Model& m, ForwardBatch& b, Workspace& ws, const DecoderDims& d, const Tensor& embed,
-                       const Tensor& final_norm, const Tensor& head, Norms norms, Attn attn, Mlp mlp) {
+                       const Tensor& final_norm, const Tensor& head, Norms norms, Attn attn, Mlp mlp,
+                       const DecoderTp& tp = {}) {
   ws.reset();
   const int64_t T = b.num_tokens;
   Tensor residual = ws.alloc({T, d.hidden}, d.dtype);
   Tensor x = ws.alloc({T, d.hidden}, d.dtype);  // sub-layer output, then its normed sum
   Tensor h = ws.alloc({T, d.hidden}, d.dtype);
   Tensor y = ws.alloc({T, d.hidden}, d.dtype);  // ping-pong with x across layers
-  ops::embedding(b.input_ids, embed, residual);
-  ops::graph_segment_begin();  // the embedding stays outside the captured region
+  if (!tp.sharded()) {
+    ops::embedding(b.input_ids, embed, residual);
+    ops::graph_segment_begin();  // the embedding stays outside the captured region
+    for (int64_t l = 0; l < d.layers; ++l) {
+      auto [input_norm, post_norm] = norms(l);
+      layer_input(b, l, residual, x, h, input_norm, d.eps, m.capture_slot(int(l)));
+      attn(l, h, x);
+      ops::fused_add_rmsnorm(x, residual, post_norm, d.eps);
+      mlp(l, x, y);
+      std::swap(x, y);
+    }
+    ops::add_inplace(residual, x);  // the final residual stream
+    capture_aux(b, residual, m.capture_slot(int(d.layers)));
+    return lm_head_logits(b, residual, final_norm, d.eps, head, ws);
+  }
+  // Tensor parallel: sub-layer outputs that are partial sums over the attention group are
+  // all-reduced together with the residual add and the next norm (one fused collective).
+  parallel::Comm& comm = *tp.attn;
+  const bool embed_sharded = tp.embed_tp > 1;
+  if (embed_sharded) ops::embedding(b.input_ids, embed, x, tp.embed_start);  // partial rows
+  else ops::embedding(b.input_ids, embed, residual);
+  ops::graph_segment_begin();
+  bool partial = embed_sharded;  // what x holds entering the next norm
   for (int64_t l = 0; l < d.layers; ++l) {
     auto [input_norm, post_norm] = norms(l);
-    layer_input(b, l, residual, x, h, input_norm, d.eps, m.capture_slot(int(l)));
-    attn(l, h, x);
-    ops::fused_add_rmsnorm(x, residual, post_norm, d.eps);
-    mlp(l, x, y);
+    if (l == 0 && !embed_sharded) {
+      ops::rmsnorm(residual, input_norm, d.eps, h);
+    } else {
+      if (partial) comm.all_reduce_add_rmsnorm(x, residual, input_norm, d.eps, /*residual_init=*/l == 0);
+      else ops::fused_add_rmsnorm(x, residual, input_norm, d.eps);
+      h = x;
+    }
+    capture_aux(b, residual, m.capture_slot(int(l)));
+    attn(l, h, y);
+    std::swap(x, y);  // x: attention partial sums (h may alias the other buffer)
+    comm.all_reduce_add_rmsnorm(x, residual, post_norm, d.eps, false);
+    if constexpr (std::is_same_v<decltype(mlp(l, x, y)), bool>) partial = mlp(l, x, y);
+    else {
+      mlp(l, x, y);
+      partial = true;
+    }
     std::swap(x, y);
   }
-  ops::add_inplace(residual, x);  // the final residual stream
+  if (partial) comm.all_reduce(x);
+  ops::add_inplace(residual, x);
   capture_aux(b, residual, m.capture_slot(int(d.layers)));
+  if (tp.head_tp > 1) return lm_head_logits_tp(b, residual, final_norm, d.eps, head, tp.vocab, comm, ws);
   return lm_head_logits(b, residual, final_norm, d.eps, head, ws);
 }
 

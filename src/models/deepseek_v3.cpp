@@ -12,6 +12,7 @@
 #include "models/rope.h"
 #include "ops/graph_hooks.h"
 #include "models/weights.h"
+#include "parallel/world.h"
 
 namespace ts::models {
 namespace {
@@ -94,11 +95,36 @@ class DeepseekV3 final : public DecoderModel {
  public:
   DeepseekV3(const io::ModelConfig& cfg, const LoadOptions& opts) : DecoderModel(cfg, opts.device), p_(deepseek_params(cfg)) {
     capture_layers_ = opts.capture_layers;
+    mapping_ = opts.mapping;
+    comm_ = opts.comm;
+    groups_ = opts.groups;
+    const int tp = mapping_.tp_size, rank = mapping_.tp_rank;
+    TS_CHECK(tp == 1 || (groups_ && comm_ && comm_->size() == tp), "{}: communicators do not match {}", cfg.path,
+             mapping_.str());
+    TS_CHECK(mapping_.dense_tp == mapping_.attn_tp, "{}: --dense-tp-size {} other than the attention TP size {} is not "
+             "implemented for {}", cfg.path, mapping_.dense_tp, mapping_.attn_tp, cfg.architecture);
     WeightLoader wl(io::Checkpoint::open(cfg.dir), opts.device);
     device_ = opts.device;
     dtype_ = wl.dtype();
     const int64_t H = p_.hidden, nh = p_.heads, qd = p_.nope + p_.rope_dim, r = p_.kv_rank;
-    embed_ = wl.load("model.embed_tokens.weight", {p_.vocab, H});
+    // This rank's MLA heads: q_b (or q_proj) rows, kv_b rows (and W_UK from them), o_proj
+    // columns; q_a / kv_a, their norms and the latent cache are replicated (every rank writes the
+    // same latent). Experts: EP ranges or every expert's intermediate shard (MoE TP), the shared
+    // experts sharded the same way under MoE TP and whole under EP.
+    const parallel::MlaShard ms = parallel::shard_mla(nh, p_.nope, p_.rope_dim, p_.v_dim, mapping_.attn_tp, rank);
+    nh_ = ms.heads.count;
+    const parallel::Range er = parallel::expert_range(p_.experts, mapping_.moe_ep, mapping_.moe_ep_rank);
+    const parallel::Range mr = p_.experts > 0 ? parallel::even_shard(p_.moe_inter, mapping_.moe_tp, mapping_.moe_tp_rank,
+                                                                     "moe_intermediate_size")
+                                              : parallel::Range{};
+    if (tp > 1 && p_.experts > 0)
+      moe_par_ = std::make_unique<parallel::MoeParallel>(p_.experts, mapping_.moe_ep, mapping_.moe_ep_rank);
+    embed_tp_ = resolve_embed(mapping_, opts.replicate_embedding);
+    EmbedHead eh = load_embed_head(wl, p_.vocab, H, p_.tied, tp, rank, embed_tp_);
+    embed_ = eh.embed;
+    head_ = eh.head;
+    embed_start_ = eh.embed_start;
+    using Part = WeightLoader::Part;
     for (int64_t l = 0; l < p_.layers; ++l) {
       std::string pre = "model.layers." + std::to_string(l) + ".";
       std::string at = pre + "self_attn.";
@@ -109,35 +135,38 @@ class DeepseekV3 final : public DecoderModel {
         L.attn.qkv_a = wl.load_stacked({at + "q_a_proj.weight", at + "kv_a_proj_with_mqa.weight"},
                                        {{p_.q_rank, H}, {r + p_.rope_dim, H}});
         L.attn.q_a_norm = wl.load(at + "q_a_layernorm.weight", {p_.q_rank});
-        L.attn.q_b = wl.load(at + "q_b_proj.weight", {nh * qd, p_.q_rank});
+        L.attn.q_b = wl.load_parts({Part{at + "q_b_proj.weight", {nh * qd, p_.q_rank}, 0, ms.q_rows.start, ms.q_rows.count}});
       } else {
         L.attn.qkv_a = wl.load(at + "kv_a_proj_with_mqa.weight", {r + p_.rope_dim, H});
-        L.attn.q_b = wl.load(at + "q_proj.weight", {nh * qd, H});
+        L.attn.q_b = wl.load_parts({Part{at + "q_proj.weight", {nh * qd, H}, 0, ms.q_rows.start, ms.q_rows.count}});
       }
       L.attn.kv_a_norm = wl.load(at + "kv_a_layernorm.weight", {r});
-      L.attn.kv_b = wl.load(at + "kv_b_proj.weight", {nh * (p_.nope + p_.v_dim), r});
+      L.attn.kv_b = wl.load_parts(
+          {Part{at + "kv_b_proj.weight", {nh * (p_.nope + p_.v_dim), r}, 0, ms.kv_b_rows.start, ms.kv_b_rows.count}});
       L.attn.w_uk_t = absorb_uk(L.attn.kv_b);
-      L.attn.o = wl.load(at + "o_proj.weight", {H, nh * p_.v_dim});
+      L.attn.o = wl.load_parts({Part{at + "o_proj.weight", {H, nh * p_.v_dim}, 1, ms.o_cols.start, ms.o_cols.count}});
       L.sparse = p_.experts > 0 && l >= p_.first_dense;
       if (L.sparse) {
         L.moe.router = wl.load(pre + "mlp.gate.weight", {p_.experts, H});
         if (wl.has(pre + "mlp.gate.e_score_correction_bias"))
           L.moe.router_bias = wl.load_f32(pre + "mlp.gate.e_score_correction_bias", {p_.experts});
-        load_experts(wl, pre + "mlp.experts", p_.experts, p_.moe_inter, H, L.moe);
+        load_experts_shard(wl, pre + "mlp.experts", p_.experts, p_.moe_inter, H, er, mr, L.moe);
         if (p_.shared > 0) {
-          int64_t si = p_.moe_inter * p_.shared;
-          L.moe.shared.gate_up = wl.load_stacked({pre + "mlp.shared_experts.gate_proj.weight", pre + "mlp.shared_experts.up_proj.weight"},
-                                                 {{si, H}, {si, H}});
-          L.moe.shared.down = wl.load(pre + "mlp.shared_experts.down_proj.weight", {H, si});
+          const int64_t si = p_.moe_inter * p_.shared;
+          const parallel::Range sr = mapping_.moe_ep == 1
+                                         ? parallel::even_shard(si, mapping_.moe_tp, mapping_.moe_tp_rank,
+                                                                "n_shared_experts x moe_intermediate_size")
+                                         : parallel::Range{0, si};
+          L.moe.shared = load_mlp_shard(wl, pre + "mlp.shared_experts.", H, si, sr);
         }
       } else {
-        L.mlp.gate_up = wl.load_stacked({pre + "mlp.gate_proj.weight", pre + "mlp.up_proj.weight"}, {{p_.inter, H}, {p_.inter, H}});
-        L.mlp.down = wl.load(pre + "mlp.down_proj.weight", {H, p_.inter});
+        const parallel::Range ir =
+            parallel::even_shard(p_.inter, mapping_.dense_tp, mapping_.dense_tp_rank, "intermediate_size");
+        L.mlp = load_mlp_shard(wl, pre + "mlp.", H, p_.inter, ir);
       }
       layers_.push_back(std::move(L));
     }
     norm_ = wl.load("model.norm.weight", {H});
-    head_ = (p_.tied && !wl.has("lm_head.weight")) ? embed_ : wl.load("lm_head.weight", {p_.vocab, H});
     weight_bytes_ = wl.bytes_loaded();
     int64_t table = std::max<int64_t>(cfg.max_position_embeddings, 1);
     rope_ = build_rope(cfg.rope, int(p_.rope_dim), cfg.max_position_embeddings, table, p_.interleave, device_);
@@ -162,16 +191,21 @@ class DeepseekV3 final : public DecoderModel {
         [&](int64_t l) { return std::pair<const Tensor&, const Tensor&>(layers_[size_t(l)].input_norm, layers_[size_t(l)].post_norm); },
         [&](int64_t l, Tensor& h, Tensor& x) { mla_block(h, layers_[size_t(l)].attn, b, kv.k[size_t(l)], x); },
         [&](int64_t l, Tensor& x, Tensor& y) {
+          // true: y is a partial sum over the attention TP group (reduced with the next norm).
           DeepseekLayer& L = layers_[size_t(l)];
-          if (L.sparse) moe_block(x, L.moe, moe_shape_, ws_, y);
-          else mlp_block(x, L.mlp, ws_, y);
-        });
+          if (!L.sparse) mlp_block(x, L.mlp, ws_, y);
+          else if (!moe_par_) moe_block(x, L.moe, moe_shape_, ws_, y);
+          else return moe_block_parallel(x, L.moe, moe_shape_, *groups_, *moe_par_, ws_, y);
+          return true;
+        },
+        DecoderTp{comm_.get(), embed_tp_, embed_start_, mapping_.tp_size, p_.vocab});
   }
+  EmbedLayout embed_layout() const override { return {embed_tp_, embed_start_, embed_.size(0)}; }
 
  private:
   // W_UK^T per head, from kv_b_proj's key rows: [nh, kv_rank, nope].
   Tensor absorb_uk(const Tensor& kv_b) const {
-    const int64_t nh = p_.heads, r = p_.kv_rank, nope = p_.nope, rows = p_.nope + p_.v_dim;
+    const int64_t nh = nh_, r = p_.kv_rank, nope = p_.nope, rows = p_.nope + p_.v_dim;
     Tensor src = kv_b.device == Device::cpu ? kv_b.to_f32() : kv_b.to(Device::cpu).to_f32();
     Tensor t = Tensor::empty({nh, r, nope}, DType::f32);
     for (int64_t hh = 0; hh < nh; ++hh)
@@ -183,7 +217,7 @@ class DeepseekV3 final : public DecoderModel {
 
   // h [T, H] normed input -> out [T, H]; writes this layer's latent + k_pe into `cache`.
   void mla_block(const Tensor& h, const MlaWeights& w, ForwardBatch& b, Tensor& cache, Tensor& out) {
-    const int64_t T = h.rows(), nh = p_.heads, nope = p_.nope, rd = p_.rope_dim, r = p_.kv_rank, vd = p_.v_dim;
+    const int64_t T = h.rows(), nh = nh_, nope = p_.nope, rd = p_.rope_dim, r = p_.kv_rank, vd = p_.v_dim;
     const int64_t qd = nope + rd, qa = p_.q_rank, kvw = r + rd;
     WorkspaceScope scope(ws_);
     Tensor a = ws_.alloc({T, qa + kvw}, dtype_);
@@ -224,6 +258,12 @@ class DeepseekV3 final : public DecoderModel {
   }
 
   DeepseekParams p_;
+  int64_t nh_ = 0;  // this rank's heads (all at tp 1)
+  std::shared_ptr<parallel::Comm> comm_;
+  std::shared_ptr<const parallel::ParallelGroups> groups_;
+  std::unique_ptr<parallel::MoeParallel> moe_par_;  // tp > 1 with experts: this rank's experts
+  int embed_tp_ = 1;
+  int64_t embed_start_ = 0;
   std::vector<DeepseekLayer> layers_;
   ops::Rope rope_;
   MoeShape moe_shape_;

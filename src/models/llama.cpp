@@ -57,49 +57,27 @@ class Llama final : public DecoderModel {
     WeightLoader wl(io::Checkpoint::open(cfg.dir), opts.device);
     device_ = opts.device;
     dtype_ = wl.dtype();
-    const int64_t H = p_.hidden, hd = p_.head_dim, qw = p_.heads * hd, kw = p_.kv_heads * hd;
+    const int64_t H = p_.hidden, hd = p_.head_dim;
     // This rank's shard (the whole model at tp 1): q/kv heads, MLP columns, vocabulary rows.
     const parallel::HeadShard hs = parallel::shard_heads(p_.heads, p_.kv_heads, mapping_.attn_tp, rank);
-    const parallel::Range ir = parallel::even_shard(p_.inter, mapping_.dense_tp, rank, "intermediate_size");
-    const int64_t q0 = hs.q.start * hd, qn = hs.q.count * hd, k0 = hs.kv.start * hd, kn = hs.kv.count * hd;
+    TS_CHECK(mapping_.dense_tp == mapping_.attn_tp, "{}: --dense-tp-size {} other than the attention TP size {} is not "
+             "implemented for {}", cfg.path, mapping_.dense_tp, mapping_.attn_tp, cfg.architecture);
+    const parallel::Range ir = parallel::even_shard(p_.inter, mapping_.dense_tp, mapping_.dense_tp_rank, "intermediate_size");
     embed_tp_ = resolve_embed(mapping_, opts.replicate_embedding);
-    TS_CHECK(embed_tp_ == 1 || embed_tp_ == tp, "{}: embedding tp size {} must be 1 or {}", cfg.path, embed_tp_, tp);
-    const parallel::VocabShard ev = parallel::shard_vocab(p_.vocab, embed_tp_, embed_tp_ == 1 ? 0 : rank);
-    const parallel::VocabShard hv = parallel::shard_vocab(p_.vocab, tp, rank);
-    embed_start_ = ev.start;
-    using Part = WeightLoader::Part;
-    embed_ = wl.load_parts({Part{"model.embed_tokens.weight", {p_.vocab, H}, 0, ev.start, ev.count}});
+    EmbedHead eh = load_embed_head(wl, p_.vocab, H, p_.tied, tp, rank, embed_tp_);
+    embed_ = eh.embed;
+    head_ = eh.head;
+    embed_start_ = eh.embed_start;
     for (int64_t l = 0; l < p_.layers; ++l) {
       std::string pre = "model.layers." + std::to_string(l) + ".";
       LlamaLayer L;
       L.input_norm = wl.load(pre + "input_layernorm.weight", {H});
       L.post_norm = wl.load(pre + "post_attention_layernorm.weight", {H});
-      L.attn.qkv = wl.load_parts({Part{pre + "self_attn.q_proj.weight", {qw, H}, 0, q0, qn},
-                                  Part{pre + "self_attn.k_proj.weight", {kw, H}, 0, k0, kn},
-                                  Part{pre + "self_attn.v_proj.weight", {kw, H}, 0, k0, kn}});
-      if (p_.qkv_bias)
-        L.attn.qkv_bias = wl.load_parts({Part{pre + "self_attn.q_proj.bias", {qw}, 0, q0, qn},
-                                         Part{pre + "self_attn.k_proj.bias", {kw}, 0, k0, kn},
-                                         Part{pre + "self_attn.v_proj.bias", {kw}, 0, k0, kn}});
-      L.attn.o = wl.load_parts({Part{pre + "self_attn.o_proj.weight", {H, qw}, 1, q0, qn}});
-      if (p_.qk_norm) {
-        L.attn.q_norm = wl.load(pre + "self_attn.q_norm.weight", {hd});
-        L.attn.k_norm = wl.load(pre + "self_attn.k_norm.weight", {hd});
-      }
-      // Column-parallel gate|up: this shard's gate rows, then its up rows.
-      L.mlp.gate_up = wl.load_parts({Part{pre + "mlp.gate_proj.weight", {p_.inter, H}, 0, ir.start, ir.count},
-                                     Part{pre + "mlp.up_proj.weight", {p_.inter, H}, 0, ir.start, ir.count}});
-      L.mlp.down = wl.load_parts({Part{pre + "mlp.down_proj.weight", {H, p_.inter}, 1, ir.start, ir.count}});
+      L.attn = load_attention_shard(wl, pre, H, p_.heads, p_.kv_heads, hd, p_.qkv_bias, p_.qk_norm, hs);
+      L.mlp = load_mlp_shard(wl, pre + "mlp.", H, p_.inter, ir);
       layers_.push_back(std::move(L));
     }
     norm_ = wl.load("model.norm.weight", {H});
-    // Tied checkpoints usually omit lm_head.weight; some ship it anyway (then it must match).
-    // The LM head is vocab-parallel at tp > 1 (a shard of the tied table when the embedding is
-    // replicated).
-    const std::string head_name = (p_.tied && !wl.has("lm_head.weight")) ? "model.embed_tokens.weight" : "lm_head.weight";
-    if (head_name == "model.embed_tokens.weight" && ev.start == hv.start && ev.count == hv.count) head_ = embed_;
-    else if (head_name == "model.embed_tokens.weight" && embed_tp_ == 1) head_ = embed_.narrow(0, hv.start, hv.count);
-    else head_ = wl.load_parts({Part{head_name, {p_.vocab, H}, 0, hv.start, hv.count}});
     weight_bytes_ = wl.bytes_loaded();
     int64_t table = std::max<int64_t>(cfg.max_position_embeddings, 1);
     rope_ = build_rope(cfg.rope, int(hd), cfg.max_position_embeddings, table, false, device_);
@@ -124,58 +102,17 @@ class Llama final : public DecoderModel {
   EmbedLayout embed_layout() const override { return {embed_tp_, embed_start_, embed_.size(0)}; }
 
   // --- forward ------------------------------------------------------------------------------
+  // One forward at every TP size: at tp > 1 the o_proj / down_proj outputs are partial sums,
+  // reduced with the next residual add + norm inside decoder_forward (DecoderTp).
   Tensor forward(ForwardBatch& b, KvPool& kv) override {
-    if (mapping_.tp_size > 1) return forward_tp(b, kv);
     return decoder_forward(
         *this, b, ws_, {p_.layers, p_.hidden, p_.eps, dtype_}, embed_, norm_, head_,
         [&](int64_t l) { return std::pair<const Tensor&, const Tensor&>(layers_[size_t(l)].input_norm, layers_[size_t(l)].post_norm); },
         [&](int64_t l, Tensor& h, Tensor& x) {
           attention_block(h, layers_[size_t(l)].attn, shape_, rope_, b, kv.k[size_t(l)], kv.v[size_t(l)], ws_, x);
         },
-        [&](int64_t l, Tensor& x, Tensor& y) { mlp_block(x, layers_[size_t(l)].mlp, ws_, y); });
-  }
-
-  // Tensor-parallel forward: every rank runs it on its shard. Sub-layer outputs of the
-  // row-parallel o_proj / down_proj are partial sums; each is all-reduced together with the
-  // residual add and the next norm (comm.all_reduce_add_rmsnorm). The vocab-parallel embedding
-  // gives partial rows too; its all-reduce is fused into layer 0's norm — only when the table
-  // is actually sharded (embed_tp_ > 1); a replicated table needs no all-reduce at all.
-  Tensor forward_tp(ForwardBatch& b, KvPool& kv) {
-    ws_.reset();
-    parallel::Comm& comm = *comm_;
-    const int64_t T = b.num_tokens, H = p_.hidden;
-    Tensor residual = ws_.alloc({T, H}, dtype_);
-    Tensor x = ws_.alloc({T, H}, dtype_);
-    Tensor h = ws_.alloc({T, H}, dtype_);
-    Tensor y = ws_.alloc({T, H}, dtype_);
-    if (embed_tp_ > 1) ops::embedding(b.input_ids, embed_, x, embed_start_);  // partial rows
-    else ops::embedding(b.input_ids, embed_, residual);
-    ops::graph_segment_begin();
-    for (int64_t l = 0; l < p_.layers; ++l) {
-      LlamaLayer& L = layers_[size_t(l)];
-      if (l == 0) {
-        if (embed_tp_ > 1) {
-          comm.all_reduce_add_rmsnorm(x, residual, L.input_norm, p_.eps, /*residual_init=*/true);
-          h = x;
-        } else {
-          ops::rmsnorm(residual, L.input_norm, p_.eps, h);
-        }
-        capture_aux(b, residual, capture_slot(0));
-      } else {
-        comm.all_reduce_add_rmsnorm(x, residual, L.input_norm, p_.eps, false);  // residual = input of layer l
-        capture_aux(b, residual, capture_slot(int(l)));
-        h = x;
-      }
-      attention_block(h, L.attn, shape_, rope_, b, kv.k[size_t(l)], kv.v[size_t(l)], ws_, y);
-      std::swap(x, y);  // x: attention partial sums (h may alias the other buffer)
-      comm.all_reduce_add_rmsnorm(x, residual, L.post_norm, p_.eps, false);
-      mlp_block(x, L.mlp, ws_, y);
-      std::swap(x, y);
-    }
-    comm.all_reduce(x);
-    ops::add_inplace(residual, x);
-    capture_aux(b, residual, capture_slot(int(p_.layers)));
-    return lm_head_logits_tp(b, residual, norm_, p_.eps, head_, p_.vocab, comm, ws_);
+        [&](int64_t l, Tensor& x, Tensor& y) { mlp_block(x, layers_[size_t(l)].mlp, ws_, y); },
+        DecoderTp{comm_.get(), embed_tp_, embed_start_, mapping_.tp_size, p_.vocab});
   }
 
  private:

@@ -14,6 +14,7 @@
 
 namespace ts::parallel {
 class Comm;
+struct ParallelGroups;
 }
 
 namespace ts::models {
@@ -71,6 +72,9 @@ struct LoadOptions {
   // (required when tp_size > 1; used only from this rank's thread).
   parallel::Mapping mapping;
   std::shared_ptr<parallel::Comm> comm;
+  // Every group of this rank (attention TP / dense TP / MoE TP / MoE EP; world.h); null at TP 1
+  // (then the model uses groups of one). comm == groups->attn_tp when set.
+  std::shared_ptr<const parallel::ParallelGroups> groups;
   bool replicate_embedding = false;  // --replicate-embedding: force a replicated table
 };
 

@@ -19,25 +19,55 @@ void glu_mlp_block(const Tensor& h, const MlpWeights& w, const ops::GluAct& act,
   ops::linear(a, w.down, out);
 }
 
-void moe_block(const Tensor& h, const MoeWeights& w, const MoeShape& s, Workspace& ws, Tensor& out) {
-  WorkspaceScope scope(ws);
-  int64_t t_n = h.rows(), e_n = w.router.size(0), k = s.routing.top_k;
+void moe_route_step(const Tensor& h, const MoeWeights& w, const MoeShape& s, Workspace& ws, Tensor& ids,
+                    Tensor& weights) {
+  int64_t t_n = h.rows(), e_n = w.router.size(0);
   Tensor logits = ws.alloc({t_n, e_n}, DType::f32);
   ops::linear(h, w.router, logits);
-  Tensor ids = ws.alloc({t_n, k}, DType::i32);
-  Tensor weights = ws.alloc({t_n, k}, DType::f32);
   const Tensor* bias = w.router_bias.data ? &w.router_bias : nullptr;
   ops::moe_route(logits, bias, s.routing, ids, weights);
   if (MoeRouteHook* hook = moe_route_hook()) {
     TS_CHECK(!ops::graph_hooks(), "moe route hook: eager forwards only (a CUDA graph cannot replay its copies)");
     hook->on_route(hook->calls++, logits, bias, s.routing, ids, weights);
   }
+}
+
+void moe_block(const Tensor& h, const MoeWeights& w, const MoeShape& s, Workspace& ws, Tensor& out) {
+  WorkspaceScope scope(ws);
+  int64_t t_n = h.rows(), k = s.routing.top_k;
+  Tensor ids = ws.alloc({t_n, k}, DType::i32);
+  Tensor weights = ws.alloc({t_n, k}, DType::f32);
+  moe_route_step(h, w, s, ws, ids, weights);
   ops::moe_experts(h, ids, weights, w.gate_up, w.down, s.act, out);
   if (w.shared.gate_up.data) {
     Tensor sh = ws.alloc({t_n, h.size(-1)}, h.dtype);
     glu_mlp_block(h, w.shared, s.act, ws, sh);
     ops::add_inplace(out, sh);
   }
+}
+
+bool moe_block_parallel(const Tensor& h, const MoeWeights& w, const MoeShape& s, const parallel::ParallelGroups& g,
+                        parallel::MoeParallel& mp, Workspace& ws, Tensor& out) {
+  WorkspaceScope scope(ws);
+  const int64_t t_n = h.rows(), k = s.routing.top_k;
+  Tensor ids = ws.alloc({t_n, k}, DType::i32);
+  Tensor weights = ws.alloc({t_n, k}, DType::f32);
+  moe_route_step(h, w, s, ws, ids, weights);
+  const parallel::PlainExperts experts{w.gate_up, w.down, s.act};
+  auto shared_fn = [&](const Tensor& x, Tensor& y) { glu_mlp_block(x, w.shared, s.act, ws, y); };
+  // MoE TP shards the shared experts like the routed ones; EP keeps them whole.
+  const parallel::SharedRef shared = w.shared.gate_up.data
+                                         ? parallel::SharedRef::of(shared_fn, g.mapping.moe_ep == 1)
+                                         : parallel::SharedRef{};
+  // The CPU folds every token's slots in slot order (bit-exact with one rank); CUDA sums the
+  // ranks' partial outputs (no host sync: capturable).
+  const parallel::EpCombine combine = h.device == Device::cpu ? parallel::EpCombine::exact : parallel::EpCombine::partial;
+  const parallel::MoeOut r = parallel::moe_forward(g, mp, h, ids, weights, experts.ref(), shared, combine, out, ws);
+  if (r == parallel::MoeOut::complete) return false;
+  parallel::Comm& m = g.moe();
+  if (m.size() == g.attn_tp->size()) return true;  // the attention group itself (data parallel 1)
+  m.all_reduce(out);  // a smaller group inside the attention group: complete after its sum
+  return false;
 }
 
 MoeRouteHook*& moe_route_hook() {
@@ -121,6 +151,26 @@ void load_experts(WeightLoader& wl, const std::string& prefix, int64_t experts, 
   }
   w.gate_up = wl.load_stacked(gu_names, gu_shapes).view({experts, 2 * inter, hidden});
   w.down = wl.load_stacked(down_names, down_shapes).view({experts, hidden, inter});
+}
+
+void load_experts_shard(WeightLoader& wl, const std::string& prefix, int64_t experts, int64_t inter, int64_t hidden,
+                        const parallel::Range& er, const parallel::Range& ir, MoeWeights& w) {
+  if (er.start == 0 && er.count == experts && ir.start == 0 && ir.count == inter) {
+    load_experts(wl, prefix, experts, inter, hidden, w);
+    return;
+  }
+  TS_CHECK(!wl.has(prefix + ".gate_up_proj"), "{}: fused 3-D expert tensors cannot be sharded yet (experts {}..{}, "
+           "intermediate {}..{})", prefix, er.start, er.end(), ir.start, ir.end());
+  using Part = WeightLoader::Part;
+  std::vector<Part> gu, down;
+  for (int64_t e = er.start; e < er.end(); ++e) {
+    std::string pe = prefix + "." + std::to_string(e) + ".";
+    gu.push_back(Part{pe + "gate_proj.weight", {inter, hidden}, 0, ir.start, ir.count});
+    gu.push_back(Part{pe + "up_proj.weight", {inter, hidden}, 0, ir.start, ir.count});
+    down.push_back(Part{pe + "down_proj.weight", {hidden, inter}, 1, ir.start, ir.count});
+  }
+  w.gate_up = wl.load_parts(gu).view({er.count, 2 * ir.count, hidden});
+  w.down = wl.load_parts(down).view({er.count, hidden, ir.count});
 }
 
 }  // namespace ts::models

@@ -7,6 +7,7 @@
 
 #include "models/blocks.h"
 #include "models/weights.h"
+#include "parallel/moe.h"
 
 namespace ts::models {
 
@@ -27,6 +28,19 @@ struct MoeShape {
 // installed (below), the hook sees every call's routing between moe_route and moe_experts.
 void moe_block(const Tensor& h, const MoeWeights& w, const MoeShape& s, Workspace& ws, Tensor& out);
 
+// moe_block's routing: router logits (scratch from ws, not released: the caller scopes it),
+// top-k ids / weights [T, k] into the given tensors, then the route hook if one is installed.
+void moe_route_step(const Tensor& h, const MoeWeights& w, const MoeShape& s, Workspace& ws, Tensor& ids,
+                    Tensor& weights);
+
+// The MoE layer on a rank of a parallel world (g): the router on every rank (replicated), then
+// parallel::moe_forward (MoE TP: every expert's intermediate shard; EP: this rank's experts,
+// tokens replicated or dispatched) with the shared experts (replicated under EP, sharded like
+// the routed ones under MoE TP). Returns true when out is a partial sum over the attention TP
+// group (the caller fuses its all-reduce into the next add + norm), false when complete.
+bool moe_block_parallel(const Tensor& h, const MoeWeights& w, const MoeShape& s, const parallel::ParallelGroups& g,
+                        parallel::MoeParallel& mp, Workspace& ws, Tensor& out);
+
 // Gated MLP with the given activation: out = down(act(gate_up(h))).
 void glu_mlp_block(const Tensor& h, const MlpWeights& w, const ops::GluAct& act, Workspace& ws, Tensor& out);
 
@@ -36,6 +50,12 @@ void glu_mlp_block(const Tensor& h, const MlpWeights& w, const ops::GluAct& act,
 // (`{prefix}.gate_up_proj` [E, 2I, H], `{prefix}.down_proj` [E, H, I]).
 void load_experts(WeightLoader& wl, const std::string& prefix, int64_t experts, int64_t inter, int64_t hidden,
                   MoeWeights& w);
+
+// The routed experts of one rank: experts [er] (EP) with every expert's intermediate rows [ir]
+// (MoE TP: gate rows ir, up rows ir, down's columns ir) as [E_local, 2 I_local, H] and
+// [E_local, H, I_local]. The whole ranges: load_experts. Fused 3-D checkpoints: EP ranges only.
+void load_experts_shard(WeightLoader& wl, const std::string& prefix, int64_t experts, int64_t inter, int64_t hidden,
+                        const parallel::Range& er, const parallel::Range& ir, MoeWeights& w);
 
 // --- route hook: observe or override the routing (route-diff, tests) -------------------------
 // Installed per thread; null (the default) costs one thread-local load and a branch per MoE

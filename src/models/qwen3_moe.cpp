@@ -8,6 +8,7 @@
 #include "models/rope.h"
 #include "ops/graph_hooks.h"
 #include "models/weights.h"
+#include "parallel/world.h"
 
 namespace ts::models {
 namespace {
@@ -64,40 +65,52 @@ class Qwen3Moe final : public DecoderModel {
  public:
   Qwen3Moe(const io::ModelConfig& cfg, const LoadOptions& opts) : DecoderModel(cfg, opts.device), p_(qwen3_moe_params(cfg)) {
     capture_layers_ = opts.capture_layers;
+    mapping_ = opts.mapping;
+    comm_ = opts.comm;
+    groups_ = opts.groups;
+    const int tp = mapping_.tp_size, rank = mapping_.tp_rank;
+    TS_CHECK(tp == 1 || (groups_ && comm_ && comm_->size() == tp), "{}: communicators do not match {}", cfg.path,
+             mapping_.str());
+    TS_CHECK(mapping_.dense_tp == mapping_.attn_tp, "{}: --dense-tp-size {} other than the attention TP size {} is not "
+             "implemented for {}", cfg.path, mapping_.dense_tp, mapping_.attn_tp, cfg.architecture);
     WeightLoader wl(io::Checkpoint::open(cfg.dir), opts.device);
     device_ = opts.device;
     dtype_ = wl.dtype();
-    const int64_t H = p_.hidden, hd = p_.head_dim, qw = p_.heads * hd, kw = p_.kv_heads * hd;
-    embed_ = wl.load("model.embed_tokens.weight", {p_.vocab, H});
+    const int64_t H = p_.hidden, hd = p_.head_dim;
+    // This rank's shard: attention heads (attention TP), dense MLP columns (dense TP), experts
+    // (EP: whole experts [er]; MoE TP: every expert's intermediate rows [mr]).
+    const parallel::HeadShard hs = parallel::shard_heads(p_.heads, p_.kv_heads, mapping_.attn_tp, rank);
+    const parallel::Range er = parallel::expert_range(p_.experts, mapping_.moe_ep, mapping_.moe_ep_rank);
+    const parallel::Range mr = parallel::even_shard(p_.moe_inter, mapping_.moe_tp, mapping_.moe_tp_rank,
+                                                    "moe_intermediate_size");
+    if (tp > 1) moe_par_ = std::make_unique<parallel::MoeParallel>(p_.experts, mapping_.moe_ep, mapping_.moe_ep_rank);
+    embed_tp_ = resolve_embed(mapping_, opts.replicate_embedding);
+    EmbedHead eh = load_embed_head(wl, p_.vocab, H, p_.tied, tp, rank, embed_tp_);
+    embed_ = eh.embed;
+    head_ = eh.head;
+    embed_start_ = eh.embed_start;
     for (int64_t l = 0; l < p_.layers; ++l) {
       std::string pre = "model.layers." + std::to_string(l) + ".";
       Qwen3MoeLayer L;
       L.input_norm = wl.load(pre + "input_layernorm.weight", {H});
       L.post_norm = wl.load(pre + "post_attention_layernorm.weight", {H});
-      L.attn.qkv = wl.load_stacked({pre + "self_attn.q_proj.weight", pre + "self_attn.k_proj.weight", pre + "self_attn.v_proj.weight"},
-                                   {{qw, H}, {kw, H}, {kw, H}});
-      if (p_.qkv_bias)
-        L.attn.qkv_bias = wl.load_stacked({pre + "self_attn.q_proj.bias", pre + "self_attn.k_proj.bias", pre + "self_attn.v_proj.bias"},
-                                          {{qw}, {kw}, {kw}});
-      L.attn.o = wl.load(pre + "self_attn.o_proj.weight", {H, qw});
-      L.attn.q_norm = wl.load(pre + "self_attn.q_norm.weight", {hd});
-      L.attn.k_norm = wl.load(pre + "self_attn.k_norm.weight", {hd});
+      L.attn = load_attention_shard(wl, pre, H, p_.heads, p_.kv_heads, hd, p_.qkv_bias, /*qk_norm=*/true, hs);
       if (p_.sparse[size_t(l)]) {
-        L.moe.router = wl.load(pre + "mlp.gate.weight", {p_.experts, H});
-        load_experts(wl, pre + "mlp.experts", p_.experts, p_.moe_inter, H, L.moe);
+        L.moe.router = wl.load(pre + "mlp.gate.weight", {p_.experts, H});  // replicated
+        load_experts_shard(wl, pre + "mlp.experts", p_.experts, p_.moe_inter, H, er, mr, L.moe);
       } else {
         TS_CHECK(p_.inter > 0, "{}: missing field intermediate_size", cfg.path);
-        L.mlp.gate_up = wl.load_stacked({pre + "mlp.gate_proj.weight", pre + "mlp.up_proj.weight"}, {{p_.inter, H}, {p_.inter, H}});
-        L.mlp.down = wl.load(pre + "mlp.down_proj.weight", {H, p_.inter});
+        const parallel::Range ir =
+            parallel::even_shard(p_.inter, mapping_.dense_tp, mapping_.dense_tp_rank, "intermediate_size");
+        L.mlp = load_mlp_shard(wl, pre + "mlp.", H, p_.inter, ir);
       }
       layers_.push_back(std::move(L));
     }
     norm_ = wl.load("model.norm.weight", {H});
-    head_ = (p_.tied && !wl.has("lm_head.weight")) ? embed_ : wl.load("lm_head.weight", {p_.vocab, H});
     weight_bytes_ = wl.bytes_loaded();
     int64_t table = std::max<int64_t>(cfg.max_position_embeddings, 1);
     rope_ = build_rope(cfg.rope, int(hd), cfg.max_position_embeddings, table, false, device_);
-    shape_ = {p_.heads, p_.kv_heads, hd, float(1.0 / std::sqrt(double(hd))), p_.eps};
+    shape_ = {hs.q.count, hs.kv.count, hd, float(1.0 / std::sqrt(double(hd))), p_.eps};
     moe_shape_.routing = p_.routing;
     for (int c : capture_layers_)
       TS_CHECK(c >= 0 && c <= p_.layers, "capture layer {} outside 0..{}", c, p_.layers);
@@ -106,7 +119,7 @@ class Qwen3Moe final : public DecoderModel {
   KvSpec kv_spec() const override {
     KvSpec s;
     s.num_layers = int(p_.layers);
-    s.k_heads = s.v_heads = int(p_.kv_heads);
+    s.k_heads = s.v_heads = int(shape_.num_kv_heads);
     s.k_dim = s.v_dim = int(p_.head_dim);
     return s;
   }
@@ -120,13 +133,29 @@ class Qwen3Moe final : public DecoderModel {
           attention_block(h, layers_[size_t(l)].attn, shape_, rope_, b, kv.k[size_t(l)], kv.v[size_t(l)], ws_, x);
         },
         [&](int64_t l, Tensor& x, Tensor& y) {
-          if (p_.sparse[size_t(l)]) moe_block(x, layers_[size_t(l)].moe, moe_shape_, ws_, y);
-          else mlp_block(x, layers_[size_t(l)].mlp, ws_, y);
-        });
+          // true: y is a partial sum over the attention TP group (reduced with the next norm).
+          if (!p_.sparse[size_t(l)]) {
+            mlp_block(x, layers_[size_t(l)].mlp, ws_, y);
+            return true;
+          }
+          if (!moe_par_) {
+            moe_block(x, layers_[size_t(l)].moe, moe_shape_, ws_, y);
+            return true;
+          }
+          return moe_block_parallel(x, layers_[size_t(l)].moe, moe_shape_, *groups_, *moe_par_, ws_, y);
+        },
+        DecoderTp{comm_.get(), embed_tp_, embed_start_, mapping_.tp_size, p_.vocab});
   }
+
+  EmbedLayout embed_layout() const override { return {embed_tp_, embed_start_, embed_.size(0)}; }
 
  private:
   Qwen3MoeParams p_;
+  std::shared_ptr<parallel::Comm> comm_;
+  std::shared_ptr<const parallel::ParallelGroups> groups_;
+  std::unique_ptr<parallel::MoeParallel> moe_par_;  // tp > 1: this rank's experts
+  int embed_tp_ = 1;
+  int64_t embed_start_ = 0;
   std::vector<Qwen3MoeLayer> layers_;
   ops::Rope rope_;
   AttentionShape shape_{};

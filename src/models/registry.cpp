@@ -39,10 +39,12 @@ std::unique_ptr<Model> create_model(const io::ModelConfig& cfg, const LoadOption
     for (auto& a : supported_architectures()) list += (list.empty() ? "" : ", ") + a;
     fail("{}: unsupported architecture {} (supported: {})", cfg.path, cfg.architecture, list);
   }
-  // Tensor parallelism is implemented by the dense Llama family only (for now).
+  // Tensor parallelism: the Llama family, Qwen3-MoE and DeepSeek-V3 (attention / MLA heads TP,
+// MoE TP or EP) so far.
   const std::string& a = cfg.architecture;
-  bool tp_ok = a == "LlamaForCausalLM" || a == "MistralForCausalLM" || a == "Qwen2ForCausalLM" || a == "Qwen3ForCausalLM";
-  TS_CHECK(opts.mapping.tp_size == 1 || tp_ok, "{}: --tp-size {} is not supported for {} yet (Llama/Qwen2/Qwen3/Mistral only)",
+  bool tp_ok = a == "LlamaForCausalLM" || a == "MistralForCausalLM" || a == "Qwen2ForCausalLM" ||
+               a == "Qwen3ForCausalLM" || a == "Qwen3MoeForCausalLM" || a == "DeepseekV3ForCausalLM";
+  TS_CHECK(opts.mapping.tp_size == 1 || tp_ok, "{}: --tp-size {} is not supported for {} yet (Llama/Qwen2/Qwen3/Mistral/Qwen3-MoE/DeepSeek-V3 only)",
            cfg.path, opts.mapping.tp_size, cfg.architecture);
   TS_CHECK(opts.mapping.tp_size == 1 || opts.comm, "{}: --tp-size {} needs a communicator", cfg.path, opts.mapping.tp_size);
   return it->second(cfg, opts);

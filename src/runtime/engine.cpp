@@ -46,6 +46,8 @@ class EngineImpl {
   std::shared_ptr<models::Model> model;
   std::unique_ptr<ModelRunner> runner;
   std::unique_ptr<KvCache> kv;
+  std::unique_ptr<KvStore> store;  // the host tier (null: off)
+  std::function<void(std::vector<KvCacheEvent>&)> kv_event_sink;
   std::unique_ptr<Scheduler> sched;
   std::unique_ptr<SpecWorker> spec;   // the EAGLE3 worker (null: the plain worker runs)
   std::unique_ptr<PlainWorker> plain;
@@ -71,6 +73,9 @@ class EngineImpl {
   void update_metrics(double host_us);
   void start_graphs(const EngineOptions& o, const SchedulerOptions& so);
   void refresh_gauges();  // running/waiting/KV usage
+  void start_kvstore(const EngineOptions& o);
+  void publish_kv_events();
+  std::vector<KvCacheEvent> kv_events_;  // reused
 
   std::thread thread_;
   std::mutex mu_;
@@ -114,11 +119,10 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   if (!o.speculative_algorithm.empty()) lo.capture_layers = SpecWorker::capture_layers_for(o, cfg);
   lo.replicate_embedding = o.replicate_embedding;
   TS_CHECK(o.tp_size >= 1, "--tp-size must be at least 1 (got {})", o.tp_size);
-  TS_CHECK(o.ep_size == 1 || o.ep_size == o.tp_size, "--ep-size {} must be 1 or the tp size {}", o.ep_size, o.tp_size);
+  const parallel::ParallelOptions po = engine_parallel_options(o);  // tp_workers.h
   TpModels tpm;
-  if (o.tp_size > 1) {
-    TS_CHECK(device == Device::cuda, "--tp-size {} needs --device cuda", o.tp_size);
-    tpm = load_tp_models(cfg, lo, o.tp_size, o.ep_size, o.comm_fusion_max_num_tokens);
+  if (po.world_size() > 1) {  // one shard per rank (GPUs or CPU threads), tp_workers.h
+    tpm = load_tp_models(cfg, lo, po);
     model = tpm.shards[0];
   } else {
     model = models::create_model(cfg, lo);
@@ -159,7 +163,7 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
                    double(per_slot) / (1 << 20), o.max_num_seqs, max_seqs);
     }
   }
-  runner = o.tp_size > 1 ? make_tp_runner(tpm, blocks, bs) : std::make_unique<ModelRunner>(model, blocks, bs, max_seqs);
+  runner = tpm.workers ? make_tp_runner(tpm, blocks, bs, max_seqs) : std::make_unique<ModelRunner>(model, blocks, bs, max_seqs);
   // Cached KV blocks cannot restore a recurrent layer's state at the end of the prefix.
   bool prefix_cache = !o.disable_prefix_cache;
   if (hybrid && prefix_cache) {
@@ -183,6 +187,7 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
     plain = std::make_unique<PlainWorker>(*runner);
     worker = plain.get();
   }
+  start_kvstore(o);
   sched = std::make_unique<Scheduler>(*kv, so);
   start_graphs(o, so);
   context_len = o.context_length > 0 ? std::min(o.context_length, cfg.max_position_embeddings) : cfg.max_position_embeddings;
@@ -195,8 +200,51 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   metrics_.ttft_s = Histogram({0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60});
   metrics_.itl_s = Histogram({0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1});
   metrics_.e2e_s = Histogram({0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300});
+  for (Histogram* h : {&metrics_.queue_s, &metrics_.prefill_s, &metrics_.decode_s})
+    *h = Histogram({0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300});
+  metrics_.block_size = bs;
+  if (store) metrics_.kvstore_total_blocks = store->num_blocks();
   spdlog::info("engine: {} on {}, {} layers, KV pool {} blocks x {} tokens ({:.1f} MiB), context {}", cfg.architecture,
                device_name(device), cfg.num_layers, blocks, bs, double(blocks * bs * per_token) / (1 << 20), context_len);
+}
+
+// The host tier: mirrors of the target pool (and the EAGLE3 draft pool), sized against the
+// host memory free now. Off without the prefix cache (nothing would ever hit), and with TP > 1
+// (each rank's shard would need its own mirror and copy stream on its GPU: not built yet).
+void EngineImpl::start_kvstore(const EngineOptions& o) {
+  if (o.kv_events) kv->enable_events();
+  if (o.disable_kvstore || !kv->prefix_cache_enabled()) return;
+  if (o.tp_size > 1) {
+    spdlog::warn("kvstore: the host KV tier does not support --tp-size {} yet; running without it", o.tp_size);
+    return;
+  }
+  TS_CHECK(o.kvstore_ratio >= 0 && o.kvstore_size_gb >= 0, "--kvstore-ratio and --kvstore-size must not be negative");
+  size_t per_block = ModelRunner::kv_bytes_per_token(*model) * size_t(kv->block_size());
+  if (spec) per_block += spec->draft_kv().k.empty() ? 0 : spec->draft_kv().k[0].nbytes() / size_t(kv->num_blocks()) * 2;
+  size_t avail = 0;
+  int64_t n = kvstore_blocks(kv->num_blocks(), per_block, o.kvstore_ratio, o.kvstore_size_gb, avail);
+  if (n <= 0) {
+    spdlog::info("kvstore: off (size 0)");
+    return;
+  }
+  store = std::make_unique<KvStore>(n, kv->block_size());
+  store->attach(runner->kv());
+  if (spec) store->attach(spec->draft_kv());
+  kv->set_store(store.get());
+  int64_t want = o.kvstore_size_gb > 0 ? int64_t(o.kvstore_size_gb * double(1ull << 30) / double(per_block))
+                                       : int64_t(o.kvstore_ratio * double(kv->num_blocks()));
+  spdlog::info("kvstore: host KV tier {} blocks x {} tokens ({:.1f} MiB, {:.2f}x the device pool{}); {:.1f} GiB host memory "
+               "available",
+               n, kv->block_size(), double(store->host_bytes()) / (1 << 20), double(n) / double(kv->num_blocks()),
+               n < want ? ", capped at half the available memory" : "", double(avail) / double(1ull << 30));
+}
+
+void EngineImpl::publish_kv_events() {
+  if (!kv->events_enabled()) return;
+  kv_events_.clear();
+  kv->drain_events(kv_events_);
+  if (kv_events_.empty() || !kv_event_sink) return;
+  kv_event_sink(kv_events_);
 }
 
 void EngineImpl::start_graphs(const EngineOptions& o, const SchedulerOptions& so) {
@@ -300,6 +348,17 @@ void EngineImpl::refresh_gauges() {
   metrics_.waiting = int(sched->waiting().size());
   metrics_.kv_used_blocks = kv->used_blocks();
   metrics_.kv_usage = double(kv->used_blocks()) / double(kv->num_blocks());
+  metrics_.prefix_device_hit_blocks = kv->device_hit_blocks();
+  metrics_.prefix_host_hit_blocks = kv->host_hit_blocks();
+  if (store) {
+    const KvStoreStats& st = store->stats();
+    metrics_.kvstore_used_blocks = store->cached_blocks();
+    metrics_.kvstore_writeback_blocks = st.writeback_blocks;
+    metrics_.kvstore_bytes_written = st.bytes_written;
+    metrics_.kvstore_bytes_loaded = st.bytes_loaded;
+    metrics_.kvstore_load_seconds = st.load_seconds;
+    metrics_.kvstore_load_batches = st.load_batches;
+  }
 }
 
 void EngineImpl::loop() {
@@ -334,6 +393,10 @@ void EngineImpl::step() {
   auto t0 = Clock::now();
   sched->plan(plan_);
   apply_plan();
+  // Host-tier copies first: writebacks read blocks this step overwrites, loads fill blocks it
+  // reads (an empty plan may still have loaded blocks for an admission that then had to wait).
+  if (store && !plan_.kv_ops.empty()) store->execute(plan_.kv_ops);
+  publish_kv_events();
   if (plan_.empty()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
     return;
@@ -452,10 +515,15 @@ void EngineImpl::finish(Request& r, FinishReason why, StreamEvent& ev) {
     else ++metrics_.requests_finished;
     metrics_.prompt_tokens += r.prompt_len;
     metrics_.cached_prompt_tokens += r.cached_tokens;
+    metrics_.host_cached_prompt_tokens += r.host_cached_tokens;
     metrics_.generation_tokens += r.num_generated();
     if (r.has_first_token) {
       metrics_.ttft_s.observe(secs(r.first_token - r.submitted));
-      metrics_.e2e_s.observe(secs(Clock::now() - r.submitted));
+      auto end = Clock::now();
+      metrics_.e2e_s.observe(secs(end - r.submitted));
+      metrics_.queue_s.observe(secs(r.scheduled - r.submitted));
+      metrics_.prefill_s.observe(secs(r.first_token - r.scheduled));
+      metrics_.decode_s.observe(secs(end - r.first_token));
     }
   }
   emit(r, ev);
@@ -523,5 +591,8 @@ int64_t Engine::vocab_size() const { return impl_->model->config().vocab_size; }
 std::vector<int32_t> Engine::eos_token_ids() const { return {impl_->eos.begin(), impl_->eos.end()}; }
 std::string Engine::model_dir() const { return impl_->opts.model_dir; }
 std::string Engine::device_name() const { return ::ts::device_name(impl_->device); }
+void Engine::set_kv_event_sink(std::function<void(std::vector<KvCacheEvent>&)> sink) {
+  impl_->kv_event_sink = std::move(sink);
+}
 
 }  // namespace ts

@@ -14,6 +14,8 @@
 #include <optional>
 #include <string>
 #include <thread>
+
+#include "parallel/options.h"
 #include <vector>
 
 #include "core/tensor.h"
@@ -123,6 +125,14 @@ struct EngineOptions {
   int chunked_prefill_size = 8192;     // per-step token budget
   int max_num_seqs = 256;
   bool disable_prefix_cache = false;
+  // Host-memory KV tier (KvStore): on with the prefix cache unless disabled; its size is
+  // kvstore_size_gb GiB when > 0, else kvstore_ratio x the device pool (capped at half the
+  // host memory available at start).
+  bool disable_kvstore = false;
+  double kvstore_ratio = 2.0;
+  double kvstore_size_gb = 0;
+  // Collect cache events (stored/removed blocks of both tiers) for Engine::set_kv_event_sink.
+  bool kv_events = false;
   int64_t context_length = 0;          // 0: model's max_position_embeddings
   // Speculative decoding (EAGLE3); empty algorithm = off.
   std::string speculative_algorithm;
@@ -143,6 +153,9 @@ struct EngineOptions {
   int ep_size = 1;
   bool replicate_embedding = false;
   int comm_fusion_max_num_tokens = 2048;
+  // The whole parallel mapping (the CLI's parallel flags; cli::apply_parallel_options fills it
+  // and the four fields above). A world of one here with tp_size > 1 above: tp_size / ep_size win.
+  parallel::ParallelOptions parallel;
 };
 
 // Cumulative histogram (Prometheus semantics: counts[i] = observations <= bounds[i]; the last
@@ -175,7 +188,21 @@ struct EngineMetrics {
   int64_t spec_fixed_steps = 0, spec_graph_steps = 0, spec_timed_steps = 0;
   double spec_draft_seconds = 0, spec_verify_seconds = 0;
   Histogram ttft_s, itl_s, e2e_s;     // seconds
+  // Per finished request: waiting (submit -> first admission), prefill (admission -> first
+  // token), decode (first token -> finish) seconds.
+  Histogram queue_s, prefill_s, decode_s;
+  // Prefix lookups in blocks, per tier (device hits; host-tier hits = loads).
+  int64_t prefix_device_hit_blocks = 0, prefix_host_hit_blocks = 0;
+  int64_t host_cached_prompt_tokens = 0;  // of cached_prompt_tokens, loaded from the host tier
+  // Host tier (KvStore; 0 blocks: off).
+  int64_t kvstore_total_blocks = 0, kvstore_used_blocks = 0;
+  int64_t kvstore_writeback_blocks = 0, kvstore_bytes_written = 0, kvstore_bytes_loaded = 0;
+  double kvstore_load_seconds = 0;
+  int64_t kvstore_load_batches = 0;
+  int block_size = 0;
 };
+
+struct KvCacheEvent;
 
 class EngineImpl;
 
@@ -194,6 +221,10 @@ class Engine {
   std::vector<int32_t> eos_token_ids() const;
   std::string model_dir() const;
   std::string device_name() const;
+  // Cache events (EngineOptions::kv_events): `sink` runs on the engine thread after each step
+  // with the events of that step (both tiers, in order); it must be cheap (hand them to another
+  // thread). Set before start().
+  void set_kv_event_sink(std::function<void(std::vector<KvCacheEvent>&)> sink);
 
  private:
   std::unique_ptr<EngineImpl> impl_;

@@ -29,7 +29,13 @@ int32_t KvCache::take_block() {
     b.in_lru = false;
     if (b.hashed) {
       auto it = by_hash_.find(b.hash);
-      if (it != by_hash_.end() && it->second == id) by_hash_.erase(it);
+      if (it != by_hash_.end() && it->second == id) {
+        by_hash_.erase(it);
+        // The only device copy of this prefix block: the host tier keeps it.
+        const int32_t* toks = events_on_ ? block_tokens_.data() + size_t(id) * size_t(block_size_) : nullptr;
+        if (store_) store_->offer(id, b.hash, b.parent, b.has_parent, toks);
+        if (events_on_) events_.push_back({KvCacheEvent::Kind::removed, KvCacheEvent::Medium::gpu, b.hash, 0, false, {}});
+      }
       b.hashed = false;
     }
   }
@@ -51,15 +57,73 @@ void KvCache::unref(int32_t id) {
   }
 }
 
+void KvCache::set_store(KvStore* store) {
+  TS_CHECK(!store || store->block_size() == block_size_, "KvCache: host tier block size {} != {}",
+           store ? store->block_size() : 0, block_size_);
+  store_ = store;
+  if (store_ && events_on_) store_->set_events(&events_);
+}
+
+void KvCache::enable_events() {
+  events_on_ = true;
+  block_tokens_.assign(blocks_.size() * size_t(block_size_), 0);
+  if (store_) store_->set_events(&events_);
+}
+
+void KvCache::drain_events(std::vector<KvCacheEvent>& out) {
+  for (auto& e : events_) out.push_back(std::move(e));
+  events_.clear();
+}
+
+void KvCache::take_ops(KvBlockOps& out) {
+  if (store_) store_->take_ops(out);
+  else out.clear();
+}
+
+// Block `id` now holds full block `pos` of a sequence whose chained hashes are `hashes`
+// (hashes[pos] == h already pushed): index it (first writer wins) and report it.
+void KvCache::index_block(int32_t id, uint64_t h, size_t pos, const int32_t* block_tokens,
+                          const std::vector<uint64_t>& hashes) {
+  Block& b = blocks_[size_t(id)];
+  if (b.hashed) return;
+  b.hash = h;
+  b.hashed = true;
+  b.has_parent = pos > 0;
+  b.parent = pos > 0 ? hashes[pos - 1] : 0;
+  // A duplicate block (same prefix computed twice) simply is not indexed.
+  if (!by_hash_.emplace(h, id).second) return;
+  if (events_on_) {
+    std::copy(block_tokens, block_tokens + block_size_, block_tokens_.begin() + long(size_t(id) * size_t(block_size_)));
+    events_.push_back({KvCacheEvent::Kind::stored, KvCacheEvent::Medium::gpu, h, b.parent, b.has_parent,
+                       std::vector<int32_t>(block_tokens, block_tokens + block_size_)});
+  }
+}
+
 int KvCache::match_prefix(const int32_t* tokens, int max_tokens, std::vector<int32_t>& table,
                           std::vector<uint64_t>& hashes) {
+  last_host_tokens_ = 0;
   if (!prefix_) return 0;
   uint64_t h = 0;
   int n = 0;
   while (n + block_size_ <= max_tokens) {
     h = hash_block(tokens + n, block_size_, h);
     auto it = by_hash_.find(h);
-    if (it == by_hash_.end()) break;
+    if (it == by_hash_.end()) {
+      // The host tier continues the chain: each hit gets a fresh device block and a load op.
+      // (Taking the block may evict another cached device block: that one is written back.)
+      if (!store_ || available_blocks() == 0) break;
+      int32_t host = store_->find(h);
+      if (host < 0) break;
+      int32_t id = take_block();
+      hashes.push_back(h);
+      table.push_back(id);
+      index_block(id, h, hashes.size() - 1, tokens + n, hashes);
+      store_->queue_load(host, id);
+      ++host_hits_;
+      last_host_tokens_ += block_size_;
+      n += block_size_;
+      continue;
+    }
     Block& b = blocks_[size_t(it->second)];
     if (b.in_lru) {
       lru_.erase(b.lru_it);
@@ -68,6 +132,7 @@ int KvCache::match_prefix(const int32_t* tokens, int max_tokens, std::vector<int
     ++b.ref;
     table.push_back(it->second);
     hashes.push_back(h);
+    ++device_hits_;
     n += block_size_;
   }
   return n;
@@ -94,13 +159,7 @@ void KvCache::commit(const int32_t* tokens, int64_t computed, const std::vector<
     uint64_t parent = i ? hashes[i - 1] : 0;
     uint64_t h = hash_block(tokens + i * size_t(block_size_), block_size_, parent);
     hashes.push_back(h);
-    Block& b = blocks_[size_t(table[i])];
-    if (!b.hashed) {
-      b.hash = h;
-      b.hashed = true;
-      // First writer wins; a duplicate block (same prefix computed twice) simply is not indexed.
-      by_hash_.emplace(h, table[i]);
-    }
+    index_block(table[i], h, i, tokens + i * size_t(block_size_), hashes);
   }
 }
 

@@ -3,12 +3,17 @@
 // h_i = xxh64(tokens of block i, seed = h_{i-1}); equal hashes mean an equal token prefix, so
 // later requests reuse those blocks instead of recomputing them. Blocks nobody references stay
 // cached on an LRU list and are evicted only when the pool runs dry.
+// With a host tier (KvStore, set_store) an evicted hashed block is offered to the host tier
+// (a writeback op) and a prefix lookup that runs out of device blocks continues in the host
+// tier (load ops into fresh device blocks); the ops go into the step plan (take_ops).
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <list>
 #include <unordered_map>
 #include <vector>
+
+#include "runtime/kv_store.h"
 
 namespace ts {
 
@@ -40,6 +45,26 @@ class KvCache {
 
   static uint64_t hash_block(const int32_t* tokens, int n, uint64_t parent);
 
+  // The host tier (null: none). Not owned; outlives this cache.
+  void set_store(KvStore* store);
+  KvStore* store() const { return store_; }
+  // Plan boundaries: begin_plan() before the scheduler's first block op, take_ops() after its
+  // last (the host-tier copies this plan needs; empty without a tier).
+  void begin_plan() {
+    if (store_) store_->begin_plan();
+  }
+  void take_ops(KvBlockOps& out);
+  // Cache events (stored/removed blocks of both tiers, in order) for KV-event publishers; off
+  // until enabled. drain_events appends them to `out` and clears the list.
+  void enable_events();
+  bool events_enabled() const { return events_on_; }
+  void drain_events(std::vector<KvCacheEvent>& out);
+  // Prefix-lookup counters (blocks): device-tier hits and host-tier hits (loads).
+  int64_t device_hit_blocks() const { return device_hits_; }
+  int64_t host_hit_blocks() const { return host_hits_; }
+  // Tokens the last match_prefix found in the host tier (a subset of its return value).
+  int last_host_tokens() const { return last_host_tokens_; }
+
   // Tests and simulations: references held on block `id`, and a full consistency check (every
   // block is exactly one of free, cached-unreferenced on the LRU, or referenced; the hash index
   // names only hashed blocks). Throws on a violation. O(blocks).
@@ -49,13 +74,14 @@ class KvCache {
  private:
   struct Block {
     int32_t ref = 0;
-    uint64_t hash = 0;
-    bool hashed = false;
+    uint64_t hash = 0, parent = 0;
+    bool hashed = false, has_parent = false;
     std::list<int32_t>::iterator lru_it;
     bool in_lru = false;
   };
   int32_t take_block();
   void unref(int32_t id);
+  void index_block(int32_t id, uint64_t h, size_t pos, const int32_t* block_tokens, const std::vector<uint64_t>& hashes);
 
   int block_size_;
   bool prefix_;
@@ -63,6 +89,14 @@ class KvCache {
   std::vector<int32_t> free_;
   std::list<int32_t> lru_;  // front = least recently used
   std::unordered_map<uint64_t, int32_t> by_hash_;
+  KvStore* store_ = nullptr;
+  // Tokens of each hashed block (block id * block_size), kept for host-tier writebacks' and
+  // removals' events only when events are on.
+  std::vector<int32_t> block_tokens_;
+  bool events_on_ = false;
+  std::vector<KvCacheEvent> events_;
+  int64_t device_hits_ = 0, host_hits_ = 0;
+  int last_host_tokens_ = 0;
 };
 
 }  // namespace ts

@@ -68,6 +68,7 @@ struct Request {
   int prompt_len = 0;
   int num_computed = 0;         // tokens whose K/V are in the cache
   int cached_tokens = 0;        // prompt tokens served from the prefix cache (first admission)
+  int host_cached_tokens = 0;   // of those, loaded back from the host tier (KvStore)
   bool admitted_once = false;
   std::vector<int32_t> block_table;
   std::vector<uint64_t> block_hashes;
@@ -81,6 +82,7 @@ struct Request {
   int tokens_emitted = 0;       // generated tokens already sent
 
   Clock::time_point submitted, first_token, last_token;
+  Clock::time_point scheduled;  // first admission (queue time = scheduled - submitted)
   bool has_first_token = false;
 
   // Speculative decoding state (EAGLE3). The draft cache shares the target's block table

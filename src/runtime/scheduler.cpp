@@ -35,6 +35,7 @@ bool Scheduler::retract_newest(size_t after, StepPlan& plan) {
 
 void Scheduler::plan(StepPlan& plan) {
   plan.clear();
+  kv_.begin_plan();
   std::vector<ScheduledChunk>& out = plan.chunks;
   std::vector<std::shared_ptr<Request>>& rejected = plan.rejected;
   const int64_t avail0 = kv_.available_blocks();
@@ -87,7 +88,9 @@ void Scheduler::plan(StepPlan& plan) {
     r.num_computed = cached;
     if (!r.admitted_once) {
       r.cached_tokens = std::min(cached, r.prompt_len);
+      r.host_cached_tokens = std::min(kv_.last_host_tokens(), r.cached_tokens);
       r.admitted_once = true;
+      r.scheduled = Clock::now();
     }
     plan.admitted.push_back(&r);  // the engine moves it Waiting -> Prefilling
     running_.push_back(rp);
@@ -95,6 +98,7 @@ void Scheduler::plan(StepPlan& plan) {
     budget -= n;
   }
   plan.blocks_allocated = avail0 - kv_.available_blocks();  // net of blocks retractions freed
+  kv_.take_ops(plan.kv_ops);
 }
 
 void Scheduler::reap() {

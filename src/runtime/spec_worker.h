@@ -50,6 +50,10 @@ class SpecWorker final : public Worker {
   int64_t fixed_steps() const { return fixed_steps_; }
   int64_t graph_steps() const { return graph_steps_; }
 
+ public:
+  // The draft model's paged KV (same block ids as the target's): the host tier mirrors it.
+  KvPool& draft_kv() { return draft_kv_; }
+
  private:
   struct Lane;
   struct LaneGraphs;

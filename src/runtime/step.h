@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "runtime/kv_store.h"
 #include "runtime/request.h"
 
 namespace ts {
@@ -50,6 +51,10 @@ struct StepPlan {
   // device-side work for them): net blocks taken from the pool (prefix matches, growth, minus
   // the blocks retractions gave back).
   int64_t blocks_allocated = 0;
+  // Host-tier copies (KvStore): evicted cached blocks written back, host prefix hits loaded into
+  // the device blocks this plan's admissions hold. The engine runs them (KvStore::execute)
+  // before the forward, also when the plan has no rows.
+  KvBlockOps kv_ops;
   bool empty() const { return chunks.empty(); }
   void clear() {
     chunks.clear();
@@ -57,6 +62,7 @@ struct StepPlan {
     admitted.clear();
     retracted.clear();
     blocks_allocated = 0;
+    kv_ops.clear();
   }
 };
 

@@ -2,6 +2,8 @@
 
 #include "core/error.h"
 #include "parallel/comm.h"
+#include "parallel/world.h"
+#include "runtime/engine.h"
 #include "runtime/model_runner.h"
 
 #ifdef TS_WITH_CUDA
@@ -10,12 +12,12 @@
 
 namespace ts {
 
-TpWorkers::TpWorkers(int tp_size) : size_(tp_size) {
+TpWorkers::TpWorkers(int tp_size, Device device) : size_(tp_size) {
   TS_CHECK(tp_size >= 1, "TpWorkers: size {}", tp_size);
   w_.resize(size_t(tp_size));
   for (int r = 1; r < tp_size; ++r) {
     w_[size_t(r)] = std::make_unique<Worker>();
-    w_[size_t(r)]->thread = std::thread([this, r] { loop(r); });
+    w_[size_t(r)]->thread = std::thread([this, r, device] { loop(r, device); });
   }
 }
 
@@ -32,15 +34,17 @@ TpWorkers::~TpWorkers() {
     if (w_[size_t(r)]->thread.joinable()) w_[size_t(r)]->thread.join();
 }
 
-void TpWorkers::loop(int rank) {
+void TpWorkers::loop(int rank, Device device) {
   Worker& w = *w_[size_t(rank)];
   std::exception_ptr bind_error;
 #ifdef TS_WITH_CUDA
   try {
-    cuda::set_device(rank);
+    if (device == Device::cuda) cuda::set_device(rank);
   } catch (...) {
     bind_error = std::current_exception();
   }
+#else
+  (void)device;
 #endif
   while (true) {
     const std::function<void(int)>* job = nullptr;
@@ -113,32 +117,66 @@ void TpWorkers::run(const std::function<void(int)>& fn) {
   if (local) std::rethrow_exception(local);
 }
 
-TpModels load_tp_models(const io::ModelConfig& cfg, const models::LoadOptions& base, int tp_size, int ep_size,
-                        int fusion_max_tokens) {
-  TS_CHECK(tp_size >= 2, "load_tp_models: tp size {}", tp_size);
-  TS_CHECK(base.device == Device::cuda, "--tp-size {} needs --device cuda", tp_size);
-  auto group = parallel::CommGroup::create(tp_size, fusion_max_tokens, cfg.hidden_size);
-  TpModels m;
-  m.workers = std::make_shared<TpWorkers>(tp_size);
-  m.shards.resize(size_t(tp_size));
+TpModels load_tp_models(const io::ModelConfig& cfg, const models::LoadOptions& base,
+                        const parallel::ParallelOptions& p) {
+  const int world = p.world_size();
+  TS_CHECK(world >= 2, "load_tp_models: a world of {} rank(s)", world);
+  TS_CHECK(p.nnodes == 1, "--nnodes {}: several nodes are not run by the engine yet", p.nnodes);
+  // One Comm per local rank (index = rank): NCCL on GPUs, the deterministic CPU backend else.
   std::vector<std::shared_ptr<parallel::Comm>> comms;
-  for (int r = 0; r < tp_size; ++r) comms.push_back(group->rank(r));
+  if (base.device == Device::cuda) {
+    auto group = parallel::make_nccl_world(p, cfg.hidden_size);
+    for (int r = 0; r < world; ++r) comms.push_back(group->rank(r));
+  } else {
+    comms = parallel::make_cpu_world(p);
+  }
+  TpModels m;
+  m.workers = std::make_shared<TpWorkers>(world, base.device);
+  m.shards.resize(size_t(world));
+  m.groups.resize(size_t(world));
   m.workers->run([&](int r) {
+    // Collective (the group splits): every rank at once, each on its own thread.
+    auto pg = std::make_shared<parallel::ParallelGroups>(parallel::ParallelGroups::create(p, comms[size_t(r)]));
     models::LoadOptions lo = base;
-    lo.mapping = parallel::Mapping::make(tp_size, r, ep_size);
-    lo.comm = comms[size_t(r)];
+    lo.mapping = pg->mapping;
+    lo.comm = pg->attn_tp;
+    lo.groups = pg;
+    lo.replicate_embedding = base.replicate_embedding || p.replicate_embedding;
+    m.groups[size_t(r)] = pg;
     m.shards[size_t(r)] = models::create_model(cfg, lo);
   });
   return m;
 }
 
-std::unique_ptr<ModelRunner> make_tp_runner(const TpModels& m, int64_t num_blocks, int block_size) {
+TpModels load_tp_models(const io::ModelConfig& cfg, const models::LoadOptions& base, int tp_size, int ep_size,
+                        int fusion_max_tokens) {
+  parallel::ParallelOptions p;
+  p.tp_size = tp_size;
+  p.ep_size = ep_size;
+  p.replicate_embedding = base.replicate_embedding;
+  p.comm_fusion_max_num_tokens = fusion_max_tokens;
+  return load_tp_models(cfg, base, p);
+}
+
+parallel::ParallelOptions engine_parallel_options(const EngineOptions& o) {
+  parallel::ParallelOptions p = o.parallel;
+  if (p.world_size() == 1 && (o.tp_size > 1 || o.ep_size > 1)) {
+    p.tp_size = o.tp_size;
+    p.ep_size = o.ep_size;
+  }
+  p.replicate_embedding = p.replicate_embedding || o.replicate_embedding;
+  p.comm_fusion_max_num_tokens = o.comm_fusion_max_num_tokens;
+  parallel::Mapping::resolve(p, 0);  // the flags' arithmetic: an error that names them
+  return p;
+}
+
+std::unique_ptr<ModelRunner> make_tp_runner(const TpModels& m, int64_t num_blocks, int block_size, int state_slots) {
   const int tp = m.workers->size();
   std::vector<std::unique_ptr<ModelRunner>> peers;
   peers.resize(size_t(tp));
   std::unique_ptr<ModelRunner> r0;
   m.workers->run([&](int r) {
-    auto runner = std::make_unique<ModelRunner>(m.shards[size_t(r)], num_blocks, block_size);
+    auto runner = std::make_unique<ModelRunner>(m.shards[size_t(r)], num_blocks, block_size, state_slots);
     if (r == 0) r0 = std::move(runner);
     else peers[size_t(r)] = std::move(runner);
   });

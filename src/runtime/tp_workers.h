@@ -1,7 +1,8 @@
-// TpWorkers: one thread per GPU for tensor parallelism inside one process. Rank 0 is the
-// calling thread (the engine thread drives GPU 0, as without TP); ranks 1..N-1 are worker
-// threads, each bound to its GPU (cuda::set_device) for its whole life, so every CUDA call,
-// allocation, stream and graph of rank r happens on GPU r's thread.
+// TpWorkers: one thread per rank for tensor / expert parallelism inside one process. Rank 0 is
+// the calling thread (the engine thread drives GPU 0, as without TP); ranks 1..N-1 are worker
+// threads. On CUDA each is bound to its GPU (cuda::set_device) for its whole life, so every CUDA
+// call, allocation, stream and graph of rank r happens on GPU r's thread; on the CPU the ranks
+// are plain threads joined by the CPU Comm backend (the same worker path, testable in CI).
 #pragma once
 #include <condition_variable>
 #include <exception>
@@ -13,14 +14,16 @@
 
 #include "io/config.h"
 #include "models/model.h"
+#include "parallel/options.h"
 
 namespace ts {
 
 class ModelRunner;
+struct EngineOptions;
 
 class TpWorkers {
  public:
-  explicit TpWorkers(int tp_size);
+  explicit TpWorkers(int tp_size, Device device = Device::cuda);
   ~TpWorkers();
   TpWorkers(const TpWorkers&) = delete;
   TpWorkers& operator=(const TpWorkers&) = delete;
@@ -41,23 +44,31 @@ class TpWorkers {
     bool busy = false, quit = false;
     std::exception_ptr error;
   };
-  void loop(int rank);
+  void loop(int rank, Device device);
   int size_;
   std::vector<std::unique_ptr<Worker>> w_;  // index = rank; w_[0] unused
   const std::function<void(int)>* posted_ = nullptr;
 };
 
-// A model loaded as tp_size shards, one per GPU, each on its own GPU's thread.
+// A model loaded as one shard per rank of this process, each on its own rank's thread.
 struct TpModels {
   std::shared_ptr<TpWorkers> workers;
-  std::vector<std::shared_ptr<models::Model>> shards;  // index = rank
+  std::vector<std::shared_ptr<models::Model>> shards;  // index = local rank
+  std::vector<std::shared_ptr<const parallel::ParallelGroups>> groups;  // index = local rank
 };
-// Creates the communicators (NCCL + the fused one-shot buffers for up to fusion_max_tokens
-// rows) and loads every shard (base's capture layers / device / replicate_embedding apply).
+// Creates the world (base.device cuda: NCCL + the fused one-shot buffers for up to
+// p.comm_fusion_max_num_tokens rows; cpu: the CPU backend, ranks as threads), each rank's
+// groups (ParallelGroups::create, on the rank's thread), and loads every shard (base's capture
+// layers / device apply; p.replicate_embedding forces a replicated table). p.world_size() >= 2.
+TpModels load_tp_models(const io::ModelConfig& cfg, const models::LoadOptions& base, const parallel::ParallelOptions& p);
+// The same for --tp-size tp_size --ep-size ep_size (the CUDA tests' shorthand).
 TpModels load_tp_models(const io::ModelConfig& cfg, const models::LoadOptions& base, int tp_size, int ep_size,
                         int fusion_max_tokens);
+// The mapping an engine runs: o.parallel, or — when that is a world of one and the older fields
+// ask for more — tp_size / ep_size / replicate_embedding / comm_fusion_max_num_tokens.
+parallel::ParallelOptions engine_parallel_options(const EngineOptions& o);
 // Rank 0's runner (on the calling thread) with the other ranks' runners attached; the KV pool
-// of every rank has num_blocks blocks (its own kv heads).
-std::unique_ptr<ModelRunner> make_tp_runner(const TpModels& m, int64_t num_blocks, int block_size);
+// of every rank has num_blocks blocks (its own kv heads) and state_slots recurrent-state rows.
+std::unique_ptr<ModelRunner> make_tp_runner(const TpModels& m, int64_t num_blocks, int block_size, int state_slots = 0);
 
 }  // namespace ts

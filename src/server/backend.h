@@ -6,22 +6,47 @@
 #include <vector>
 
 #include "runtime/engine.h"
+#include "server/output_processor.h"
+#include "server/protocol.h"
 
 namespace ts::server {
+
+// Per-request options of the text side (the consumer's OutputProcessor), beside GenerateParams.
+struct SubmitOptions {
+  bool include_stop_str = false;        // include_stop_str_in_output
+  std::shared_ptr<StopInfo> stop_info;  // when set: receives the stop reason (vLLM's stop_reason)
+};
 
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::shared_ptr<Stream> submit(GenerateParams params) = 0;  // thread-safe
+  // With text-side options; a backend without a text side ignores them.
+  virtual std::shared_ptr<Stream> submit(GenerateParams params, const SubmitOptions&) { return submit(std::move(params)); }
   virtual EngineMetrics metrics() const = 0;                          // thread-safe
   virtual std::vector<int32_t> encode(const std::string& text, bool add_special) const = 0;
   virtual std::string decode(const std::vector<int32_t>& ids, bool skip_special) const = 0;
+  // Prefill-only requests (no sampling, nothing streamed; blocking, so call them from a worker):
+  // the served model's final hidden state pooled over `ids` (the last token's, or the mean of
+  // all), not normalised — /v1/embeddings; and prompt logprobs: entry i is token i + 1 given
+  // tokens 0..i with the top `top` alternatives — prompt_logprobs / echo with logprobs. A backend
+  // without them answers 501.
+  virtual std::vector<float> embed(const std::vector<int32_t>& ids, bool mean_pooling) {
+    (void)ids, (void)mean_pooling;
+    throw ApiError(501, "Embeddings are not supported by this backend");
+  }
+  virtual std::vector<TokenLogprob> prompt_logprobs(const std::vector<int32_t>& ids, int top) {
+    (void)ids, (void)top;
+    throw ApiError(501, "Prompt logprobs are not supported by this backend");
+  }
   virtual int64_t context_length() const = 0;
   virtual int64_t vocab_size() const = 0;
   virtual void stop() {}
 };
 
 // Loads the model and tokenizer (may throw ts::Error) and starts the engine thread.
-std::shared_ptr<Backend> make_engine_backend(const EngineOptions& opts);
+struct KvEventsConfig;
+// `events`: KV cache events (--kv-events-config); off unless active().
+std::shared_ptr<Backend> make_engine_backend(const EngineOptions& opts, const KvEventsConfig& events);
 
 }  // namespace ts::server

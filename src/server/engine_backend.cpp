@@ -1,4 +1,5 @@
 #include "server/backend.h"
+#include "server/kv_events.h"
 #include "runtime/structured.h"
 #include "server/output_processor.h"
 #include "tokenizer/tokenizer.h"
@@ -8,14 +9,19 @@ namespace ts::server {
 namespace {
 class EngineBackend final : public Backend {
  public:
-  explicit EngineBackend(const EngineOptions& opts)
-      : engine_(opts), eos_(engine_.eos_token_ids()), grammars_(engine_.tokenizer_ptr(), eos_) {
+  EngineBackend(const EngineOptions& opts, const KvEventsConfig& events)
+      : engine_(with_events(opts, events)), eos_(engine_.eos_token_ids()), grammars_(engine_.tokenizer_ptr(), eos_) {
+    if (events.active()) {
+      publisher_ = std::make_unique<KvEventPublisher>(events, opts.block_size);
+      engine_.set_kv_event_sink([p = publisher_.get()](std::vector<KvCacheEvent>& ev) { p->publish(ev); });
+    }
     engine_.start();
   }
   ~EngineBackend() override { stop(); }
   // The engine sends ids; the text (detok, stop strings) is made when the HTTP side pops each
   // event, on its thread (StreamEvent::text).
-  std::shared_ptr<Stream> submit(GenerateParams params) override {
+  std::shared_ptr<Stream> submit(GenerateParams params) override { return submit(std::move(params), SubmitOptions{}); }
+  std::shared_ptr<Stream> submit(GenerateParams params, const SubmitOptions& so) override {
     GenerateParams text_params;
     text_params.stop = params.stop;
     text_params.stop_token_ids = params.stop_token_ids;
@@ -23,7 +29,7 @@ class EngineBackend final : public Backend {
     // Structured outputs: compile (or find) the grammar here, on the HTTP worker thread.
     if (params.structured && !params.structured->compiled) params.structured = grammars_.prepare(*params.structured);
     std::shared_ptr<Stream> st = engine_.submit(std::move(params));
-    attach_output_processor(*st, engine_.tokenizer_ptr(), text_params, eos_);
+    attach_output_processor(*st, engine_.tokenizer_ptr(), text_params, eos_, so.include_stop_str, so.stop_info);
     return st;
   }
   EngineMetrics metrics() const override { return engine_.metrics(); }
@@ -43,15 +49,20 @@ class EngineBackend final : public Backend {
   }
 
  private:
+  static EngineOptions with_events(EngineOptions o, const KvEventsConfig& events) {
+    o.kv_events = events.active();
+    return o;
+  }
   Engine engine_;
+  std::unique_ptr<KvEventPublisher> publisher_;  // null: events off
   std::vector<int32_t> eos_;
   GrammarCache grammars_;
   bool stopped_ = false;
 };
 }  // namespace
 
-std::shared_ptr<Backend> make_engine_backend(const EngineOptions& opts) {
-  return std::make_shared<EngineBackend>(opts);
+std::shared_ptr<Backend> make_engine_backend(const EngineOptions& opts, const KvEventsConfig& events) {
+  return std::make_shared<EngineBackend>(opts, events);
 }
 
 }  // namespace ts::server

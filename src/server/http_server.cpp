@@ -6,6 +6,8 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "server/api_endpoints.h"
+#include "server/api_protocol.h"
 #include "server/http/transport.h"
 #include "server/sse.h"
 
@@ -28,7 +30,15 @@ struct Job {
   FinishReason reason = FinishReason::none;
   std::string error;
   int prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+  std::shared_ptr<StopInfo> stop = std::make_shared<StopInfo>();  // filled by the stream's filter
 };
+
+// vLLM's stop_reason: the stop string or stop_token_ids entry that ended the choice, else null.
+Json stop_reason_json(const StopInfo& s) {
+  if (!s.stop_str.empty()) return s.stop_str;
+  if (s.stop_token >= 0) return s.stop_token;
+  return nullptr;
+}
 
 // Folds one event into the job's counters and the latency histograms.
 void account(Job& j, const StreamEvent& ev, ServerMetrics& m) {
@@ -152,6 +162,7 @@ class GenProducer final : public http::Producer {
   int64_t created = 0;
   bool include_usage = false;
 
+  const Job& job(size_t i) const { return jobs_[i]; }
   bool streaming() const override { return stream_; }
   void start(std::function<void()> wake) override {
     for (auto& j : jobs_) j.stream->set_notify(wake);
@@ -219,7 +230,7 @@ class GenProducer final : public http::Producer {
 
 // Submits one stream per (prompt, n); on failure cancels what was already submitted.
 std::vector<Job> submit_jobs(Backend& b, const std::vector<std::vector<int32_t>>& prompts, const GenerateParams& base,
-                             int n) {
+                             int n, bool include_stop_str = false) {
   std::vector<Job> jobs;
   try {
     for (size_t p = 0; p < prompts.size(); ++p) {
@@ -231,7 +242,10 @@ std::vector<Job> submit_jobs(Backend& b, const std::vector<std::vector<int32_t>>
         j.index = static_cast<int>(p) * n + k;
         j.prompt_idx = static_cast<int>(p);
         j.t0 = Clock::now();
-        j.stream = b.submit(std::move(gp));
+        SubmitOptions so;
+        so.include_stop_str = include_stop_str;
+        so.stop_info = j.stop;
+        j.stream = b.submit(std::move(gp), so);
         jobs.push_back(std::move(j));
       }
     }
@@ -286,6 +300,7 @@ struct HttpServer::Impl final : http::Handler {
   int64_t created = unix_time();
   ModelInfo info;
   std::unique_ptr<http::Transport> transport;
+  std::unique_ptr<ApiEndpoints> api;  // the routes of server/api_endpoints.h
 
   Impl(const ServerOptions& o, ServerMetrics& m) : opts(o), metrics(m) {}
 
@@ -321,6 +336,14 @@ struct HttpServer::Impl final : http::Handler {
       return true;
     };
     bool get = req.method == "GET";
+    if (!opts.api_key.empty() && !api_key_exempt(p) && !api_key_ok(req.headers, opts.api_key)) {
+      out.reply = ApiEndpoints::error_for(p, 401, "Invalid or missing API key (send 'Authorization: Bearer KEY')", "",
+                                          "invalid_api_key");
+      out.reply.headers.push_back({"WWW-Authenticate", "Bearer"});
+      return true;
+    }
+    if (api && api->handle_inline(req, out)) return true;
+    bool api_route = ApiEndpoints::is_prepared_route(p);
     if (p == "/health") {
       if (!get) return not_allowed();
       out.reply = get_backend() ? json_reply(200, "{\"status\":\"ok\"}") : server::error_reply(503, "The model is loading");
@@ -353,16 +376,20 @@ struct HttpServer::Impl final : http::Handler {
         out.reply = json_reply(200, dump(model_card()));
       return true;
     }
-    if (p == "/v1/completions" || p == "/v1/chat/completions") {
-      if (req.method != "POST") return not_allowed();
+    if (p == "/v1/completions" || p == "/v1/chat/completions" || api_route) {
+      if (req.method != "POST") {
+        if (!api_route) return not_allowed();
+        out.reply = ApiEndpoints::error_for(p, 405, "Method " + req.method + " not allowed for " + p);
+        return true;
+      }
       if (!get_backend()) {
-        out.reply = server::error_reply(503, "The model is still loading; retry when GET /health returns 200");
+        out.reply = ApiEndpoints::error_for(p, 503, "The model is still loading; retry when GET /health returns 200");
         return true;
       }
       int64_t cap = opts.limits.max_queued_requests;
       if (cap > 0 && metrics.queued_requests.load() >= cap) {
         metrics.count_limit("queue_full");
-        out.reply = server::error_reply(
+        out.reply = ApiEndpoints::error_for(p, 
             503, fmt::format("The server is overloaded: {} requests are already waiting (--max-queued-requests); retry later",
                              cap),
             "", "server_overloaded");
@@ -376,6 +403,12 @@ struct HttpServer::Impl final : http::Handler {
   }
 
   http::Result prepare(http::Request& req) override {
+    if (ApiEndpoints::is_prepared_route(req.path)) {
+      QueueHold hold(&metrics.queued_requests);
+      auto b = get_backend();
+      if (!b) return {ApiEndpoints::error_for(req.path, 503, "The model is still loading"), nullptr};
+      return api->prepare(req, b, model_info(), std::move(hold));
+    }
     Ticket t(&metrics.queued_requests);
     try {
       auto b = get_backend();
@@ -430,6 +463,15 @@ HttpServer::HttpServer(ServerOptions opts) : opts_(std::move(opts)) {
   if (impl_->templates.available()) spdlog::info("chat template: {}", impl_->templates.origin());
   else spdlog::warn("no chat template found for {}: /v1/chat/completions will answer 400 (use --chat-template)",
                     opts_.model_path);
+  ApiEndpointsOptions ao;
+  ao.served_model_name = opts_.served_model_name;
+  ao.rkind = impl_->rkind;
+  ao.tkind = impl_->tkind;
+  ao.responses_store_size = opts_.responses_store_size;
+  TS_CHECK(opts_.embedding_pooling == "last" || opts_.embedding_pooling == "mean",
+           "--embedding-pooling must be last or mean (got '{}')", opts_.embedding_pooling);
+  ao.mean_pooling = opts_.embedding_pooling == "mean";
+  impl_->api = std::make_unique<ApiEndpoints>(std::move(ao), metrics_, impl_->templates);
   impl_->info.served_name = opts_.served_model_name;
   impl_->info.model_path = opts_.model_path;
   impl_->transport = std::make_unique<http::Transport>(*impl_, metrics_, opts_.limits, opts_.http_threads,
@@ -473,8 +515,8 @@ http::Result HttpServer::Impl::completions(std::shared_ptr<Backend> b, const htt
   }
   auto piece = [b](int32_t id) { return b->decode({id}, false); };
   auto crp = std::make_shared<CompletionRequest>(std::move(cr));
-  auto prod = std::make_unique<GenProducer>(metrics, std::move(ticket), submit_jobs(*b, prompts, crp->params, crp->n),
-                                            crp->stream);
+  auto prod = std::make_unique<GenProducer>(
+      metrics, std::move(ticket), submit_jobs(*b, prompts, crp->params, crp->n, crp->include_stop_str), crp->stream);
   prod->prompt_sizes = sizes;
   prod->id = random_id("cmpl-");
   prod->model = opts.served_model_name;
@@ -501,6 +543,7 @@ http::Result HttpServer::Impl::completions(std::shared_ptr<Backend> b, const htt
           c["logprobs"] = nullptr;
         }
         c["finish_reason"] = finish_json(j.reason);
+        c["stop_reason"] = stop_reason_json(*j.stop);
         choices.push_back(std::move(c));
       }
       Json out = completion_json(id, "text_completion", created, model, std::move(choices));
@@ -534,6 +577,7 @@ http::Result HttpServer::Impl::completions(std::shared_ptr<Backend> b, const htt
     c["text"] = text;
     c["logprobs"] = lp;
     c["finish_reason"] = ev.finished ? finish_json(ev.reason) : Json(nullptr);
+    c["stop_reason"] = ev.finished ? stop_reason_json(*self->job(size_t(i)).stop) : Json(nullptr);
     w += sse_data(completion_json(self->id, "text_completion", self->created, self->model, Json::array({std::move(c)})));
   };
   return sse_result(std::move(prod));
@@ -569,8 +613,8 @@ http::Result HttpServer::Impl::chat(std::shared_ptr<Backend> b, const http::Requ
   bool want_lp = cr.logprobs;
   int top = cr.top_logprobs;
   const bool parallel = cr.parallel_tool_calls;
-  auto prod = std::make_unique<GenProducer>(metrics, std::move(ticket), submit_jobs(*b, {ids}, cr.params, cr.n),
-                                            cr.stream);
+  auto prod = std::make_unique<GenProducer>(metrics, std::move(ticket),
+                                            submit_jobs(*b, {ids}, cr.params, cr.n, cr.include_stop_str), cr.stream);
   prod->prompt_sizes = {ids.size()};
   prod->id = random_id("chatcmpl-");
   prod->model = opts.served_model_name;
@@ -607,6 +651,7 @@ http::Result HttpServer::Impl::chat(std::shared_ptr<Backend> b, const http::Requ
         c["message"] = std::move(msg);
         c["logprobs"] = want_lp ? Json{{"content", chat_logprobs_content(j.lps, top, piece)}} : Json(nullptr);
         c["finish_reason"] = chat_finish(j.reason, has_calls);
+        c["stop_reason"] = stop_reason_json(*j.stop);
         choices.push_back(std::move(c));
       }
       Json out = completion_json(id, "chat.completion", created, model, std::move(choices));
@@ -629,7 +674,9 @@ http::Result HttpServer::Impl::chat(std::shared_ptr<Backend> b, const http::Requ
       c["index"] = i;
       c["delta"] = std::move(delta);
       c["logprobs"] = std::move(lp);
+      bool last = !finish.is_null();
       c["finish_reason"] = std::move(finish);
+      c["stop_reason"] = last ? stop_reason_json(*self->job(size_t(i)).stop) : Json(nullptr);
       w += sse_data(completion_json(self->id, "chat.completion.chunk", self->created, self->model,
                                     Json::array({std::move(c)})));
     };

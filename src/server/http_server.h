@@ -2,7 +2,9 @@
 // It listens before the model is loaded: /health answers 503 until set_backend() is called,
 // then 200. Routes:
 //   POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /v1/models/{id},
-//   GET /health, GET /metrics. Unknown route -> 404, wrong method -> 405, limits
+//   GET /health, GET /metrics; and (server/api_endpoints.h) /tokenize, /detokenize, /version,
+//   /v1/embeddings, /v1/responses, /v1/messages. With an API key every route but /health and
+//   /metrics needs it (401). Unknown route -> 404, wrong method -> 405, limits
 //   (http::HttpLimits) -> 4xx; every error body is OpenAI-shaped.
 // /health, /metrics and /v1/models answer on the I/O threads; generation requests are admitted
 // there (--max-queued-requests, else 503), prepared (JSON, chat template, tokenisation, submit)
@@ -36,6 +38,9 @@ struct ServerOptions {
   int http_workers = 2;             // request preparation (template, tokenisation) threads
   double drain_timeout_s = 30;      // stop(): in-flight requests get this long to finish
   http::HttpLimits limits;          // max_body_bytes is taken from max_request_bytes
+  std::string api_key;              // --api-key / TOKENSPEED_API_KEY: required on every route but /health, /metrics
+  size_t responses_store_size = 1024;  // --responses-store-size: stored /v1/responses (LRU; 0: none)
+  std::string embedding_pooling = "last";  // --embedding-pooling last | mean
 };
 
 class HttpServer {

@@ -23,6 +23,76 @@ void render_engine_histogram(std::string& out, const Histogram& h, const std::st
   out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, h.counts.back(), name, num(h.sum),
                      name, h.count);
 }
+// The same with labels on every line (the vLLM names carry model_name): `lab` is `k="v"`.
+void render_labeled_histogram(std::string& out, const Histogram& h, const std::string& name, const std::string& help,
+                              const std::string& lab) {
+  out += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+  for (size_t i = 0; i < h.bounds.size(); ++i)
+    out += fmt::format("{}_bucket{{{},le=\"{}\"}} {}\n", name, lab, num(h.bounds[i]), h.counts[i]);
+  out += fmt::format("{}_bucket{{{},le=\"+Inf\"}} {}\n{}_sum{{{}}} {}\n{}_count{{{}}} {}\n", name, lab,
+                     h.counts.empty() ? 0 : h.counts.back(), name, lab, num(h.sum), name, lab, h.count);
+}
+// A counter in prometheus_client's exposition: TYPE names the family, the sample ends in _total.
+void counter(std::string& out, const char* family, const char* help, const std::string& labels, double v) {
+  out += fmt::format("# HELP {} {}\n# TYPE {} counter\n{}_total{} {}\n", family, help, family, family, labels, num(v));
+}
+
+// The names fleet routers and dashboards read from vLLM (llm-d, the Gateway API Inference
+// Extension, Dynamo, vLLM's Grafana boards), with vLLM's semantics: usage as a fraction,
+// prefix-cache queries/hits in tokens, latency histograms per request.
+void render_vllm(std::string& out, const EngineMetrics& e, const std::string& model_name) {
+  const std::string lab = fmt::format("model_name=\"{}\"", model_name), l = "{" + lab + "}";
+  metric(out, "vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", l, e.running);
+  metric(out, "vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", l, e.waiting);
+  metric(out, "vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", l, e.kv_usage);
+  counter(out, "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", l,
+          static_cast<double>(e.prompt_tokens));
+  counter(out, "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", l,
+          static_cast<double>(e.cached_prompt_tokens));
+  counter(out, "vllm:prompt_tokens", "Number of prefill tokens processed.", l, static_cast<double>(e.prompt_tokens));
+  counter(out, "vllm:generation_tokens", "Number of generation tokens processed.", l,
+          static_cast<double>(e.generation_tokens));
+  counter(out, "vllm:num_preemptions", "Cumulative number of preemptions from the engine.", l,
+          static_cast<double>(e.retractions));
+  auto hist = [&](const Histogram& h, const char* name, const char* help) {
+    if (!h.bounds.empty() && h.counts.size() == h.bounds.size() + 1) render_labeled_histogram(out, h, name, help, lab);
+  };
+  hist(e.ttft_s, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.");
+  hist(e.itl_s, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.");
+  hist(e.e2e_s, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.");
+  hist(e.queue_s, "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.");
+  hist(e.prefill_s, "vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.");
+  hist(e.decode_s, "vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.");
+}
+
+// The host KV tier (KvStore) and the per-tier prefix hits.
+void render_kvstore(std::string& out, const EngineMetrics& e, const std::string& l) {
+  const double bs = e.block_size;
+  metric(out, "tokenspeed_prefix_cache_device_hit_tokens_total", "counter",
+         "Prompt tokens found in the device KV tier (prefix lookups, every admission).", l,
+         static_cast<double>(e.prefix_device_hit_blocks) * bs);
+  metric(out, "tokenspeed_prefix_cache_host_hit_tokens_total", "counter",
+         "Prompt tokens found in the host KV tier and loaded back (prefix lookups, every admission).", l,
+         static_cast<double>(e.prefix_host_hit_blocks) * bs);
+  metric(out, "tokenspeed_host_cached_prompt_tokens_total", "counter",
+         "Of the cached prompt tokens of finished requests, those loaded from the host KV tier.", l,
+         static_cast<double>(e.host_cached_prompt_tokens));
+  metric(out, "tokenspeed_kvstore_total_blocks", "gauge", "Blocks in the host KV tier (0: off).", l,
+         static_cast<double>(e.kvstore_total_blocks));
+  metric(out, "tokenspeed_kvstore_used_blocks", "gauge", "Host KV tier blocks holding a cached prefix block.", l,
+         static_cast<double>(e.kvstore_used_blocks));
+  metric(out, "tokenspeed_kvstore_writeback_blocks_total", "counter", "Device blocks written back to the host tier.", l,
+         static_cast<double>(e.kvstore_writeback_blocks));
+  metric(out, "tokenspeed_kvstore_written_bytes_total", "counter", "Bytes copied device -> host tier.", l,
+         static_cast<double>(e.kvstore_bytes_written));
+  metric(out, "tokenspeed_kvstore_loaded_bytes_total", "counter", "Bytes copied host tier -> device.", l,
+         static_cast<double>(e.kvstore_bytes_loaded));
+  metric(out, "tokenspeed_kvstore_load_seconds_total", "counter",
+         "Host seconds issuing host-tier loads (CPU backend: the copies; CUDA: enqueueing them).", l,
+         e.kvstore_load_seconds);
+  metric(out, "tokenspeed_kvstore_load_batches_total", "counter", "Engine steps that loaded blocks from the host tier.",
+         l, static_cast<double>(e.kvstore_load_batches));
+}
 }  // namespace
 
 LatencyHistogram::LatencyHistogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
@@ -96,6 +166,7 @@ std::string render_prometheus(const EngineMetrics* e, ServerMetrics& s, const st
     metric(out, "tokenspeed_engine_steps_total", "counter", "Engine steps run.", l, static_cast<double>(e->steps));
     metric(out, "tokenspeed_retractions_total", "counter", "Requests preempted (retracted) for lack of KV blocks.", l,
            static_cast<double>(e->retractions));
+    render_kvstore(out, *e, l);
     if (e->spec_verify_steps > 0) {
       metric(out, "tokenspeed_spec_decode_verify_steps_total", "counter", "Speculative verify steps.", l,
              static_cast<double>(e->spec_verify_steps));
@@ -125,6 +196,7 @@ std::string render_prometheus(const EngineMetrics* e, ServerMetrics& s, const st
   hist(e ? &e->ttft_s : nullptr, s.ttft, "tokenspeed_time_to_first_token_seconds", "Time to first token.");
   hist(e ? &e->itl_s : nullptr, s.itl, "tokenspeed_inter_token_latency_seconds", "Time between output tokens.");
   hist(e ? &e->e2e_s : nullptr, s.e2e, "tokenspeed_e2e_request_latency_seconds", "End-to-end request latency.");
+  if (e) render_vllm(out, *e, model_name);
   metric(out, "tokenspeed_http_generate_requests_total", "counter",
          "Completion and chat requests accepted by the HTTP layer (before n / batch fan-out).", l,
          static_cast<double>(s.generate_requests.load()));

@@ -89,11 +89,24 @@ OutputOptions output_options(const GenerateParams& p, const std::vector<int32_t>
 
 void attach_output_processor(Stream& st, std::shared_ptr<const tok::Tokenizer> tok, const GenerateParams& p,
                              const std::vector<int32_t>& eos_ids) {
-  auto proc = std::make_shared<OutputProcessor>(std::move(tok), output_options(p, eos_ids));
+  attach_output_processor(st, std::move(tok), p, eos_ids, false, nullptr);
+}
+
+void attach_output_processor(Stream& st, std::shared_ptr<const tok::Tokenizer> tok, const GenerateParams& p,
+                             const std::vector<int32_t>& eos_ids, bool include_stop_str,
+                             std::shared_ptr<StopInfo> info) {
+  OutputOptions oo = output_options(p, eos_ids);
+  oo.include_stop_str = include_stop_str;
+  auto proc = std::make_shared<OutputProcessor>(std::move(tok), std::move(oo));
   auto counted = std::make_shared<int>(0);
   Stream* self = &st;  // the filter lives inside the Stream: a raw pointer, no cycle
-  st.set_filter([proc, counted, self](StreamEvent& ev) {
+  std::vector<int32_t> stop_ids = p.stop_token_ids;
+  st.set_filter([proc, counted, self, info, stop_ids](StreamEvent& ev) {
     const bool was_stopped = proc->stopped();
+    // The engine's final token is the stop id it stopped on (the OutputProcessor adds no text for it).
+    if (info && ev.finished && ev.reason == FinishReason::stop && !was_stopped && !ev.tokens.empty() &&
+        std::find(stop_ids.begin(), stop_ids.end(), ev.tokens.back()) != stop_ids.end())
+      info->stop_token = ev.tokens.back();
     OutputProcessor::Delta d = proc->feed(ev);
     ev.text = std::move(d.text);
     if (was_stopped) d.tokens = 0;  // tokens the engine made after the match do not count
@@ -101,6 +114,10 @@ void attach_output_processor(Stream& st, std::shared_ptr<const tok::Tokenizer> t
     if (ev.logprobs.size() > ev.tokens.size()) ev.logprobs.resize(ev.tokens.size());
     *counted += d.tokens;
     if (proc->stopped()) {
+      if (info && !was_stopped) {
+        info->stop_str = proc->stop_str();
+        info->stop_token = -1;
+      }
       if (!was_stopped) self->request_stop();
       ev.completion_tokens = std::min(ev.completion_tokens, *counted);
       if (ev.finished && ev.reason == FinishReason::length) ev.reason = FinishReason::stop;

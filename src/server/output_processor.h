@@ -77,4 +77,17 @@ OutputOptions output_options(const GenerateParams& p, const std::vector<int32_t>
 void attach_output_processor(Stream& st, std::shared_ptr<const tok::Tokenizer> tok, const GenerateParams& p,
                              const std::vector<int32_t>& eos_ids);
 
+// Why a request stopped, as vLLM's `stop_reason` reports it: the stop string that matched, or
+// the stop_token_ids entry the engine stopped on (EOS: neither). Written by the stream's filter
+// on the consumer's thread, read by the same thread after the final event.
+struct StopInfo {
+  std::string stop_str;
+  int32_t stop_token = -1;
+};
+// The same with text options beyond GenerateParams: include_stop_str keeps the matched stop
+// string in the text (include_stop_str_in_output); `info` (may be null) receives the stop reason.
+void attach_output_processor(Stream& st, std::shared_ptr<const tok::Tokenizer> tok, const GenerateParams& p,
+                             const std::vector<int32_t>& eos_ids, bool include_stop_str,
+                             std::shared_ptr<StopInfo> info);
+
 }  // namespace ts::server

@@ -183,9 +183,11 @@ void parse_sampling(const Json& body, GenerateParams& p, int64_t vocab_size) {
 std::optional<int64_t> parse_max_tokens(const Json& body, const char* alt) {
   const char* key = "max_tokens";
   auto m = get_int(body, key);
-  if (!m && alt) {
-    key = alt;
-    m = get_int(body, alt);
+  if (alt) {
+    if (auto a = get_int(body, alt)) {
+      key = alt;
+      m = a;
+    }
   }
   if (m && *m <= 0) bad(fmt::format("'{}' must be at least 1, got {}", key, *m), key);
   return m;
@@ -300,6 +302,11 @@ CompletionRequest parse_completion_request(const Json& body, const ModelInfo& in
   }
   r.params.max_tokens = static_cast<int>(max_tokens);
   r.params.logprobs = r.logprobs;
+  r.include_stop_str = get_bool(body, "include_stop_str_in_output").value_or(false);
+  if (auto k = get_int(body, "prompt_logprobs")) {
+    if (*k < 0 || *k > 20) bad(fmt::format("'prompt_logprobs' must be in [0, 20], got {}", *k), "prompt_logprobs");
+    r.prompt_logprobs = static_cast<int>(*k);
+  }
   r.params.structured = parse_structured(body);
   return r;
 }
@@ -347,6 +354,7 @@ ChatRequest parse_chat_request(const Json& body, const ModelInfo& info) {
           mp + ".role");
     Json out = Json::object();
     for (auto& [k, v] : m.items()) out[k] = v;
+    if (role == "developer") out["role"] = "system";  // OpenAI's newer name; templates know "system"
     auto cit = m.find("content");
     bool has_tool_calls = false;
     if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null()) {
@@ -450,6 +458,7 @@ ChatRequest parse_chat_request(const Json& body, const ModelInfo& info) {
     r.top_logprobs = static_cast<int>(*k);
   }
   r.params.logprobs = r.logprobs ? r.top_logprobs : -1;
+  r.include_stop_str = get_bool(body, "include_stop_str_in_output").value_or(false);
   return r;
 }
 

@@ -78,7 +78,8 @@ std::shared_ptr<StructuredRequest> parse_structured(const Json& body);
 // min_tokens (>= 0): into p.logit_bias / p.min_tokens. Called by parse_sampling.
 void parse_logit_constraints(const Json& body, GenerateParams& p, int64_t vocab_size);
 
-// max_tokens (or `alt` e.g. max_completion_tokens); must be > 0 when present.
+// max_tokens, or `alt` (max_completion_tokens), which wins when both are present (OpenAI deprecates
+// max_tokens for it); must be > 0 when present.
 std::optional<int64_t> parse_max_tokens(const Json& body, const char* alt = nullptr);
 // n >= 1 (and <= 128).
 int parse_n(const Json& body);
@@ -106,6 +107,8 @@ struct CompletionRequest {
   int n = 1;
   bool echo = false, stream = false, include_usage = false;
   int logprobs = -1;                 // -1: none
+  bool include_stop_str = false;     // include_stop_str_in_output (vLLM)
+  int prompt_logprobs = -1;          // prompt_logprobs (vLLM; -1: none); echo + logprobs also needs them
 };
 
 using EncodeFn = std::function<std::vector<int32_t>(const std::string&)>;
@@ -131,6 +134,7 @@ struct ChatRequest {
   bool stream = false, include_usage = false;
   bool logprobs = false;
   int top_logprobs = 0;
+  bool include_stop_str = false;   // include_stop_str_in_output (vLLM)
   bool parallel_tool_calls = true;
   // response_format / structured_outputs / ...; tool_choice required|named (made by the HTTP
   // layer, which knows the tool-call parser: tool_call_structured in output_parsers.h).

@@ -86,6 +86,20 @@ void* event_create() {
 void event_record(void* ev) { TS_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(ev), stream())); }
 void event_synchronize(void* ev) { TS_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(ev))); }
 void event_destroy(void* ev) { cudaEventDestroy(static_cast<cudaEvent_t>(ev)); }
+void* copy_stream_create() {
+  cudaStream_t s;
+  TS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+void stream_destroy(void* s) { cudaStreamDestroy(static_cast<cudaStream_t>(s)); }
+static cudaStream_t stream_or_default(void* s) { return s ? static_cast<cudaStream_t>(s) : stream(); }
+void copy_async_on(void* dst, const void* src, size_t bytes, void* s) {
+  if (bytes) TS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_or_default(s)));
+}
+void event_record_on(void* ev, void* s) { TS_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(ev), stream_or_default(s))); }
+void stream_wait_event(void* s, void* ev) {
+  TS_CUDA_CHECK(cudaStreamWaitEvent(stream_or_default(s), static_cast<cudaEvent_t>(ev), 0));
+}
 
 StreamMarks::StreamMarks(int n) : n_(n) {
   TS_CHECK(n >= 1 && n <= 8, "StreamMarks: 1..8 markers (got {})", n);

@@ -28,6 +28,14 @@ void* event_create();                                // a cudaEvent_t (timing di
 void event_record(void* ev);                         // on stream()
 void event_synchronize(void* ev);
 void event_destroy(void* ev);
+// Bulk copies beside compute (the host KV tier): a non-blocking stream on the current device,
+// cudaMemcpyDefault copies on it (pinned host memory makes them asynchronous), and the event
+// plumbing that orders it against stream() (nullptr as `stream`: this thread's stream()).
+void* copy_stream_create();
+void stream_destroy(void* s);
+void copy_async_on(void* dst, const void* src, size_t bytes, void* stream);
+void event_record_on(void* ev, void* stream);
+void stream_wait_event(void* stream, void* ev);
 
 // Median milliseconds per call of fn() (work enqueued on stream()), each call timed with CUDA
 // events after `warmup` untimed calls. For benchmarks and kernel labs.

@@ -1,5 +1,7 @@
 #include "server/http/transport.h"
 
+#include "server/http/request_parse.h"
+
 #include <boost/asio.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
@@ -42,30 +44,6 @@ const char* reason_phrase(int s) {
     case 503: return "Service Unavailable";
     default: return s < 300 ? "OK" : s < 500 ? "Client Error" : "Server Error";
   }
-}
-
-int hexval(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-std::string percent_decode(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '%' && i + 2 < s.size()) {
-      int a = hexval(s[i + 1]), b = hexval(s[i + 2]);
-      if (a >= 0 && b >= 0) {
-        out += static_cast<char>(a * 16 + b);
-        i += 2;
-        continue;
-      }
-    }
-    out += s[i];
-  }
-  return out;
 }
 
 // The status line and headers. `length` < 0: no Content-Length (chunked, or close-delimited).
@@ -231,8 +209,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (buf_.size() == 0) return close();
     }
     parser_.emplace();
-    parser_->header_limit(static_cast<uint32_t>(t_->lim.max_header_bytes));
-    parser_->body_limit(t_->lim.max_body_bytes);
+    configure_parser(*parser_, t_->lim);
     timed_out_ = false;
     if (buf_.size() > 0) return begin_header();
     buf_.shrink_to_fit();  // an idle connection keeps no buffer from its last request
@@ -262,19 +239,21 @@ class Connection : public std::enable_shared_from_this<Connection> {
              header ? "Timed out reading the request headers (--http-header-timeout)"
                     : "Timed out reading the request body (--http-body-timeout)",
              header ? "header_timeout" : "body_timeout");
-    } else if (ec == bhttp::error::header_limit) {
-      reject(431, fmt::format("The request headers are larger than the limit of {} bytes (--max-header-bytes)",
-                              t_->lim.max_header_bytes),
-             "header_too_large");
-    } else if (ec == bhttp::error::body_limit) {
-      reject(413, fmt::format("The request body is larger than the limit of {} bytes (--max-request-bytes)",
-                              t_->lim.max_body_bytes),
-             "body_too_large");
-    } else if (ec == bhttp::error::end_of_stream || ec == net::error::eof || ec == net::error::operation_aborted ||
-               ec == net::error::connection_reset || ec == bhttp::error::partial_message) {
-      close();
     } else {
-      reject(400, "Malformed HTTP request: " + ec.message(), "bad_request");
+      switch (status_for_read_error(ec)) {
+        case 431:
+          reject(431, fmt::format("The request headers are larger than the limit of {} bytes (--max-header-bytes)",
+                                  t_->lim.max_header_bytes),
+                 "header_too_large");
+          break;
+        case 413:
+          reject(413, fmt::format("The request body is larger than the limit of {} bytes (--max-request-bytes)",
+                                  t_->lim.max_body_bytes),
+                 "body_too_large");
+          break;
+        case 0: close(); break;
+        default: reject(400, "Malformed HTTP request: " + ec.message(), "bad_request");
+      }
     }
     return true;
   }
@@ -284,7 +263,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     disarm();
     if (read_failed(ec, "header")) return;
     auto& h = parser_->get();
-    if (h.target().size() > t_->lim.max_uri_bytes)
+    if (check_request_header(*parser_, t_->lim) == 414)
       return reject(414, fmt::format("The request target is longer than the limit of {} bytes (--max-uri-bytes)",
                                      t_->lim.max_uri_bytes),
                     "uri_too_long");
@@ -317,14 +296,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     auto& msg = parser_->get();
     keep_alive_ = msg.keep_alive();
     version_ = static_cast<int>(msg.version());
-    auto req = std::make_shared<Request>();
-    req->method = std::string(msg.method_string());
-    req->target = std::string(msg.target());
-    std::string_view tv(msg.target().data(), msg.target().size());
-    req->path = percent_decode(tv.substr(0, tv.find('?')));
-    for (auto& f : msg) req->headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
-    req->body = std::move(msg.body());
-    req->remote_ip = ip_;
+    auto req = std::make_shared<Request>(to_request(*parser_, ip_));
     parser_.reset();
     phase_ = Phase::prepare;
     complete_ = false;

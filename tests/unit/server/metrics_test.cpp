@@ -56,3 +56,38 @@ TEST(Metrics, Exposition) {
   EXPECT_EQ(render_prometheus(&plain, s, "m").find("spec_decode"), std::string::npos);
   EXPECT_NE(render_prometheus(nullptr, s, "m").find("tokenspeed_model_ready{model_name=\"m\"} 0"), std::string::npos);
 }
+
+TEST(Metrics, VllmNamesBesideTokenspeed) {
+  EngineMetrics e;
+  e.running = 3;
+  e.waiting = 2;
+  e.kv_usage = 0.5;
+  e.prompt_tokens = 100;
+  e.cached_prompt_tokens = 60;
+  e.block_size = 16;
+  e.prefix_host_hit_blocks = 2;
+  e.kvstore_total_blocks = 64;
+  e.kvstore_bytes_loaded = 4096;
+  e.ttft_s = Histogram({0.5, 1.0});
+  e.ttft_s.counts = {1, 2, 2};
+  e.ttft_s.count = 2;
+  e.ttft_s.sum = 1.25;
+  e.queue_s = Histogram({1.0});
+  ServerMetrics s;
+  std::string out = render_prometheus(&e, s, "m");
+  for (const char* needle :
+       {"vllm:num_requests_running{model_name=\"m\"} 3\n", "vllm:num_requests_waiting{model_name=\"m\"} 2\n",
+        "vllm:kv_cache_usage_perc{model_name=\"m\"} 0.5\n", "# TYPE vllm:prefix_cache_queries counter\n",
+        "vllm:prefix_cache_queries_total{model_name=\"m\"} 100\n", "vllm:prefix_cache_hits_total{model_name=\"m\"} 60\n",
+        "# TYPE vllm:time_to_first_token_seconds histogram\n",
+        "vllm:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"0.5\"} 1\n",
+        "vllm:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"+Inf\"} 2\n",
+        "vllm:time_to_first_token_seconds_count{model_name=\"m\"} 2\n",
+        "vllm:request_queue_time_seconds_count{model_name=\"m\"} 0\n",
+        "tokenspeed_prefix_cache_host_hit_tokens_total{model_name=\"m\"} 32\n",
+        "tokenspeed_kvstore_total_blocks{model_name=\"m\"} 64\n",
+        "tokenspeed_kvstore_loaded_bytes_total{model_name=\"m\"} 4096\n"})
+    EXPECT_NE(out.find(needle), std::string::npos) << needle;
+  // Not before the model is loaded.
+  EXPECT_EQ(render_prometheus(nullptr, s, "m").find("vllm:"), std::string::npos);
+}

@@ -1,0 +1,301 @@
+// The two-tier KV cache: KvCache (device tier) + KvStore (host tier) bookkeeping, the ops a
+// plan carries and their copies on CPU pools; then the engine with and without the tier:
+// greedy outputs identical under eviction, retraction and aborts, and a multi-turn workload
+// that overflows the device pool reusing every later turn's whole history.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <numeric>
+
+#include "engine_test_util.h"
+#include "runtime/kv_cache.h"
+#include "runtime/kv_store.h"
+#include "tokenizer/tokenizer.h"
+
+using namespace ts;
+using namespace ts::test;
+
+namespace {
+
+std::vector<int32_t> seq(int n, int base) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  std::iota(t.begin(), t.end(), base);
+  return t;
+}
+
+// One sequence's life in the cache: allocate, "compute" every token, release.
+void run_seq(KvCache& kv, const std::vector<int32_t>& toks) {
+  std::vector<int32_t> table;
+  std::vector<uint64_t> hashes;
+  ASSERT_TRUE(kv.ensure(table, int64_t(toks.size())));
+  kv.commit(toks.data(), int64_t(toks.size()), table, hashes);
+  kv.release(table, hashes);
+}
+
+TEST(KvStoreTiers, EvictedBlocksAreWrittenBackAndLoadedOnAPrefixHit) {
+  KvCache kv(4, 4, true);
+  KvStore store(8, 4);
+  kv.set_store(&store);
+  auto a = seq(12, 100), b = seq(16, 500);
+  kv.begin_plan();
+  run_seq(kv, a);  // 3 hashed blocks, cached on the device LRU
+  KvBlockOps ops;
+  kv.take_ops(ops);
+  EXPECT_TRUE(ops.empty());
+  kv.begin_plan();
+  run_seq(kv, b);  // needs all 4 blocks: a's 3 are evicted and written back
+  kv.take_ops(ops);
+  ASSERT_EQ(ops.writeback.size(), 3u);
+  EXPECT_TRUE(ops.load.empty());
+  EXPECT_EQ(store.cached_blocks(), 3);
+  kv.check();
+  store.check();
+
+  // a again: nothing on the device, all 3 full blocks in the host tier (the 13th token would
+  // be the one recomputed: max_tokens = 12 still allows 3 blocks).
+  kv.begin_plan();
+  std::vector<int32_t> table;
+  std::vector<uint64_t> hashes;
+  int got = kv.match_prefix(a.data(), 12, table, hashes);
+  EXPECT_EQ(got, 12);
+  EXPECT_EQ(kv.last_host_tokens(), 12);
+  EXPECT_EQ(kv.host_hit_blocks(), 3);
+  kv.take_ops(ops);
+  ASSERT_EQ(ops.load.size(), 3u);
+  // Taking 3 device blocks evicted 3 of b's 4: those are written back too, before the loads.
+  EXPECT_EQ(ops.writeback.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(ops.load[i].device_block, table[i]);
+  kv.check();
+  store.check();
+  EXPECT_EQ(store.cached_blocks(), 6);
+  // The loaded blocks are indexed on the device now: a second lookup hits the device tier.
+  kv.release(table, hashes);
+  kv.begin_plan();
+  got = kv.match_prefix(a.data(), 12, table, hashes);
+  EXPECT_EQ(got, 12);
+  EXPECT_EQ(kv.last_host_tokens(), 0);
+  kv.take_ops(ops);
+  EXPECT_TRUE(ops.empty());
+  kv.release(table, hashes);
+  kv.check();
+}
+
+TEST(KvStoreTiers, HostLruDropsTheOldestAndNeverReusesABlockThisPlanLoads) {
+  KvCache kv(2, 4, true);
+  KvStore store(2, 4);
+  kv.set_store(&store);
+  KvBlockOps ops;
+  // Three one-block sequences through a 2-block device pool: x is evicted by z, y by w ...
+  auto x = seq(4, 10), y = seq(4, 20), z = seq(4, 30), w = seq(4, 40), v = seq(4, 50);
+  for (auto* s : {&x, &y, &z, &w, &v}) {
+    kv.begin_plan();
+    run_seq(kv, *s);
+    kv.take_ops(ops);
+  }
+  // Device holds w, v; the host tier (2 blocks) holds the two most recent evictions: y, z.
+  std::vector<int32_t> t;
+  std::vector<uint64_t> h;
+  kv.begin_plan();
+  EXPECT_EQ(kv.match_prefix(x.data(), 4, t, h), 0);  // x was dropped by the host LRU
+  EXPECT_EQ(kv.match_prefix(y.data(), 4, t, h), 4);  // y comes back from the host
+  EXPECT_EQ(kv.last_host_tokens(), 4);
+  kv.take_ops(ops);
+  ASSERT_EQ(ops.load.size(), 1u);
+  ASSERT_EQ(ops.writeback.size(), 1u);
+  // The writeback (of w, evicted for y's device block) must not land in the host block the
+  // load reads in the same plan.
+  EXPECT_NE(ops.writeback[0].host_block, ops.load[0].host_block);
+  kv.release(t, h);
+  kv.check();
+  store.check();
+}
+
+TEST(KvStoreTiers, EventsReportBothTiersInOrder) {
+  KvCache kv(1, 4, true);
+  KvStore store(4, 4);
+  kv.set_store(&store);
+  kv.enable_events();
+  KvBlockOps ops;
+  auto a = seq(4, 1), b = seq(4, 9);
+  run_seq(kv, a);
+  run_seq(kv, b);
+  std::vector<KvCacheEvent> ev;
+  kv.drain_events(ev);
+  using K = KvCacheEvent::Kind;
+  using M = KvCacheEvent::Medium;
+  ASSERT_EQ(ev.size(), 4u);
+  EXPECT_TRUE(ev[0].kind == K::stored && ev[0].medium == M::gpu && !ev[0].has_parent && ev[0].tokens == a);
+  EXPECT_TRUE(ev[1].kind == K::stored && ev[1].medium == M::cpu && ev[1].hash == ev[0].hash && ev[1].tokens == a);
+  EXPECT_TRUE(ev[2].kind == K::removed && ev[2].medium == M::gpu && ev[2].hash == ev[0].hash);
+  EXPECT_TRUE(ev[3].kind == K::stored && ev[3].medium == M::gpu && ev[3].tokens == b);
+  kv.drain_events(ev);
+  EXPECT_EQ(ev.size(), 4u);  // appended, nothing new
+}
+
+TEST(KvStoreTiers, CopiesRoundTripBlockContentsOnCpuPools) {
+  // A 2-layer MHA-shaped pool and an MLA-shaped one (latent in k, no v), [blocks, bs, heads, dim].
+  for (bool mla : {false, true}) {
+    KvPool pool;
+    pool.block_size = 4;
+    pool.num_blocks = 3;
+    for (int l = 0; l < 2; ++l) {
+      pool.k.push_back(Tensor::zeros({3, 4, 2, 8}, DType::f32));
+      pool.v.push_back(mla ? Tensor() : Tensor::zeros({3, 4, 2, 8}, DType::bf16));
+      pool.aux.push_back(Tensor());
+    }
+    KvStore store(5, 4);
+    store.attach(pool);
+    EXPECT_EQ(store.bytes_per_block(), size_t(2 * (4 * 2 * 8 * 4 + (mla ? 0 : 4 * 2 * 8 * 2))));
+    auto fill = [&](int blk, int val) {
+      for (int l = 0; l < 2; ++l) {
+        float* k = static_cast<float*>(pool.k[size_t(l)].data) + blk * 64;
+        for (int i = 0; i < 64; ++i) k[i] = float(val + l + i);
+        if (!mla) std::memset(static_cast<char*>(pool.v[size_t(l)].data) + blk * 128, val + l, 128);
+      }
+    };
+    fill(1, 7);
+    fill(2, 9);
+    KvBlockOps ops;
+    ops.writeback = {{1, 3}, {2, 4}};  // a run: one copy per tensor
+    store.execute(ops);
+    fill(1, 0);
+    fill(2, 0);
+    ops.clear();
+    ops.load = {{0, 4}, {2, 3}};
+    store.execute(ops);
+    for (int l = 0; l < 2; ++l) {
+      const float* k = static_cast<const float*>(pool.k[size_t(l)].data);
+      EXPECT_EQ(k[0 * 64 + 5], float(9 + l + 5));
+      EXPECT_EQ(k[2 * 64 + 5], float(7 + l + 5));
+      if (!mla) {
+        EXPECT_EQ(static_cast<const char*>(pool.v[size_t(l)].data)[2 * 128 + 3], char(7 + l));
+      }
+    }
+    EXPECT_EQ(store.stats().bytes_loaded, int64_t(2 * store.bytes_per_block()));
+  }
+}
+
+TEST(KvStoreSizing, RatioSizeAndTheAvailableMemoryCap) {
+  size_t avail = 0;
+  EXPECT_EQ(kvstore_blocks(100, 1024, 2.0, 0, avail), 200);
+  EXPECT_EQ(kvstore_blocks(100, 1 << 20, 2.0, 0.5, avail), 512);  // 0.5 GiB of 1 MiB blocks
+  EXPECT_GT(avail, 0u);
+  // Never more than half of what is free.
+  EXPECT_LE(kvstore_blocks(100, 1 << 20, 1e9, 0, avail), int64_t(avail / 2 / (1 << 20)));
+}
+
+// --- the engine with the tier --------------------------------------------------------------
+
+std::vector<Result> run_conc(Engine& e, const std::vector<GenerateParams>& ps) {
+  std::vector<std::shared_ptr<Stream>> st;
+  for (auto& p : ps) st.push_back(e.submit(p));
+  std::vector<Result> out;
+  for (auto& s : st) out.push_back(collect(s));
+  return out;
+}
+
+EngineOptions tiny(bool tier, int64_t pool = 192) {
+  EngineOptions o = small_engine(pool, 16);
+  o.disable_kvstore = !tier;
+  o.kvstore_ratio = 8.0;
+  return o;
+}
+
+TEST(KvStoreEngine, GreedyIdenticalWithAndWithoutTheTierUnderRetraction) {
+  Engine with(tiny(true)), without(tiny(false));
+  with.start();
+  without.start();
+  auto prompts = code_prompts(with, 6);
+  std::vector<GenerateParams> ps;
+  for (auto& p : prompts) ps.push_back(greedy(p, 24));
+  for (int round = 0; round < 2; ++round) {  // round 2: prefixes come back from the host tier
+    auto a = run_conc(with, ps), b = run_conc(without, ps);
+    for (size_t i = 0; i < ps.size(); ++i) {
+      EXPECT_TRUE(a[i].error.empty()) << a[i].error;
+      EXPECT_EQ(a[i].tokens, b[i].tokens) << "round " << round << " prompt " << i;
+    }
+  }
+  EngineMetrics m = with.metrics();
+  EXPECT_GT(m.retractions, 0);
+  EXPECT_GT(m.kvstore_writeback_blocks, 0);
+  EXPECT_GT(m.prefix_host_hit_blocks, 0);
+  EXPECT_GT(m.kvstore_bytes_loaded, 0);
+  EXPECT_EQ(without.metrics().kvstore_total_blocks, 0);
+}
+
+TEST(KvStoreEngine, AbortsLeaveTheTierConsistent) {
+  Engine with(tiny(true)), without(tiny(false));
+  with.start();
+  without.start();
+  auto prompts = code_prompts(with, 6);
+  std::vector<GenerateParams> ps;
+  for (auto& p : prompts) ps.push_back(greedy(p, 16));
+  // Cancel every other request right away (some abort waiting, some mid-prefill/decode).
+  std::vector<std::shared_ptr<Stream>> st;
+  for (auto& p : ps) st.push_back(with.submit(p));
+  for (size_t i = 0; i < st.size(); i += 2) st[i]->cancel();
+  for (auto& s : st) collect(s);
+  auto a = run_conc(with, ps), b = run_conc(without, ps);
+  for (size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(a[i].tokens, b[i].tokens) << "prompt " << i;
+  EXPECT_GT(with.metrics().requests_aborted, 0);
+}
+
+// Four conversations over a device pool that holds about two: round-robin turns, each turn's
+// prompt = the previous prompt + its answer + a short new user message.
+struct TurnStats {
+  double later_ttft = 0;
+  int later_turns = 0, min_slack = 1 << 30;  // min over later turns of cached - (history - block)
+};
+
+TurnStats multi_turn(bool tier) {
+  EngineOptions o = tiny(tier, 256);
+  Engine e(o);
+  e.start();
+  auto starts = code_prompts(e, 6);
+  std::vector<std::vector<int32_t>> conv(4);
+  std::vector<int32_t> filler = e.tokenizer().encode("    return result\n", false);
+  for (size_t c = 0; c < conv.size(); ++c) {
+    conv[c] = starts[c];
+    while (conv[c].size() < 100) conv[c].insert(conv[c].end(), starts[(c + 1) % 6].begin(), starts[(c + 1) % 6].end());
+  }
+  TurnStats ts;
+  for (int turn = 0; turn < 3; ++turn) {
+    for (size_t c = 0; c < conv.size(); ++c) {
+      size_t history = conv[c].size();
+      if (turn > 0) conv[c].insert(conv[c].end(), filler.begin(), filler.end());
+      auto t0 = std::chrono::steady_clock::now();
+      auto st = e.submit(greedy(conv[c], 4));
+      StreamEvent ev;
+      double ttft = -1;
+      Result r;
+      while (st->pop(ev, 60000)) {
+        if (ttft < 0 && !ev.tokens.empty()) ttft = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        r.tokens.insert(r.tokens.end(), ev.tokens.begin(), ev.tokens.end());
+        if (ev.finished) {
+          r.cached_tokens = ev.cached_tokens;
+          break;
+        }
+      }
+      if (turn > 0) {
+        ts.later_ttft += ttft;
+        ++ts.later_turns;
+        ts.min_slack = std::min(ts.min_slack, r.cached_tokens - (int(history) - o.block_size));
+      }
+      conv[c].insert(conv[c].end(), r.tokens.begin(), r.tokens.end());
+    }
+  }
+  ts.later_ttft /= ts.later_turns;
+  return ts;
+}
+
+TEST(KvStoreEngine, OverflowingMultiTurnReusesWholeHistoryAndCutsTtft) {
+  TurnStats with = multi_turn(true), without = multi_turn(false);
+  // Every later turn: all of its history but at most one block came from a cache tier.
+  EXPECT_GE(with.min_slack, 0);
+  EXPECT_LT(without.min_slack, 0);  // the workload does overflow the device pool
+  EXPECT_LE(with.later_ttft, 0.6 * without.later_ttft)
+      << "later-turn TTFT " << with.later_ttft * 1e3 << " ms with the tier, " << without.later_ttft * 1e3 << " ms without";
+}
+
+}  // namespace
