@@ -111,6 +111,14 @@ void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, std::vec
   TS_DISPATCH(logits.device, sample, logits, rows, out);
 }
 
+void apply_token_bitmask(Tensor& logits, const Tensor& bitmask) {
+  TS_CHECK(logits.dtype == DType::f32 && logits.ndim == 2, "apply_token_bitmask: logits must be f32 [B, V]");
+  TS_CHECK(bitmask.dtype == DType::i32 && bitmask.ndim == 2 && bitmask.is_contiguous() && bitmask.size(0) == logits.size(0) &&
+               bitmask.size(1) == (logits.size(1) + 31) / 32 && bitmask.device == logits.device,
+           "apply_token_bitmask: bitmask must be i32 [B, ceil(V/32)] on the logits' device");
+  TS_DISPATCH(logits.device, apply_token_bitmask, logits, bitmask);
+}
+
 // MoE: ordinary (capturable) ops. The latent / indexer cache writes and MLA / block-sparse
 // attention read per-batch metadata: break ops, like kv_write and paged_attention.
 void cache_write(const Tensor& x, Tensor& cache, const Tensor& slot_mapping) {

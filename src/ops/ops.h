@@ -228,4 +228,10 @@ inline float sampling_uniform(uint64_t seed, uint64_t counter) {
 // temperature, then top-k, top-p, min-p on the softmax; then inverse-CDF with the uniform draw.
 void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, std::vector<int32_t>& out);
 
+// Structured outputs: logits [B, V] f32 (in place, any device); bitmask [B, ceil(V/32)] i32 on
+// the same device, bit (id & 31) of word (id >> 5) set = allowed; a disallowed id becomes -inf.
+// Rows without a grammar pass all-ones words. On CUDA it is one launch on the current stream
+// with fixed shapes and no host sync (capturable in a decode graph with a persistent mask buffer).
+void apply_token_bitmask(Tensor& logits, const Tensor& bitmask);
+
 }  // namespace ts::ops

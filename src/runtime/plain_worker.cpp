@@ -20,6 +20,7 @@ void PlainWorker::stage(const StepPlan& plan, StagedStep& s) const {
   s.reqs.clear();
   s.logprobs.clear();
   s.host = false;
+  s.masked = false;
   s.live = false;
   if (s.tables.size() < n) s.tables.resize(n);
   size_t total = 0;
@@ -40,12 +41,13 @@ void PlainWorker::stage(const StepPlan& plan, StagedStep& s) const {
       s.logprobs.push_back(r.params.logprobs);
       s.reqs.push_back(&r);
       s.host = s.host || needs_host_logits(r);
+      s.masked = s.masked || needs_mask(r);  // structured outputs: sample_batch applies the masks
     }
   }
 }
 
 void PlainWorker::run_staged(StagedStep& s, const StepResult* prev, StepResult& out) {
-  TS_CHECK(s.live || !s.host, "a step that needs host logits cannot run overlapped");
+  TS_CHECK(s.live || (!s.host && !s.masked), "a step that needs host logits or masks cannot run overlapped");
   out.clear(s.rows);
   // Futures: the previous step's sampled ids (host copies, as that step returned them).
   for (int32_t& t : s.ids) {
@@ -58,7 +60,7 @@ void PlainWorker::run_staged(StagedStep& s, const StepResult* prev, StepResult& 
   auto f0 = std::chrono::steady_clock::now();
   // Pure decode steps sample inside the decode CUDA graph when one fits.
   bool sampled = false;
-  if (!s.host && s.sample_row.size() == s.seq.size()) sampled = runner_.run_sampled(s.seq, s.sampling, ids_);
+  if (!s.host && !s.masked && s.sample_row.size() == s.seq.size()) sampled = runner_.run_sampled(s.seq, s.sampling, ids_);
   if (sampled) {
     samples_.resize(ids_.size());
     for (size_t i = 0; i < ids_.size(); ++i) samples_[i].token = ids_[i];

@@ -33,6 +33,7 @@ struct StagedStep {
   std::vector<const Request*> reqs;
   std::vector<int> logprobs;                 // per sampled row: GenerateParams::logprobs
   bool host = false;                         // some sampled row needs host logits
+  bool masked = false;                       // some sampled row has logits constraints (grammar)
   bool live = false;
   size_t rows = 0;
   bool empty() const { return rows == 0; }
@@ -44,8 +45,9 @@ class PlainWorker final : public Worker {
   void execute(const StepPlan& plan, StepResult& out) override;
   std::shared_ptr<const int> acquire_slot() override { return nullptr; }
   // Whether a request's steps may be staged ahead of the previous step's ids (no host logits:
-  // penalties read the token history, which then still holds futures).
-  static bool can_overlap(const Request& r) { return !needs_host_logits(r); }
+  // penalties read the token history, which then still holds futures; no constraints: the
+  // grammar's mask for step N+1 depends on the token step N samples).
+  static bool can_overlap(const Request& r) { return !needs_host_logits(r) && !needs_mask(r); }
   // Copies the plan into `s` (engine thread). Row ids the previous step has not produced yet
   // must already be futures in the requests' tokens (the engine's pre-apply).
   void stage(const StepPlan& plan, StagedStep& s) const;

@@ -74,7 +74,28 @@ ops::SamplingRow sampling_row(const Request& r) {
 bool needs_host_logits(const Request& r) {
   const GenerateParams& p = r.params;
   return p.logprobs >= 0 || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f ||
-         r.constraints != nullptr;
+         (r.constraints != nullptr && !r.constraints->device_maskable());
+}
+
+void apply_device_masks(Tensor& logits, const std::vector<const Request*>& reqs) {
+  const int64_t n = int64_t(reqs.size()), vocab = logits.size(-1), words = (vocab + 31) / 32;
+  // Host rows [n, words]: a grammar row's mask (ids past the tokenizer's vocabulary masked),
+  // all-ones for the others; one upload, one kernel.
+  Tensor host = Tensor::empty({n, words}, DType::i32);
+  uint32_t* h = host.ptr<uint32_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t* row = h + i * words;
+    const uint32_t* m = reqs[size_t(i)]->constraints ? reqs[size_t(i)]->constraints->wait_mask() : nullptr;
+    if (!m) {
+      std::fill(row, row + words, 0xffffffffu);
+      continue;
+    }
+    const int64_t mw = std::min<int64_t>(words, reqs[size_t(i)]->constraints->mask_words());
+    std::copy(m, m + mw, row);
+    std::fill(row + mw, row + words, 0u);
+  }
+  Tensor dev = host.to(logits.device);
+  ops::apply_token_bitmask(logits, dev);
 }
 
 void sample_batch(Tensor& logits, const std::vector<const Request*>& reqs, std::vector<SampleResult>& out) {
@@ -84,10 +105,15 @@ void sample_batch(Tensor& logits, const std::vector<const Request*>& reqs, std::
   thread_local std::vector<int32_t> ids;
   rows.clear();
   if (logits.device != Device::cpu) {
+    bool masked = false;
     for (const Request* r : reqs) {
-      TS_CHECK(!needs_host_logits(*r), "sample_batch: request {} needs host logits", r->id);
+      // Grammar-only constraints are applied on the device (ops::apply_token_bitmask).
+      const bool grammar_only = r->constraints && r->constraints->device_maskable();
+      TS_CHECK(grammar_only || !needs_host_logits(*r), "sample_batch: request {} needs host logits", r->id);
+      masked = masked || grammar_only;
       rows.push_back(sampling_row(*r));
     }
+    if (masked) apply_device_masks(logits, reqs);
     ops::sample(logits, rows, ids);
     out.resize(size_t(n));
     for (int64_t i = 0; i < n; ++i) out[size_t(i)].token = ids[size_t(i)];

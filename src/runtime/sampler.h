@@ -17,11 +17,18 @@ struct SampleResult {
 
 // The sampling parameters of a request's next token.
 ops::SamplingRow sampling_row(const Request& r);
-// Whether a request's sampling needs the logits on the host (penalties, logprobs, constraints).
+// Whether a request's sampling needs the logits on the host (penalties, logprobs, logit_bias,
+// min_tokens). A grammar alone does not: its mask is applied on device logits.
 bool needs_host_logits(const Request& r);
+// Whether a request's logits need a grammar mask (never sampled inside a decode graph yet).
+inline bool needs_mask(const Request& r) { return r.constraints != nullptr; }
 // logits: f32 [N, V] (host, modified in place by penalties; or on the device when no request
 // needs host logits); reqs[i] owns row i.
 void sample_batch(Tensor& logits, const std::vector<const Request*>& reqs, std::vector<SampleResult>& out);
+
+// Device logits [N, V]: applies the grammar masks of reqs (rows without one untouched) with
+// ops::apply_token_bitmask. sample_batch calls it for grammar-only requests on device logits.
+void apply_device_masks(Tensor& logits, const std::vector<const Request*>& reqs);
 
 // log-softmax value of `id` and the top-k (id, logprob), from raw logits of one row.
 TokenLogprob token_logprob(const float* logits, int64_t vocab, int32_t id, int k);

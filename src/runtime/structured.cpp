@@ -177,7 +177,8 @@ void LogitsConstraints::compute_mask() {
 }
 
 const uint32_t* LogitsConstraints::wait_mask() {
-  if (!matcher_ || phase_ == Phase::reasoning || failed_) return nullptr;
+  // A finished grammar allows nothing: its request is done, its row is left alone.
+  if (!matcher_ || phase_ == Phase::reasoning || failed_ || matcher_->is_terminated()) return nullptr;
   std::unique_lock<std::mutex> lk(mu_);
   if (!pending_ && !mask_valid_) {  // never scheduled (cannot happen today): compute inline
     lk.unlock();

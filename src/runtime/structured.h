@@ -88,6 +88,9 @@ class LogitsConstraints {
   // The grammar rejected a token (a bug or a client-forced token): the request should end.
   bool failed() const { return failed_; }
   bool has_grammar() const { return matcher_ != nullptr; }
+  // Only a grammar (no logit_bias / min_tokens): the mask can be applied on device logits.
+  bool device_maskable() const { return matcher_ && bias_.empty() && min_tokens_ == 0; }
+  int64_t mask_words() const { return int64_t(mask_.size()); }
   // Blocks until the pending mask (if any) is computed; the mask row ([mask_words] uint32, or
   // null when the grammar does not apply at this step).
   const uint32_t* wait_mask();

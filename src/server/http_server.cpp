@@ -627,6 +627,7 @@ http::Result HttpServer::Impl::chat(std::shared_ptr<Backend> b, const http::Requ
   auto piece = [b](int32_t id) { return b->decode({id}, false); };
   bool want_lp = cr.logprobs;
   int top = cr.top_logprobs;
+  const bool parallel = cr.parallel_tool_calls;
   auto prod = std::make_unique<GenProducer>(metrics, std::move(ticket),
                                             submit_jobs(*b, {ids}, cr.params, cr.n, cr.include_stop_str), cr.stream);
   prod->prompt_sizes = {ids.size()};
@@ -638,7 +639,7 @@ http::Result HttpServer::Impl::chat(std::shared_ptr<Backend> b, const http::Requ
 
   if (!cr.stream) {
     size_t nprompt = ids.size();
-    prod->build = [rk, tk, want_lp, top, piece, nprompt, id = prod->id, created = prod->created,
+    prod->build = [rk, tk, want_lp, top, piece, nprompt, parallel, id = prod->id, created = prod->created,
                    model = prod->model](std::vector<Job>& jobs) {
       Json choices = Json::array();
       for (auto& j : jobs) {
@@ -648,6 +649,7 @@ http::Result HttpServer::Impl::chat(std::shared_ptr<Backend> b, const http::Requ
         all.reasoning += end.reasoning;
         all.content += end.content;
         for (auto& c : end.tool_calls) all.tool_calls.push_back(std::move(c));
+        if (!parallel && all.tool_calls.size() > 1) all.tool_calls.resize(1);  // parallel_tool_calls: false
         Json msg = Json::object();
         msg["role"] = "assistant";
         bool has_calls = !all.tool_calls.empty();
@@ -680,8 +682,8 @@ http::Result HttpServer::Impl::chat(std::shared_ptr<Backend> b, const http::Requ
   auto tool_idx = std::make_shared<std::vector<int>>(njobs, 0);
   for (size_t i = 0; i < njobs; ++i) parsers->emplace_back(rk, tk);
   GenProducer* self = prod.get();
-  prod->on_event = [started, parsers, tool_idx, piece, want_lp, top, self](int i, const StreamEvent& ev,
-                                                                            std::string& w) {
+  prod->on_event = [started, parsers, tool_idx, piece, want_lp, top, parallel, self](int i, const StreamEvent& ev,
+                                                                                      std::string& w) {
     auto chunk = [&](Json delta, Json lp, Json finish) {
       Json c = Json::object();
       c["index"] = i;
@@ -704,6 +706,10 @@ http::Result HttpServer::Impl::chat(std::shared_ptr<Backend> b, const http::Requ
       d.reasoning += end.reasoning;
       d.content += end.content;
       for (auto& c : end.tool_calls) d.tool_calls.push_back(std::move(c));
+    }
+    if (!parallel) {  // parallel_tool_calls: false -- at most one call per choice
+      const size_t room = (*tool_idx)[i] >= 1 ? 0 : 1;
+      if (d.tool_calls.size() > room) d.tool_calls.resize(room);
     }
     Json lp = nullptr;
     if (want_lp && !ev.logprobs.empty()) lp = Json{{"content", chat_logprobs_content(ev.logprobs, top, piece)}};

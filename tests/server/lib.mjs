@@ -26,7 +26,7 @@ export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 // Starts `tokenspeed serve` with extra args; resolves once GET /health is 200.
 export async function startServer(args = [], { timeoutMs = 180000 } = {}) {
   const port = await freePort();
-  const proc = spawn(BIN, ['serve', '--port', String(port), '--device', 'cpu', ...args], {
+  const proc = spawn(BIN, ['serve', '--port', String(port), '--device', process.env.TS_TEST_DEVICE || 'cpu', ...args], {
     stdio: ['ignore', 'pipe', 'pipe'],
     // One sleeping OpenMP thread unless told otherwise: tests share small CI machines.
     env: { OMP_NUM_THREADS: '1', OMP_WAIT_POLICY: 'PASSIVE', ...process.env, TS_LOG_LEVEL: process.env.TS_LOG_LEVEL || 'info' },

@@ -12,7 +12,8 @@ import Ajv from 'ajv';
 import { generateObject, generateText, tool, jsonSchema } from 'ai';
 import { createOpenAICompatible } from '@ai-sdk/openai-compatible';
 import { ChatOpenAI } from '@langchain/openai';
-import { startServer, postJson } from './lib.mjs';
+import path from 'node:path';
+import { startServer, postJson, ROOT } from './lib.mjs';
 
 let srv;
 let client;
@@ -239,5 +240,23 @@ test('LangChain ChatOpenAI withStructuredOutput (function calling and json_schem
   for (const method of ['functionCalling', 'jsonSchema']) {
     const out = await llm.withStructuredOutput(schema, { name: 'city_info', method }).invoke('Tell me about a city');
     assert.deepEqual(schema.parse(out), out, method);
+  }
+});
+
+test('structured outputs with EAGLE3 speculative decoding: a clear 400, plain requests still served', async () => {
+  const spec = await startServer(['--speculative-algorithm', 'EAGLE3', '--speculative-draft-model-path', path.join(ROOT, 'models/pycoder-eagle3')]);
+  try {
+    const C = `${spec.url}/v1/completions`;
+    for (const [fields, param] of [[{ guided_choice: ['a', 'b'] }, 'response_format'], [{ logit_bias: { 5: 1 } }, 'logit_bias'],
+      [{ min_tokens: 2 }, 'min_tokens']]) {
+      const r = await postJson(C, { prompt: 'def f(x):', max_tokens: 4, ...fields });
+      assert.equal(r.status, 400, r.text);
+      assert.match(r.json.error.message, /speculative/);
+      assert.equal(r.json.error.param, param);
+    }
+    const ok = await postJson(C, { prompt: 'def f(x):', max_tokens: 4, temperature: 0 });
+    assert.equal(ok.status, 200, ok.text);
+  } finally {
+    await spec.stop();
   }
 });

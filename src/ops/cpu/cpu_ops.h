@@ -44,6 +44,7 @@ void gated_delta_rule(const Tensor& q, const Tensor& k, const Tensor& v, const T
 void rmsnorm_gated(const Tensor& x, const Tensor& z, const Tensor& w, float eps, Tensor& out);
 void sigmoid_gate(Tensor& x, const Tensor& gate);
 void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, std::vector<int32_t>& out);
+void apply_token_bitmask(Tensor& logits, const Tensor& bitmask);
 
 // The exact distribution sample() draws from for one row (dense; filtered tokens are 0).
 void sampling_probs(const float* logits, int64_t vocab, const SamplingRow& p, std::vector<float>& out);

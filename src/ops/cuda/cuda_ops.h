@@ -39,6 +39,7 @@ void spec_select(const Tensor& r, const Tensor& next_ids, const Tensor& acc, con
                  Tensor& next_out);
 
 void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, std::vector<int32_t>& out);
+void apply_token_bitmask(Tensor& logits, const Tensor& bitmask);
 
 // Mixture of experts, MLA, block-sparse attention (ops/cuda/moe.cu, latent_attention.cu,
 // block_sparse.cu). moe_route takes the correction bias as f32 or bf16; moe_experts uses

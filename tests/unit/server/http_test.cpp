@@ -277,6 +277,32 @@ TEST_F(Fixture, DisconnectCancels) {
   EXPECT_EQ(backend->cancelled.load(), 1);
 }
 
+TEST_F(Fixture, ParallelToolCallsFalseKeepsOneCall) {
+  NEED_JINJA();
+  start("hermes");
+  backend->reply = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>\n"
+                   "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 2}}\n</tool_call>";
+  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])";
+  for (bool stream : {false, true}) {
+    for (bool parallel : {true, false}) {
+      std::string body = R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 200, )" + tools +
+                         ", \"parallel_tool_calls\": " + (parallel ? "true" : "false") + ", \"stream\": " + (stream ? "true" : "false") + "}";
+      auto r = post("/v1/chat/completions", body);
+      ASSERT_EQ(r->status, 200) << r->body;
+      size_t calls = 0;
+      if (!stream) {
+        calls = J(r->body)["choices"][0]["message"]["tool_calls"].size();
+      } else {
+        // Every streamed call carries "type":"function" once.
+        for (size_t p = r->body.find("\"type\":\"function\""); p != std::string::npos;
+             p = r->body.find("\"type\":\"function\"", p + 1))
+          ++calls;
+      }
+      EXPECT_EQ(calls, parallel ? 2u : 1u) << (stream ? "stream " : "") << r->body;
+    }
+  }
+}
+
 TEST_F(Fixture, ChatToolCalls) {
   NEED_JINJA();
   start("hermes");
