@@ -4,6 +4,15 @@
 
 namespace ts::models {
 
+void check_sharded_load(const io::ModelConfig& cfg, const LoadOptions& opts) {
+  const parallel::Mapping& m = opts.mapping;
+  TS_CHECK(m.tp_size == 1 || (opts.groups && opts.comm && opts.comm->size() == m.tp_size),
+           "{}: communicators do not match {}", cfg.path, m.str());
+  TS_CHECK(m.dense_tp == m.attn_tp, "{}: --dense-tp-size {} other than the attention TP size {} is not implemented for {}",
+           cfg.path, m.dense_tp, m.attn_tp, cfg.architecture);
+}
+
+
 Tensor as_heads(const Tensor& x, int64_t heads, int64_t hd) {
   TS_CHECK(x.size(-1) == heads * hd, "as_heads: width {} != {} x {}", x.size(-1), heads, hd);
   Tensor t = x;

@@ -14,6 +14,11 @@
 namespace ts::models {
 
 // [T, heads * hd] (possibly a column slice of a wider buffer) viewed as [T, heads, hd].
+// The load-time checks of a model file on the parallel layers: at TP > 1 the rank has its groups
+// and a communicator of the mapping's size, and dense TP equals attention TP (the one layout the
+// model files implement). Errors name the checkpoint and the mapping.
+void check_sharded_load(const io::ModelConfig& cfg, const LoadOptions& opts);
+
 Tensor as_heads(const Tensor& x, int64_t heads, int64_t hd);
 
 struct AttentionWeights {

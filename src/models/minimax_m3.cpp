@@ -114,11 +114,8 @@ class MiniMaxM3 final : public DecoderModel {
     mapping_ = opts.mapping;
     comm_ = opts.comm;
     groups_ = opts.groups;
+    check_sharded_load(cfg, opts);
     const int tp = mapping_.tp_size, rank = mapping_.tp_rank;
-    TS_CHECK(tp == 1 || (groups_ && comm_ && comm_->size() == tp), "{}: communicators do not match {}", cfg.path,
-             mapping_.str());
-    TS_CHECK(mapping_.dense_tp == mapping_.attn_tp, "{}: --dense-tp-size {} other than the attention TP size {} is not "
-             "implemented for {}", cfg.path, mapping_.dense_tp, mapping_.attn_tp, cfg.architecture);
     WeightLoader wl(io::Checkpoint::open(cfg.dir), opts.device);
     device_ = opts.device;
     dtype_ = wl.dtype();
