@@ -359,17 +359,20 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
 }
 
 // The host tier: mirrors of the target pool (and the EAGLE3 draft pool), sized against the
-// host memory free now. Off without the prefix cache (nothing would ever hit), and with TP > 1
-// (each rank's shard would need its own mirror and copy stream on its GPU: not built yet).
+// host memory free now. Off without the prefix cache (nothing would ever hit). Under TP every
+// rank's pool holds its own KV-head shard under the same block ids, so the one bookkeeping
+// (hashes, host LRU) serves all ranks and each rank's shard gets its own host mirrors
+// (attach_tp_pools). CUDA TP is still off: the copy stream and its events live on one GPU.
 void EngineImpl::start_kvstore(const EngineOptions& o) {
   if (o.kv_events) kv->enable_events();
   if (o.disable_kvstore || !kv->prefix_cache_enabled()) return;
-  if (o.tp_size > 1) {
-    spdlog::warn("kvstore: the host KV tier does not support --tp-size {} yet; running without it", o.tp_size);
+  const int ranks = runner->tp_size();
+  if (ranks > 1 && device != Device::cpu) {
+    spdlog::warn("kvstore: the host KV tier does not support --tp-size {} on CUDA yet; running without it", ranks);
     return;
   }
   TS_CHECK(o.kvstore_ratio >= 0 && o.kvstore_size_gb >= 0, "--kvstore-ratio and --kvstore-size must not be negative");
-  size_t per_block = ModelRunner::kv_bytes_per_token(*model) * size_t(kv->block_size());
+  size_t per_block = ModelRunner::kv_bytes_per_token(*model) * size_t(kv->block_size()) * size_t(ranks);
   if (spec) per_block += spec->draft_kv().k.empty() ? 0 : spec->draft_kv().k[0].nbytes() / size_t(kv->num_blocks()) * 2;
   size_t avail = 0;
   int64_t n = kvstore_blocks(kv->num_blocks(), per_block, o.kvstore_ratio, o.kvstore_size_gb, avail);
@@ -378,7 +381,7 @@ void EngineImpl::start_kvstore(const EngineOptions& o) {
     return;
   }
   store = std::make_unique<KvStore>(n, kv->block_size());
-  store->attach(runner->kv());
+  for (int r = 0; r < ranks; ++r) store->attach(runner->peer(r)->kv());  // rank r's KV-head shard
   if (spec) store->attach(spec->draft_kv());
   kv->set_store(store.get());
   int64_t want = o.kvstore_size_gb > 0 ? int64_t(o.kvstore_size_gb * double(1ull << 30) / double(per_block))

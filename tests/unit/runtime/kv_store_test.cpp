@@ -224,6 +224,30 @@ TEST(KvStoreEngine, GreedyIdenticalWithAndWithoutTheTierUnderRetraction) {
   EXPECT_EQ(without.metrics().kvstore_total_blocks, 0);
 }
 
+// CPU TP 2 (#19: "with TP, each rank its shard"): one bookkeeping, a host mirror per rank's
+// KV-head shard under the same block ids; the tier changes no token under eviction pressure.
+TEST(KvStoreEngine, Tp2EachRankItsShardGreedyIdenticalWithAndWithoutTheTier) {
+  EngineOptions ow = tiny(true), oo = tiny(false);
+  ow.parallel.tp_size = oo.parallel.tp_size = 2;
+  Engine with(ow), without(oo);
+  with.start();
+  without.start();
+  auto prompts = code_prompts(with, 6);
+  std::vector<GenerateParams> ps;
+  for (auto& p : prompts) ps.push_back(greedy(p, 12));
+  for (int round = 0; round < 2; ++round) {
+    auto a = run_conc(with, ps), b = run_conc(without, ps);
+    for (size_t i = 0; i < ps.size(); ++i) {
+      EXPECT_TRUE(a[i].error.empty()) << a[i].error;
+      EXPECT_EQ(a[i].tokens, b[i].tokens) << "round " << round << " prompt " << i;
+    }
+  }
+  EngineMetrics m = with.metrics();
+  EXPECT_GT(m.kvstore_total_blocks, 0);
+  EXPECT_GT(m.kvstore_writeback_blocks, 0);
+  EXPECT_GT(m.prefix_host_hit_blocks, 0);
+}
+
 TEST(KvStoreEngine, AbortsLeaveTheTierConsistent) {
   Engine with(tiny(true)), without(tiny(false));
   with.start();
