@@ -98,6 +98,9 @@ set_tests_properties(cli_unsupported_architecture PROPERTIES LABELS "cli")
 # parallel: the multi-node bootstrap with two real processes (CPU backend over TCP)
 add_test(NAME cli_comm_selftest COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/comm_selftest.sh $<TARGET_FILE:tokenspeed>)
 set_tests_properties(cli_comm_selftest PROPERTIES LABELS "cli;parallel" TIMEOUT 180)
+add_test(NAME cli_multinode COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/multinode_test.sh $<TARGET_FILE:tokenspeed>
+  ${CMAKE_SOURCE_DIR}/tests/data)
+set_tests_properties(cli_multinode PROPERTIES LABELS "cli;parallel" TIMEOUT 180)
 add_test(NAME cli_parallel_flags COMMAND tokenspeed serve --help)
 set_tests_properties(cli_parallel_flags PROPERTIES LABELS "cli;parallel"
   PASS_REGULAR_EXPRESSION "--tp-size.*--attn-tp-size.*--data-parallel-size.*--dense-tp-size.*--moe-tp-size.*--ep-size.*--enable-expert-parallel.*--nnodes.*--node-rank.*--dist-init-addr")

@@ -49,6 +49,7 @@ int cmd_generate(int argc, char** argv) {
   if (seed >= 0) gp.seed = uint64_t(seed);
   gp.return_spec_trace = !trace_file.empty();
   if (eo.max_total_tokens <= 0) eo.max_total_tokens = 65536;  // one request: a small pool is plenty
+  if (cli::run_if_worker_node(eo)) return 0;  // --node-rank > 0: worker ranks, no output
   Engine engine(eo);
   gp.prompt = have_prompt ? engine.tokenizer().encode(prompt, true) : cli::parse_ids(prompt_ids);
   TS_CHECK(!gp.prompt.empty(), "the prompt is empty (no tokens)");

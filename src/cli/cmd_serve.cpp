@@ -110,6 +110,7 @@ int cmd_serve(int argc, char** argv) {
   so.max_request_bytes = max_request_bytes;
   ts::server::set_max_json_depth(max_json_depth);
   ts::cli::resolve_model(model, eo);
+  if (ts::cli::run_if_worker_node(eo)) return 0;  // --node-rank > 0: worker ranks, no HTTP
   so.model_path = eo.model_dir;
   if (so.served_model_name.empty()) so.served_model_name = model.empty() ? "pycoder" : model;
 

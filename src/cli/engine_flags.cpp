@@ -1,5 +1,7 @@
 #include "cli/engine_flags.h"
 
+#include <spdlog/spdlog.h>
+
 #include <filesystem>
 #include <memory>
 
@@ -74,8 +76,8 @@ void add_parallel_flags(CLI::App& app, parallel::ParallelOptions& p) {
                  "expert parallelism: MoE experts split whole over this many ranks (MoE TP and EP are not both > 1)");
   app.add_flag("--enable-expert-parallel", p.enable_expert_parallel, "expert parallelism over the whole world");
   app.add_option("--nnodes", p.nnodes, "nodes (processes) of the world; one per --node-rank");
-  app.add_option("--node-rank", p.node_rank, "this node's rank, 0..nnodes-1 (node 0 hosts the rendezvous)");
-  app.add_option("--dist-init-addr", p.dist_init_addr, "host:port of node 0's rendezvous (multi-node)");
+  app.add_option("--node-rank", p.node_rank, "this node's rank, 0..nnodes-1 (node 0 hosts the rendezvous and serves; others run worker ranks)");
+  app.add_option("--dist-init-addr", p.dist_init_addr, "host:port of node 0's rendezvous (multi-node; the step channel uses port + 1)");
   app.add_option("--dist-timeout", p.dist_timeout_s, "seconds to wait for the other nodes and for collectives");
   app.add_flag("--replicate-embedding", p.replicate_embedding,
                "keep the whole embedding table on every GPU (no vocab mask, no all-reduce, more memory)");
@@ -90,13 +92,20 @@ void apply_parallel_options(const parallel::ParallelOptions& p, EngineOptions& o
          "issue #20: integration phase)", what);
   };
   if (m.attn_dp > 1) later(fmt::format("--data-parallel-size {}", m.attn_dp));
-  if (p.nnodes > 1) later(fmt::format("--nnodes {}", p.nnodes));
   if (m.dense_tp != m.attn_tp) later(fmt::format("--dense-tp-size {}", m.dense_tp));
   o.tp_size = m.attn_tp;
   o.ep_size = m.moe_ep;
   o.replicate_embedding = p.replicate_embedding;
   o.comm_fusion_max_num_tokens = p.comm_fusion_max_num_tokens;
   o.parallel = p;
+}
+
+bool run_if_worker_node(const EngineOptions& o) {
+  if (o.parallel.nnodes <= 1 || o.parallel.node_rank == 0) return false;
+  Engine engine(o);
+  spdlog::info("node {} of {}: worker ranks ready, running node 0's steps", o.parallel.node_rank, o.parallel.nnodes);
+  engine.run_worker();
+  return true;
 }
 
 void add_model_arg(CLI::App& app, std::string& model) {

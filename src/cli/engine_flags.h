@@ -17,6 +17,11 @@ void add_parallel_flags(CLI::App& app, parallel::ParallelOptions& p);
 // (attention DP, separate dense / MoE TP sizes, several nodes) are errors that say so.
 void apply_parallel_options(const parallel::ParallelOptions& p, EngineOptions& o);
 
+// Multi-node: on a node other than node 0 (--nnodes > 1, --node-rank > 0) loads this node's
+// ranks and runs node 0's steps until node 0 quits (no HTTP, no output), then returns true;
+// false on node 0 and on one node (the caller goes on to serve / generate).
+bool run_if_worker_node(const EngineOptions& o);
+
 // MODEL (optional positional) and --model-path, both into `model`; empty means the demo model.
 void add_model_arg(CLI::App& app, std::string& model);
 // Fills o.model_dir from `model` (default: the bundled demo); throws ts::Error if not a directory.

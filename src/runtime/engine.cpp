@@ -13,6 +13,7 @@
 #include "models/model.h"
 #include "runtime/cuda_graph_runner.h"
 #include "runtime/model_runner.h"
+#include "runtime/node_link.h"
 #include "runtime/plain_worker.h"
 #include "runtime/prompt_pass.h"
 #include "runtime/sampler.h"
@@ -151,6 +152,8 @@ class EngineImpl {
   std::shared_ptr<tok::Tokenizer> tokenizer;
   std::shared_ptr<models::Model> model;
   std::unique_ptr<ModelRunner> runner;
+  std::shared_ptr<StepChannel> step_channel;  // multi-node (node_link.h); null on one node
+  int nnodes = 1, node_rank = 0;
   std::unique_ptr<KvCache> kv;
   std::unique_ptr<KvStore> store;  // the host tier (null: off)
   std::function<void(std::vector<KvCacheEvent>&)> kv_event_sink;
@@ -197,6 +200,9 @@ class EngineImpl {
   void start_graphs(const EngineOptions& o, const SchedulerOptions& so);
   void refresh_gauges();  // running/waiting/KV usage
   void start_kvstore(const EngineOptions& o);
+  // Multi-node: the step channel (node 0 attaches it to the runner; workers keep it).
+  void start_nodes(const parallel::ParallelOptions& po, const io::ModelConfig& cfg, int64_t blocks, int bs, int max_seqs);
+
   void publish_kv_events();
   std::vector<KvCacheEvent> kv_events_;  // reused
 
@@ -306,6 +312,7 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
     }
   }
   runner = tpm.workers ? make_tp_runner(tpm, blocks, bs, max_seqs) : std::make_unique<ModelRunner>(model, blocks, bs, max_seqs);
+  if (po.nnodes > 1) start_nodes(po, cfg, blocks, bs, max_seqs);
   // Cached KV blocks cannot restore a recurrent layer's state at the end of the prefix.
   bool prefix_cache = !o.disable_prefix_cache;
   if (hybrid && prefix_cache) {
@@ -367,6 +374,10 @@ void EngineImpl::start_kvstore(const EngineOptions& o) {
   if (o.kv_events) kv->enable_events();
   if (o.disable_kvstore || !kv->prefix_cache_enabled()) return;
   const int ranks = runner->tp_size();
+  if (nnodes > 1) {
+    spdlog::warn("kvstore: the host KV tier does not support --nnodes {} yet; running without it", nnodes);
+    return;
+  }
   if (ranks > 1 && device != Device::cpu) {
     spdlog::warn("kvstore: the host KV tier does not support --tp-size {} on CUDA yet; running without it", ranks);
     return;
@@ -400,8 +411,33 @@ void EngineImpl::publish_kv_events() {
   kv_event_sink(kv_events_);
 }
 
+void EngineImpl::start_nodes(const parallel::ParallelOptions& po, const io::ModelConfig& cfg, int64_t blocks, int bs,
+                             int max_seqs) {
+  nnodes = po.nnodes;
+  node_rank = po.node_rank;
+  TS_CHECK(opts.speculative_algorithm.empty(), "--nnodes {}: --speculative-algorithm is not supported across nodes yet",
+           po.nnodes);
+  // What every node must agree on for the same step to run the same forward on each.
+  const std::string fp = fmt::format(
+      "{} layers={} hidden={} vocab={} device={} tp={} dp={} dense_tp={} moe_tp={} ep={} nnodes={} kv_blocks={} "
+      "block_size={} state_slots={} replicate_embedding={}",
+      cfg.architecture, cfg.num_layers, cfg.hidden_size, cfg.vocab_size, device_name(device), po.attention_tp(),
+      po.dp_size, po.dense_tp_size, po.moe_tp_size, po.ep_size, po.nnodes, blocks, bs, max_seqs,
+      po.replicate_embedding);
+  if (po.node_rank == 0) {
+    step_channel = StepChannel::serve(po, fp);
+    runner->set_step_channel(step_channel);
+  } else {
+    step_channel = StepChannel::join(po, fp);
+  }
+}
+
 void EngineImpl::start_graphs(const EngineOptions& o, const SchedulerOptions& so) {
   if (device != Device::cuda) return;
+  if (nnodes > 1) {  // the worker nodes would have to capture and replay alongside: not built
+    spdlog::warn("--nnodes {}: CUDA graphs off (eager steps)", nnodes);
+    return;
+  }
 #ifdef TS_WITH_CUDA
   cuda::set_pdl_enabled(!o.disable_pdl);
 #endif
@@ -958,7 +994,16 @@ void EngineImpl::log_spec_stats() {
 
 Engine::Engine(const EngineOptions& opts) : impl_(std::make_unique<EngineImpl>(opts)) {}
 Engine::~Engine() = default;
-void Engine::start() { impl_->start(); }
+void Engine::start() {
+  TS_CHECK(!impl_->step_channel || impl_->node_rank == 0, "node {}: a worker node runs run_worker(), not start()",
+           impl_->node_rank);
+  impl_->start();
+}
+bool Engine::is_worker_node() const { return impl_->node_rank > 0; }
+void Engine::run_worker() {
+  TS_CHECK(impl_->step_channel && impl_->node_rank > 0, "run_worker: not a worker node (--nnodes > 1, --node-rank > 0)");
+  run_worker_steps(*impl_->runner, *impl_->step_channel);
+}
 void Engine::stop() { impl_->stop(); }
 std::shared_ptr<Stream> Engine::submit(GenerateParams p) { return impl_->submit(std::move(p)); }
 PromptPassResult Engine::prompt_pass(PromptPassRequest req) { return impl_->prompt_pass(std::move(req)); }

@@ -244,6 +244,11 @@ class Engine {
   // with the events of that step (both tiers, in order); it must be cheap (hand them to another
   // thread). Set before start().
   void set_kv_event_sink(std::function<void(std::vector<KvCacheEvent>&)> sink);
+  // Multi-node (--nnodes > 1): nodes other than node 0 call run_worker() instead of start() —
+  // it runs the forwards node 0 sends (runtime/node_link.h) until node 0 quits, then returns;
+  // throws when node 0 dies. is_worker_node(): --node-rank > 0.
+  bool is_worker_node() const;
+  void run_worker();
 
  private:
   std::unique_ptr<EngineImpl> impl_;

@@ -1,4 +1,5 @@
 #include "runtime/model_runner.h"
+#include "runtime/node_link.h"
 
 #include <algorithm>
 #include <chrono>
@@ -191,6 +192,7 @@ Tensor ModelRunner::aux_buffer(int64_t rows) {
 }
 
 const Tensor& ModelRunner::run(const std::vector<SeqChunk>& chunks, bool capture_aux, bool host_logits) {
+  if (channel_) channel_->send_step(chunks, capture_aux);  // the worker nodes run the same step
   if (!tp_) return run_local(chunks, capture_aux, host_logits);
   // All ranks run the same step; only rank 0's logits are returned (all ranks hold them).
   tp_->run([&](int r) {

@@ -55,6 +55,7 @@ class BatchBuilder {
 class CudaGraphRunner;
 struct GraphOptions;
 class TpWorkers;
+class StepChannel;
 
 class ModelRunner {
  public:
@@ -101,6 +102,8 @@ class ModelRunner {
   int tp_size() const;
   ModelRunner* peer(int rank) { return rank == 0 ? this : peers_.at(size_t(rank)).get(); }
   const std::shared_ptr<TpWorkers>& tp_workers() const { return tp_; }
+  // Multi-node, node 0 (node_link.h): every run() first sends its chunks to the worker nodes.
+  void set_step_channel(std::shared_ptr<StepChannel> ch) { channel_ = std::move(ch); }
 
  private:
   std::shared_ptr<models::Model> model_;
@@ -116,6 +119,7 @@ class ModelRunner {
   std::unique_ptr<CudaGraphRunner> graphs_;
   std::shared_ptr<TpWorkers> tp_;
   std::vector<std::unique_ptr<ModelRunner>> peers_;  // index = rank; [0] empty
+  std::shared_ptr<StepChannel> channel_;             // multi-node node 0 (null: one node)
   const Tensor& run_local(const std::vector<SeqChunk>& chunks, bool capture_aux, bool host_logits);
   void enable_graphs_local(const GraphOptions& o);
   Tensor to_host(const Tensor& logits);

@@ -133,9 +133,10 @@ void TpWorkers::run(const std::function<void(int)>& fn) {
 
 TpModels load_tp_models(const io::ModelConfig& cfg, const models::LoadOptions& base,
                         const parallel::ParallelOptions& p) {
-  const int world = p.world_size();
-  TS_CHECK(world >= 2, "load_tp_models: a world of {} rank(s)", world);
-  TS_CHECK(p.nnodes == 1, "--nnodes {}: several nodes are not run by the engine yet", p.nnodes);
+  TS_CHECK(p.world_size() >= 2, "load_tp_models: a world of {} rank(s)", p.world_size());
+  // This process's ranks: the whole world on one node; ranks_per_node() of them (global ranks
+  // node_rank * ranks_per_node + i) with --nnodes > 1.
+  const int world = p.ranks_per_node(), first = p.node_rank * world;
   // The model's shapes against the mapping, before any communicator or weight: an error that
   // names the config field and the flag (heads, KV heads, experts, intermediate sizes).
   parallel::check_model_fits(parallel::Mapping::resolve(p, 0), models::model_shape(cfg));
@@ -143,7 +144,7 @@ TpModels load_tp_models(const io::ModelConfig& cfg, const models::LoadOptions& b
   std::vector<std::shared_ptr<parallel::Comm>> comms;
   if (base.device == Device::cuda) {
     auto group = parallel::make_nccl_world(p, cfg.hidden_size);
-    for (int r = 0; r < world; ++r) comms.push_back(group->rank(r));
+    for (int r = 0; r < world; ++r) comms.push_back(group->rank(first + r));
   } else {
     comms = parallel::make_cpu_world(p);
   }
