@@ -1,5 +1,7 @@
 #include "models/weights.h"
 
+#include <optional>
+
 namespace ts::models {
 
 static void convert_into(const Tensor& src, DType dt, void* dst) {
@@ -164,6 +166,150 @@ Tensor WeightLoader::load_parts(const std::vector<Part>& parts) {
   Tensor out = device_ == Device::cpu ? host : host.to(device_);
   bytes_ += out.nbytes();
   return out;
+}
+
+namespace {
+
+int ceil_log2(int64_t v) {
+  int l = 0;
+  while ((int64_t(1) << l) < v) ++l;
+  return l;
+}
+
+// One part of a quantized linear in the CUDA kernels' layout (ops::QuantScales): host values
+// [rows, cols] and f32 scales [ceil(rows / 2^bn), ceil(cols / 2^bk)].
+struct QuantPart {
+  Tensor data, scale;
+  int bn = 0, bk = 0;
+  const char* format = "";
+};
+
+// Per-row scales [rows, cols] of rows [start, start + rows) of a grid with 2^bn-row blocks.
+Tensor per_row_scales(const Tensor& grid, int bn, int64_t start, int64_t rows) {
+  const int64_t cols = grid.size(1);
+  Tensor out = Tensor::empty({rows, cols}, DType::f32);
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(out.ptr<float>() + r * cols, grid.ptr<float>() + ((start + r) >> bn) * cols, size_t(cols) * 4);
+  return out;
+}
+
+// Rows [r0, r0 + rn) and columns [c0, c0 + cn) of a contiguous 2-D host tensor.
+Tensor host_block(const Tensor& t, int64_t r0, int64_t rn, int64_t c0, int64_t cn) {
+  const size_t es = dtype_size(t.dtype);
+  const int64_t cols = t.size(1);
+  if (c0 == 0 && cn == cols) {
+    Tensor out = Tensor::empty({rn, cn}, t.dtype);
+    std::memcpy(out.data, static_cast<const char*>(t.data) + size_t(r0 * cols) * es, size_t(rn * cn) * es);
+    return out;
+  }
+  Tensor out = Tensor::empty({rn, cn}, t.dtype);
+  for (int64_t r = 0; r < rn; ++r)
+    std::memcpy(static_cast<char*>(out.data) + size_t(r * cn) * es,
+                static_cast<const char*>(t.data) + size_t((r0 + r) * cols + c0) * es, size_t(cn) * es);
+  return out;
+}
+
+// The part in the kernels' layout, or nullopt where they do not apply (NVFP4, blocks that are
+// not powers of two or narrower than 16 columns, cuts inside a k block, K % 16 != 0).
+std::optional<QuantPart> quant_part(const io::StoredWeight& sw, const WeightLoader::Part& p) {
+  using io::WeightFormat;
+  const int64_t N = sw.n, K = sw.k;
+  QuantPart q;
+  q.format = io::weight_format_name(sw.format);
+  Tensor grid = sw.scale.is_contiguous() ? sw.scale : sw.scale.to(Device::cpu);
+  switch (sw.format) {
+    case WeightFormat::fp8_tensor:  // stored per channel: one row of scales per output
+      grid = per_row_scales(grid, 30, 0, N);
+      q.bk = std::max(4, ceil_log2(K));
+      break;
+    case WeightFormat::fp8_channel:
+      q.bk = std::max(4, ceil_log2(K));
+      break;
+    case WeightFormat::mxfp8:
+      q.bk = 5;
+      break;
+    case WeightFormat::fp8_block: {
+      const int64_t bn = sw.block_n, bk = sw.block_k;
+      if ((bn & (bn - 1)) || (bk & (bk - 1)) || bk < 16) return std::nullopt;
+      q.bn = ceil_log2(bn);
+      q.bk = ceil_log2(bk);
+      break;
+    }
+    default: return std::nullopt;
+  }
+  const int64_t count = p.count < 0 ? (p.dim == 0 ? N : K) - p.start : p.count;
+  int64_t r0 = 0, rn = N, c0 = 0, cn = K;
+  (p.dim == 0 ? r0 : c0) = p.start;
+  (p.dim == 0 ? rn : cn) = count;
+  if (cn % 16 != 0) return std::nullopt;
+  // Columns: the scale grid is cut at k blocks (a per-channel grid has one column: any cut).
+  int64_t sc0 = 0, scn = grid.size(1);
+  if (grid.size(1) > 1 && (c0 != 0 || cn != K)) {
+    if (c0 % (int64_t(1) << q.bk) != 0) return std::nullopt;
+    sc0 = c0 >> q.bk;
+    scn = ((c0 + cn + (int64_t(1) << q.bk) - 1) >> q.bk) - sc0;
+  }
+  // Rows: cut at whole row blocks, else per-row scales.
+  if (q.bn > 0 && r0 % (int64_t(1) << q.bn) != 0) {
+    grid = per_row_scales(grid, q.bn, r0, rn);
+    q.bn = 0;
+  } else {
+    const int64_t s0 = r0 >> q.bn, s1 = (r0 + rn + (int64_t(1) << q.bn) - 1) >> q.bn;
+    grid = host_block(grid, s0, s1 - s0, 0, grid.size(1));
+  }
+  q.scale = host_block(grid, 0, grid.size(0), sc0, scn);
+  q.data = host_block(sw.data, r0, rn, c0, cn);
+  return q;
+}
+
+}  // namespace
+
+ops::LinearWeight WeightLoader::load_linear(const std::vector<Part>& parts) {
+  TS_CHECK(!parts.empty(), "load_linear: no parts");
+  if (device_ != Device::cuda || !quant_.quantized()) return load_parts(parts);
+  std::vector<QuantPart> qs;
+  for (auto& p : parts) {
+    if (!io::is_quantized_weight(ckpt_, p.name)) return load_parts(parts);
+    io::StoredWeight sw = io::stored_weight(ckpt_, quant_, p.name);
+    TS_CHECK(p.shape.size() == 2 && sw.n == p.shape[0] && sw.k == p.shape[1],
+             "{}: quantized tensor {} holds a [{}, {}] weight, expected {}", ckpt_.file_of(p.name), p.name, sw.n, sw.k,
+             Tensor::empty(p.shape, DType::u8).shape_str());
+    std::optional<QuantPart> q = quant_part(sw, p);
+    if (!q) return load_parts(parts);
+    qs.push_back(std::move(*q));
+  }
+  // Stacked rows share the k blocks; row blocks stack when every part but the last ends on one.
+  const int bk = qs[0].bk;
+  const int64_t cols = qs[0].data.size(1), scols = qs[0].scale.size(1);
+  bool same_rows = true;
+  for (size_t i = 0; i < qs.size(); ++i) {
+    if (qs[i].bk != bk || qs[i].data.size(1) != cols || qs[i].scale.size(1) != scols) return load_parts(parts);
+    same_rows = same_rows && qs[i].bn == qs[0].bn &&
+                (i + 1 == qs.size() || qs[i].data.size(0) % (int64_t(1) << qs[i].bn) == 0);
+  }
+  if (!same_rows)
+    for (auto& q : qs) {
+      if (q.bn > 0) q.scale = per_row_scales(q.scale, q.bn, 0, q.data.size(0));
+      q.bn = 0;
+    }
+  int64_t rows = 0, srows = 0;
+  for (auto& q : qs) rows += q.data.size(0), srows += q.scale.size(0);
+  Tensor data = Tensor::empty({rows, cols}, DType::f8_e4m3);
+  Tensor scale = Tensor::empty({srows, scols}, DType::f32);
+  size_t d_off = 0, s_off = 0;
+  for (auto& q : qs) {
+    std::memcpy(static_cast<char*>(data.data) + d_off, q.data.data, q.data.nbytes());
+    std::memcpy(static_cast<char*>(scale.data) + s_off, q.scale.data, q.scale.nbytes());
+    d_off += q.data.nbytes();
+    s_off += q.scale.nbytes();
+  }
+  ops::LinearWeight w(data.to(device_));
+  w.quant.scale = scale.to(device_);
+  w.quant.block_n_log2 = qs[0].bn;
+  w.quant.block_k_log2 = bk;
+  w.quant.format = qs[0].format;
+  bytes_ += w.stored_bytes();
+  return w;
 }
 
 }  // namespace ts::models

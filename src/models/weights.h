@@ -10,6 +10,7 @@
 #include "core/tensor.h"
 #include "io/quant_config.h"
 #include "io/safetensors.h"
+#include "ops/linear_weight.h"
 
 namespace ts::models {
 
@@ -37,6 +38,14 @@ class WeightLoader {
   };
   // Loads the parts (each sliced) stacked along dim 0.
   Tensor load_parts(const std::vector<Part>& parts);
+  // A linear's weight from parts as load_parts takes them. On CUDA, FP8 weights (block, channel,
+  // tensor, MXFP8) stay as stored with their scales (ops::LinearWeight) when every part is one
+  // and the cuts fall on scale blocks (rows: any cut, unaligned ones get per-row scales; columns:
+  // multiples of the k block); anything else is dequantized as load_parts does.
+  ops::LinearWeight load_linear(const std::vector<Part>& parts);
+  ops::LinearWeight load_linear(const std::string& name, const std::vector<int64_t>& shape) {
+    return load_linear({Part{name, shape}});
+  }
   // A 3-D tensor [A, B, C] (fused experts: [E, 2I, H] or [E, H, I]) cut to the a-range [a0, a0 +
   // an) of dim 0, the listed ranges {start, count} of dim 1 (stacked in order) and [c0, c0 + cn) of
   // dim 2: [an, sum counts, cn]. Quantized tensors are dequantized first (as load does).
