@@ -2,6 +2,8 @@
 
 #include <optional>
 
+#include "core/fp8.h"
+
 namespace ts::models {
 
 static void convert_into(const Tensor& src, DType dt, void* dst) {
@@ -264,18 +266,18 @@ std::optional<QuantPart> quant_part(const io::StoredWeight& sw, const WeightLoad
 
 }  // namespace
 
-ops::LinearWeight WeightLoader::load_linear(const std::vector<Part>& parts) {
+std::optional<ops::LinearWeight> WeightLoader::stored_linear(const std::vector<Part>& parts) const {
   TS_CHECK(!parts.empty(), "load_linear: no parts");
-  if (device_ != Device::cuda || !quant_.quantized()) return load_parts(parts);
+  if (!quant_.quantized()) return std::nullopt;
   std::vector<QuantPart> qs;
   for (auto& p : parts) {
-    if (!io::is_quantized_weight(ckpt_, p.name)) return load_parts(parts);
+    if (!io::is_quantized_weight(ckpt_, p.name)) return std::nullopt;
     io::StoredWeight sw = io::stored_weight(ckpt_, quant_, p.name);
     TS_CHECK(p.shape.size() == 2 && sw.n == p.shape[0] && sw.k == p.shape[1],
              "{}: quantized tensor {} holds a [{}, {}] weight, expected {}", ckpt_.file_of(p.name), p.name, sw.n, sw.k,
              Tensor::empty(p.shape, DType::u8).shape_str());
     std::optional<QuantPart> q = quant_part(sw, p);
-    if (!q) return load_parts(parts);
+    if (!q) return std::nullopt;
     qs.push_back(std::move(*q));
   }
   // Stacked rows share the k blocks; row blocks stack when every part but the last ends on one.
@@ -283,7 +285,7 @@ ops::LinearWeight WeightLoader::load_linear(const std::vector<Part>& parts) {
   const int64_t cols = qs[0].data.size(1), scols = qs[0].scale.size(1);
   bool same_rows = true;
   for (size_t i = 0; i < qs.size(); ++i) {
-    if (qs[i].bk != bk || qs[i].data.size(1) != cols || qs[i].scale.size(1) != scols) return load_parts(parts);
+    if (qs[i].bk != bk || qs[i].data.size(1) != cols || qs[i].scale.size(1) != scols) return std::nullopt;
     same_rows = same_rows && qs[i].bn == qs[0].bn &&
                 (i + 1 == qs.size() || qs[i].data.size(0) % (int64_t(1) << qs[i].bn) == 0);
   }
@@ -303,13 +305,36 @@ ops::LinearWeight WeightLoader::load_linear(const std::vector<Part>& parts) {
     d_off += q.data.nbytes();
     s_off += q.scale.nbytes();
   }
-  ops::LinearWeight w(data.to(device_));
-  w.quant.scale = scale.to(device_);
+  ops::LinearWeight w(data);
+  w.quant.scale = scale;
   w.quant.block_n_log2 = qs[0].bn;
   w.quant.block_k_log2 = bk;
   w.quant.format = qs[0].format;
+  return w;
+}
+
+ops::LinearWeight WeightLoader::load_linear(const std::vector<Part>& parts) {
+  if (device_ != Device::cuda || !keep_quantized_) return load_parts(parts);
+  std::optional<ops::LinearWeight> host = stored_linear(parts);
+  if (!host) return load_parts(parts);
+  ops::LinearWeight w(host->to(device_));
+  w.quant = host->quant;
+  w.quant.scale = host->quant.scale.to(device_);
   bytes_ += w.stored_bytes();
   return w;
+}
+
+Tensor dequantize_linear(const ops::LinearWeight& w) {
+  TS_CHECK(w.quantized() && w.dtype == DType::f8_e4m3 && w.ndim == 2, "dequantize_linear: not an FP8 linear weight");
+  Tensor d = w.device == Device::cpu ? static_cast<const Tensor&>(w) : w.to(Device::cpu);
+  Tensor s = w.quant.scale.device == Device::cpu ? w.quant.scale : w.quant.scale.to(Device::cpu);
+  const int64_t N = d.size(0), K = d.size(1), sc = s.size(1);
+  Tensor out = Tensor::empty({N, K}, DType::f32);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k)
+      out.ptr<float>()[n * K + k] = e4m3_to_f32(d.ptr<uint8_t>()[n * d.row_stride() + k]) *
+                                    s.ptr<float>()[(n >> w.quant.block_n_log2) * sc + (k >> w.quant.block_k_log2)];
+  return out;
 }
 
 }  // namespace ts::models
