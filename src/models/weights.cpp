@@ -3,6 +3,9 @@
 #include <optional>
 
 #include "core/fp8.h"
+#ifdef TS_WITH_CUDA
+#include "ops/cuda/quant_linear.h"
+#endif
 
 namespace ts::models {
 
@@ -317,6 +320,9 @@ ops::LinearWeight WeightLoader::load_linear(const std::vector<Part>& parts) {
   if (device_ != Device::cuda || !keep_quantized_) return load_parts(parts);
   std::optional<ops::LinearWeight> host = stored_linear(parts);
   if (!host) return load_parts(parts);
+#ifdef TS_WITH_CUDA
+  ops::cuda::reserve_quant_scratch();
+#endif
   ops::LinearWeight w(host->to(device_));
   w.quant = host->quant;
   w.quant.scale = host->quant.scale.to(device_);

@@ -178,6 +178,8 @@ void check_weight(const LinearWeight& w) {
 
 }  // namespace
 
+void reserve_quant_scratch() { workspace(3).get(kDequantScratch); }
+
 void dequantize_rows(const LinearWeight& w, int64_t row0, int64_t rows, Tensor& out) {
   check_weight(w);
   const int64_t K = w.size(1);
@@ -219,8 +221,9 @@ void quant_linear(const Tensor& x, const LinearWeight& w, Tensor& out, const Ten
   // bf16 GEMM, each writing its column block of out.
   int64_t tile = std::max<int64_t>(128, int64_t(kDequantScratch / size_t(K * 2)) / 128 * 128);
   tile = std::min(tile, N);
-  // Always the full size, so the first prefill grows it and a later graph capture never has to.
-  Tensor scratch = Tensor::from_blob(workspace(3).get(kDequantScratch), {tile, K}, DType::bf16, Device::cuda);
+  // Always the full size (reserved at load), so a graph capture never has to grow it.
+  Tensor scratch = Tensor::from_blob(workspace(3).get(std::max(kDequantScratch, size_t(tile * K) * 2)), {tile, K},
+                                     DType::bf16, Device::cuda);
   const KernelPolicy gemm{.linear = LinearPath::cublaslt};
   for (int64_t n0 = 0; n0 < N; n0 += tile) {
     const int64_t nt = std::min(tile, N - n0);

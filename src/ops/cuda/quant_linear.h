@@ -13,6 +13,8 @@ namespace ts::ops::cuda {
 // bias bf16 [N] or null.
 void quant_linear(const Tensor& x, const LinearWeight& w, Tensor& out, const Tensor* bias = nullptr,
                   const KernelPolicy& policy = {});
+// Allocates the prefill path's scratch now (the loader calls it), not during a graph capture.
+void reserve_quant_scratch();
 // Rows [row0, row0 + rows) of w dequantized into out bf16 [rows, K] (contiguous, on the GPU).
 void dequantize_rows(const LinearWeight& w, int64_t row0, int64_t rows, Tensor& out);
 
