@@ -78,10 +78,11 @@ std::string run_linear_lab(const LinearLabOptions& o) {
                           {"down_proj", 4096, 14336}};
   std::string md = fmt::format(
       "## Linear kernels, bf16 vs FP8 weights kept as stored (copy ceiling {:.0f} GB/s read+write)\n\n"
-      "GB/s = weight bytes as stored / time (FP8: values + f32 scales). gemv / tiles: the FP8 paths forced "
-      "(W8A16 GEMV, M <= 16; dequantized bf16 tiles + cuBLASLt); auto: what ops::linear picks.\n\n"
+      "GB/s = weight bytes as stored / time (FP8: values + f32 scales). gemv / mma / tiles: the FP8 kernels "
+      "forced (CUDA-core W8A16 GEMV, M <= 16; tensor-core W8A16, M <= 64; dequantized bf16 tiles + cuBLASLt); "
+      "auto: what ops::linear picks.\n\n"
       "| shape | N x K | M | bf16 us | bf16 GB/s | fp8 block auto us | GB/s | % copy | x bf16 | fp8 gemv us | fp8 "
-      "tiles us | fp8 channel auto us |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+      "mma us | fp8 tiles us | fp8 channel auto us |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
       copy);
   for (const Shape& s : shapes) {
     const int64_t N = s.n, K = s.k;
@@ -106,16 +107,18 @@ std::string run_linear_lab(const LinearLabOptions& o) {
       const double tt = per_call(o.iters, [&](int i) {
         ops::cuda::quant_linear(x, wq[size_t(i % nq)], out, nullptr, ops::KernelPolicy{.linear = ops::LinearPath::cublaslt});
       });
-      std::string tg = "-";
-      if (M <= 16)
-        tg = fmt::format("{:.1f}", 1e6 * per_call(o.iters, [&](int i) {
-                                     ops::cuda::quant_linear(x, wq[size_t(i % nq)], out, nullptr,
-                                                             ops::KernelPolicy{.linear = ops::LinearPath::gemv});
-                                   }));
+      using ops::cuda::QuantKernel;
+      auto forced = [&](QuantKernel k, int max_m) -> std::string {
+        if (M > max_m) return "-";
+        return fmt::format("{:.1f}", 1e6 * per_call(o.iters, [&](int i) {
+                                       ops::cuda::quant_linear_kernel(x, wq[size_t(i % nq)], out, nullptr, k);
+                                     }));
+      };
+      const std::string tg = forced(QuantKernel::gemv, 16), tm = forced(QuantKernel::mma, 64);
       const double gq = q_bytes / tq / 1e9;
-      md += fmt::format("| {} | {} x {} | {} | {:.1f} | {:.0f} | {:.1f} | {:.0f} | {:.0f}% | {:.2f} | {} | {:.1f} | {:.1f} |\n",
+      md += fmt::format("| {} | {} x {} | {} | {:.1f} | {:.0f} | {:.1f} | {:.0f} | {:.0f}% | {:.2f} | {} | {} | {:.1f} | {:.1f} |\n",
                         s.name, N, K, M, tb * 1e6, bf16_bytes / tb / 1e9, tq * 1e6, gq, 100.0 * gq / copy, tb / tq, tg,
-                        tt * 1e6, tc * 1e6);
+                        tm, tt * 1e6, tc * 1e6);
       (void)c_bytes;
     }
   }

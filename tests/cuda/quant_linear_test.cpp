@@ -48,7 +48,12 @@ struct Layout {
 const Layout kLayouts[] = {{"block128", 7, 7, false}, {"channel", 0, -1, false}, {"tensor", 0, -1, true},
                            {"mxfp8", 0, 5, false}};
 
-void check(const Layout& L, int64_t M, int64_t N, int64_t K, int path, bool bias, bool strided, bool f32out) {
+using ops::cuda::QuantKernel;
+const char* kname(QuantKernel k) {
+  return k == QuantKernel::gemv ? "gemv" : k == QuantKernel::mma ? "mma" : k == QuantKernel::tiles ? "tiles" : "auto";
+}
+
+void check(const Layout& L, int64_t M, int64_t N, int64_t K, QuantKernel kern, bool bias, bool strided, bool f32out) {
   ops::LinearWeight w = rand_weight(N, K, L.bn, L.bk < 0 ? std::max(4, ceil_log2(K)) : L.bk, L.one_scale);
   Tensor wref = models::dequantize_linear(w);  // exact f32
   Pair x = Pair::rand({M, K}), b = Pair::rand({N});
@@ -57,10 +62,10 @@ void check(const Layout& L, int64_t M, int64_t N, int64_t K, int path, bool bias
   ops::cpu::linear(x.h, wref, oh, bias ? &b.h : nullptr);
   Tensor od_buf = Tensor::zeros({M, N + pad}, f32out ? DType::f32 : DType::bf16, Device::cuda);
   Tensor od = od_buf.narrow(1, 0, N);
-  ops::cuda::quant_linear(x.d, w, od, bias ? &b.d : nullptr, ops::KernelPolicy{.linear = ops::LinearPath(path)});
+  ops::cuda::quant_linear_kernel(x.d, w, od, bias ? &b.d : nullptr, kern);
   Tensor got = to_host_f32(od_buf).narrow(1, 0, N);
   EXPECT_CLOSE(got, oh,
-               fmt::format("fp8 {} M={} N={} K={} path={} bias={} strided={} f32out={}", L.name, M, N, K, path, bias,
+               fmt::format("fp8 {} M={} N={} K={} {} bias={} strided={} f32out={}", L.name, M, N, K, kname(kern), bias,
                            strided, f32out));
 }
 
@@ -73,23 +78,36 @@ TEST(CudaOps, QuantLinearFp8Gemv) {
     for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{576, 1008}, {4096, 4096}, {40, 64}})
       for (int64_t M : {1, 3, 8, 16}) {
         if (L.bk == 5 && K % 32) continue;
-        check(L, M, N, K, M > 8 ? 2 : 0, M == 3, M % 2 == 1, false);
+        check(L, M, N, K, QuantKernel::gemv, M == 3, M % 2 == 1, false);
       }
+}
+
+TEST(CudaOps, QuantLinearFp8Mma) {
+  TS_REQUIRE_CUDA();
+  // Tensor cores, 1..64 rows (partial 8-row tiles), partial 16-feature and 64-k chunks; MXFP8
+  // (32-wide k blocks) falls back to the tiles and must still match.
+  for (const Layout& L : kLayouts)
+    for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{576, 1008}, {4096, 4096}, {40, 64}, {1000, 272}})
+      for (int64_t M : {1, 3, 8, 13, 16, 33, 64}) {
+        if (L.bk == 5 && K % 32) continue;
+        check(L, M, N, K, QuantKernel::mma, M == 13, M % 2 == 1, false);
+      }
+  check(kLayouts[0], 5, 1000, 512, QuantKernel::mma, true, false, true);
 }
 
 TEST(CudaOps, QuantLinearFp8Prefill) {
   TS_REQUIRE_CUDA();
   for (const Layout& L : kLayouts)
     for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{576, 1008}, {1000, 256}})
-      for (int64_t M : {3, 16, 100}) check(L, M, N, K, M == 100 ? 0 : 1, M == 16, M == 3, false);
+      for (int64_t M : {3, 16, 100}) check(L, M, N, K, M == 100 ? QuantKernel::automatic : QuantKernel::tiles, M == 16, M == 3, false);
 }
 
-TEST(CudaOps, QuantLinearFp8F32OutAndLargeTiles) {
+TEST(CudaOps, QuantLinearFp8AutoF32OutAndLargeTiles) {
   TS_REQUIRE_CUDA();
-  check(kLayouts[0], 1, 1000, 512, 0, false, false, true);
-  check(kLayouts[0], 40, 1000, 512, 0, true, false, true);
+  for (int64_t M : {1, 2, 5, 40, 64, 65}) check(kLayouts[0], M, 1000, 512, QuantKernel::automatic, M == 5, false, true);
+  for (int64_t M : {1, 4, 16, 64}) check(kLayouts[1], M, 4096, 4096, QuantKernel::automatic, false, M == 4, false);
   // More rows than one 64 MB dequantized tile holds at K=4096 (8192 rows): two tiles.
-  check(kLayouts[0], 64, 8192 + 640, 4096, 0, true, false, false);
+  check(kLayouts[0], 80, 8192 + 640, 4096, QuantKernel::automatic, true, false, false);
 }
 
 TEST(CudaOps, QuantLinearFp8DequantizeRowsIsExact) {

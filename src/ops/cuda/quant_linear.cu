@@ -16,10 +16,13 @@ using namespace ::ts::cuda;
 
 namespace {
 
-// Auto policy: the GEMV up to this many rows. Per 16 weights a row costs ~32 CUDA-core ops
-// (FMA + bf16 unpack) on top of ~11 to unpack the weights, so past a few rows the GEMV is
-// compute-bound; it still reads 5x fewer bytes than dequantize + GEMM (1 B vs 1 + 2 + 2).
-constexpr int kQuantGemvMaxM = 8;
+// Auto policy (before the H200 lab: guesses from op counts). The CUDA-core GEMV spends ~32 ops
+// per 16 weights per row (FMA + bf16 unpack) on top of ~11 to unpack the weights, so past a few
+// rows it is compute-bound; the tensor-core kernel (mma) unpacks once for all rows. Both read
+// 5x fewer bytes than dequantize + GEMM (1 B per weight vs 1 + 2 + 2).
+constexpr int kQuantGemvAutoM = 2;   // GEMV up to here
+constexpr int kQuantMmaAutoM = 64;   // then mma (k blocks >= 64)
+constexpr int kQuantGemvMaxM = 8;    // else GEMV up to here, then dequantized tiles
 constexpr int kQuantGemvMaxForced = 16;
 constexpr int kQWarps = 8;   // one output feature per warp
 constexpr int kQUnroll = 4;  // 16-byte weight loads in flight per lane
@@ -129,6 +132,132 @@ void gemv(int M, const Tensor& x, const LinearWeight& w, const __nv_bfloat16* bi
   }
 }
 
+// ---- tensor-core W8A16 for small batches (M <= 8 * kMmaMaxTiles) --------------------------------
+// Block = 16 output features x all M rows of x; its 8 warps split K in interleaved 64-wide chunks
+// (adjacent warps read adjacent 64 bytes of each weight row) and reduce through shared memory.
+// Per chunk a lane (g = lane / 4, t = lane % 4) loads 16 weights of rows g and g + 8 (two 16-byte
+// loads) and, per 8-row tile of x, 16 values of row g of the tile; k is permuted the same way for
+// A and B: MMA step s takes the lane's elements 4s..4s+3 as logical k (2t, 2t+1 | 2t+8, 2t+9).
+// Weights become bf16 exactly (the bit move gives e4m3 x 2^-120, one bf16x2 multiply by 2^120
+// restores it, subnormals included); each chunk lies inside one k block (2^bk >= 64), so its
+// partial product takes the row's block scale once.
+constexpr int kMmaWarps = 8;
+constexpr int kMmaMaxTiles = 8;
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Bytes (sel: 0x1404 -> bytes 0, 1; 0x3424 -> bytes 2, 3) of v as bf16x2, exact.
+template <uint32_t Sel>
+__device__ __forceinline__ uint32_t e4m3x2_bf16x2(uint32_t v) {
+  const uint32_t t = __byte_perm(v, 0u, Sel);  // the two bytes in bits 8..15 and 24..31
+  const uint32_t r = (t & 0x80008000u) | ((t >> 4) & 0x07f007f0u);  // e4m3 x 2^-120
+  __nv_bfloat162 h = *reinterpret_cast<const __nv_bfloat162*>(&r);
+  h = __hmul2(h, __floats2bfloat162_rn(0x1p120f, 0x1p120f));
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+template <int MT, typename OutT>
+__global__ void __launch_bounds__(kMmaWarps * 32)
+fp8_mma_kernel(const __nv_bfloat16* __restrict__ x, int64_t x_ld, int M, const uint8_t* __restrict__ w,
+               int64_t w_ld, const float* __restrict__ sc, int64_t s_ld, int bn_log2, int bk_log2,
+               const __nv_bfloat16* __restrict__ bias, OutT* __restrict__ out, int64_t out_ld, int N, int K) {
+  __shared__ float red[kMmaWarps][MT][4][32];
+  pdl_wait();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t n0 = int64_t(blockIdx.x) * 16;
+  const int64_t r_lo = n0 + g, r_hi = n0 + g + 8;
+  const bool ok_lo = r_lo < N, ok_hi = r_hi < N;
+  const uint8_t* w_lo = w + (ok_lo ? r_lo : 0) * w_ld;
+  const uint8_t* w_hi = w + (ok_hi ? r_hi : 0) * w_ld;
+  const float* s_lo = sc + ((ok_lo ? r_lo : 0) >> bn_log2) * s_ld;
+  const float* s_hi = sc + ((ok_hi ? r_hi : 0) >> bn_log2) * s_ld;
+  float acc[MT][4];
+#pragma unroll
+  for (int T = 0; T < MT; ++T)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[T][r] = 0.0f;
+  const int nchunks = (K + 63) / 64;
+  for (int c = warp; c < nchunks; c += kMmaWarps) {
+    const int kt = c * 64 + t * 16;  // this lane's 16 values
+    const bool kin = kt < K;
+    const uint4 wl = kin && ok_lo ? ld_stream(w_lo + kt) : make_uint4(0, 0, 0, 0);
+    const uint4 wh = kin && ok_hi ? ld_stream(w_hi + kt) : make_uint4(0, 0, 0, 0);
+    const float sl = ok_lo ? __ldg(s_lo + ((c * 64) >> bk_log2)) : 0.0f;
+    const float sh = ok_hi ? __ldg(s_hi + ((c * 64) >> bk_log2)) : 0.0f;
+    const uint32_t wlw[4] = {wl.x, wl.y, wl.z, wl.w}, whw[4] = {wh.x, wh.y, wh.z, wh.w};
+    uint32_t a[4][4];
+#pragma unroll
+    for (int st = 0; st < 4; ++st) {
+      a[st][0] = e4m3x2_bf16x2<0x1404>(wlw[st]);
+      a[st][1] = e4m3x2_bf16x2<0x1404>(whw[st]);
+      a[st][2] = e4m3x2_bf16x2<0x3424>(wlw[st]);
+      a[st][3] = e4m3x2_bf16x2<0x3424>(whw[st]);
+    }
+#pragma unroll
+    for (int T = 0; T < MT; ++T) {
+      const int row = T * 8 + g;
+      uint4 x0 = make_uint4(0, 0, 0, 0), x1 = make_uint4(0, 0, 0, 0);
+      if (kin && row < M) {
+        const uint4* xp = reinterpret_cast<const uint4*>(x + row * x_ld + kt);
+        x0 = xp[0];
+        x1 = xp[1];
+      }
+      const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+      float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int st = 0; st < 4; ++st) mma_bf16(p, a[st][0], a[st][1], a[st][2], a[st][3], xw[2 * st], xw[2 * st + 1]);
+      acc[T][0] = fmaf(p[0], sl, acc[T][0]);
+      acc[T][1] = fmaf(p[1], sl, acc[T][1]);
+      acc[T][2] = fmaf(p[2], sh, acc[T][2]);
+      acc[T][3] = fmaf(p[3], sh, acc[T][3]);
+    }
+  }
+  pdl_trigger();
+#pragma unroll
+  for (int T = 0; T < MT; ++T)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) red[warp][T][r][lane] = acc[T][r];
+  __syncthreads();
+  // C fragment: r 0, 1 -> feature g, tokens 2t, 2t + 1; r 2, 3 -> feature g + 8.
+  for (int i = threadIdx.x; i < MT * 4 * 32; i += kMmaWarps * 32) {
+    const int T = i / 128, r = (i / 32) % 4, l = i % 32;
+    const int64_t n = n0 + (l >> 2) + (r >= 2 ? 8 : 0);
+    const int m = T * 8 + 2 * (l & 3) + (r & 1);
+    if (n >= N || m >= M) continue;
+    float v = bias ? __bfloat162float(bias[n]) : 0.0f;
+#pragma unroll
+    for (int ww = 0; ww < kMmaWarps; ++ww) v += red[ww][T][r][l];
+    store_out(out + m * out_ld + n, v);
+  }
+}
+
+template <int MT, typename OutT>
+void mma_launch(const Tensor& x, const LinearWeight& w, const __nv_bfloat16* bias, OutT* out, int64_t out_ld) {
+  const int N = int(w.size(0)), K = int(w.size(1));
+  launch(fp8_mma_kernel<MT, OutT>, dim3(unsigned(ceil_div(N, 16))), dim3(kMmaWarps * 32), 0, true,
+         x.ptr<__nv_bfloat16>(), x.row_stride(), int(x.rows()), w.ptr<uint8_t>(), w.row_stride(),
+         w.quant.scale.ptr<float>(), w.quant.scale.size(1), w.quant.block_n_log2, w.quant.block_k_log2, bias, out,
+         out_ld, N, K);
+}
+
+template <typename OutT>
+void mma(const Tensor& x, const LinearWeight& w, const __nv_bfloat16* bias, OutT* out, int64_t out_ld) {
+  switch ((x.rows() + 7) / 8) {
+#define TS_QCASE(t) \
+  case t: mma_launch<t, OutT>(x, w, bias, out, out_ld); break;
+    TS_QCASE(1) TS_QCASE(2) TS_QCASE(3) TS_QCASE(4) TS_QCASE(5) TS_QCASE(6) TS_QCASE(7) TS_QCASE(8)
+#undef TS_QCASE
+    default: fail("fp8 mma: M {} > {}", x.rows(), 8 * kMmaMaxTiles);
+  }
+}
+
 // out [rows, K] bf16 = rows [row0, row0 + rows) of W dequantized; one thread per 16 values.
 __global__ void fp8_dequant_kernel(const uint8_t* __restrict__ w, int64_t w_ld, const float* __restrict__ sc,
                                    int64_t s_ld, int bn_log2, int bk_log2, int64_t row0, int64_t rows, int K,
@@ -195,6 +324,13 @@ void dequantize_rows(const LinearWeight& w, int64_t row0, int64_t rows, Tensor& 
 }
 
 void quant_linear(const Tensor& x, const LinearWeight& w, Tensor& out, const Tensor* bias, const KernelPolicy& policy) {
+  const QuantKernel k = policy.linear == LinearPath::gemv       ? QuantKernel::gemv
+                        : policy.linear == LinearPath::cublaslt ? QuantKernel::tiles
+                                                                : QuantKernel::automatic;
+  quant_linear_kernel(x, w, out, bias, k);
+}
+
+void quant_linear_kernel(const Tensor& x, const LinearWeight& w, Tensor& out, const Tensor* bias, QuantKernel kernel) {
   check_weight(w);
   check_dev(x, DType::bf16, "linear x");
   const bool f32out = out.dtype == DType::f32;
@@ -209,12 +345,23 @@ void quant_linear(const Tensor& x, const LinearWeight& w, Tensor& out, const Ten
     bp = bias->ptr<__nv_bfloat16>();
   }
   if (M == 0 || N == 0) return;
-  const int64_t ldx = x.row_stride(), ldc = out.row_stride();
-  const int max_m = policy.linear == LinearPath::gemv ? kQuantGemvMaxForced : kQuantGemvMaxM;
-  const bool gemv_ok = M <= max_m && vec8_ok(x.data, K, ldx) && K % 16 == 0;
-  if (gemv_ok && policy.linear != LinearPath::cublaslt) {
+  const int64_t ldc = out.row_stride();
+  const bool vec_ok = vec8_ok(x.data, K, x.row_stride());
+  const bool gemv_ok = vec_ok && M <= kQuantGemvMaxForced;
+  const bool mma_ok = vec_ok && M <= 8 * kMmaMaxTiles && w.quant.block_k_log2 >= 6;
+  if (kernel == QuantKernel::automatic)
+    kernel = M <= kQuantGemvAutoM && gemv_ok ? QuantKernel::gemv
+             : M <= kQuantMmaAutoM && mma_ok ? QuantKernel::mma
+             : M <= kQuantGemvMaxM && gemv_ok ? QuantKernel::gemv
+                                              : QuantKernel::tiles;
+  if (kernel == QuantKernel::gemv && gemv_ok) {
     if (f32out) gemv(int(M), x, w, bp, out.ptr<float>(), ldc);
     else gemv(int(M), x, w, bp, out.ptr<__nv_bfloat16>(), ldc);
+    return;
+  }
+  if (kernel == QuantKernel::mma && mma_ok) {
+    if (f32out) mma(x, w, bp, out.ptr<float>(), ldc);
+    else mma(x, w, bp, out.ptr<__nv_bfloat16>(), ldc);
     return;
   }
   // Prefill: bf16 row tiles of W (at most kDequantScratch bytes, whole scale blocks) through the
