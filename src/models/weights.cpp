@@ -187,6 +187,8 @@ struct QuantPart {
   Tensor data, scale;
   int bn = 0, bk = 0;
   const char* format = "";
+  bool nvfp4 = false;
+  Tensor scale2;  // nvfp4: f32 [rows]
 };
 
 // Per-row scales [rows, cols] of rows [start, start + rows) of a grid with 2^bn-row blocks.
@@ -233,6 +235,10 @@ std::optional<QuantPart> quant_part(const io::StoredWeight& sw, const WeightLoad
     case WeightFormat::mxfp8:
       q.bk = 5;
       break;
+    case WeightFormat::nvfp4:
+      q.nvfp4 = true;
+      q.bk = 4;
+      break;
     case WeightFormat::fp8_block: {
       const int64_t bn = sw.block_n, bk = sw.block_k;
       if ((bn & (bn - 1)) || (bk & (bk - 1)) || bk < 16) return std::nullopt;
@@ -246,7 +252,7 @@ std::optional<QuantPart> quant_part(const io::StoredWeight& sw, const WeightLoad
   int64_t r0 = 0, rn = N, c0 = 0, cn = K;
   (p.dim == 0 ? r0 : c0) = p.start;
   (p.dim == 0 ? rn : cn) = count;
-  if (cn % 16 != 0) return std::nullopt;
+  if (cn % (q.nvfp4 ? 32 : 16) != 0) return std::nullopt;
   // Columns: the scale grid is cut at k blocks (a per-channel grid has one column: any cut).
   int64_t sc0 = 0, scn = grid.size(1);
   if (grid.size(1) > 1 && (c0 != 0 || cn != K)) {
@@ -263,7 +269,17 @@ std::optional<QuantPart> quant_part(const io::StoredWeight& sw, const WeightLoad
     grid = host_block(grid, s0, s1 - s0, 0, grid.size(1));
   }
   q.scale = host_block(grid, 0, grid.size(0), sc0, scn);
-  q.data = host_block(sw.data, r0, rn, c0, cn);
+  if (!q.nvfp4) {
+    q.data = host_block(sw.data, r0, rn, c0, cn);
+    return q;
+  }
+  // Two values a byte; the scales back to their E4M3 codes (exact: they were decoded from them).
+  q.data = host_block(sw.data, r0, rn, c0 / 2, cn / 2);
+  Tensor codes = Tensor::empty(q.scale.dims(), DType::f8_e4m3);
+  for (int64_t i = 0; i < codes.numel(); ++i) codes.ptr<uint8_t>()[i] = f32_to_e4m3(q.scale.ptr<float>()[i]);
+  q.scale = codes;
+  q.scale2 = Tensor::empty({rn}, DType::f32);
+  for (int64_t i = 0; i < rn; ++i) q.scale2.ptr<float>()[i] = sw.scale2;
   return q;
 }
 
@@ -288,7 +304,8 @@ std::optional<ops::LinearWeight> WeightLoader::stored_linear(const std::vector<P
   const int64_t cols = qs[0].data.size(1), scols = qs[0].scale.size(1);
   bool same_rows = true;
   for (size_t i = 0; i < qs.size(); ++i) {
-    if (qs[i].bk != bk || qs[i].data.size(1) != cols || qs[i].scale.size(1) != scols) return std::nullopt;
+    if (qs[i].bk != bk || qs[i].nvfp4 != qs[0].nvfp4 || qs[i].data.size(1) != cols || qs[i].scale.size(1) != scols)
+      return std::nullopt;
     same_rows = same_rows && qs[i].bn == qs[0].bn &&
                 (i + 1 == qs.size() || qs[i].data.size(0) % (int64_t(1) << qs[i].bn) == 0);
   }
@@ -299,20 +316,26 @@ std::optional<ops::LinearWeight> WeightLoader::stored_linear(const std::vector<P
     }
   int64_t rows = 0, srows = 0;
   for (auto& q : qs) rows += q.data.size(0), srows += q.scale.size(0);
-  Tensor data = Tensor::empty({rows, cols}, DType::f8_e4m3);
-  Tensor scale = Tensor::empty({srows, scols}, DType::f32);
-  size_t d_off = 0, s_off = 0;
+  const bool fp4 = qs[0].nvfp4;
+  Tensor data = Tensor::empty({rows, cols}, fp4 ? DType::u8 : DType::f8_e4m3);
+  Tensor scale = Tensor::empty({srows, scols}, fp4 ? DType::f8_e4m3 : DType::f32);
+  Tensor scale2 = fp4 ? Tensor::empty({rows}, DType::f32) : Tensor{};
+  size_t d_off = 0, s_off = 0, s2_off = 0;
   for (auto& q : qs) {
     std::memcpy(static_cast<char*>(data.data) + d_off, q.data.data, q.data.nbytes());
     std::memcpy(static_cast<char*>(scale.data) + s_off, q.scale.data, q.scale.nbytes());
+    if (fp4) std::memcpy(static_cast<char*>(scale2.data) + s2_off, q.scale2.data, q.scale2.nbytes());
     d_off += q.data.nbytes();
     s_off += q.scale.nbytes();
+    s2_off += fp4 ? q.scale2.nbytes() : 0;
   }
   ops::LinearWeight w(data);
   w.quant.scale = scale;
   w.quant.block_n_log2 = qs[0].bn;
   w.quant.block_k_log2 = bk;
   w.quant.format = qs[0].format;
+  w.quant.nvfp4 = fp4;
+  w.quant.scale2 = scale2;
   return w;
 }
 
@@ -326,16 +349,29 @@ ops::LinearWeight WeightLoader::load_linear(const std::vector<Part>& parts) {
   ops::LinearWeight w(host->to(device_));
   w.quant = host->quant;
   w.quant.scale = host->quant.scale.to(device_);
+  if (host->quant.nvfp4) w.quant.scale2 = host->quant.scale2.to(device_);
   bytes_ += w.stored_bytes();
   return w;
 }
 
 Tensor dequantize_linear(const ops::LinearWeight& w) {
-  TS_CHECK(w.quantized() && w.dtype == DType::f8_e4m3 && w.ndim == 2, "dequantize_linear: not an FP8 linear weight");
-  Tensor d = w.device == Device::cpu ? static_cast<const Tensor&>(w) : w.to(Device::cpu);
-  Tensor s = w.quant.scale.device == Device::cpu ? w.quant.scale : w.quant.scale.to(Device::cpu);
-  const int64_t N = d.size(0), K = d.size(1), sc = s.size(1);
+  TS_CHECK(w.quantized() && w.dtype == (w.quant.nvfp4 ? DType::u8 : DType::f8_e4m3) && w.ndim == 2,
+           "dequantize_linear: not an FP8 / NVFP4 linear weight");
+  auto host = [](const Tensor& t) { return t.device == Device::cpu ? t : t.to(Device::cpu); };
+  Tensor d = host(w);
+  Tensor s = host(w.quant.scale);
+  const int64_t N = d.size(0), K = w.in_features(), sc = s.size(1);
   Tensor out = Tensor::empty({N, K}, DType::f32);
+  if (w.quant.nvfp4) {
+    Tensor s2 = host(w.quant.scale2);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) {
+        const uint8_t byte = d.ptr<uint8_t>()[n * d.row_stride() + k / 2];
+        out.ptr<float>()[n * K + k] = e2m1_to_f32((k & 1) ? byte >> 4 : byte & 0xf) *
+                                      e4m3_to_f32(s.ptr<uint8_t>()[n * sc + (k >> 4)]) * s2.ptr<float>()[n];
+      }
+    return out;
+  }
   for (int64_t n = 0; n < N; ++n)
     for (int64_t k = 0; k < K; ++k)
       out.ptr<float>()[n * K + k] = e4m3_to_f32(d.ptr<uint8_t>()[n * d.row_stride() + k]) *

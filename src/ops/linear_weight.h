@@ -14,10 +14,15 @@ namespace ts::ops {
 // Scales of a quantized W [N, K]: element (n, k) = e4m3(data[n, k]) x
 // scale[n >> block_n_log2, k >> block_k_log2] (per-channel: block_k_log2 >= log2 K, so one
 // column; per-tensor is stored per channel).
+// NVFP4 (nvfp4 = true): data u8 [N, K/2] (e2m1, element 2i in the low nibble), element (n, k) =
+// e2m1 x scale[n, k / 16] x scale2[n] with scale f8_e4m3 codes [N, K/16] (block 1 x 16) and
+// scale2 f32 [N] (weight_scale_2 per row: stacked q|k|v parts each bring their own).
 struct QuantScales {
   Tensor scale;  // f32 [ceil(N / 2^block_n_log2), ceil(K / 2^block_k_log2)], the weight's device
   int block_n_log2 = 0, block_k_log2 = 0;
   const char* format = "";  // what the checkpoint stored (io::weight_format_name), for logs
+  bool nvfp4 = false;
+  Tensor scale2;
 };
 
 struct LinearWeight : Tensor {
@@ -26,7 +31,11 @@ struct LinearWeight : Tensor {
   LinearWeight(Tensor t) : Tensor(std::move(t)) {}  // NOLINT: plain weights convert implicitly
   bool quantized() const { return quant.scale.data != nullptr; }
   // Bytes a pass over the weight reads (stored values + scales).
-  size_t stored_bytes() const { return nbytes() + (quantized() ? quant.scale.nbytes() : 0); }
+  size_t stored_bytes() const {
+    return nbytes() + (quantized() ? quant.scale.nbytes() : 0) + (quant.scale2.data ? quant.scale2.nbytes() : 0);
+  }
+  int64_t out_features() const { return size(0); }
+  int64_t in_features() const { return quant.nvfp4 ? size(1) * 2 : size(1); }
 };
 
 // out = x @ W^T (+ bias) for a plain or quantized weight (ops::linear for plain ones).

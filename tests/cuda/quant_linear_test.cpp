@@ -1,4 +1,4 @@
-// CUDA linears over FP8 weights kept as stored (ops/cuda/quant_linear.cu) vs the CPU oracle
+// CUDA linears over FP8 and NVFP4 weights kept as stored (ops/cuda/quant_linear.cu) vs the CPU oracle
 // (the weight dequantized exactly, fp32 matmul): block-128 (partial edge blocks in N and K),
 // per-channel, per-tensor and MXFP8 (per-32) scales; the GEMV (M <= 16) and the dequantized-tile
 // GEMM path (prefill); bias, strided output, f32 output.
@@ -122,4 +122,58 @@ TEST(CudaOps, QuantLinearFp8DequantizeRowsIsExact) {
     for (int64_t k = 0; k < 272; ++k)
       bad += got.ptr<float>()[r * 272 + k] != bf16_to_f32(f32_to_bf16(ref.ptr<float>()[(100 + r) * 272 + k]));
   EXPECT_EQ(bad, 0) << "values differ from bf16(e4m3 x scale)";
+}
+
+namespace {
+
+// A random NVFP4 weight [N, K] (every e2m1 code; E4M3 group scales in [0.25, 8]; per-row scale2).
+ops::LinearWeight rand_nvfp4(int64_t N, int64_t K) {
+  Tensor q = Tensor::empty({N, K / 2}, DType::u8), s = Tensor::empty({N, K / 16}, DType::f8_e4m3);
+  Tensor s2 = Tensor::empty({N}, DType::f32);
+  std::uniform_real_distribution<float> ds(0.25f, 8.0f), d2(1e-3f, 4e-3f);
+  for (int64_t i = 0; i < q.numel(); ++i) q.ptr<uint8_t>()[i] = uint8_t(rng()() & 0xff);
+  for (int64_t i = 0; i < s.numel(); ++i) s.ptr<uint8_t>()[i] = f32_to_e4m3(ds(rng()));
+  for (int64_t i = 0; i < N; ++i) s2.ptr<float>()[i] = d2(rng());
+  ops::LinearWeight w(q.to(Device::cuda));
+  w.quant.scale = s.to(Device::cuda);
+  w.quant.scale2 = s2.to(Device::cuda);
+  w.quant.block_k_log2 = 4;
+  w.quant.nvfp4 = true;
+  w.quant.format = "NVFP4";
+  return w;
+}
+
+void check_fp4(int64_t M, int64_t N, int64_t K, QuantKernel kern, bool bias, bool strided) {
+  ops::LinearWeight w = rand_nvfp4(N, K);
+  Tensor wref = models::dequantize_linear(w);
+  Pair x = Pair::rand({M, K}), b = Pair::rand({N});
+  const int64_t pad = strided ? 8 : 0;
+  Tensor oh = Tensor::zeros({M, N + pad}, DType::f32).narrow(1, 0, N);
+  ops::cpu::linear(x.h, wref, oh, bias ? &b.h : nullptr);
+  Tensor od_buf = Tensor::zeros({M, N + pad}, DType::bf16, Device::cuda);
+  Tensor od = od_buf.narrow(1, 0, N);
+  ops::cuda::quant_linear_kernel(x.d, w, od, bias ? &b.d : nullptr, kern);
+  Tensor got = to_host_f32(od_buf).narrow(1, 0, N);
+  EXPECT_CLOSE(got, oh, fmt::format("nvfp4 M={} N={} K={} {} bias={} strided={}", M, N, K, kname(kern), bias, strided));
+}
+
+}  // namespace
+
+TEST(CudaOps, QuantLinearNvfp4) {
+  TS_REQUIRE_CUDA();
+  for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{576, 1024}, {4096, 4096}, {40, 96}})
+    for (int64_t M : {1, 3, 16}) check_fp4(M, N, K, QuantKernel::gemv, M == 3, M == 3);
+  for (int64_t M : {1, 4, 5, 100}) check_fp4(M, 1000, 512, QuantKernel::automatic, M == 5, false);
+  check_fp4(16, 576, 1024, QuantKernel::tiles, true, true);
+  // The dequantized tiles match the oracle bit for bit (same rounding order).
+  ops::LinearWeight w = rand_nvfp4(300, 256);
+  Tensor ref = models::dequantize_linear(w);
+  Tensor d = Tensor::empty({200, 256}, DType::bf16, Device::cuda);
+  ops::cuda::dequantize_rows(w, 100, 200, d);
+  Tensor got = to_host_f32(d);
+  int64_t bad = 0;
+  for (int64_t r = 0; r < 200; ++r)
+    for (int64_t k = 0; k < 256; ++k)
+      bad += got.ptr<float>()[r * 256 + k] != bf16_to_f32(f32_to_bf16(ref.ptr<float>()[(100 + r) * 256 + k]));
+  EXPECT_EQ(bad, 0) << "NVFP4 tiles differ from bf16(e2m1 x scale x scale2)";
 }

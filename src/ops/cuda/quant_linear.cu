@@ -132,6 +132,138 @@ void gemv(int M, const Tensor& x, const LinearWeight& w, const __nv_bfloat16* bi
   }
 }
 
+// ---- NVFP4 (W4A16) ------------------------------------------------------------------------------
+// e2m1 nibble s ee m -> the f32 with sign s, exponent field 000000ee and mantissa m0...: exactly
+// e2m1 x 2^-126 (code 1, 0.5, lands on the f32 denormal 2^-127). The 2^126 goes into the scale.
+constexpr int kFp4GemvAutoM = 4;
+
+template <int J>
+__device__ __forceinline__ float e2m1_scaled(uint32_t v) {
+  const uint32_t sign = (v << (28 - 4 * J)) & 0x80000000u;
+  const uint32_t mag = (J <= 5 ? (v << (22 - 4 * J)) : (v >> (4 * J - 22))) & 0x01c00000u;
+  return __uint_as_float(sign | mag);
+}
+
+// sum_j w[j] * x[j] over the 8 values of one 32-bit word of nibbles and 8 bf16, in units of 2^-126.
+__device__ __forceinline__ float dot8_fp4(uint32_t w, const uint4& x) {
+  float s0 = 0.0f, s1 = 0.0f;
+  s0 = fmaf(e2m1_scaled<0>(w), __uint_as_float(x.x << 16), s0);
+  s1 = fmaf(e2m1_scaled<1>(w), __uint_as_float(x.x & 0xffff0000u), s1);
+  s0 = fmaf(e2m1_scaled<2>(w), __uint_as_float(x.y << 16), s0);
+  s1 = fmaf(e2m1_scaled<3>(w), __uint_as_float(x.y & 0xffff0000u), s1);
+  s0 = fmaf(e2m1_scaled<4>(w), __uint_as_float(x.z << 16), s0);
+  s1 = fmaf(e2m1_scaled<5>(w), __uint_as_float(x.z & 0xffff0000u), s1);
+  s0 = fmaf(e2m1_scaled<6>(w), __uint_as_float(x.w << 16), s0);
+  s1 = fmaf(e2m1_scaled<7>(w), __uint_as_float(x.w & 0xffff0000u), s1);
+  return s0 + s1;
+}
+
+__device__ __forceinline__ float e4m3_value(uint32_t b) {
+  return __uint_as_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20)) * 0x1p120f;
+}
+
+// As fp8_gemv_kernel, 32 values (16 bytes, two E4M3 block scales) per lane load.
+template <int M, typename OutT>
+__global__ void __launch_bounds__(kQWarps * 32)
+fp4_gemv_kernel(const __nv_bfloat16* __restrict__ x, int64_t x_ld, const uint8_t* __restrict__ w, int64_t w_ld,
+                const uint8_t* __restrict__ sc, int64_t s_ld, const float* __restrict__ s2,
+                const __nv_bfloat16* __restrict__ bias, OutT* __restrict__ out, int64_t out_ld, int N, int K) {
+  pdl_wait();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t n = int64_t(blockIdx.x) * kQWarps + warp;
+  if (n >= N) return;
+  const uint8_t* wr = w + n * w_ld;
+  const uint8_t* sr = sc + n * s_ld;
+  const int nv = K / 32;
+  float acc[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+  for (int base = 0; base < nv; base += 32 * kQUnroll) {
+    uint4 wv[kQUnroll];
+    uint32_t sv[kQUnroll];
+#pragma unroll
+    for (int u = 0; u < kQUnroll; ++u) {
+      const int i = base + u * 32 + lane;
+      wv[u] = i < nv ? ld_stream(wr + int64_t(i) * 16) : make_uint4(0, 0, 0, 0);
+      sv[u] = i < nv ? uint32_t(__ldg(reinterpret_cast<const unsigned short*>(sr) + i)) : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < kQUnroll; ++u) {
+      const int i = base + u * 32 + lane;
+      if (i < nv) {
+        const float sa = e4m3_value(sv[u] & 0xffu) * 0x1p126f, sb = e4m3_value(sv[u] >> 8) * 0x1p126f;
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          const uint4* xp = reinterpret_cast<const uint4*>(x + m * x_ld + int64_t(i) * 32);
+          const float pa = dot8_fp4(wv[u].x, xp[0]) + dot8_fp4(wv[u].y, xp[1]);
+          const float pb = dot8_fp4(wv[u].z, xp[2]) + dot8_fp4(wv[u].w, xp[3]);
+          acc[m] = fmaf(pa, sa, fmaf(pb, sb, acc[m]));
+        }
+      }
+    }
+  }
+  pdl_trigger();
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[m] = warp_sum(acc[m]);
+  if (lane == 0) {
+    const float b = bias ? __bfloat162float(bias[n]) : 0.0f, g = s2[n];
+#pragma unroll
+    for (int m = 0; m < M; ++m) store_out(out + m * out_ld + n, acc[m] * g + b);
+  }
+}
+
+template <int M, typename OutT>
+void fp4_gemv_launch(const Tensor& x, const LinearWeight& w, const __nv_bfloat16* bias, OutT* out, int64_t out_ld) {
+  const int N = int(w.size(0)), K = int(w.in_features());
+  launch(fp4_gemv_kernel<M, OutT>, dim3(unsigned(ceil_div(N, kQWarps))), dim3(kQWarps * 32), 0, true,
+         x.ptr<__nv_bfloat16>(), x.row_stride(), w.ptr<uint8_t>(), w.row_stride(), w.quant.scale.ptr<uint8_t>(),
+         w.quant.scale.row_stride(), w.quant.scale2.ptr<float>(), bias, out, out_ld, N, K);
+}
+
+template <typename OutT>
+void fp4_gemv(int M, const Tensor& x, const LinearWeight& w, const __nv_bfloat16* bias, OutT* out, int64_t out_ld) {
+  switch (M) {
+#define TS_QCASE(m) \
+  case m: fp4_gemv_launch<m, OutT>(x, w, bias, out, out_ld); break;
+    TS_QCASE(1) TS_QCASE(2) TS_QCASE(3) TS_QCASE(4) TS_QCASE(5) TS_QCASE(6) TS_QCASE(7) TS_QCASE(8)
+    TS_QCASE(9) TS_QCASE(10) TS_QCASE(11) TS_QCASE(12) TS_QCASE(13) TS_QCASE(14) TS_QCASE(15) TS_QCASE(16)
+#undef TS_QCASE
+    default: fail("nvfp4 gemv: M {} > {}", M, kQuantGemvMaxForced);
+  }
+}
+
+// out [rows, K] bf16 = rows [row0, row0 + rows) of an NVFP4 W; one thread per 32 values.
+__global__ void fp4_dequant_kernel(const uint8_t* __restrict__ w, int64_t w_ld, const uint8_t* __restrict__ sc,
+                                   int64_t s_ld, const float* __restrict__ s2, int64_t row0, int64_t rows, int K,
+                                   __nv_bfloat16* __restrict__ out) {
+  pdl_wait();
+  const int64_t nv = K / 32;
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= rows * nv) return;
+  const int64_t r = idx / nv, c = idx % nv, n = row0 + r;
+  const uint4 v = ld_stream(w + n * w_ld + c * 16);
+  const uint32_t sv = reinterpret_cast<const unsigned short*>(sc + n * s_ld)[c];
+  const float sa = e4m3_value(sv & 0xffu), sb = e4m3_value(sv >> 8), g = s2[n];
+  const uint32_t ww[4] = {v.x, v.y, v.z, v.w};
+  uint32_t o[16];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const float s = q < 2 ? sa : sb;
+    // (e2m1 x block scale) x global scale: the CPU oracle's order, so the same rounding.
+    const float f[8] = {e2m1_scaled<0>(ww[q]), e2m1_scaled<1>(ww[q]), e2m1_scaled<2>(ww[q]), e2m1_scaled<3>(ww[q]),
+                        e2m1_scaled<4>(ww[q]), e2m1_scaled<5>(ww[q]), e2m1_scaled<6>(ww[q]), e2m1_scaled<7>(ww[q])};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * j] * 0x1p126f * s * g, f[2 * j + 1] * 0x1p126f * s * g);
+      o[4 * q + j] = *reinterpret_cast<uint32_t*>(&h);
+    }
+  }
+  pdl_trigger();
+  uint4* op = reinterpret_cast<uint4*>(out + r * K + c * 32);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) op[j] = make_uint4(o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]);
+}
+
 // ---- tensor-core W8A16 for small batches (M <= 8 * kMmaMaxTiles) --------------------------------
 // Block = 16 output features x all M rows of x; its 8 warps split K in interleaved 64-wide chunks
 // (adjacent warps read adjacent 64 bytes of each weight row) and reduce through shared memory.
@@ -286,23 +418,31 @@ __global__ void fp8_dequant_kernel(const uint8_t* __restrict__ w, int64_t w_ld, 
 }
 
 void check_weight(const LinearWeight& w) {
-  TS_CHECK(w.quantized() && w.dtype == DType::f8_e4m3 && w.ndim == 2 && w.device == Device::cuda,
-           "quant_linear: weight must be a quantized f8_e4m3 [N, K] on the GPU, got {} {}", dtype_name(w.dtype),
-           w.shape_str());
-  const Tensor& s = w.quant.scale;
-  TS_CHECK(s.dtype == DType::f32 && s.ndim == 2 && s.is_contiguous() && s.device == Device::cuda,
-           "quant_linear: scales must be f32 [rows, cols] on the GPU");
-  TS_CHECK(w.quant.block_k_log2 >= 4 && w.quant.block_n_log2 >= 0 && w.quant.block_n_log2 < 31 &&
-               w.quant.block_k_log2 < 31,
-           "quant_linear: block 2^{} x 2^{} (need k blocks of >= 16)", w.quant.block_n_log2, w.quant.block_k_log2);
-  const int64_t N = w.size(0), K = w.size(1);
-  TS_CHECK(s.size(0) == ceil_div(N, int64_t(1) << w.quant.block_n_log2) &&
-               s.size(1) == ceil_div(K, int64_t(1) << w.quant.block_k_log2),
-           "quant_linear: scales {} for weight {} with blocks 2^{} x 2^{}", s.shape_str(), w.shape_str(),
-           w.quant.block_n_log2, w.quant.block_k_log2);
+  const QuantScales& q = w.quant;
+  const Tensor& s = q.scale;
+  const int64_t N = w.size(0), K = w.in_features();
+  TS_CHECK(N <= 0x7fffffff && K <= 0x7fffffff, "quant_linear: too large");
+  TS_CHECK(w.quantized() && w.ndim == 2 && w.device == Device::cuda && s.ndim == 2 && s.is_contiguous() &&
+               s.device == Device::cuda,
+           "quant_linear: weight must be a quantized [N, K] weight with 2-D scales on the GPU, got {} {}",
+           dtype_name(w.dtype), w.shape_str());
+  if (q.nvfp4) {
+    TS_CHECK(w.dtype == DType::u8 && s.dtype == DType::f8_e4m3 && s.size(0) == N && s.size(1) == K / 16 &&
+                 q.scale2.dtype == DType::f32 && q.scale2.numel() == N && q.scale2.device == Device::cuda,
+             "quant_linear: NVFP4 weight {} needs E4M3 scales [N, K/16] (got {}) and f32 scale2 [N]", w.shape_str(),
+             s.shape_str());
+    TS_CHECK(K % 32 == 0 && w.row_stride() % 16 == 0 && aligned16(w.data) && s.row_stride() % 2 == 0,
+             "quant_linear: NVFP4 K {} must be a multiple of 32 (16-byte rows)", K);
+    return;
+  }
+  TS_CHECK(w.dtype == DType::f8_e4m3 && s.dtype == DType::f32, "quant_linear: FP8 weight must be f8_e4m3 with f32 scales");
+  TS_CHECK(q.block_k_log2 >= 4 && q.block_n_log2 >= 0 && q.block_n_log2 < 31 && q.block_k_log2 < 31,
+           "quant_linear: block 2^{} x 2^{} (need k blocks of >= 16)", q.block_n_log2, q.block_k_log2);
+  TS_CHECK(s.size(0) == ceil_div(N, int64_t(1) << q.block_n_log2) && s.size(1) == ceil_div(K, int64_t(1) << q.block_k_log2),
+           "quant_linear: scales {} for weight {} with blocks 2^{} x 2^{}", s.shape_str(), w.shape_str(), q.block_n_log2,
+           q.block_k_log2);
   TS_CHECK(K % 16 == 0 && w.row_stride() % 16 == 0 && aligned16(w.data),
            "quant_linear: K {} and the row stride must be multiples of 16", K);
-  TS_CHECK(N <= 0x7fffffff && K <= 0x7fffffff, "quant_linear: too large");
 }
 
 }  // namespace
@@ -311,11 +451,19 @@ void reserve_quant_scratch() { workspace(3).get(kDequantScratch); }
 
 void dequantize_rows(const LinearWeight& w, int64_t row0, int64_t rows, Tensor& out) {
   check_weight(w);
-  const int64_t K = w.size(1);
+  const int64_t K = w.in_features();
   check_dev(out, DType::bf16, "dequantize_rows out");
   TS_CHECK(out.is_contiguous() && out.ndim == 2 && out.size(0) == rows && out.size(1) == K && row0 >= 0 &&
                row0 + rows <= w.size(0),
            "dequantize_rows: rows [{}, +{}) of {} into {}", row0, rows, w.shape_str(), out.shape_str());
+  if (w.quant.nvfp4) {
+    const int64_t threads = rows * (K / 32);
+    if (threads == 0) return;
+    launch(fp4_dequant_kernel, dim3(unsigned(ceil_div(threads, 256))), dim3(256), 0, true, w.ptr<uint8_t>(),
+           w.row_stride(), w.quant.scale.ptr<uint8_t>(), w.quant.scale.row_stride(), w.quant.scale2.ptr<float>(), row0,
+           rows, int(K), out.ptr<__nv_bfloat16>());
+    return;
+  }
   const int64_t threads = rows * (K / 16);
   if (threads == 0) return;
   launch(fp8_dequant_kernel, dim3(unsigned(ceil_div(threads, 256))), dim3(256), 0, true, w.ptr<uint8_t>(),
@@ -336,7 +484,7 @@ void quant_linear_kernel(const Tensor& x, const LinearWeight& w, Tensor& out, co
   const bool f32out = out.dtype == DType::f32;
   if (!f32out) check_dev(out, DType::bf16, "linear out");
   const int64_t M = x.rows(), K = x.size(-1), N = w.size(0);
-  TS_CHECK(w.size(1) == K && out.rows() == M && out.size(-1) == N, "linear: x {} w {} ({}) out {}", x.shape_str(),
+  TS_CHECK(w.in_features() == K && out.rows() == M && out.size(-1) == N, "linear: x {} w {} ({}) out {}", x.shape_str(),
            w.shape_str(), w.quant.format, out.shape_str());
   const __nv_bfloat16* bp = nullptr;
   if (bias && bias->data) {
@@ -348,6 +496,15 @@ void quant_linear_kernel(const Tensor& x, const LinearWeight& w, Tensor& out, co
   const int64_t ldc = out.row_stride();
   const bool vec_ok = vec8_ok(x.data, K, x.row_stride());
   const bool gemv_ok = vec_ok && M <= kQuantGemvMaxForced;
+  if (w.quant.nvfp4) {
+    if (kernel == QuantKernel::automatic) kernel = M <= kFp4GemvAutoM ? QuantKernel::gemv : QuantKernel::tiles;
+    if (kernel != QuantKernel::tiles && gemv_ok) {  // no tensor-core form yet: mma means the GEMV
+      if (f32out) fp4_gemv(int(M), x, w, bp, out.ptr<float>(), ldc);
+      else fp4_gemv(int(M), x, w, bp, out.ptr<__nv_bfloat16>(), ldc);
+      return;
+    }
+    kernel = QuantKernel::tiles;
+  }
   const bool mma_ok = vec_ok && M <= 8 * kMmaMaxTiles && w.quant.block_k_log2 >= 6;
   if (kernel == QuantKernel::automatic)
     kernel = M <= kQuantGemvAutoM && gemv_ok ? QuantKernel::gemv

@@ -52,12 +52,24 @@ models::WeightLoader write(TmpCkpt& c, const std::string& format, int64_t na, in
   std::vector<std::pair<std::string, Tensor>> ts;
   auto cdiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
   for (auto [name, n] : std::vector<std::pair<std::string, int64_t>>{{"a", na}, {"b", nb}}) {
+    if (format == "nvfp4") {
+      Tensor w = Tensor::empty({n, K / 2}, DType::u8), sc = Tensor::empty({n, K / 16}, DType::f8_e4m3);
+      for (int64_t i = 0; i < w.numel(); ++i) w.ptr<uint8_t>()[i] = uint8_t(r() & 0xff);
+      std::uniform_real_distribution<float> d(0.25f, 8.0f);
+      for (int64_t i = 0; i < sc.numel(); ++i) sc.ptr<uint8_t>()[i] = f32_to_e4m3(d(r));
+      ts.push_back({name + ".weight", w});
+      ts.push_back({name + ".weight_scale", sc});
+      ts.push_back({name + ".weight_scale_2", rand_scale({}, r)});
+      continue;
+    }
     ts.push_back({name + ".weight", rand_fp8(n, K, r)});
     if (format == "block") ts.push_back({name + ".weight_scale_inv", rand_scale({cdiv(n, 128), cdiv(K, 128)}, r)});
     else if (format == "channel") ts.push_back({name + ".weight_scale", rand_scale({n, 1}, r)});
     else ts.push_back({name + ".weight_scale", rand_scale({1}, r)});
   }
-  if (format == "block") {
+  if (format == "nvfp4") {
+    q = json::parse(R"({"quant_method":"modelopt","quant_algo":"NVFP4","group_size":16})");
+  } else if (format == "block") {
     q = json::parse(R"({"quant_method":"fp8","fmt":"e4m3","weight_block_size":[128,128]})");
   } else {
     q = json::parse(R"({"quant_method":"compressed-tensors","format":"float-quantized",
@@ -72,7 +84,7 @@ models::WeightLoader write(TmpCkpt& c, const std::string& format, int64_t na, in
 void expect_same(models::WeightLoader& wl, const std::vector<Part>& parts, const std::string& what) {
   std::optional<ops::LinearWeight> w = wl.stored_linear(parts);
   ASSERT_TRUE(w.has_value()) << what;
-  ASSERT_TRUE(w->quantized() && w->dtype == DType::f8_e4m3) << what;
+  ASSERT_TRUE(w->quantized() && w->dtype == (w->quant.nvfp4 ? DType::u8 : DType::f8_e4m3)) << what;
   Tensor ref = wl.load_parts(parts);  // the CPU loader: dequantized f32
   Tensor got = models::dequantize_linear(*w);
   ASSERT_EQ(got.dims(), ref.dims()) << what;
@@ -111,4 +123,16 @@ TEST(LinearWeight, ChannelAndTensorScales) {
                 std::string(f) + " row shards");
     expect_same(wl, {Part{"a.weight", {48, K}, 1, 32, 48}}, std::string(f) + " column shard");
   }
+}
+
+TEST(LinearWeight, Nvfp4StacksAndShards) {
+  TmpCkpt c("nvfp4");
+  const int64_t K = 128;
+  models::WeightLoader wl = write(c, "nvfp4", 48, 40, K);  // a and b: different weight_scale_2
+  expect_same(wl, {Part{"a.weight", {48, K}}, Part{"b.weight", {40, K}}}, "nvfp4 stack");
+  expect_same(wl, {Part{"a.weight", {48, K}, 0, 5, 20}, Part{"b.weight", {40, K}, 0, 3, 16}}, "nvfp4 row shards");
+  expect_same(wl, {Part{"a.weight", {48, K}, 1, 32, 64}}, "nvfp4 column shard");
+  expect_same(wl, {Part{"a.weight", {48, K}, 1, 16, 96}}, "nvfp4 column shard on a 16-value group");
+  EXPECT_FALSE(wl.stored_linear({Part{"a.weight", {48, K}, 1, 8, 64}}).has_value()) << "cut inside a scale group";
+  EXPECT_FALSE(wl.stored_linear({Part{"a.weight", {48, K}, 1, 0, 48}}).has_value()) << "K % 32 != 0";
 }
