@@ -43,6 +43,21 @@ Tensor rand_bf16(std::vector<int64_t> shape, uint64_t key, float std) {
   return h.to(Device::cuda);
 }
 
+ops::LinearWeight nvfp4_weight(int64_t N, int64_t K, uint64_t key) {
+  ops::LinearWeight w(rand_fp8(N, K / 2, key).view({N, K / 2}));
+  w.dtype = DType::u8;
+  Tensor s = Tensor::empty({N, K / 16}, DType::f8_e4m3);
+  for (int64_t i = 0; i < s.numel(); ++i) s.ptr<uint8_t>()[i] = uint8_t(0x30 + i % 16);  // 0.5 .. 1.9
+  Tensor s2 = Tensor::empty({N}, DType::f32);
+  for (int64_t i = 0; i < N; ++i) s2.ptr<float>()[i] = 1e-3f;
+  w.quant.scale = s.to(Device::cuda);
+  w.quant.scale2 = s2.to(Device::cuda);
+  w.quant.block_k_log2 = 4;
+  w.quant.nvfp4 = true;
+  w.quant.format = "NVFP4";
+  return w;
+}
+
 ops::LinearWeight fp8_weight(int64_t N, int64_t K, int bn, int bk, uint64_t key) {
   ops::LinearWeight w(rand_fp8(N, K, key));
   const int64_t sr = (N + (int64_t(1) << bn) - 1) >> bn, sc = (K + (int64_t(1) << bk) - 1) >> bk;
@@ -80,9 +95,10 @@ std::string run_linear_lab(const LinearLabOptions& o) {
       "## Linear kernels, bf16 vs FP8 weights kept as stored (copy ceiling {:.0f} GB/s read+write)\n\n"
       "GB/s = weight bytes as stored / time (FP8: values + f32 scales). gemv / mma / tiles: the FP8 kernels "
       "forced (CUDA-core W8A16 GEMV, M <= 16; tensor-core W8A16, M <= 64; dequantized bf16 tiles + cuBLASLt); "
-      "auto: what ops::linear picks.\n\n"
+      "auto: what ops::linear picks. nvfp4: W4A16 (e2m1 + E4M3 per 16 + f32 per row).\n\n"
       "| shape | N x K | M | bf16 us | bf16 GB/s | fp8 block auto us | GB/s | % copy | x bf16 | fp8 gemv us | fp8 "
-      "mma us | fp8 tiles us | fp8 channel auto us |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+      "mma us | fp8 tiles us | fp8 channel auto us | nvfp4 auto us | nvfp4 GB/s | % copy |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
       copy);
   for (const Shape& s : shapes) {
     const int64_t N = s.n, K = s.k;
@@ -91,12 +107,14 @@ std::string run_linear_lab(const LinearLabOptions& o) {
     const int nb = int(std::max<int64_t>(1, (int64_t(256) << 20) / int64_t(bf16_bytes) + 1));
     const int nq = int(std::max<int64_t>(1, (int64_t(256) << 20) / (N * K) + 1));
     std::vector<Tensor> wb;
-    std::vector<ops::LinearWeight> wq, wc;
+    std::vector<ops::LinearWeight> wq, wc, w4;
     for (int i = 0; i < nb; ++i) wb.push_back(rand_bf16({N, K}, stream_key(1, s.name) + uint64_t(i), 0.02f));
     for (int i = 0; i < nq; ++i) {
       wq.push_back(fp8_weight(N, K, 7, 7, stream_key(2, s.name) + uint64_t(i) * 0x1000000ull));
       wc.push_back(fp8_weight(N, K, 0, 30, stream_key(3, s.name) + uint64_t(i) * 0x1000000ull));
+      w4.push_back(nvfp4_weight(N, K, stream_key(5, s.name) + uint64_t(i) * 0x1000000ull));
     }
+    const double f4_bytes = double(w4[0].stored_bytes());
     const double q_bytes = double(wq[0].stored_bytes()), c_bytes = double(wc[0].stored_bytes());
     for (int M : o.ms) {
       Tensor x = rand_bf16({M, K}, stream_key(4, s.name), 1.0f);
@@ -104,6 +122,7 @@ std::string run_linear_lab(const LinearLabOptions& o) {
       const double tb = per_call(o.iters, [&](int i) { ops::cuda::linear(x, wb[size_t(i % nb)], out); });
       const double tq = per_call(o.iters, [&](int i) { ops::cuda::quant_linear(x, wq[size_t(i % nq)], out); });
       const double tc = per_call(o.iters, [&](int i) { ops::cuda::quant_linear(x, wc[size_t(i % nq)], out); });
+      const double t4 = per_call(o.iters, [&](int i) { ops::cuda::quant_linear(x, w4[size_t(i % nq)], out); });
       const double tt = per_call(o.iters, [&](int i) {
         ops::cuda::quant_linear(x, wq[size_t(i % nq)], out, nullptr, ops::KernelPolicy{.linear = ops::LinearPath::cublaslt});
       });
@@ -116,9 +135,12 @@ std::string run_linear_lab(const LinearLabOptions& o) {
       };
       const std::string tg = forced(QuantKernel::gemv, 16), tm = forced(QuantKernel::mma, 64);
       const double gq = q_bytes / tq / 1e9;
-      md += fmt::format("| {} | {} x {} | {} | {:.1f} | {:.0f} | {:.1f} | {:.0f} | {:.0f}% | {:.2f} | {} | {} | {:.1f} | {:.1f} |\n",
-                        s.name, N, K, M, tb * 1e6, bf16_bytes / tb / 1e9, tq * 1e6, gq, 100.0 * gq / copy, tb / tq, tg,
-                        tm, tt * 1e6, tc * 1e6);
+      const double g4 = f4_bytes / t4 / 1e9;
+      md += fmt::format(
+          "| {} | {} x {} | {} | {:.1f} | {:.0f} | {:.1f} | {:.0f} | {:.0f}% | {:.2f} | {} | {} | {:.1f} | {:.1f} | {:.1f} | "
+          "{:.0f} | {:.0f}% |\n",
+          s.name, N, K, M, tb * 1e6, bf16_bytes / tb / 1e9, tq * 1e6, gq, 100.0 * gq / copy, tb / tq, tg, tm, tt * 1e6,
+          tc * 1e6, t4 * 1e6, g4, 100.0 * g4 / copy);
       (void)c_bytes;
     }
   }
