@@ -16,11 +16,13 @@ using namespace ::ts::cuda;
 
 namespace {
 
-// Auto policy (before the H200 lab: guesses from op counts). The CUDA-core GEMV spends ~32 ops
-// per 16 weights per row (FMA + bf16 unpack) on top of ~11 to unpack the weights, so past a few
-// rows it is compute-bound; the tensor-core kernel (mma) unpacks once for all rows. Both read
-// 5x fewer bytes than dequantize + GEMM (1 B per weight vs 1 + 2 + 2).
-constexpr int kQuantGemvAutoM = 2;   // GEMV up to here
+// Auto policy. The CUDA-core GEMV spends ~32 ops per 16 weights per row (FMA + bf16 unpack) on
+// top of ~11 to unpack the weights, so past one row it is compute-bound; the tensor-core kernel
+// (mma) unpacks once for all rows. H200 lab (2026-12-02, block-128, copy 4.2 TB/s): M=1 GEMV
+// 46-72% of copy, 1.36-1.49x bf16; 8B decode bs1 284 vs 215 tok/s, bs8 1919 vs 1515 (mma), but
+// bs32/64 mma is 0.41-0.57x bf16 and the tiles (prefill) 0.56-0.64x: the mma kernel still
+// reloads x from L1 per 8-row tile (next: x in shared memory), prefill wants an FP8 GEMM.
+constexpr int kQuantGemvAutoM = 1;   // GEMV up to here (H200 lab: M=2 is slower than M=4)
 constexpr int kQuantMmaAutoM = 64;   // then mma (k blocks >= 64)
 constexpr int kQuantGemvMaxM = 8;    // else GEMV up to here, then dequantized tiles
 constexpr int kQuantGemvMaxForced = 16;
@@ -134,7 +136,8 @@ void gemv(int M, const Tensor& x, const LinearWeight& w, const __nv_bfloat16* bi
 
 // ---- NVFP4 (W4A16) ------------------------------------------------------------------------------
 // e2m1 nibble s ee m -> the f32 with sign s, exponent field 000000ee and mantissa m0...: exactly
-// e2m1 x 2^-126 (code 1, 0.5, lands on the f32 denormal 2^-127). The 2^126 goes into the scale.
+// e2m1 x 2^-126 (code 1, 0.5, lands on the f32 denormal 2^-127). The 2^126 goes onto each
+// 16-value partial sum.
 constexpr int kFp4GemvAutoM = 4;
 
 template <int J>
@@ -191,13 +194,14 @@ fp4_gemv_kernel(const __nv_bfloat16* __restrict__ x, int64_t x_ld, const uint8_t
     for (int u = 0; u < kQUnroll; ++u) {
       const int i = base + u * 32 + lane;
       if (i < nv) {
-        const float sa = e4m3_value(sv[u] & 0xffu) * 0x1p126f, sb = e4m3_value(sv[u] >> 8) * 0x1p126f;
+        // Scales up to 448 x 2^126 would overflow f32: the 2^126 goes on the partial sums instead.
+        const float sa = e4m3_value(sv[u] & 0xffu), sb = e4m3_value(sv[u] >> 8);
 #pragma unroll
         for (int m = 0; m < M; ++m) {
           const uint4* xp = reinterpret_cast<const uint4*>(x + m * x_ld + int64_t(i) * 32);
           const float pa = dot8_fp4(wv[u].x, xp[0]) + dot8_fp4(wv[u].y, xp[1]);
           const float pb = dot8_fp4(wv[u].z, xp[2]) + dot8_fp4(wv[u].w, xp[3]);
-          acc[m] = fmaf(pa, sa, fmaf(pb, sb, acc[m]));
+          acc[m] = fmaf(pa * 0x1p126f, sa, fmaf(pb * 0x1p126f, sb, acc[m]));
         }
       }
     }
