@@ -370,7 +370,9 @@ BenchResult run_model_bench(const BenchOptions& o) {
                     dtype_name(model->dtype()), fmt_gb(weight_read(1)), kv_tok / 1024.0, pool * bs, fmt_gb(pool_bytes));
   if (qc.quantized())
     md += fmt::format("quantized checkpoint ({}): a batch-1 decode step reads {} with the weights as stored vs {} as "
-                      "loaded (dequantized to {}); the decode rows' GB/s count the loaded bytes\n\n",
+                      "loaded (CUDA: FP8 / NVFP4 linears kept as stored, routed experts dequantized to {}; CPU: all "
+                      "dequantized); the decode rows' GB/s count the loaded bytes (the params figure above is loaded "
+                      "bytes / dtype size, not a parameter count, for such checkpoints)\n\n",
                       stored_fmt, fmt_gb(weight_read(1) * stored_ratio), fmt_gb(weight_read(1)), dtype_name(model->dtype()));
   md += fmt::format("device: {} ({})\n\n", device_name(dev), c.device_desc);
   md += "| ceiling | measured | how |\n|---|---|---|\n";
