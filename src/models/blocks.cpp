@@ -32,9 +32,10 @@ void attention_block(const Tensor& h, const AttentionWeights& w, const Attention
   Tensor q = as_heads(qkv.narrow(1, 0, qw), s.num_heads, s.head_dim);
   Tensor k = as_heads(qkv.narrow(1, qw, kw), s.num_kv_heads, s.head_dim);
   Tensor v = as_heads(qkv.narrow(1, qw + kw, kw), s.num_kv_heads, s.head_dim);
-  if (w.q_norm.data) ops::qk_norm_rope(q, k, w.q_norm, w.k_norm, s.eps, batch.positions, rope);
-  else ops::rope(q, k, batch.positions, rope);
-  ops::kv_write(k, v, kv_k, kv_v, batch.slot_mapping);
+  // (q/k norm +) RoPE + the paged K/V write in one op (#22 decode fusion).
+  const bool qk_norm = w.q_norm.data != nullptr;
+  ops::rope_kv_write(q, k, v, qk_norm ? &w.q_norm : nullptr, qk_norm ? &w.k_norm : nullptr, s.eps, batch.positions,
+                     rope, kv_k, kv_v, batch.slot_mapping);
   Tensor attn = ws.alloc({t_n, s.num_heads, s.head_dim}, h.dtype);
   ops::paged_attention(q, kv_k, kv_v, batch.attn, s.scale, attn);
   Tensor flat = attn.view({t_n, qw});
@@ -45,10 +46,9 @@ void attention_block(const Tensor& h, const AttentionWeights& w, const Attention
 void mlp_block(const Tensor& h, const MlpWeights& w, Workspace& ws, Tensor& out) {
   WorkspaceScope scope(ws);
   int64_t t_n = h.rows(), inter = w.down.size(1);
-  Tensor gu = ws.alloc({t_n, 2 * inter}, h.dtype);
-  ops::linear(h, w.gate_up, gu);
+  Tensor gu = ws.alloc({t_n, 2 * inter}, h.dtype);  // only written where the op does not fuse
   Tensor act = ws.alloc({t_n, inter}, h.dtype);
-  ops::silu_mul(gu, act);
+  ops::linear_silu_mul(h, w.gate_up, act, gu);  // gate_up GEMV + SiLU-mul (#22 decode fusion)
   ops::linear(act, w.down, out);
 }
 

@@ -90,6 +90,16 @@ void add_inplace(Tensor& y, const Tensor& x) { TS_DISPATCH(y.device, add_inplace
 void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache, const Tensor& slot_mapping) {
   TS_DISPATCH_BREAK(k_cache.device, kv_write, k, v, k_cache, v_cache, slot_mapping);
 }
+// A break op (it reads the per-batch slot mapping, as kv_write).
+void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor* wq, const Tensor* wk, float eps,
+                   const Tensor& positions, const Rope& r, Tensor& k_cache, Tensor& v_cache, const Tensor& slot_mapping) {
+  TS_DISPATCH_BREAK(k_cache.device, rope_kv_write, q, k, v, wq, wk, eps, positions, r, k_cache, v_cache, slot_mapping);
+}
+void linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out, Tensor& gu_scratch) {
+  TS_DISPATCH_L(
+      x.device, [&] { return fmt::format("linear_silu_mul {}x{}", w.size(0), w.size(1)); }, linear_silu_mul, x, w, out,
+      gu_scratch);
+}
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttnMeta& meta, float scale,
                      Tensor& out) {
   TS_DISPATCH_BREAK(k_cache.device, paged_attention, q, k_cache, v_cache, meta, scale, out);

@@ -68,6 +68,19 @@ void add_inplace(Tensor& y, const Tensor& x);
 // A slot < 0 means "padding row, do not write".
 void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
               const Tensor& slot_mapping);
+// Decode fusion (#22): the rotary embedding (after the per-head RMSNorm of q and k when wq/wk
+// are given: Qwen3) on q [T, nh, hd] and k [T, nkv, hd] in place, then k and v [T, nkv, hd_v]
+// written into the paged caches at slot_mapping (slot < 0: not written) — exactly
+// qk_norm_rope / rope followed by kv_write, one launch on CUDA. Any T (prefill and decode).
+void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor* wq, const Tensor* wk, float eps,
+                   const Tensor& positions, const Rope& rope, Tensor& k_cache, Tensor& v_cache,
+                   const Tensor& slot_mapping);
+// Decode fusion (#22): out [T, I] = silu(x @ Wg^T) * (x @ Wu^T) for w [2I, K] (gate rows then up
+// rows, as MlpWeights::gate_up) — linear then silu_mul, with the same bf16 roundings. On CUDA
+// at small T one GEMV launch (each warp dots a gate row and its up row and writes the product:
+// no [T, 2I] round trip, no silu_mul launch); otherwise the GEMM into gu_scratch [T, 2I] then
+// silu_mul.
+void linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out, Tensor& gu_scratch);
 // Causal paged attention for a mixed batch (prefill chunks and decodes together).
 // q [T, nh, hd]; caches as above (nkv heads, nh % nkv == 0, GQA); out [T, nh, hd_v].
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
