@@ -18,6 +18,14 @@ if [ -x "$B/test_cuda" ]; then
     > "$OUT/test_cuda_speed.log" 2>&1
   echo "test_cuda rc=$?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|max abs" "$OUT/test_cuda_speed.log" | head -40
 fi
+# Goldens on CUDA (the fused decode path must keep them): the dense models (Llama, Qwen3 q/k norm) first.
+if [ -d tests/data/llama3 ]; then
+  for m in llama3 llama2_mha qwen3 qwen3_moe deepseek_v3 minimax_m3; do
+    echo "golden $m:"; timeout 60 "$B/tokenspeed" verify-golden tests/data/$m --device cuda --atol 0.1 2>&1 | tail -3
+  done 2>&1 | tee "$OUT/golden_speed.log"
+else
+  echo "goldens: skipped (no tests/data here: run from a checkout)"
+fi
 timeout 180 "$B/tokenspeed" make-random-model --preset llama-3.1-8b --out /tmp/l8b > "$OUT/make8b.log" 2>&1
 echo "make-random-model rc=$?"
 timeout 300 "$B/tokenspeed" bench --model /tmp/l8b --device cuda --prompt-lens 8192 --batches 1,64 \
