@@ -24,7 +24,7 @@
 #include "tokenizer/tokenizer.h"
 
 #ifdef TS_WITH_CUDA
-#include "ops/cuda/runtime.h"
+#include "core/cuda/runtime.h"
 #endif
 
 namespace ts {

@@ -7,7 +7,7 @@
 
 #include "core/device_memory.h"
 #include "models/model.h"
-#include "runtime/forward_batch.h"
+#include "models/forward_batch.h"
 #include "runtime/slot_pool.h"
 
 namespace ts {
