@@ -52,6 +52,38 @@ void mlp_block(const Tensor& h, const MlpWeights& w, Workspace& ws, Tensor& out)
   ops::linear(act, w.down, out);
 }
 
+void attention_block_residual(Tensor& residual, const Tensor& in_norm, float eps, const AttentionWeights& w,
+                              const AttentionShape& s, const ops::Rope& rope, ForwardBatch& batch, Tensor& kv_k,
+                              Tensor& kv_v, Workspace& ws) {
+  WorkspaceScope scope(ws);
+  const int64_t t_n = residual.rows(), hdim = residual.size(-1), qw = s.num_heads * s.head_dim,
+                kw = s.num_kv_heads * s.head_dim;
+  Tensor qkv = ws.alloc({t_n, qw + 2 * kw + (w.output_gate ? qw : 0)}, residual.dtype);
+  Tensor xs = ws.alloc({t_n, hdim}, residual.dtype);  // scratch: written only where the op does not fuse
+  ops::rmsnorm_linear(residual, in_norm, eps, w.qkv, qkv, w.qkv_bias.data ? &w.qkv_bias : nullptr, xs);
+  Tensor q = as_heads(qkv.narrow(1, 0, qw), s.num_heads, s.head_dim);
+  Tensor k = as_heads(qkv.narrow(1, qw, kw), s.num_kv_heads, s.head_dim);
+  Tensor v = as_heads(qkv.narrow(1, qw + kw, kw), s.num_kv_heads, s.head_dim);
+  const bool qk_norm = w.q_norm.data != nullptr;
+  ops::rope_kv_write(q, k, v, qk_norm ? &w.q_norm : nullptr, qk_norm ? &w.k_norm : nullptr, s.eps, batch.positions,
+                     rope, kv_k, kv_v, batch.slot_mapping);
+  Tensor attn = ws.alloc({t_n, s.num_heads, s.head_dim}, residual.dtype);
+  ops::paged_attention(q, kv_k, kv_v, batch.attn, s.scale, attn);
+  Tensor flat = attn.view({t_n, qw});
+  if (w.output_gate) ops::sigmoid_gate(flat, qkv.narrow(1, qw + 2 * kw, qw));
+  ops::linear_add(flat, w.o, residual, xs);
+}
+
+void mlp_block_residual(Tensor& residual, const Tensor& in_norm, float eps, const MlpWeights& w, Workspace& ws) {
+  WorkspaceScope scope(ws);
+  const int64_t t_n = residual.rows(), hdim = residual.size(-1), inter = w.down.size(1);
+  Tensor gu = ws.alloc({t_n, 2 * inter}, residual.dtype);  // scratch, as xs
+  Tensor xs = ws.alloc({t_n, hdim}, residual.dtype);
+  Tensor act = ws.alloc({t_n, inter}, residual.dtype);
+  ops::linear_silu_mul(residual, w.gate_up, act, gu, &in_norm, eps, &xs);
+  ops::linear_add(act, w.down, residual, xs);
+}
+
 void layer_input(ForwardBatch& b, int64_t l, Tensor& residual, Tensor& x, Tensor& h, const Tensor& norm_w, float eps,
                  int slot) {
   if (l == 0) {

@@ -105,6 +105,14 @@ class Llama final : public DecoderModel {
   // One forward at every TP size: at tp > 1 the o_proj / down_proj outputs are partial sums,
   // reduced with the next residual add + norm inside decoder_forward (DecoderTp).
   Tensor forward(ForwardBatch& b, KvPool& kv) override {
+    if (mapping_.tp_size == 1 && ops::fuses_norm_gemv(device_, b.num_tokens))  // decode rows (#22)
+      return dense_decoder_forward_fused(*this, b, ws_, {p_.layers, p_.hidden, p_.eps, dtype_}, embed_, norm_, head_,
+                                         [&](int64_t l, Tensor& residual) {
+                                           LlamaLayer& L = layers_[size_t(l)];
+                                           attention_block_residual(residual, L.input_norm, p_.eps, L.attn, shape_,
+                                                                    rope_, b, kv.k[size_t(l)], kv.v[size_t(l)], ws_);
+                                           mlp_block_residual(residual, L.post_norm, p_.eps, L.mlp, ws_);
+                                         });
     return decoder_forward(
         *this, b, ws_, {p_.layers, p_.hidden, p_.eps, dtype_}, embed_, norm_, head_,
         [&](int64_t l) { return std::pair<const Tensor&, const Tensor&>(layers_[size_t(l)].input_norm, layers_[size_t(l)].post_norm); },

@@ -105,8 +105,8 @@ TEST(CudaOps, FusedLinearSiluMul) {
         Pair out = Pair::rand({M, I}), gu = Pair::rand({M, 2 * I});
         ops::KernelPolicy policy;
         if (pol == 1) policy.linear = ops::LinearPath::cublaslt;
-        ops::cpu::linear_silu_mul(x.h, w.h, out.h, gu.h);
-        ops::cuda::linear_silu_mul(x.d, w.d, out.d, gu.d, policy);
+        ops::cpu::linear_silu_mul(x.h, w.h, out.h, gu.h, nullptr, 0.0f, nullptr);
+        ops::cuda::linear_silu_mul(x.d, w.d, out.d, gu.d, nullptr, 0.0f, nullptr, policy);
         const std::string what = fmt::format("linear_silu_mul I={} K={} M={} policy={}", I, K, M, pol);
         EXPECT_CLOSE(out.back(), out.h, what);
         // Bit-identical to linear + silu_mul on the GPU with the same kernel choice.
@@ -117,6 +117,50 @@ TEST(CudaOps, FusedLinearSiluMul) {
         if (M > 0) {
           EXPECT_EQ(rel_err(out.back(), to_host_f32(out2)), 0.0) << what << " vs unfused";
         }
+      }
+    }
+  }
+}
+
+// The residual-stream fusions: rmsnorm in the GEMV prologue (rmsnorm_linear, linear_silu_mul with
+// in_norm) and the residual add in its epilogue (linear_add), fused at M <= 2, unfused above.
+TEST(CudaOps, FusedNormGemv) {
+  TS_REQUIRE_CUDA();
+  EXPECT_TRUE(ops::cuda::fuses_norm_gemv(1));
+  EXPECT_TRUE(ops::cuda::fuses_norm_gemv(2));
+  EXPECT_FALSE(ops::cuda::fuses_norm_gemv(3));
+  for (auto [N, K] : {std::pair<int64_t, int64_t>{384, 512}, {1536, 4096}}) {
+    for (int64_t M : {0, 1, 2, 3, 9}) {
+      for (bool bias : {false, true}) {
+        Pair x = Pair::rand({M, K}, 3.0f), nw = Pair::rand({K}), w = Pair::rand({N, K}, 0.05f), b = Pair::rand({N});
+        Pair out = Pair::rand({M, N}), xs = Pair::rand({M, K});
+        ops::cpu::rmsnorm_linear(x.h, nw.h, 1e-5f, w.h, out.h, bias ? &b.h : nullptr, xs.h);
+        ops::cuda::rmsnorm_linear(x.d, nw.d, 1e-5f, w.d, out.d, bias ? &b.d : nullptr, xs.d);
+        EXPECT_CLOSE(out.back(), out.h, fmt::format("rmsnorm_linear N={} K={} M={} bias={}", N, K, M, bias));
+      }
+      {
+        Pair x = Pair::rand({M, K}), w = Pair::rand({N, K}, 0.05f), r = Pair::rand({M, N}, 4.0f);
+        Pair sc = Pair::rand({M, N});
+        // Unfused CUDA reference from the same residual: linear then add_inplace.
+        Tensor r2 = Tensor::empty({M, N}, DType::bf16, Device::cuda), y2 = Tensor::empty({M, N}, DType::bf16, Device::cuda);
+        ops::cuda::copy_rows(r.d, r2);
+        ops::cpu::linear_add(x.h, w.h, r.h, sc.h);
+        ops::cuda::linear_add(x.d, w.d, r.d, sc.d);
+        ops::cuda::linear(x.d, w.d, y2, nullptr);
+        ops::cuda::add_inplace(r2, y2);
+        const std::string what = fmt::format("linear_add N={} K={} M={}", N, K, M);
+        EXPECT_CLOSE(r.back(), r.h, what);
+        if (M > 0) {
+          EXPECT_EQ(rel_err(r.back(), to_host_f32(r2)), 0.0) << what << " vs unfused";
+        }
+      }
+      {
+        const int64_t I = N / 2;
+        Pair x = Pair::rand({M, K}, 3.0f), nw = Pair::rand({K}), w = Pair::rand({2 * I, K}, 0.05f);
+        Pair out = Pair::rand({M, I}), gu = Pair::rand({M, 2 * I}), xs = Pair::rand({M, K});
+        ops::cpu::linear_silu_mul(x.h, w.h, out.h, gu.h, &nw.h, 1e-5f, &xs.h);
+        ops::cuda::linear_silu_mul(x.d, w.d, out.d, gu.d, &nw.d, 1e-5f, &xs.d);
+        EXPECT_CLOSE(out.back(), out.h, fmt::format("linear_silu_mul normed I={} K={} M={}", I, K, M));
       }
     }
   }

@@ -131,27 +131,91 @@ __device__ __forceinline__ float dot8_bf16(const uint4& a, const uint4& b) {
   return s;
 }
 
-template <int M>
-__global__ void __launch_bounds__(kWarps * 32)
-gemv_silu_kernel(const __nv_bfloat16* __restrict__ x, int64_t x_ld, const __nv_bfloat16* __restrict__ w,
-                 int64_t w_ld, __nv_bfloat16* __restrict__ out, int64_t out_ld, int I, int K) {
+// One generic small-M GEMV (the loop of linear.cu's: one warp per output, 16-byte streaming
+// weight loads, x rows read through L1 or shared memory) with
+//  NORM: a prologue that RMS-normalises the M rows of x (times norm_w) into shared memory, each
+//    block for itself (x is [M, K] of a few KB: L2-resident; redundant but free next to the
+//    weight stream), so the norm needs no launch of its own;
+//  EPI: 0 store acc (+ bias); 1 SiLU-mul of the gate row n and the up row n + N (gate_up layout);
+//    2 residual add: out[m, n] = bf16(out[m, n] + bf16(acc)) (fused_add_rmsnorm's rounding).
+enum Epi : int { kStore = 0, kSiluMul = 1, kAddInto = 2 };
+constexpr int kNormMaxM = 2;            // the norm prologue: decode rows only
+constexpr size_t kNormSmem = 48 * 1024;  // M * K bf16 of normalised x (no opt-in needed)
+
+struct GemvArgs {
+  const __nv_bfloat16* x;
+  int64_t x_ld;
+  const __nv_bfloat16* norm_w;  // NORM: [K]
+  float eps;
+  const __nv_bfloat16* w;
+  int64_t w_ld;
+  const __nv_bfloat16* bias;  // kStore: optional [N]
+  __nv_bfloat16* out;
+  int64_t out_ld;
+  int N, K;  // N outputs (kSiluMul: I, the weight has 2I rows)
+};
+
+template <int M, bool NORM, int EPI>
+__global__ void __launch_bounds__(kWarps * 32) gemv_fused_kernel(GemvArgs a) {
+  extern __shared__ __align__(16) unsigned char gemv_smem[];
+  __shared__ float red[32];
   pdl_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t n = int64_t(blockIdx.x) * kWarps + warp;
-  if (n >= I) return;
-  const __nv_bfloat16* wg = w + n * w_ld;
-  const __nv_bfloat16* wu = w + (n + I) * w_ld;
-  const int nv = K / 8;
-  float ag[M], au[M];
+  const __nv_bfloat16* x = a.x;
+  int64_t x_ld = a.x_ld;
+  const int nv = a.K / 8;
+  if constexpr (NORM) {
+    // rmsnorm_kernel's arithmetic (ss in fp32, f * inv * w rounded to bf16); only the order of
+    // the sum of squares differs (block size).
+    __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(gemv_smem);
 #pragma unroll
-  for (int m = 0; m < M; ++m) ag[m] = au[m] = 0.0f;
+    for (int m = 0; m < M; ++m) {
+      const uint4* xr = reinterpret_cast<const uint4*>(a.x + m * a.x_ld);
+      float ss = 0.0f;
+      for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+        BF8 v;
+        v.u = xr[i];
+        float f[8];
+        bf8_to_f32(v, f);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) ss += f[k] * f[k];
+      }
+      ss = block_sum(ss, red);
+      const float inv = rsqrtf(ss / float(a.K) + a.eps);
+      for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+        BF8 v, g;
+        v.u = xr[i];
+        g.u = reinterpret_cast<const uint4*>(a.norm_w)[i];
+        float f[8], gf[8];
+        bf8_to_f32(v, f);
+        bf8_to_f32(g, gf);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) f[k] = f[k] * inv * gf[k];
+        reinterpret_cast<uint4*>(xs + int64_t(m) * a.K)[i] = f32_to_bf8(f).u;
+      }
+    }
+    __syncthreads();
+    x = xs;
+    x_ld = a.K;
+  }
+  const int64_t n = int64_t(blockIdx.x) * kWarps + warp;
+  if (n >= a.N) return;
+  constexpr int R = EPI == kSiluMul ? 2 : 1;  // weight rows per warp
+  const __nv_bfloat16* wr[R];
+  wr[0] = a.w + n * a.w_ld;
+  if constexpr (R == 2) wr[R - 1] = a.w + (n + a.N) * a.w_ld;
+  float acc[R][M];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
   for (int base = 0; base < nv; base += 32 * kUnroll) {
-    uint4 gv[kUnroll], uv[kUnroll];
+    uint4 wv[R][kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int i = base + u * 32 + lane;
-      gv[u] = i < nv ? ld_stream16(wg + int64_t(i) * 8) : make_uint4(0, 0, 0, 0);
-      uv[u] = i < nv ? ld_stream16(wu + int64_t(i) * 8) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int r = 0; r < R; ++r) wv[r][u] = i < nv ? ld_stream16(wr[r] + int64_t(i) * 8) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -160,48 +224,80 @@ gemv_silu_kernel(const __nv_bfloat16* __restrict__ x, int64_t x_ld, const __nv_b
 #pragma unroll
         for (int m = 0; m < M; ++m) {
           const uint4 xv = *reinterpret_cast<const uint4*>(x + m * x_ld + int64_t(i) * 8);
-          ag[m] += dot8_bf16(gv[u], xv);
-          au[m] += dot8_bf16(uv[u], xv);
+#pragma unroll
+          for (int r = 0; r < R; ++r) acc[r][m] += dot8_bf16(wv[r][u], xv);
         }
       }
     }
   }
   pdl_trigger();
 #pragma unroll
-  for (int m = 0; m < M; ++m) {
-    ag[m] = warp_sum(ag[m]);
-    au[m] = warp_sum(au[m]);
-  }
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = warp_sum(acc[r][m]);
   if (lane == 0) {
 #pragma unroll
     for (int m = 0; m < M; ++m) {
-      const float g = __bfloat162float(__float2bfloat16(ag[m]));
-      const float u = __bfloat162float(__float2bfloat16(au[m]));
-      out[m * out_ld + n] = __float2bfloat16(g / (1.0f + __expf(-g)) * u);  // silu_mul's formula
+      __nv_bfloat16* o = a.out + m * a.out_ld + n;
+      if constexpr (EPI == kSiluMul) {
+        const float g = __bfloat162float(__float2bfloat16(acc[0][m]));
+        const float u = __bfloat162float(__float2bfloat16(acc[R - 1][m]));
+        *o = __float2bfloat16(g / (1.0f + __expf(-g)) * u);  // silu_mul's formula
+      } else if constexpr (EPI == kAddInto) {
+        *o = __float2bfloat16(__bfloat162float(*o) + __bfloat162float(__float2bfloat16(acc[0][m])));
+      } else {
+        *o = __float2bfloat16(acc[0][m] + (a.bias ? __bfloat162float(a.bias[n]) : 0.0f));
+      }
     }
   }
 }
 
-template <int M>
-void gemv_silu_launch(const __nv_bfloat16* x, int64_t x_ld, const __nv_bfloat16* w, int64_t w_ld,
-                      __nv_bfloat16* out, int64_t out_ld, int I, int K) {
-  launch(gemv_silu_kernel<M>, dim3(unsigned(ceil_div(I, kWarps))), dim3(kWarps * 32), 0, true, x, x_ld, w,
-         w_ld, out, out_ld, I, K);
+template <int M, bool NORM, int EPI>
+void gemv_fused_launch(const GemvArgs& a) {
+  const size_t smem = NORM ? size_t(M) * size_t(a.K) * 2 : 0;
+  launch(gemv_fused_kernel<M, NORM, EPI>, dim3(unsigned(ceil_div(a.N, kWarps))), dim3(kWarps * 32), smem, true, a);
 }
 
-void gemv_silu(int M, const __nv_bfloat16* x, int64_t x_ld, const __nv_bfloat16* w, int64_t w_ld,
-               __nv_bfloat16* out, int64_t out_ld, int I, int K) {
-  switch (M) {
-    case 1: gemv_silu_launch<1>(x, x_ld, w, w_ld, out, out_ld, I, K); break;
-    case 2: gemv_silu_launch<2>(x, x_ld, w, w_ld, out, out_ld, I, K); break;
-    case 3: gemv_silu_launch<3>(x, x_ld, w, w_ld, out, out_ld, I, K); break;
-    case 4: gemv_silu_launch<4>(x, x_ld, w, w_ld, out, out_ld, I, K); break;
-    case 5: gemv_silu_launch<5>(x, x_ld, w, w_ld, out, out_ld, I, K); break;
-    case 6: gemv_silu_launch<6>(x, x_ld, w, w_ld, out, out_ld, I, K); break;
-    case 7: gemv_silu_launch<7>(x, x_ld, w, w_ld, out, out_ld, I, K); break;
-    case 8: gemv_silu_launch<8>(x, x_ld, w, w_ld, out, out_ld, I, K); break;
-    default: fail("gemv_silu: M {} > {}", M, kMaxMSmall);
+// The instantiated cases: SiLU-mul at M <= 8; the norm prologue and the residual add at M <= 2.
+void gemv_fused(int M, bool norm, int epi, const GemvArgs& a) {
+  if (!norm && epi == kSiluMul) {
+    switch (M) {
+      case 1: return gemv_fused_launch<1, false, kSiluMul>(a);
+      case 2: return gemv_fused_launch<2, false, kSiluMul>(a);
+      case 3: return gemv_fused_launch<3, false, kSiluMul>(a);
+      case 4: return gemv_fused_launch<4, false, kSiluMul>(a);
+      case 5: return gemv_fused_launch<5, false, kSiluMul>(a);
+      case 6: return gemv_fused_launch<6, false, kSiluMul>(a);
+      case 7: return gemv_fused_launch<7, false, kSiluMul>(a);
+      case 8: return gemv_fused_launch<8, false, kSiluMul>(a);
+      default: break;
+    }
+  } else if (M == 1 || M == 2) {
+    const bool one = M == 1;
+    if (norm && epi == kSiluMul) return one ? gemv_fused_launch<1, true, kSiluMul>(a) : gemv_fused_launch<2, true, kSiluMul>(a);
+    if (norm && epi == kStore) return one ? gemv_fused_launch<1, true, kStore>(a) : gemv_fused_launch<2, true, kStore>(a);
+    if (!norm && epi == kAddInto)
+      return one ? gemv_fused_launch<1, false, kAddInto>(a) : gemv_fused_launch<2, false, kAddInto>(a);
   }
+  fail("gemv_fused: no kernel for M={} norm={} epilogue={}", M, norm, epi);
+}
+
+bool norm_fusable(int64_t M, const Tensor& x, const Tensor* norm_w) {
+  return M <= kNormMaxM && size_t(M) * size_t(x.size(-1)) * 2 <= kNormSmem && norm_w && norm_w->device == Device::cuda &&
+         norm_w->dtype == DType::bf16 && norm_w->numel() == x.size(-1) && aligned16(norm_w->data);
+}
+
+GemvArgs gemv_args(const Tensor& x, const Tensor& w, Tensor& out, int N) {
+  GemvArgs a{};
+  a.x = x.ptr<__nv_bfloat16>();
+  a.x_ld = x.row_stride();
+  a.w = w.ptr<__nv_bfloat16>();
+  a.w_ld = w.row_stride();
+  a.out = out.ptr<__nv_bfloat16>();
+  a.out_ld = out.row_stride();
+  a.N = N;
+  a.K = int(x.size(-1));
+  return a;
 }
 
 }  // namespace
@@ -263,7 +359,10 @@ void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor* wq, cons
          v_cache.ptr<__nv_bfloat16>(), slot_mapping.ptr<int32_t>(), T);
 }
 
-void linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out, Tensor& gu_scratch, const KernelPolicy& policy) {
+bool fuses_norm_gemv(int64_t rows) { return rows >= 1 && rows <= kNormMaxM; }
+
+void linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out, Tensor& gu_scratch, const Tensor* in_norm, float eps,
+                     Tensor* x_scratch, const KernelPolicy& policy) {
   check_dev(x, DType::bf16, "linear_silu_mul x");
   check_dev(w, DType::bf16, "linear_silu_mul w");
   check_dev(out, DType::bf16, "linear_silu_mul out");
@@ -273,19 +372,78 @@ void linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out, Tensor& gu_s
                gu_scratch.size(-1) == N2,
            "linear_silu_mul: x {} w {} out {} scratch {}", x.shape_str(), w.shape_str(), out.shape_str(),
            gu_scratch.shape_str());
+  TS_CHECK(!in_norm || (x_scratch && x_scratch->rows() == M && x_scratch->size(-1) == K),
+           "linear_silu_mul: the input norm needs an x scratch [{}, {}]", M, K);
   if (M == 0 || I == 0) return;
   TS_CHECK(N2 <= 0x7fffffff && K <= 0x7fffffff, "linear_silu_mul: too large");
-  const int64_t ldx = x.row_stride(), ldw = w.row_stride(), ldo = out.row_stride();
   const bool small_w = N2 * K * 2 <= kSmallBytes || policy.linear == LinearPath::gemv;
-  const bool fused = policy.linear != LinearPath::cublaslt && M <= (small_w ? kMaxMSmall : kMaxM) &&
-                     vec8_ok(x.data, K, ldx) && vec8_ok(w.data, K, ldw);
-  if (fused) {
-    gemv_silu(int(M), x.ptr<__nv_bfloat16>(), ldx, w.ptr<__nv_bfloat16>(), ldw, out.ptr<__nv_bfloat16>(), ldo, int(I),
-              int(K));
+  const bool gemv = policy.linear != LinearPath::cublaslt && M <= (small_w ? kMaxMSmall : kMaxM) &&
+                    vec8_ok(x.data, K, x.row_stride()) && vec8_ok(w.data, K, w.row_stride());
+  const bool norm = in_norm != nullptr;
+  if (gemv && (!norm || norm_fusable(M, x, in_norm))) {
+    GemvArgs a = gemv_args(x, w, out, int(I));
+    if (norm) {
+      a.norm_w = in_norm->ptr<__nv_bfloat16>();
+      a.eps = eps;
+    }
+    gemv_fused(int(M), norm, kSiluMul, a);
     return;
   }
-  cuda::linear(x, w, gu_scratch, nullptr, policy);
+  const Tensor* src = &x;
+  if (norm) {
+    cuda::rmsnorm(x, *in_norm, eps, *x_scratch);
+    src = x_scratch;
+  }
+  cuda::linear(*src, w, gu_scratch, nullptr, policy);
   cuda::silu_mul(gu_scratch, out);
+}
+
+void rmsnorm_linear(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w, Tensor& out, const Tensor* bias,
+                    Tensor& x_scratch, const KernelPolicy& policy) {
+  check_dev(x, DType::bf16, "rmsnorm_linear x");
+  check_dev(w, DType::bf16, "rmsnorm_linear w");
+  check_dev(out, DType::bf16, "rmsnorm_linear out");
+  const int64_t M = x.rows(), K = x.size(-1), N = w.size(0);
+  TS_CHECK(w.ndim == 2 && w.size(1) == K && out.rows() == M && out.size(-1) == N && x_scratch.rows() == M &&
+               x_scratch.size(-1) == K,
+           "rmsnorm_linear: x {} w {} out {} scratch {}", x.shape_str(), w.shape_str(), out.shape_str(),
+           x_scratch.shape_str());
+  if (M == 0 || N == 0) return;
+  const bool has_bias = bias && bias->data;
+  if (has_bias) check_dev(*bias, DType::bf16, "rmsnorm_linear bias");
+  const bool fused = policy.linear != LinearPath::cublaslt && N <= 0x7fffffff && K <= 0x7fffffff &&
+                     vec8_ok(x.data, K, x.row_stride()) && vec8_ok(w.data, K, w.row_stride()) &&
+                     norm_fusable(M, x, &norm_w) && (!has_bias || (bias->numel() == N && bias->is_contiguous()));
+  if (fused) {
+    GemvArgs a = gemv_args(x, w, out, int(N));
+    a.norm_w = norm_w.ptr<__nv_bfloat16>();
+    a.eps = eps;
+    a.bias = has_bias ? bias->ptr<__nv_bfloat16>() : nullptr;
+    gemv_fused(int(M), true, kStore, a);
+    return;
+  }
+  cuda::rmsnorm(x, norm_w, eps, x_scratch);
+  cuda::linear(x_scratch, w, out, bias, policy);
+}
+
+void linear_add(const Tensor& x, const Tensor& w, Tensor& residual, Tensor& scratch, const KernelPolicy& policy) {
+  check_dev(x, DType::bf16, "linear_add x");
+  check_dev(w, DType::bf16, "linear_add w");
+  check_dev(residual, DType::bf16, "linear_add residual");
+  const int64_t M = x.rows(), K = x.size(-1), N = w.size(0);
+  TS_CHECK(w.ndim == 2 && w.size(1) == K && residual.rows() == M && residual.size(-1) == N && scratch.rows() == M &&
+               scratch.size(-1) == N,
+           "linear_add: x {} w {} residual {} scratch {}", x.shape_str(), w.shape_str(), residual.shape_str(),
+           scratch.shape_str());
+  if (M == 0 || N == 0) return;
+  const bool fused = policy.linear != LinearPath::cublaslt && M <= kNormMaxM && N <= 0x7fffffff && K <= 0x7fffffff &&
+                     vec8_ok(x.data, K, x.row_stride()) && vec8_ok(w.data, K, w.row_stride());
+  if (fused) {
+    gemv_fused(int(M), false, kAddInto, gemv_args(x, w, residual, int(N)));
+    return;
+  }
+  cuda::linear(x, w, scratch, nullptr, policy);
+  cuda::add_inplace(residual, scratch);
 }
 
 }  // namespace ts::ops::cuda
