@@ -159,11 +159,29 @@ template <int M, bool NORM, int EPI>
 __global__ void __launch_bounds__(kWarps * 32) gemv_fused_kernel(GemvArgs a) {
   extern __shared__ __align__(16) unsigned char gemv_smem[];
   __shared__ float red[32];
-  pdl_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int nv = a.K / 8;
+  constexpr int R = EPI == kSiluMul ? 2 : 1;  // weight rows per warp
+  const int64_t n = int64_t(blockIdx.x) * kWarps + warp;
+  const bool active = n < a.N;  // idle warps of the last block still join the norm prologue
+  const __nv_bfloat16* wr[R];
+  wr[0] = a.w + (active ? n : 0) * a.w_ld;
+  if constexpr (R == 2) wr[R - 1] = a.w + ((active ? n : 0) + a.N) * a.w_ld;
+  // The first chunk of weights is requested before the PDL wait: weights are never written
+  // during a forward, so their stream overlaps the previous kernel's tail (and the norm).
+  uint4 wv[R][kUnroll];
+  auto load_chunk = [&](int base) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = base + u * 32 + lane;
+#pragma unroll
+      for (int r = 0; r < R; ++r) wv[r][u] = i < nv ? ld_stream16(wr[r] + int64_t(i) * 8) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  load_chunk(0);
+  pdl_wait();
   const __nv_bfloat16* x = a.x;
   int64_t x_ld = a.x_ld;
-  const int nv = a.K / 8;
   if constexpr (NORM) {
     // rmsnorm_kernel's arithmetic (ss in fp32, f * inv * w rounded to bf16); only the order of
     // the sum of squares differs (block size).
@@ -198,25 +216,14 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_fused_kernel(GemvArgs a) {
     x = xs;
     x_ld = a.K;
   }
-  const int64_t n = int64_t(blockIdx.x) * kWarps + warp;
-  if (n >= a.N) return;
-  constexpr int R = EPI == kSiluMul ? 2 : 1;  // weight rows per warp
-  const __nv_bfloat16* wr[R];
-  wr[0] = a.w + n * a.w_ld;
-  if constexpr (R == 2) wr[R - 1] = a.w + (n + a.N) * a.w_ld;
+  if (!active) return;
   float acc[R][M];
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
   for (int base = 0; base < nv; base += 32 * kUnroll) {
-    uint4 wv[R][kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = base + u * 32 + lane;
-#pragma unroll
-      for (int r = 0; r < R; ++r) wv[r][u] = i < nv ? ld_stream16(wr[r] + int64_t(i) * 8) : make_uint4(0, 0, 0, 0);
-    }
+    if (base > 0) load_chunk(base);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int i = base + u * 32 + lane;
