@@ -7,7 +7,11 @@
 # BASE_BIN=DIR (optional): a baseline build (e.g. main before the #22 fusions) whose ops per layer and
 # bs1/bs64 tok/s are printed next to this build's ("before" / "after").
 set -uo pipefail
-cd "$(dirname "$0")/.."
+# The repository root: the script's parent, else the current directory, else /work/main (the lead
+# runs a copy of this script from .devmid/<name>/, where bench/peers and tests/data are not).
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+for r in "$ROOT" "$PWD" /work/main; do [ -d "$r/bench/peers" ] && { ROOT=$r; break; }; done
+cd "$ROOT"
 B=${1:-${BIN_DIR:?usage: scripts/gpu_speed.sh BIN_DIR}}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
