@@ -45,12 +45,26 @@ void attention_block(const Tensor& h, const AttentionWeights& w, const Attention
 
 void mlp_block(const Tensor& h, const MlpWeights& w, Workspace& ws, Tensor& out) {
   WorkspaceScope scope(ws);
-  int64_t t_n = h.rows(), inter = w.down.size(1);
+  int64_t t_n = h.rows(), inter = w.down.in_features();
   Tensor gu = ws.alloc({t_n, 2 * inter}, h.dtype);  // only written where the op does not fuse
   Tensor act = ws.alloc({t_n, inter}, h.dtype);
-  ops::linear_silu_mul(h, w.gate_up, act, gu);  // gate_up GEMV + SiLU-mul (#22 decode fusion)
+  if (w.gate_up.quantized()) {  // the fused GEMV reads bf16 weights only
+    ops::linear(h, w.gate_up, gu);
+    ops::silu_mul(gu, act);
+  } else {
+    ops::linear_silu_mul(h, w.gate_up, act, gu);  // gate_up GEMV + SiLU-mul (#22 decode fusion)
+  }
   ops::linear(act, w.down, out);
 }
+
+namespace {
+// residual += x @ w^T: the fused GEMV epilogue for bf16 weights, linear + add for quantized ones.
+void linear_add_any(const Tensor& x, const ops::LinearWeight& w, Tensor& residual, Tensor& scratch) {
+  if (!w.quantized()) return ops::linear_add(x, w, residual, scratch);
+  ops::linear(x, w, scratch);
+  ops::add_inplace(residual, scratch);
+}
+}  // namespace
 
 void attention_block_residual(Tensor& residual, const Tensor& in_norm, float eps, const AttentionWeights& w,
                               const AttentionShape& s, const ops::Rope& rope, ForwardBatch& batch, Tensor& kv_k,
@@ -60,7 +74,13 @@ void attention_block_residual(Tensor& residual, const Tensor& in_norm, float eps
                 kw = s.num_kv_heads * s.head_dim;
   Tensor qkv = ws.alloc({t_n, qw + 2 * kw + (w.output_gate ? qw : 0)}, residual.dtype);
   Tensor xs = ws.alloc({t_n, hdim}, residual.dtype);  // scratch: written only where the op does not fuse
-  ops::rmsnorm_linear(residual, in_norm, eps, w.qkv, qkv, w.qkv_bias.data ? &w.qkv_bias : nullptr, xs);
+  const Tensor* qkv_bias = w.qkv_bias.data ? &w.qkv_bias : nullptr;
+  if (w.qkv.quantized()) {  // the fused GEMVs read bf16 weights only: the unfused ops
+    ops::rmsnorm(residual, in_norm, eps, xs);
+    ops::linear(xs, w.qkv, qkv, qkv_bias);
+  } else {
+    ops::rmsnorm_linear(residual, in_norm, eps, w.qkv, qkv, qkv_bias, xs);
+  }
   Tensor q = as_heads(qkv.narrow(1, 0, qw), s.num_heads, s.head_dim);
   Tensor k = as_heads(qkv.narrow(1, qw, kw), s.num_kv_heads, s.head_dim);
   Tensor v = as_heads(qkv.narrow(1, qw + kw, kw), s.num_kv_heads, s.head_dim);
@@ -71,17 +91,23 @@ void attention_block_residual(Tensor& residual, const Tensor& in_norm, float eps
   ops::paged_attention(q, kv_k, kv_v, batch.attn, s.scale, attn);
   Tensor flat = attn.view({t_n, qw});
   if (w.output_gate) ops::sigmoid_gate(flat, qkv.narrow(1, qw + 2 * kw, qw));
-  ops::linear_add(flat, w.o, residual, xs);
+  linear_add_any(flat, w.o, residual, xs);
 }
 
 void mlp_block_residual(Tensor& residual, const Tensor& in_norm, float eps, const MlpWeights& w, Workspace& ws) {
   WorkspaceScope scope(ws);
-  const int64_t t_n = residual.rows(), hdim = residual.size(-1), inter = w.down.size(1);
+  const int64_t t_n = residual.rows(), hdim = residual.size(-1), inter = w.down.in_features();
   Tensor gu = ws.alloc({t_n, 2 * inter}, residual.dtype);  // scratch, as xs
   Tensor xs = ws.alloc({t_n, hdim}, residual.dtype);
   Tensor act = ws.alloc({t_n, inter}, residual.dtype);
-  ops::linear_silu_mul(residual, w.gate_up, act, gu, &in_norm, eps, &xs);
-  ops::linear_add(act, w.down, residual, xs);
+  if (w.gate_up.quantized()) {
+    ops::rmsnorm(residual, in_norm, eps, xs);
+    ops::linear(xs, w.gate_up, gu);
+    ops::silu_mul(gu, act);
+  } else {
+    ops::linear_silu_mul(residual, w.gate_up, act, gu, &in_norm, eps, &xs);
+  }
+  linear_add_any(act, w.down, residual, xs);
 }
 
 void layer_input(ForwardBatch& b, int64_t l, Tensor& residual, Tensor& x, Tensor& h, const Tensor& norm_w, float eps,
@@ -161,14 +187,14 @@ AttentionWeights load_attention_shard(WeightLoader& wl, const std::string& pre, 
   const int64_t qw = heads * hd, kw = kv_heads * hd;
   const int64_t q0 = hs.q.start * hd, qn = hs.q.count * hd, k0 = hs.kv.start * hd, kn = hs.kv.count * hd;
   AttentionWeights a;
-  a.qkv = wl.load_parts({Part{pre + "self_attn.q_proj.weight", {qw, H}, 0, q0, qn},
+  a.qkv = wl.load_linear({Part{pre + "self_attn.q_proj.weight", {qw, H}, 0, q0, qn},
                          Part{pre + "self_attn.k_proj.weight", {kw, H}, 0, k0, kn},
                          Part{pre + "self_attn.v_proj.weight", {kw, H}, 0, k0, kn}});
   if (qkv_bias)
     a.qkv_bias = wl.load_parts({Part{pre + "self_attn.q_proj.bias", {qw}, 0, q0, qn},
                                 Part{pre + "self_attn.k_proj.bias", {kw}, 0, k0, kn},
                                 Part{pre + "self_attn.v_proj.bias", {kw}, 0, k0, kn}});
-  a.o = wl.load_parts({Part{pre + "self_attn.o_proj.weight", {H, qw}, 1, q0, qn}});
+  a.o = wl.load_linear({Part{pre + "self_attn.o_proj.weight", {H, qw}, 1, q0, qn}});
   if (qk_norm) {
     a.q_norm = wl.load(pre + "self_attn.q_norm.weight", {hd});
     a.k_norm = wl.load(pre + "self_attn.k_norm.weight", {hd});
@@ -180,9 +206,9 @@ MlpWeights load_mlp_shard(WeightLoader& wl, const std::string& pre, int64_t H, i
   using Part = WeightLoader::Part;
   MlpWeights m;
   // Column-parallel gate|up: this shard's gate rows, then its up rows.
-  m.gate_up = wl.load_parts({Part{pre + "gate_proj.weight", {inter, H}, 0, ir.start, ir.count},
+  m.gate_up = wl.load_linear({Part{pre + "gate_proj.weight", {inter, H}, 0, ir.start, ir.count},
                              Part{pre + "up_proj.weight", {inter, H}, 0, ir.start, ir.count}});
-  m.down = wl.load_parts({Part{pre + "down_proj.weight", {H, inter}, 1, ir.start, ir.count}});
+  m.down = wl.load_linear({Part{pre + "down_proj.weight", {H, inter}, 1, ir.start, ir.count}});
   return m;
 }
 
