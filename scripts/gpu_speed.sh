@@ -4,17 +4,31 @@
 # where torch is present, the transformers peer (bench/peers) in the same command with ratios; then a
 # launches-per-decode-step count with nsys where it is installed (else skipped, printed as such).
 # Usage: scripts/gpu_speed.sh BIN_DIR (holding tokenspeed and test_cuda). Logs go to $OUT (default /tmp/out).
+# BASE_BIN=DIR (optional): a baseline build (e.g. main before the #22 fusions) whose ops per layer and
+# bs1/bs64 tok/s are printed next to this build's ("before" / "after").
 set -uo pipefail
-cd "$(dirname "$0")/.."
+# The repository root: the script's parent, else the current directory, else /work/main (the lead
+# runs a copy of this script from .devmid/<name>/, where bench/peers and tests/data are not).
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+for r in "$ROOT" "$PWD" /work/main; do [ -d "$r/bench/peers" ] && { ROOT=$r; break; }; done
+cd "$ROOT"
 B=${1:-${BIN_DIR:?usage: scripts/gpu_speed.sh BIN_DIR}}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm --format=csv,noheader
 if [ -x "$B/test_cuda" ]; then
-  timeout 300 "$B/test_cuda" --gtest_filter="${TEST_FILTER:-*Attention*:*Norm*:*Rope*:*Kv*:*Linear*:*Silu*}" \
+  timeout 300 "$B/test_cuda" --gtest_filter="${TEST_FILTER:-*Attention*:*Norm*:*Rope*:*Kv*:*Linear*:*Silu*:*Fused*}" \
     > "$OUT/test_cuda_speed.log" 2>&1
   echo "test_cuda rc=$?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|max abs" "$OUT/test_cuda_speed.log" | head -40
+fi
+# Goldens on CUDA (the fused decode path must keep them): the dense models (Llama, Qwen3 q/k norm) first.
+if [ -d tests/data/llama3 ]; then
+  for m in llama3 llama2_mha qwen3 qwen3_moe deepseek_v3 minimax_m3; do
+    echo "golden $m:"; timeout 60 "$B/tokenspeed" verify-golden tests/data/$m --device cuda --atol 0.1 2>&1 | tail -3
+  done 2>&1 | tee "$OUT/golden_speed.log"
+else
+  echo "goldens: skipped (no tests/data here: run from a checkout)"
 fi
 timeout 180 "$B/tokenspeed" make-random-model --preset llama-3.1-8b --out /tmp/l8b > "$OUT/make8b.log" 2>&1
 echo "make-random-model rc=$?"
@@ -35,18 +49,28 @@ fi
 # Ops per layer at bs1 (the goal of #22 is <= 6): `bench --profile` brackets every op of one eager
 # decode step with CUDA events; the op count over 32 layers (Llama-3.1-8B) is the launches-per-layer
 # proxy (an op may launch more than one kernel; nsys below, where present, counts kernels).
-timeout 240 "$B/tokenspeed" bench --model /tmp/l8b --device cuda --prompt-lens 128 --batches 1 --contexts 1024 --profile \
-  --json "$OUT/prof_bs1.json" > "$OUT/prof_bs1.log" 2>&1
-echo "bench --profile rc=$?"; grep "bench: " "$OUT/prof_bs1.log" | head -40
-python3 - "$OUT/prof_bs1.json" <<'PY2' || true
+profile_ops() {  # $1: bin dir, $2: tag
+  timeout 240 "$1/tokenspeed" bench --model /tmp/l8b --device cuda --prompt-lens 128 --batches 1 --contexts 1024 --profile \
+    --json "$OUT/prof_bs1_$2.json" > "$OUT/prof_bs1_$2.log" 2>&1
+  echo "bench --profile ($2) rc=$?"; grep "bench: " "$OUT/prof_bs1_$2.log" | head -40
+  python3 - "$OUT/prof_bs1_$2.json" "$2" <<'PY2' || true
 import json, sys
 j = json.load(open(sys.argv[1]))
 rows = j if isinstance(j, list) else j.get("rows", j.get("results", []))
 for r in rows:
     if isinstance(r, dict) and "profile" in r:
         n = sum(o["count"] for o in r["profile"]["ops"])
-        print(f"ops per decode step (batch {r.get('batch')}, context {r.get('context')}): {n}; per layer (32): {n / 32:.1f}")
+        print(f"[{sys.argv[2]}] ops per decode step (batch {r.get('batch')}, context {r.get('context')}): {n}; per layer (32): {n / 32:.1f}")
 PY2
+}
+profile_ops "$B" after
+if [ -n "${BASE_BIN:-}" ] && [ -x "$BASE_BIN/tokenspeed" ]; then
+  profile_ops "$BASE_BIN" before
+  timeout 300 "$BASE_BIN/tokenspeed" bench --model /tmp/l8b --device cuda --prompt-lens 8192 --batches 1,64 \
+    --contexts 1024 --json "$OUT/base8b.json" > "$OUT/base8b.log" 2>&1
+  echo "baseline bench @1k rc=$?"; echo "--- before (BASE_BIN) ---"; grep -v "^\[" "$OUT/base8b.log" | grep -i "decode" | head -10
+  echo "--- after (this build) ---"; grep -v "^\[" "$OUT/bench8b.log" | grep -i "decode" | head -10
+fi
 # Launches per decode step: count kernel launches of a short graph-mode decode with nsys, divided by
 # the steps and layers (32 for Llama-3.1-8B) by the reader; the raw kernel table is in the log.
 if command -v nsys > /dev/null; then

@@ -49,6 +49,15 @@ struct MlpWeights {
 // h [T, H] -> out [T, H]
 void mlp_block(const Tensor& h, const MlpWeights& w, Workspace& ws, Tensor& out);
 
+// The residual-stream forms for decode (#22): the sub-layer reads the residual stream, applies
+// its input norm inside the first GEMV's prologue and adds its output into the residual inside
+// the last GEMV's epilogue (ops::rmsnorm_linear / linear_silu_mul / linear_add), so no separate
+// add + norm launch remains. residual [T, H] is updated in place.
+void attention_block_residual(Tensor& residual, const Tensor& in_norm, float eps, const AttentionWeights& w,
+                              const AttentionShape& s, const ops::Rope& rope, ForwardBatch& batch, Tensor& kv_k,
+                              Tensor& kv_v, Workspace& ws);
+void mlp_block_residual(Tensor& residual, const Tensor& in_norm, float eps, const MlpWeights& w, Workspace& ws);
+
 // The residual stream entering layer l, normed into h: layer 0 norms the embedding (residual);
 // later layers first add the previous sub-layer output x (fused add + norm; h then aliases x).
 // The input of the layer is captured for EAGLE3 into aux slot `slot` (-1: not captured).
@@ -120,6 +129,25 @@ struct DecoderDims {
   float eps = 1e-6f;
   DType dtype = DType::f32;
 };
+// The dense decoder's fused decode flow (one rank, ops::fuses_norm_gemv at these rows): per layer
+// l, layer(l, residual) runs attention_block_residual then mlp_block_residual (the residual
+// stream is updated in place, the EAGLE3 capture reads it at every layer's input); then the LM
+// head. The same values as decoder_forward's single-rank path up to the order of the norms' sums.
+template <class Layer>
+Tensor dense_decoder_forward_fused(const Model& m, ForwardBatch& b, Workspace& ws, const DecoderDims& d,
+                                   const Tensor& embed, const Tensor& final_norm, const Tensor& head, Layer layer) {
+  ws.reset();
+  Tensor residual = ws.alloc({b.num_tokens, d.hidden}, d.dtype);
+  ops::embedding(b.input_ids, embed, residual);
+  ops::graph_segment_begin();
+  for (int64_t l = 0; l < d.layers; ++l) {
+    capture_aux(b, residual, m.capture_slot(int(l)));
+    layer(l, residual);
+  }
+  capture_aux(b, residual, m.capture_slot(int(d.layers)));
+  return lm_head_logits(b, residual, final_norm, d.eps, head, ws);
+}
+
 template <class Norms, class Attn, class Mlp>
 Tensor decoder_forward(const Model& m, ForwardBatch& b, Workspace& ws, const DecoderDims& d, const Tensor& embed,
                        const Tensor& final_norm, const Tensor& head, Norms norms, Attn attn, Mlp mlp,

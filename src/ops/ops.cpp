@@ -104,6 +104,36 @@ void add_inplace(Tensor& y, const Tensor& x) { TS_DISPATCH(y.device, add_inplace
 void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache, const Tensor& slot_mapping) {
   TS_DISPATCH_BREAK(k_cache.device, kv_write, k, v, k_cache, v_cache, slot_mapping);
 }
+// A break op (it reads the per-batch slot mapping, as kv_write).
+void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor* wq, const Tensor* wk, float eps,
+                   const Tensor& positions, const Rope& r, Tensor& k_cache, Tensor& v_cache, const Tensor& slot_mapping) {
+  TS_DISPATCH_BREAK(k_cache.device, rope_kv_write, q, k, v, wq, wk, eps, positions, r, k_cache, v_cache, slot_mapping);
+}
+void linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out, Tensor& gu_scratch, const Tensor* in_norm, float eps,
+                     Tensor* x_scratch) {
+  TS_DISPATCH_L(
+      x.device, [&] { return fmt::format("linear_silu_mul {}x{}{}", w.size(0), w.size(1), in_norm ? " (normed x)" : ""); },
+      linear_silu_mul, x, w, out, gu_scratch, in_norm, eps, x_scratch);
+}
+void rmsnorm_linear(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w, Tensor& out, const Tensor* bias,
+                    Tensor& x_scratch) {
+  TS_DISPATCH_L(
+      x.device, [&] { return fmt::format("rmsnorm_linear {}x{}", w.size(0), w.size(1)); }, rmsnorm_linear, x, norm_w, eps,
+      w, out, bias, x_scratch);
+}
+void linear_add(const Tensor& x, const Tensor& w, Tensor& residual, Tensor& scratch) {
+  TS_DISPATCH_L(
+      x.device, [&] { return fmt::format("linear_add {}x{}", w.size(0), w.size(1)); }, linear_add, x, w, residual,
+      scratch);
+}
+bool fuses_norm_gemv(Device device, int64_t rows) {
+#if defined(TS_WITH_CUDA) && __has_include("ops/cuda/cuda_ops.h")
+  if (device == Device::cuda) return ::ts::ops::cuda::fuses_norm_gemv(rows);
+#endif
+  (void)device;
+  (void)rows;
+  return false;
+}
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttnMeta& meta, float scale,
                      Tensor& out) {
   TS_DISPATCH_BREAK(k_cache.device, paged_attention, q, k_cache, v_cache, meta, scale, out);

@@ -68,6 +68,33 @@ void add_inplace(Tensor& y, const Tensor& x);
 // A slot < 0 means "padding row, do not write".
 void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
               const Tensor& slot_mapping);
+// Decode fusion (#22): the rotary embedding (after the per-head RMSNorm of q and k when wq/wk
+// are given: Qwen3) on q [T, nh, hd] and k [T, nkv, hd] in place, then k and v [T, nkv, hd_v]
+// written into the paged caches at slot_mapping (slot < 0: not written) — exactly
+// qk_norm_rope / rope followed by kv_write, one launch on CUDA. Any T (prefill and decode).
+void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor* wq, const Tensor* wk, float eps,
+                   const Tensor& positions, const Rope& rope, Tensor& k_cache, Tensor& v_cache,
+                   const Tensor& slot_mapping);
+// Decode fusion (#22): out [T, I] = silu(x @ Wg^T) * (x @ Wu^T) for w [2I, K] (gate rows then up
+// rows, as MlpWeights::gate_up) — linear then silu_mul, with the same bf16 roundings. On CUDA
+// at small T one GEMV launch (each warp dots a gate row and its up row and writes the product:
+// no [T, 2I] round trip, no silu_mul launch); otherwise the GEMM into gu_scratch [T, 2I] then
+// silu_mul. With in_norm: x is first RMS-normalised (times *in_norm, eps) as rmsnorm does, in the
+// GEMV's prologue where it fuses, else into x_scratch [T, K].
+void linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out, Tensor& gu_scratch, const Tensor* in_norm = nullptr,
+                     float eps = 0.0f, Tensor* x_scratch = nullptr);
+// Decode fusion (#22): out = rmsnorm(x) * norm_w @ w^T (+ bias): the norm in the GEMV's prologue
+// (each block normalises the few rows of x itself) where it fuses, else rmsnorm into x_scratch
+// [T, K] then linear.
+void rmsnorm_linear(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w, Tensor& out, const Tensor* bias,
+                    Tensor& x_scratch);
+// Decode fusion (#22): residual += x @ w^T, rounded as linear then add (the GEMV's epilogue where
+// it fuses, else linear into scratch [T, N] then add_inplace).
+void linear_add(const Tensor& x, const Tensor& w, Tensor& residual, Tensor& scratch);
+// True where rmsnorm_linear / linear_add / linear_silu_mul with in_norm each run as one GEMV for
+// `rows` rows of activations on `device` (CUDA, 1 or 2 rows; any weight of the dense models).
+// There the dense decoder keeps the residual stream out of separate add + norm launches.
+bool fuses_norm_gemv(Device device, int64_t rows);
 // Causal paged attention for a mixed batch (prefill chunks and decodes together).
 // q [T, nh, hd]; caches as above (nkv heads, nh % nkv == 0, GQA); out [T, nh, hd_v].
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,

@@ -17,6 +17,14 @@ void silu_mul(const Tensor& x, Tensor& out);
 void linear(const Tensor& x, const Tensor& w, Tensor& out, const Tensor* bias);
 void add_inplace(Tensor& y, const Tensor& x);
 void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache, const Tensor& slot_mapping);
+void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor* wq, const Tensor* wk, float eps,
+                   const Tensor& positions, const Rope& rope, Tensor& k_cache, Tensor& v_cache,
+                   const Tensor& slot_mapping);
+void linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out, Tensor& gu_scratch, const Tensor* in_norm, float eps,
+                     Tensor* x_scratch);
+void rmsnorm_linear(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w, Tensor& out, const Tensor* bias,
+                    Tensor& x_scratch);
+void linear_add(const Tensor& x, const Tensor& w, Tensor& residual, Tensor& scratch);
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const AttnMeta& meta, float scale, Tensor& out);
 void copy_rows(const Tensor& src, Tensor& dst);

@@ -30,6 +30,16 @@ void add_inplace(Tensor& y, const Tensor& x);
 
 void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
               const Tensor& slot_mapping);
+// Decode fusions (ops/cuda/fused.cu; ops.h describes them).
+void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor* wq, const Tensor* wk, float eps,
+                   const Tensor& positions, const Rope& rope, Tensor& k_cache, Tensor& v_cache,
+                   const Tensor& slot_mapping);
+void linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out, Tensor& gu_scratch, const Tensor* in_norm = nullptr,
+                     float eps = 0.0f, Tensor* x_scratch = nullptr, const KernelPolicy& policy = {});
+void rmsnorm_linear(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w, Tensor& out, const Tensor* bias,
+                    Tensor& x_scratch, const KernelPolicy& policy = {});
+void linear_add(const Tensor& x, const Tensor& w, Tensor& residual, Tensor& scratch, const KernelPolicy& policy = {});
+bool fuses_norm_gemv(int64_t rows);
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const AttnMeta& meta, float scale, Tensor& out, const KernelPolicy& policy = {});
 

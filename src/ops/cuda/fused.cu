@@ -1,0 +1,456 @@
+// Decode fusions (#22), each replacing a chain of small launches of the dense layer:
+//  rope_kv_write:   (per-head q/k RMSNorm) + RoPE + paged K/V write — was rope (or qk_norm_rope)
+//                   then kv_write: two launches and a re-read of k.
+//  linear_silu_mul: the gate_up GEMV with SiLU-mul in its epilogue — was the GEMV writing
+//                   [M, 2I] then silu_mul reading it back: one launch and 3 x M x I x 2 bytes less.
+// Both round exactly where the unfused chain rounds (bf16 after each op), so results are
+// bit-identical to it; the CUDA tests compare against the CPU oracle like the unfused ops.
+#include <algorithm>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/cuda_ops.h"
+
+namespace ts::ops::cuda {
+using namespace ::ts::cuda;
+
+namespace {
+
+// ---- rope_kv_write -----------------------------------------------------------------------------
+// One warp per (token, unit); units [0, nh) are q heads, [nh, nh + nkv) k heads, [nh + nkv,
+// nh + 2 nkv) v heads. q/k: optional RMSNorm over the head, then rotary on the first rot
+// features (the arithmetic of qk_rope_kernel in norm.cu, so the values are the same), written
+// back in place; k also into k_cache at its slot. v: copied into v_cache. Shared memory: hd
+// floats per warp. hd, hd_v <= 32 * 16 (one pass per lane of at most 16 elements is not assumed:
+// loops stride by 32).
+template <bool NORM>
+__global__ void rope_kv_write_kernel(__nv_bfloat16* q, int64_t q_s0, int64_t q_s1, int nh,
+                                     __nv_bfloat16* k, int64_t k_s0, int64_t k_s1, int nkv, int hd,
+                                     const __nv_bfloat16* __restrict__ v, int64_t v_s0, int64_t v_s1,
+                                     int hd_v, const __nv_bfloat16* __restrict__ wq,
+                                     const __nv_bfloat16* __restrict__ wk, float eps,
+                                     const int32_t* __restrict__ pos, const float* __restrict__ cs,
+                                     int max_pos, int rot, int interleaved,
+                                     __nv_bfloat16* __restrict__ k_cache,
+                                     __nv_bfloat16* __restrict__ v_cache,
+                                     const int32_t* __restrict__ slots, int64_t T) {
+  extern __shared__ float smem[];
+  pdl_wait();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int units = nh + 2 * nkv;
+  const int64_t gw = int64_t(blockIdx.x) * (blockDim.x >> 5) + warp;
+  if (gw >= T * units) return;
+  const int64_t t = gw / units;
+  const int u = int(gw - t * units);
+  const int64_t slot = slots[t];
+  if (u >= nh + nkv) {  // v head: a plain copy into the cache
+    if (slot >= 0) {
+      const int h = u - nh - nkv;
+      const __nv_bfloat16* src = v + t * v_s0 + int64_t(h) * v_s1;
+      __nv_bfloat16* dst = v_cache + (slot * nkv + h) * int64_t(hd_v);
+      for (int i = lane; i < hd_v; i += 32) dst[i] = src[i];
+    }
+    pdl_trigger();
+    return;
+  }
+  const bool is_q = u < nh;
+  __nv_bfloat16* p = is_q ? q + t * q_s0 + int64_t(u) * q_s1 : k + t * k_s0 + int64_t(u - nh) * k_s1;
+  const __nv_bfloat16* w = is_q ? wq : wk;
+  float* buf = smem + warp * hd;
+  float scale = 1.0f;
+  if (NORM) {
+    float ss = 0.0f;
+    for (int i = lane; i < hd; i += 32) {
+      float f = __bfloat162float(p[i]);
+      ss += f * f;
+    }
+    ss = warp_sum(ss);
+    scale = rsqrtf(ss / float(hd) + eps);
+  }
+  for (int i = lane; i < hd; i += 32) {
+    float f = __bfloat162float(p[i]) * scale;
+    if (NORM) f *= __bfloat162float(w[i]);
+    buf[i] = f;
+  }
+  __syncwarp();
+  const int ps = pos[t];
+  const bool rotate = ps >= 0 && ps < max_pos && rot > 0;
+  const float* c = cs + int64_t(rotate ? ps : 0) * rot;
+  const float* s = c + rot / 2;
+  const int half = rot / 2;
+  __nv_bfloat16* kc = (!is_q && slot >= 0) ? k_cache + (slot * nkv + (u - nh)) * int64_t(hd) : nullptr;
+  for (int i = lane; i < hd; i += 32) {
+    float val = buf[i];
+    if (rotate && i < rot) {
+      if (!interleaved) {
+        if (i < half) val = buf[i] * c[i] - buf[i + half] * s[i];
+        else val = buf[i] * c[i - half] + buf[i - half] * s[i - half];
+      } else {
+        const int j = i >> 1;
+        if ((i & 1) == 0) val = buf[i] * c[j] - buf[i + 1] * s[j];
+        else val = buf[i] * c[j] + buf[i - 1] * s[j];
+      }
+    }
+    const __nv_bfloat16 o = __float2bfloat16(val);
+    p[i] = o;
+    if (kc) kc[i] = o;
+  }
+  pdl_trigger();
+}
+
+// ---- linear_silu_mul: GEMV with a SiLU-mul epilogue ----------------------------------------------
+// The GEMV of linear.cu (one warp per output feature, 16-byte streaming weight loads, x rows
+// L1-resident) but each warp owns gate row n and up row n + I: out[m, n] =
+// bf16(silu(bf16(g)) * bf16(u)) with g, u reduced as linear's GEMV reduces them (same per-lane
+// order), so the product equals linear + silu_mul bit for bit.
+constexpr int kWarps = 8;
+constexpr int kUnroll = 4;
+// The same M limits as linear's GEMV (lab_linear on H200): large weights take the GEMV at M <= 2
+// only, weights under 8 MB up to M = 8. Elsewhere cuBLASLt + silu_mul is faster.
+constexpr int kMaxM = 2;
+constexpr int kMaxMSmall = 8;
+constexpr int64_t kSmallBytes = 8ll << 20;
+
+__device__ __forceinline__ uint4 ld_stream16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ float dot8_bf16(const uint4& a, const uint4& b) {
+  const __nv_bfloat162* pa = reinterpret_cast<const __nv_bfloat162*>(&a);
+  const __nv_bfloat162* pb = reinterpret_cast<const __nv_bfloat162*>(&b);
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float2 fa = __bfloat1622float2(pa[i]), fb = __bfloat1622float2(pb[i]);
+    s = fmaf(fa.x, fb.x, s);
+    s = fmaf(fa.y, fb.y, s);
+  }
+  return s;
+}
+
+// One generic small-M GEMV (the loop of linear.cu's: one warp per output, 16-byte streaming
+// weight loads, x rows read through L1 or shared memory) with
+//  NORM: a prologue that RMS-normalises the M rows of x (times norm_w) into shared memory, each
+//    block for itself (x is [M, K] of a few KB: L2-resident; redundant but free next to the
+//    weight stream), so the norm needs no launch of its own;
+//  EPI: 0 store acc (+ bias); 1 SiLU-mul of the gate row n and the up row n + N (gate_up layout);
+//    2 residual add: out[m, n] = bf16(out[m, n] + bf16(acc)) (fused_add_rmsnorm's rounding).
+enum Epi : int { kStore = 0, kSiluMul = 1, kAddInto = 2 };
+constexpr int kNormMaxM = 2;            // the norm prologue: decode rows only
+constexpr size_t kNormSmem = 48 * 1024;  // M * K bf16 of normalised x (no opt-in needed)
+
+struct GemvArgs {
+  const __nv_bfloat16* x;
+  int64_t x_ld;
+  const __nv_bfloat16* norm_w;  // NORM: [K]
+  float eps;
+  const __nv_bfloat16* w;
+  int64_t w_ld;
+  const __nv_bfloat16* bias;  // kStore: optional [N]
+  __nv_bfloat16* out;
+  int64_t out_ld;
+  int N, K;  // N outputs (kSiluMul: I, the weight has 2I rows)
+};
+
+template <int M, bool NORM, int EPI>
+__global__ void __launch_bounds__(kWarps * 32) gemv_fused_kernel(GemvArgs a) {
+  extern __shared__ __align__(16) unsigned char gemv_smem[];
+  __shared__ float red[32];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int nv = a.K / 8;
+  constexpr int R = EPI == kSiluMul ? 2 : 1;  // weight rows per warp
+  const int64_t n = int64_t(blockIdx.x) * kWarps + warp;
+  const bool active = n < a.N;  // idle warps of the last block still join the norm prologue
+  const __nv_bfloat16* wr[R];
+  wr[0] = a.w + (active ? n : 0) * a.w_ld;
+  if constexpr (R == 2) wr[R - 1] = a.w + ((active ? n : 0) + a.N) * a.w_ld;
+  // The first chunk of weights is requested before the PDL wait: weights are never written
+  // during a forward, so their stream overlaps the previous kernel's tail (and the norm).
+  uint4 wv[R][kUnroll];
+  auto load_chunk = [&](int base) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = base + u * 32 + lane;
+#pragma unroll
+      for (int r = 0; r < R; ++r) wv[r][u] = i < nv ? ld_stream16(wr[r] + int64_t(i) * 8) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  load_chunk(0);
+  pdl_wait();
+  const __nv_bfloat16* x = a.x;
+  int64_t x_ld = a.x_ld;
+  if constexpr (NORM) {
+    // rmsnorm_kernel's arithmetic (ss in fp32, f * inv * w rounded to bf16); only the order of
+    // the sum of squares differs (block size).
+    __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(gemv_smem);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const uint4* xr = reinterpret_cast<const uint4*>(a.x + m * a.x_ld);
+      float ss = 0.0f;
+      for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+        BF8 v;
+        v.u = xr[i];
+        float f[8];
+        bf8_to_f32(v, f);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) ss += f[k] * f[k];
+      }
+      ss = block_sum(ss, red);
+      const float inv = rsqrtf(ss / float(a.K) + a.eps);
+      for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+        BF8 v, g;
+        v.u = xr[i];
+        g.u = reinterpret_cast<const uint4*>(a.norm_w)[i];
+        float f[8], gf[8];
+        bf8_to_f32(v, f);
+        bf8_to_f32(g, gf);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) f[k] = f[k] * inv * gf[k];
+        reinterpret_cast<uint4*>(xs + int64_t(m) * a.K)[i] = f32_to_bf8(f).u;
+      }
+    }
+    __syncthreads();
+    x = xs;
+    x_ld = a.K;
+  }
+  if (!active) return;
+  float acc[R][M];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
+  for (int base = 0; base < nv; base += 32 * kUnroll) {
+    if (base > 0) load_chunk(base);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = base + u * 32 + lane;
+      if (i < nv) {
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          const uint4 xv = *reinterpret_cast<const uint4*>(x + m * x_ld + int64_t(i) * 8);
+#pragma unroll
+          for (int r = 0; r < R; ++r) acc[r][m] += dot8_bf16(wv[r][u], xv);
+        }
+      }
+    }
+  }
+  pdl_trigger();
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = warp_sum(acc[r][m]);
+  if (lane == 0) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      __nv_bfloat16* o = a.out + m * a.out_ld + n;
+      if constexpr (EPI == kSiluMul) {
+        const float g = __bfloat162float(__float2bfloat16(acc[0][m]));
+        const float u = __bfloat162float(__float2bfloat16(acc[R - 1][m]));
+        *o = __float2bfloat16(g / (1.0f + __expf(-g)) * u);  // silu_mul's formula
+      } else if constexpr (EPI == kAddInto) {
+        *o = __float2bfloat16(__bfloat162float(*o) + __bfloat162float(__float2bfloat16(acc[0][m])));
+      } else {
+        *o = __float2bfloat16(acc[0][m] + (a.bias ? __bfloat162float(a.bias[n]) : 0.0f));
+      }
+    }
+  }
+}
+
+template <int M, bool NORM, int EPI>
+void gemv_fused_launch(const GemvArgs& a) {
+  const size_t smem = NORM ? size_t(M) * size_t(a.K) * 2 : 0;
+  launch(gemv_fused_kernel<M, NORM, EPI>, dim3(unsigned(ceil_div(a.N, kWarps))), dim3(kWarps * 32), smem, true, a);
+}
+
+// The instantiated cases: SiLU-mul at M <= 8; the norm prologue and the residual add at M <= 2.
+void gemv_fused(int M, bool norm, int epi, const GemvArgs& a) {
+  if (!norm && epi == kSiluMul) {
+    switch (M) {
+      case 1: return gemv_fused_launch<1, false, kSiluMul>(a);
+      case 2: return gemv_fused_launch<2, false, kSiluMul>(a);
+      case 3: return gemv_fused_launch<3, false, kSiluMul>(a);
+      case 4: return gemv_fused_launch<4, false, kSiluMul>(a);
+      case 5: return gemv_fused_launch<5, false, kSiluMul>(a);
+      case 6: return gemv_fused_launch<6, false, kSiluMul>(a);
+      case 7: return gemv_fused_launch<7, false, kSiluMul>(a);
+      case 8: return gemv_fused_launch<8, false, kSiluMul>(a);
+      default: break;
+    }
+  } else if (M == 1 || M == 2) {
+    const bool one = M == 1;
+    if (norm && epi == kSiluMul) return one ? gemv_fused_launch<1, true, kSiluMul>(a) : gemv_fused_launch<2, true, kSiluMul>(a);
+    if (norm && epi == kStore) return one ? gemv_fused_launch<1, true, kStore>(a) : gemv_fused_launch<2, true, kStore>(a);
+    if (!norm && epi == kAddInto)
+      return one ? gemv_fused_launch<1, false, kAddInto>(a) : gemv_fused_launch<2, false, kAddInto>(a);
+  }
+  fail("gemv_fused: no kernel for M={} norm={} epilogue={}", M, norm, epi);
+}
+
+bool norm_fusable(int64_t M, const Tensor& x, const Tensor* norm_w) {
+  return M <= kNormMaxM && size_t(M) * size_t(x.size(-1)) * 2 <= kNormSmem && norm_w && norm_w->device == Device::cuda &&
+         norm_w->dtype == DType::bf16 && norm_w->numel() == x.size(-1) && aligned16(norm_w->data);
+}
+
+GemvArgs gemv_args(const Tensor& x, const Tensor& w, Tensor& out, int N) {
+  GemvArgs a{};
+  a.x = x.ptr<__nv_bfloat16>();
+  a.x_ld = x.row_stride();
+  a.w = w.ptr<__nv_bfloat16>();
+  a.w_ld = w.row_stride();
+  a.out = out.ptr<__nv_bfloat16>();
+  a.out_ld = out.row_stride();
+  a.N = N;
+  a.K = int(x.size(-1));
+  return a;
+}
+
+}  // namespace
+
+void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor* wq, const Tensor* wk, float eps,
+                   const Tensor& positions, const Rope& rope, Tensor& k_cache, Tensor& v_cache,
+                   const Tensor& slot_mapping) {
+  TS_CHECK((wq == nullptr) == (wk == nullptr), "rope_kv_write: give both q/k norm weights or neither");
+  const bool norm = wq != nullptr;
+  check_dev(q, DType::bf16, "rope_kv_write q");
+  check_dev(k, DType::bf16, "rope_kv_write k");
+  check_dev(v, DType::bf16, "rope_kv_write v");
+  check_dev(k_cache, DType::bf16, "rope_kv_write k_cache");
+  check_dev(v_cache, DType::bf16, "rope_kv_write v_cache");
+  check_dev(positions, DType::i32, "rope_kv_write positions");
+  check_dev(slot_mapping, DType::i32, "rope_kv_write slot_mapping");
+  TS_CHECK(q.ndim == 3 && k.ndim == 3 && v.ndim == 3 && k_cache.ndim == 4 && v_cache.ndim == 4,
+           "rope_kv_write: q/k/v must be [T, heads, hd], caches [blocks, block_size, nkv, hd]");
+  const int64_t T = q.size(0), nh = q.size(1), hd = q.size(2), nkv = k.size(1), hdv = v.size(2);
+  TS_CHECK(k.size(0) == T && v.size(0) == T && k.size(2) == hd && v.size(1) == nkv && k_cache.size(2) == nkv &&
+               k_cache.size(3) == hd && v_cache.size(2) == nkv && v_cache.size(3) == hdv &&
+               k_cache.size(0) * k_cache.size(1) == v_cache.size(0) * v_cache.size(1),
+           "rope_kv_write: q {} k {} v {} k_cache {} v_cache {}", q.shape_str(), k.shape_str(), v.shape_str(),
+           k_cache.shape_str(), v_cache.shape_str());
+  TS_CHECK(q.stride[2] == 1 && k.stride[2] == 1 && v.stride[2] == 1, "rope_kv_write: head dims must be contiguous");
+  TS_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && slot_mapping.is_contiguous() &&
+               positions.is_contiguous() && slot_mapping.numel() == T && positions.numel() == T,
+           "rope_kv_write: contiguous caches, positions {} and slots {} for {} tokens", positions.shape_str(),
+           slot_mapping.shape_str(), T);
+  if (norm) {
+    TS_CHECK(wq->numel() == hd && wk->numel() == hd, "rope_kv_write: q/k norm weights must be [{}]", hd);
+    check_dev(*wq, DType::bf16, "rope_kv_write wq");
+    check_dev(*wk, DType::bf16, "rope_kv_write wk");
+  }
+  const float* cs = nullptr;
+  int max_pos = 0, rot = 0;
+  if (rope.rot_dim > 0) {
+    check_dev(rope.cos_sin, DType::f32, "rope cos_sin");
+    TS_CHECK(rope.cos_sin.ndim == 2 && rope.cos_sin.size(1) == rope.rot_dim && rope.cos_sin.is_contiguous() &&
+                 rope.rot_dim % 2 == 0 && rope.rot_dim <= hd,
+             "rope_kv_write: cos_sin {} rot_dim {} head_dim {}", rope.cos_sin.shape_str(), rope.rot_dim, hd);
+    cs = rope.cos_sin.ptr<float>();
+    max_pos = int(rope.cos_sin.size(0));
+    rot = rope.rot_dim;
+  }
+  const int64_t warps = T * (nh + 2 * nkv);
+  if (warps == 0 || hd == 0) return;
+  constexpr int kRopeWarps = 4;
+  const size_t smem = size_t(kRopeWarps) * size_t(hd) * sizeof(float);
+  TS_CHECK(smem <= 48 * 1024, "rope_kv_write: head_dim {} too large", hd);
+  const int64_t blocks = ceil_div(warps, kRopeWarps);
+  TS_CHECK(blocks <= 0x7fffffff, "rope_kv_write: too many heads");
+  auto kern = norm ? rope_kv_write_kernel<true> : rope_kv_write_kernel<false>;
+  launch(kern, dim3(unsigned(blocks)), dim3(kRopeWarps * 32), smem, true, q.ptr<__nv_bfloat16>(), q.stride[0],
+         q.stride[1], int(nh), k.ptr<__nv_bfloat16>(), k.stride[0], k.stride[1], int(nkv), int(hd),
+         v.ptr<__nv_bfloat16>(), v.stride[0], v.stride[1], int(hdv),
+         norm ? wq->ptr<__nv_bfloat16>() : nullptr, norm ? wk->ptr<__nv_bfloat16>() : nullptr, eps,
+         positions.ptr<int32_t>(), cs, max_pos, rot, rope.interleaved ? 1 : 0, k_cache.ptr<__nv_bfloat16>(),
+         v_cache.ptr<__nv_bfloat16>(), slot_mapping.ptr<int32_t>(), T);
+}
+
+bool fuses_norm_gemv(int64_t rows) { return rows >= 1 && rows <= kNormMaxM; }
+
+void linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out, Tensor& gu_scratch, const Tensor* in_norm, float eps,
+                     Tensor* x_scratch, const KernelPolicy& policy) {
+  check_dev(x, DType::bf16, "linear_silu_mul x");
+  check_dev(w, DType::bf16, "linear_silu_mul w");
+  check_dev(out, DType::bf16, "linear_silu_mul out");
+  TS_CHECK(w.ndim == 2 && w.size(0) % 2 == 0, "linear_silu_mul: weight must be [2I, K], got {}", w.shape_str());
+  const int64_t M = x.rows(), K = x.size(-1), N2 = w.size(0), I = N2 / 2;
+  TS_CHECK(w.size(1) == K && out.rows() == M && out.size(-1) == I && gu_scratch.rows() == M &&
+               gu_scratch.size(-1) == N2,
+           "linear_silu_mul: x {} w {} out {} scratch {}", x.shape_str(), w.shape_str(), out.shape_str(),
+           gu_scratch.shape_str());
+  TS_CHECK(!in_norm || (x_scratch && x_scratch->rows() == M && x_scratch->size(-1) == K),
+           "linear_silu_mul: the input norm needs an x scratch [{}, {}]", M, K);
+  if (M == 0 || I == 0) return;
+  TS_CHECK(N2 <= 0x7fffffff && K <= 0x7fffffff, "linear_silu_mul: too large");
+  const bool small_w = N2 * K * 2 <= kSmallBytes || policy.linear == LinearPath::gemv;
+  const bool gemv = policy.linear != LinearPath::cublaslt && M <= (small_w ? kMaxMSmall : kMaxM) &&
+                    vec8_ok(x.data, K, x.row_stride()) && vec8_ok(w.data, K, w.row_stride());
+  const bool norm = in_norm != nullptr;
+  if (gemv && (!norm || norm_fusable(M, x, in_norm))) {
+    GemvArgs a = gemv_args(x, w, out, int(I));
+    if (norm) {
+      a.norm_w = in_norm->ptr<__nv_bfloat16>();
+      a.eps = eps;
+    }
+    gemv_fused(int(M), norm, kSiluMul, a);
+    return;
+  }
+  const Tensor* src = &x;
+  if (norm) {
+    cuda::rmsnorm(x, *in_norm, eps, *x_scratch);
+    src = x_scratch;
+  }
+  cuda::linear(*src, w, gu_scratch, nullptr, policy);
+  cuda::silu_mul(gu_scratch, out);
+}
+
+void rmsnorm_linear(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w, Tensor& out, const Tensor* bias,
+                    Tensor& x_scratch, const KernelPolicy& policy) {
+  check_dev(x, DType::bf16, "rmsnorm_linear x");
+  check_dev(w, DType::bf16, "rmsnorm_linear w");
+  check_dev(out, DType::bf16, "rmsnorm_linear out");
+  const int64_t M = x.rows(), K = x.size(-1), N = w.size(0);
+  TS_CHECK(w.ndim == 2 && w.size(1) == K && out.rows() == M && out.size(-1) == N && x_scratch.rows() == M &&
+               x_scratch.size(-1) == K,
+           "rmsnorm_linear: x {} w {} out {} scratch {}", x.shape_str(), w.shape_str(), out.shape_str(),
+           x_scratch.shape_str());
+  if (M == 0 || N == 0) return;
+  const bool has_bias = bias && bias->data;
+  if (has_bias) check_dev(*bias, DType::bf16, "rmsnorm_linear bias");
+  const bool fused = policy.linear != LinearPath::cublaslt && N <= 0x7fffffff && K <= 0x7fffffff &&
+                     vec8_ok(x.data, K, x.row_stride()) && vec8_ok(w.data, K, w.row_stride()) &&
+                     norm_fusable(M, x, &norm_w) && (!has_bias || (bias->numel() == N && bias->is_contiguous()));
+  if (fused) {
+    GemvArgs a = gemv_args(x, w, out, int(N));
+    a.norm_w = norm_w.ptr<__nv_bfloat16>();
+    a.eps = eps;
+    a.bias = has_bias ? bias->ptr<__nv_bfloat16>() : nullptr;
+    gemv_fused(int(M), true, kStore, a);
+    return;
+  }
+  cuda::rmsnorm(x, norm_w, eps, x_scratch);
+  cuda::linear(x_scratch, w, out, bias, policy);
+}
+
+void linear_add(const Tensor& x, const Tensor& w, Tensor& residual, Tensor& scratch, const KernelPolicy& policy) {
+  check_dev(x, DType::bf16, "linear_add x");
+  check_dev(w, DType::bf16, "linear_add w");
+  check_dev(residual, DType::bf16, "linear_add residual");
+  const int64_t M = x.rows(), K = x.size(-1), N = w.size(0);
+  TS_CHECK(w.ndim == 2 && w.size(1) == K && residual.rows() == M && residual.size(-1) == N && scratch.rows() == M &&
+               scratch.size(-1) == N,
+           "linear_add: x {} w {} residual {} scratch {}", x.shape_str(), w.shape_str(), residual.shape_str(),
+           scratch.shape_str());
+  if (M == 0 || N == 0) return;
+  const bool fused = policy.linear != LinearPath::cublaslt && M <= kNormMaxM && N <= 0x7fffffff && K <= 0x7fffffff &&
+                     vec8_ok(x.data, K, x.row_stride()) && vec8_ok(w.data, K, w.row_stride());
+  if (fused) {
+    gemv_fused(int(M), false, kAddInto, gemv_args(x, w, residual, int(N)));
+    return;
+  }
+  cuda::linear(x, w, scratch, nullptr, policy);
+  cuda::add_inplace(residual, scratch);
+}
+
+}  // namespace ts::ops::cuda
