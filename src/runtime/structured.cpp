@@ -166,10 +166,14 @@ void LogitsConstraints::start_mask() {
   mask_pool_run([this] { compute_mask(); });
 }
 
-void LogitsConstraints::compute_mask() {
-  matcher_->fill_bitmask(mask_.data());
+void LogitsConstraints::fill_mask(uint32_t* row) {
+  matcher_->fill_bitmask(row);
   if (phase_ == Phase::first_optional_think && think_start_ >= 0 && think_start_ < int32_t(mask_.size() * 32))
-    mask_[size_t(think_start_ >> 5)] |= 1u << (think_start_ & 31);
+    row[size_t(think_start_ >> 5)] |= 1u << (think_start_ & 31);
+}
+
+void LogitsConstraints::compute_mask() {
+  fill_mask(mask_.data());
   std::lock_guard<std::mutex> lk(mu_);
   mask_valid_ = true;
   pending_ = false;
@@ -190,6 +194,10 @@ const uint32_t* LogitsConstraints::wait_mask() {
 }
 
 void LogitsConstraints::apply(float* l, int64_t vocab, int n_generated) {
+  apply_with(l, vocab, n_generated, nullptr);
+}
+
+void LogitsConstraints::apply_with(float* l, int64_t vocab, int n_generated, const uint32_t* m) {
   for (auto& [id, b] : bias_)
     if (id >= 0 && id < vocab) l[id] += b;
   const bool ban_stop = n_generated < min_tokens_;
@@ -201,7 +209,7 @@ void LogitsConstraints::apply(float* l, int64_t vocab, int n_generated) {
         saved.emplace_back(id, l[id]);
         l[id] = -INFINITY;
       }
-  const uint32_t* m = wait_mask();
+  if (!spec_ || spec_steps_ == 0) m = wait_mask();
   if (!m) return;
   const int64_t covered = std::min<int64_t>(vocab, int64_t(mask_.size()) * 32);
   bool any = false;
@@ -227,6 +235,11 @@ void LogitsConstraints::accept(int32_t t) {
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait(lk, [&] { return !pending_; });
   }
+  advance(t);
+  if (!matcher_->is_terminated()) start_mask();
+}
+
+void LogitsConstraints::advance(int32_t t) {
   switch (phase_) {
     case Phase::reasoning:
       if (t == think_end_) phase_ = Phase::active;
@@ -240,9 +253,44 @@ void LogitsConstraints::accept(int32_t t) {
       [[fallthrough]];
     case Phase::active:
       if (!matcher_->accept_token(t)) failed_ = true;
+      else ++matcher_steps_;
       break;
   }
-  if (!matcher_->is_terminated()) start_mask();
+}
+
+void LogitsConstraints::spec_begin() {
+  spec_ = true;
+  spec_steps_ = matcher_steps_ = 0;
+  spec_phase_ = phase_;
+  spec_failed_ = failed_;
+  if (!matcher_) return;
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return !pending_; });  // the background mask of the current state is done
+}
+
+void LogitsConstraints::spec_apply(float* l, int64_t vocab, int n_generated) {
+  const uint32_t* m = nullptr;
+  if (spec_steps_ > 0 && matcher_ && phase_ != Phase::reasoning && !failed_ && !matcher_->is_terminated()) {
+    spec_mask_.resize(mask_.size());
+    fill_mask(spec_mask_.data());
+    m = spec_mask_.data();
+  }
+  apply_with(l, vocab, n_generated, m);
+}
+
+bool LogitsConstraints::spec_advance(int32_t t) {
+  ++spec_steps_;
+  if (!matcher_ || failed_) return !failed_;
+  advance(t);
+  return !failed_;
+}
+
+void LogitsConstraints::spec_end() {
+  if (matcher_ && matcher_steps_ > 0) matcher_->rollback(matcher_steps_);
+  phase_ = spec_phase_;
+  failed_ = spec_failed_;
+  spec_ = false;
+  spec_steps_ = matcher_steps_ = 0;
 }
 
 bool LogitsConstraints::grammar_done() const { return matcher_ && matcher_->is_terminated(); }

@@ -95,10 +95,27 @@ class LogitsConstraints {
   // null when the grammar does not apply at this step).
   const uint32_t* wait_mask();
 
+  // Speculative verify (EAGLE3, runtime/spec_worker.cpp): the verify rows of one request are
+  // positions past the current state. spec_begin() opens a tentative walk from the current state;
+  // spec_apply() constrains the logits of the next verify position (the state after the drafts
+  // spec_advance()d so far: its mask is computed inline, the walk is a few tokens); spec_advance()
+  // moves the walk over an accepted draft (false: the grammar rejects it, the walk stops);
+  // spec_end() rolls the matcher back to where spec_begin() found it. The engine then accept()s
+  // the tokens it keeps, as in plain decoding, so rejected drafts leave no trace.
+  void spec_begin();
+  void spec_apply(float* logits, int64_t vocab, int n_generated);
+  bool spec_advance(int32_t token);
+  void spec_end();
+
  private:
   enum class Phase { first_optional_think, reasoning, active };
   void start_mask();  // schedules compute_mask on the pool
   void compute_mask();
+  void fill_mask(uint32_t* row);  // the current state's mask (plus <think> when optional)
+  // biases, min_tokens, then mask m (null: no grammar at this position)
+  void apply_with(float* logits, int64_t vocab, int n_generated, const uint32_t* m);
+  // The grammar part of accept(): phase gate, then the matcher; counts matcher steps for spec_end.
+  void advance(int32_t token);
   std::vector<std::pair<int32_t, float>> bias_;
   std::vector<int32_t> min_stop_;
   int min_tokens_ = 0;
@@ -111,6 +128,12 @@ class LogitsConstraints {
   std::mutex mu_;
   std::condition_variable cv_;
   bool pending_ = false;
+  // spec_begin() .. spec_end(): the saved gate and how many matcher tokens to roll back.
+  bool spec_ = false;
+  Phase spec_phase_ = Phase::active;
+  bool spec_failed_ = false;
+  size_t spec_steps_ = 0, matcher_steps_ = 0;
+  std::vector<uint32_t> spec_mask_;
 };
 
 // Host threads that compute next-step masks off the engine thread (process-wide, started on
