@@ -32,6 +32,21 @@ if python3 -c "import torch, transformers" 2>/dev/null; then
 else
   echo "peer: skipped (no torch/transformers)"
 fi
+# Ops per layer at bs1 (the goal of #22 is <= 6): `bench --profile` brackets every op of one eager
+# decode step with CUDA events; the op count over 32 layers (Llama-3.1-8B) is the launches-per-layer
+# proxy (an op may launch more than one kernel; nsys below, where present, counts kernels).
+timeout 240 "$B/tokenspeed" bench --model /tmp/l8b --device cuda --prompt-lens 128 --batches 1 --contexts 1024 --profile \
+  --json "$OUT/prof_bs1.json" > "$OUT/prof_bs1.log" 2>&1
+echo "bench --profile rc=$?"; grep "bench: " "$OUT/prof_bs1.log" | head -40
+python3 - "$OUT/prof_bs1.json" <<'PY2' || true
+import json, sys
+j = json.load(open(sys.argv[1]))
+rows = j if isinstance(j, list) else j.get("rows", j.get("results", []))
+for r in rows:
+    if isinstance(r, dict) and "profile" in r:
+        n = sum(o["count"] for o in r["profile"]["ops"])
+        print(f"ops per decode step (batch {r.get('batch')}, context {r.get('context')}): {n}; per layer (32): {n / 32:.1f}")
+PY2
 # Launches per decode step: count kernel launches of a short graph-mode decode with nsys, divided by
 # the steps and layers (32 for Llama-3.1-8B) by the reader; the raw kernel table is in the log.
 if command -v nsys > /dev/null; then

@@ -37,16 +37,17 @@ int main() {
       // The v1 kernels are 10-100x slower on long contexts: skip the hopeless ones.
       if (v.path == 1 && v.splits == 0 && c.kv_tokens * f.nkv * f.q > 4 * 32768 * 8) continue;
       if (v.path == 2 && f.B * f.q * f.nkv < 16) continue;
-      ts::ops::cuda::set_attention_path(v.path, v.splits);
-      const double e = (c.kv_tokens * c.nh * f.q <= int64_t(1) << 26) ? lab::check_case(c, scale) : -1.0;
-      const double us = lab::time_rot_us(c, rot, scale);
+      ts::ops::KernelPolicy kp;
+      kp.attn_path = v.path;
+      kp.attn_splits = v.splits;
+      const double e = (c.kv_tokens * c.nh * f.q <= int64_t(1) << 26) ? lab::check_case(c, scale, kp) : -1.0;
+      const double us = lab::time_rot_us(c, rot, scale, 20, 2, kp);
       std::printf("decode B=%-3d q=%d kv=%-6d nkv=%ld G=%ld hd=%-3ld bs=%-2d %-16s err %.2e %-4s %9.2f us %6.0f GB/s (%5.1f%% of copy)\n",
                   f.B, f.q, f.kv, long(f.nkv), long(f.G), long(f.hd), f.bs, v.name, e,
                   e < 0 ? "n/a" : lab::verdict(e), us, bytes / (us * 1e3),
                   100.0 * bytes / (us * 1e3) / ceiling);
       std::fflush(stdout);
     }
-    ts::ops::cuda::set_attention_path(0, 0);
   }
   return 0;
 }

@@ -54,13 +54,13 @@ inline AttnCase make_case(int B, int q_len, int kv_len, int64_t nkv, int64_t G, 
 }
 
 // CPU reference on the same data (only for modest sizes).
-inline double check_case(AttnCase& c, float scale) {
+inline double check_case(AttnCase& c, float scale, const ts::ops::KernelPolicy& kp = {}) {
   ts::Tensor q = c.q_d.to(ts::Device::cpu).to_f32(), kc = c.kc_d.to(ts::Device::cpu).to_f32(),
              vc = c.vc_d.to(ts::Device::cpu).to_f32();
   ts::Tensor ref = ts::Tensor::empty({c.T, c.nh, c.hd}, ts::DType::f32);
   ts::ops::cpu::paged_attention(q, kc, vc, c.mh, scale, ref);
   TS_CUDA_CHECK(cudaMemset(c.out_d.data, 0xff, c.out_d.nbytes()));
-  ts::ops::cuda::paged_attention(c.q_d, c.kc_d, c.vc_d, c.md, scale, c.out_d);
+  ts::ops::cuda::paged_attention(c.q_d, c.kc_d, c.vc_d, c.md, scale, c.out_d, kp);
   return rel_err(c.out_d, ref);
 }
 
@@ -91,11 +91,12 @@ inline Rotation make_rotation(const AttnCase& c, double min_bytes = 180e6) {
 
 // Median per-call time (us) of back-to-back calls cycling through the rotation (one event pair
 // around each full cycle, so launch gaps are what a graph/stream of kernels would see).
-inline double time_rot_us(AttnCase& c, Rotation& r, float scale, int reps = 20, int warmup = 2) {
+inline double time_rot_us(AttnCase& c, Rotation& r, float scale, int reps = 20, int warmup = 2,
+                          const ts::ops::KernelPolicy& kp = {}) {
   cudaStream_t s = ts::cuda::stream();
   const int n = int(r.kc.size());
   auto cycle = [&] {
-    for (int i = 0; i < n; ++i) ts::ops::cuda::paged_attention(c.q_d, r.kc[size_t(i)], r.vc[size_t(i)], c.md, scale, c.out_d);
+    for (int i = 0; i < n; ++i) ts::ops::cuda::paged_attention(c.q_d, r.kc[size_t(i)], r.vc[size_t(i)], c.md, scale, c.out_d, kp);
   };
   for (int i = 0; i < warmup; ++i) cycle();
   TS_CUDA_CHECK(cudaStreamSynchronize(s));

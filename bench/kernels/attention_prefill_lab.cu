@@ -31,15 +31,15 @@ int main() {
       const bool fast_hd = f.hd == 64 || f.hd == 128;
       if (v.path >= 2 && !fast_hd) continue;
       if (v.path == 1 && fast_hd && f.q > 2048) continue;  // minutes per call
-      ts::ops::cuda::set_attention_path(v.path, 0);
-      const double e = (pairs * f.B * c.nh <= 4.0 * 2048 * 2048 * 16) ? lab::check_case(c, scale) : -1.0;
-      const double us = lab::time_rot_us(c, rot, scale, 10, 1);
+      ts::ops::KernelPolicy kp;
+      kp.attn_path = v.path;
+      const double e = (pairs * f.B * c.nh <= 4.0 * 2048 * 2048 * 16) ? lab::check_case(c, scale, kp) : -1.0;
+      const double us = lab::time_rot_us(c, rot, scale, 10, 1, kp);
       std::printf("prefill B=%d q=%-5d kv=%-5d nkv=%ld G=%ld hd=%-3ld bs=%-2d %-16s err %.2e %-4s %10.1f us %7.1f TFLOP/s\n",
                   f.B, f.q, f.kv, long(f.nkv), long(f.G), long(f.hd), f.bs, v.name, e,
                   e < 0 ? "n/a" : lab::verdict(e), us, flops / (us * 1e6));
       std::fflush(stdout);
     }
-    ts::ops::cuda::set_attention_path(0, 0);
   }
   return 0;
 }

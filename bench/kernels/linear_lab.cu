@@ -26,8 +26,9 @@ int main() {
       ts::Tensor wd = ws[0].narrow(0, 0, Nc);
       ts::Tensor out = ts::Tensor::empty({M, Nc}, ts::DType::bf16, ts::Device::cuda);
       for (int path : {1, 2}) {
-        ts::ops::cuda::set_linear_path(path);
-        ts::ops::cuda::linear(x.d, wd, out, nullptr);
+        ts::ops::KernelPolicy kp;
+        kp.linear = ts::ops::LinearPath(path);
+        ts::ops::cuda::linear(x.d, wd, out, nullptr, kp);
         const double e = lab::rel_err(out, ref);
         std::printf("linear %-8s check path=%s err %.2e %s\n", s.name, path == 1 ? "cublasLt" : "gemv", e,
                     lab::verdict(e));
@@ -39,9 +40,10 @@ int main() {
       ts::Tensor out = ts::Tensor::empty({M, s.N}, ts::DType::bf16, ts::Device::cuda);
       for (int path : {1, 2}) {
         if (path == 2 && M > 8) continue;
-        ts::ops::cuda::set_linear_path(path);
+        ts::ops::KernelPolicy kp;
+        kp.linear = ts::ops::LinearPath(path);
         int it = 0;
-        const double us = lab::time_us([&] { ts::ops::cuda::linear(x, ws[size_t(it++ % copies)], out, nullptr); },
+        const double us = lab::time_us([&] { ts::ops::cuda::linear(x, ws[size_t(it++ % copies)], out, nullptr, kp); },
                                        M >= 512 ? 20 : 100);
         const double bytes = wbytes + double(M) * double(s.K + s.N) * 2.0;
         const double tflops = 2.0 * double(M) * double(s.N) * double(s.K) / (us * 1e6);
@@ -50,7 +52,6 @@ int main() {
                     bytes / (us * 1e3), 100.0 * bytes / (us * 1e3) / ceiling, tflops);
       }
     }
-    ts::ops::cuda::set_linear_path(0);
   }
   return 0;
 }

@@ -70,13 +70,13 @@ int main() {
       ts::ops::cpu::moe_experts(x.h, ids, w, gu.h, dn.h, act, ref);
       ts::Tensor out = ts::Tensor::empty({T, H}, ts::DType::bf16, ts::Device::cuda);
       for (int nt : {0, 1, 8}) {
-        ts::ops::cuda::set_moe_tile(nt);
-        ts::ops::cuda::moe_experts(x.d, ids.to(ts::Device::cuda), w.to(ts::Device::cuda), gu.d, dn.d, act, out);
+        ts::ops::KernelPolicy kp;
+        kp.moe_tile = nt;
+        ts::ops::cuda::moe_experts(x.d, ids.to(ts::Device::cuda), w.to(ts::Device::cuda), gu.d, dn.d, act, out, kp);
         const double e = lab::rel_err(out, ref);
         std::printf("moe_experts check T=%-3ld E=%ld k=%ld tile=%d: rel err %.2e %s\n", long(T), long(Ec), long(kc), nt,
                     e, lab::verdict(e));
       }
-      ts::ops::cuda::set_moe_tile(0);
     }
   }
 
@@ -103,18 +103,18 @@ int main() {
     const double bytes = used * expert_bytes + double(T) * double(H) * 4.0 +
                          double(T * K) * double(2 * I + 2 * H) * 2.0;
     for (int nt : {0, 1, 2, 4, 8}) {
-      ts::ops::cuda::set_moe_tile(nt);
+      ts::ops::KernelPolicy kp;
+      kp.moe_tile = nt;
       int it = 0;
       const double us = lab::time_us(
           [&] {
             const size_t r = size_t(it++ % R);
-            ts::ops::cuda::moe_experts(x, ids[r], w[r], gate_up, down, act, out);
+            ts::ops::cuda::moe_experts(x, ids[r], w[r], gate_up, down, act, out, kp);
           },
           T >= 1024 ? 20 : 100);
       std::printf("%-7ld %-6s %-9.1f %-10.1f %-11.2f %-9.0f %-8.1f\n", long(T), nt == 0 ? "auto" : std::to_string(nt).c_str(),
                   used, bytes / 1e6, us, bytes / (us * 1e3), 100.0 * bytes / (us * 1e3) / ceiling);
     }
-    ts::ops::cuda::set_moe_tile(0);
   }
 
   // Router: softmax top-8 of 128 (Qwen3) and grouped sigmoid top-8 of 256 (DeepSeek-V3).

@@ -65,9 +65,7 @@ void check_attention(const std::vector<Seq>& seqs, int64_t nkv, int64_t G, int64
   Tensor oh = heads_view(obuf.h, 8, nh, hd_v), od = heads_view(obuf.d, 8, nh, hd_v);
   const float scale = 1.0f / std::sqrt(float(hd));
   ops::cpu::paged_attention(qh, kc.h, vc.h, mh, scale, oh);
-  ops::cuda::set_attention_path(path, splits);
-  ops::cuda::paged_attention(qd, kc.d, vc.d, md, scale, od);
-  ops::cuda::set_attention_path(0, 0);
+  ops::cuda::paged_attention(qd, kc.d, vc.d, md, scale, od, ops::KernelPolicy{.attn_path = path, .attn_splits = splits});
   std::string desc = fmt::format("attn B={} q0={} kv0={} maxq={} maxkv={} bound={} nkv={} G={} hd={} hd_v={} bs={} path={} splits={} pad={}",
                                  B, seqs[0].q_len, seqs[0].kv_len, max_q, max_kv, mh.max_kv_len, nkv, G, hd,
                                  hd_v, bs, path, splits, pad_rows);
@@ -233,10 +231,8 @@ TEST(CudaAttention, ZeroTokensAllPaths) {
   Tensor out = Tensor::empty({0, 4, 128}, DType::bf16, Device::cuda);
   Tensor kc = Tensor::empty({2, 16, 2, 128}, DType::bf16, Device::cuda);
   for (int path = 0; path <= 6; ++path) {
-    ops::cuda::set_attention_path(path, 0);
-    ops::cuda::paged_attention(q, kc, kc, m, 0.125f, out);
+    ops::cuda::paged_attention(q, kc, kc, m, 0.125f, out, ops::KernelPolicy{.attn_path = path});
   }
-  ops::cuda::set_attention_path(0, 0);
   ::ts::cuda::synchronize();
 }
 

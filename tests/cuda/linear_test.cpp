@@ -11,9 +11,7 @@ void check_linear(int64_t M, int64_t N, int64_t K, bool bias, bool strided, int 
   Pair buf = Pair::rand({M, N + pad});
   Tensor oh = buf.h.narrow(1, 0, N), od = buf.d.narrow(1, 0, N);
   ops::cpu::linear(x.h, w.h, oh, bias ? &b.h : nullptr);
-  ops::cuda::set_linear_path(path);
-  ops::cuda::linear(x.d, w.d, od, bias ? &b.d : nullptr);
-  ops::cuda::set_linear_path(0);
+  ops::cuda::linear(x.d, w.d, od, bias ? &b.d : nullptr, ops::KernelPolicy{.linear = ops::LinearPath(path)});
   EXPECT_CLOSE(buf.back(), buf.h,
                fmt::format("linear M={} N={} K={} bias={} strided={} path={}", M, N, K, bias,
                            strided, path));

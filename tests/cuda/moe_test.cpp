@@ -216,9 +216,7 @@ void check_experts(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, const 
   Pair ob = Pair::rand({T, H + 2 * o_off});
   Tensor oh = ob.h.narrow(1, o_off, H), od = ob.d.narrow(1, o_off, H);
   ops::cpu::moe_experts(xh, c.ids_h, c.w_h, c.gate_up.h, c.down.h, act, oh);
-  ops::cuda::set_moe_tile(nt);
-  ops::cuda::moe_experts(xd, c.ids_d, c.w_d, c.gate_up.d, c.down.d, act, od);
-  ops::cuda::set_moe_tile(0);
+  ops::cuda::moe_experts(xd, c.ids_d, c.w_d, c.gate_up.d, c.down.d, act, od, ops::KernelPolicy{.moe_tile = nt});
   EXPECT_CLOSE(ob.back(), ob.h,
                fmt::format("experts T={} H={} I={} E={} k={} act={} mode={} nt={} x_off={} o_off={}", T, H, I, E, k,
                            int(act.kind), mode, nt, x_off, o_off));
@@ -283,23 +281,20 @@ TEST(CudaMoe, ExpertsBatchInvariant) {
   Tensor xd = c.xb.d.narrow(1, 8, H);
   ops::GluAct act;
   Tensor full = Tensor::empty({T, H}, DType::bf16, Device::cuda);
-  ops::cuda::set_moe_tile(4);
-  ops::cuda::moe_experts(xd, c.ids_d, c.w_d, c.gate_up.d, c.down.d, act, full);
+  ops::cuda::moe_experts(xd, c.ids_d, c.w_d, c.gate_up.d, c.down.d, act, full, ops::KernelPolicy{.moe_tile = 4});
   ::ts::cuda::synchronize();
   Tensor fh = full.to(Device::cpu);
   int64_t bad = 0;
   for (int64_t t : {0, 1, 18, 36}) {
     for (int nt : {1, 8}) {
       Tensor one = Tensor::empty({1, H}, DType::bf16, Device::cuda);
-      ops::cuda::set_moe_tile(nt);
       ops::cuda::moe_experts(xd.slice_rows(t, t + 1), c.ids_d.slice_rows(t, t + 1), c.w_d.slice_rows(t, t + 1),
-                             c.gate_up.d, c.down.d, act, one);
+                             c.gate_up.d, c.down.d, act, one, ops::KernelPolicy{.moe_tile = nt});
       ::ts::cuda::synchronize();
       Tensor oh = one.to(Device::cpu);
       for (int64_t i = 0; i < H; ++i) bad += oh.ptr<uint16_t>()[i] != fh.ptr<uint16_t>()[t * H + i];
     }
   }
-  ops::cuda::set_moe_tile(0);
   EXPECT_EQ(bad, 0) << "moe_experts results depend on the batch";
 }
 

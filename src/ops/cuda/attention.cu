@@ -5,7 +5,7 @@
 //    from max_kv_len (graph-safe), then a merge kernel;
 //  - v2 FA2-style prefill kernel (attention_v2.cuh) for longer queries, 64- or 128-row blocks;
 //  - the v1 generic CUDA-core kernel below for every other head dim (any hd <= 256, hd_v may
-//    differ). The v1 tensor-core kernel stays for comparison (set_attention_path(2)).
+//    differ). The v1 tensor-core kernel stays for comparison (KernelPolicy::attn_path = 2).
 // v1 kernels:
 //  - Generic kernel (CUDA cores, any head dim): one block per (sequence, kv head, packed-row
 //    chunk, KV split). Rows are packed (query, head-in-group) pairs of one KV head, so K/V are
@@ -27,8 +27,6 @@ using namespace ::ts::cuda;
 
 namespace {
 
-int g_attn_path = 0;   // see set_attention_path in cuda_ops.h
-int g_attn_splits = 0; // 0 heuristic
 
 // ---- dispatcher thresholds -------------------------------------------------------------------
 // First guesses from the kernel design; to be tuned from lab_attention_decode and
@@ -498,13 +496,8 @@ void prefill_launch(const AttnParams& p, int chunks) {
 }
 }  // namespace
 
-void set_attention_path(int path, int num_splits) {
-  g_attn_path = path;
-  g_attn_splits = num_splits;
-}
-
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                     const AttnMeta& meta, float scale, Tensor& out) {
+                     const AttnMeta& meta, float scale, Tensor& out, const KernelPolicy& policy) {
   check_dev(q, DType::bf16, "paged_attention q");
   check_dev(k_cache, DType::bf16, "paged_attention k_cache");
   check_dev(v_cache, DType::bf16, "paged_attention v_cache");
@@ -570,7 +563,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
 
   // v2 kernels: head dims 64/128 with hd_v == hd and 16-byte aligned caches.
   const bool v2_ok = (hd == 64 || hd == 128) && hd_v == hd && aligned16(p.kc) && aligned16(p.vc);
-  int path = g_attn_path;
+  int path = policy.attn_path;
   if (path == 0) {
     if (!v2_ok) path = 1;
     else if (meta.max_q_len <= kDecodeMaxQLen) path = 3;
@@ -590,8 +583,8 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
     // blocks whose split starts past their sequence's real length exit, the merge skips them.
     const int64_t tiles = std::max<int64_t>(1, ceil_div(meta.max_kv_len, kDTile));
     int64_t splits;
-    if (g_attn_splits > 0) {
-      splits = g_attn_splits;
+    if (policy.attn_splits > 0) {
+      splits = policy.attn_splits;
     } else {
       const int64_t base = B * nkv * chunks;
       const int occ = hd == 64 ? decode_occupancy<64>() : decode_occupancy<128>();
@@ -657,8 +650,8 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   TS_CHECK(chunks <= 0x7fffffff, "paged_attention: too many rows");
   const int64_t max_kv = std::max(meta.max_kv_len, 1);
   int splits = 1;
-  if (g_attn_splits > 0) {
-    splits = g_attn_splits;
+  if (policy.attn_splits > 0) {
+    splits = policy.attn_splits;
   } else if (decode_like) {
     const int64_t base = B * nkv * chunks;
     const int64_t target = 2 * int64_t(sm_count());

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "ops/kernel_policy.h"
 #include "ops/ops.h"
 
 namespace ts::ops::cuda {
@@ -22,13 +23,15 @@ void qk_norm_rope(Tensor& q, Tensor& k, const Tensor& wq, const Tensor& wk, floa
 void rope(Tensor& q, Tensor& k, const Tensor& positions, const Rope& rope);
 
 void silu_mul(const Tensor& x, Tensor& out);
-void linear(const Tensor& x, const Tensor& w, Tensor& out, const Tensor* bias = nullptr);
+// policy: kernel choice (ops/kernel_policy.h); {} picks per shape.
+void linear(const Tensor& x, const Tensor& w, Tensor& out, const Tensor* bias = nullptr,
+            const KernelPolicy& policy = {});
 void add_inplace(Tensor& y, const Tensor& x);
 
 void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
               const Tensor& slot_mapping);
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                     const AttnMeta& meta, float scale, Tensor& out);
+                     const AttnMeta& meta, float scale, Tensor& out, const KernelPolicy& policy = {});
 
 void copy_rows(const Tensor& src, Tensor& dst);  // any dtype, strided rows
 void cast(const Tensor& src, Tensor& dst);       // f32 <-> bf16 (same dtype: copy_rows)
@@ -48,7 +51,7 @@ void cache_write(const Tensor& x, Tensor& cache, const Tensor& slot_mapping);
 void glu(const Tensor& x, Tensor& out, const GluAct& act);
 void moe_route(const Tensor& logits, const Tensor* bias, const MoeRouting& r, Tensor& ids, Tensor& weights);
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const Tensor& gate_up,
-                 const Tensor& down, const GluAct& act, Tensor& out);
+                 const Tensor& down, const GluAct& act, Tensor& out, const KernelPolicy& policy = {});
 void mla_attention(const Tensor& q, const Tensor& latent_cache, const AttnMeta& meta, float scale,
                    int64_t kv_rank, Tensor& out);
 void block_indexer(const Tensor& q, const Tensor& k_cache, const AttnMeta& meta, const BlockIndexer& p,
@@ -79,22 +82,5 @@ struct DeviceSamplingParams {
 // No host synchronisation; scratch comes from a workspace that grows only outside capture, so
 // call it once eagerly with the largest B*V before capturing.
 void sample_device(const Tensor& logits, const DeviceSamplingParams& params, Tensor& out_ids);
-
-// Linear path selection for benchmarks and tests: 0 auto, 1 force cuBLASLt, 2 force GEMV
-// (only where the GEMV kernel applies; otherwise cuBLASLt).
-void set_linear_path(int path);
-
-// MoE expert GEMM token tile for benchmarks and tests: rows of a work item go through the tensor
-// cores nt*8 at a time (nt 1, 2, 4 or 8; 0: chosen from the expected rows per expert). Results do
-// not depend on it.
-void set_moe_tile(int nt);
-
-// Attention path selection for benchmarks and tests: 0 auto, 1 force the generic (CUDA-core,
-// split-KV) kernel; where the head dim allows (64/128, hd_v == hd; otherwise generic):
-// 2 the v1 tensor-core kernel, 3 the split-KV flash-decoding kernel (any q_len),
-// 4 the FA2-style prefill kernel with 64-row blocks, 5 with 128-row blocks and 32-token score
-// slices, 6 with 128-row blocks and 64-token slices.
-// num_splits > 0 forces the split count of the generic and split-KV kernels (0: heuristic).
-void set_attention_path(int path, int num_splits = 0);
 
 }  // namespace ts::ops::cuda

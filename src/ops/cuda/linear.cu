@@ -24,7 +24,6 @@ using namespace ::ts::cuda;
 
 namespace {
 
-int g_linear_path = 0;      // 0 auto, 1 cuBLASLt, 2 GEMV
 // lab_linear on H200 (Llama-8B lm_head, K=4096): the GEMV matches cuBLASLt at M<=2 and falls
 // behind from M=4 (3.2 vs 4.3 TB/s), so large weights only take it at M<=2. Small weights are
 // latency-bound (a few microseconds of reading): there one GEMV launch beats cuBLASLt's kernel
@@ -255,9 +254,7 @@ void lt_matmul(int64_t M, int64_t N, int64_t K, const void* x, int64_t ldx, cons
 
 }  // namespace
 
-void set_linear_path(int path) { g_linear_path = path; }
-
-void linear(const Tensor& x, const Tensor& w, Tensor& out, const Tensor* bias) {
+void linear(const Tensor& x, const Tensor& w, Tensor& out, const Tensor* bias, const KernelPolicy& policy) {
   check_dev(x, DType::bf16, "linear x");
   check_dev(w, DType::bf16, "linear w");
   // f32 output (bf16 inputs, fp32 accumulate): the LM head keeps logits at full precision.
@@ -278,9 +275,9 @@ void linear(const Tensor& x, const Tensor& w, Tensor& out, const Tensor* bias) {
   TS_CHECK(K > 0, "linear: K must be positive");
   TS_CHECK(N <= 0x7fffffff && K <= 0x7fffffff, "linear: too large");
   const int64_t ldx = x.row_stride(), ldw = w.row_stride(), ldc = out.row_stride();
-  const bool small_w = N * K * 2 <= kGemvSmallBytes || g_linear_path == 2;
+  const bool small_w = N * K * 2 <= kGemvSmallBytes || policy.linear == LinearPath::gemv;
   const bool gemv_ok = M <= (small_w ? kGemvMaxMSmall : kGemvMaxM) && vec8_ok(x.data, K, ldx) && vec8_ok(w.data, K, ldw);
-  const bool use_gemv = gemv_ok && g_linear_path != 1;
+  const bool use_gemv = gemv_ok && policy.linear != LinearPath::cublaslt;
   if (use_gemv) {
     if (f32out)
       gemv(int(M), x.ptr<__nv_bfloat16>(), ldx, w.ptr<__nv_bfloat16>(), ldw, bp, out.ptr<float>(), ldc, int(N), int(K));

@@ -31,7 +31,6 @@ namespace {
 
 constexpr unsigned kFull = 0xffffffffu;
 constexpr int kThreads = 256;
-int g_moe_tile = 0;  // 0: heuristic; else NT (token tiles of 8 per pass): 1, 2, 4 or 8
 
 dim3 row_grid(int64_t rows, int64_t units) {
   TS_CHECK(rows <= 0x7fffffff, "cuda op: too many rows ({})", rows);
@@ -575,7 +574,6 @@ void gemm_dispatch(int nt, const GemmArgs& g, int64_t items, bool vec) {
 
 }  // namespace
 
-void set_moe_tile(int nt) { g_moe_tile = nt; }
 
 void cache_write(const Tensor& x, Tensor& cache, const Tensor& slot_mapping) {
   // kv_write without the v half is exactly a single-tensor paged write.
@@ -651,7 +649,7 @@ void moe_route(const Tensor& logits, const Tensor* bias, const MoeRouting& r, Te
 }
 
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const Tensor& gate_up, const Tensor& down,
-                 const GluAct& act, Tensor& out) {
+                 const GluAct& act, Tensor& out, const KernelPolicy& policy) {
   check_dev(x, DType::bf16, "moe_experts x");
   check_dev(ids, DType::i32, "moe_experts ids");
   check_dev(weights, DType::f32, "moe_experts weights");
@@ -716,7 +714,7 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
   launch(moe_align_kernel, dim3(1), dim3(unsigned(nw * 32)), align_smem, true, al);
 
   // 2-3. grouped GEMMs. Token tile: expected rows per selected expert.
-  int nt = g_moe_tile;
+  int nt = policy.moe_tile;  // 0: heuristic; else token tiles of 8 per pass: 1, 2, 4 or 8
   if (nt != 1 && nt != 2 && nt != 4 && nt != 8) {
     const int64_t avg = ceil_div(N, std::min<int64_t>(E, N));
     nt = avg <= 8 ? 1 : avg <= 16 ? 2 : avg <= 32 ? 4 : 8;
