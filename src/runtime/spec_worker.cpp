@@ -1,7 +1,5 @@
 #include "runtime/spec_worker.h"
 
-#include "runtime/structured.h"
-
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -234,9 +232,13 @@ int SpecWorker::accept(const Request& r, const int32_t* drafts, int num_drafts, 
   // after; the engine's apply() advances it over the ids it keeps). A draft the grammar forbids
   // has probability 0 under the masked logits, so it is rejected and the bonus token comes from
   // the masked distribution: greedy output equals plain decoding with the same constraints.
+  // A draft the walk cannot follow (spec_advance false: a grammar phase change that needs a
+  // fresh matcher) ends the drafts there: the next position is sampled as the bonus, under the
+  // mask the walk still knows, so every row keeps accepted + 1 tokens (the catch-up reads them).
   LogitsConstraints* cons = r.constraints.get();
   if (cons) cons->spec_begin();
-  for (int j = 0; j <= num_drafts; ++j) {
+  int live = num_drafts;  // drafts still eligible
+  for (int j = 0; j <= live; ++j) {
     std::copy(logits + int64_t(j) * vocab, logits + int64_t(j + 1) * vocab, buf.begin());
     // Penalties see every token accepted so far, like plain decoding.
     apply_penalties(buf.data(), vocab, r, out.tokens.data() + row.first, size_t(row.count));
@@ -247,10 +249,10 @@ int SpecWorker::accept(const Request& r, const int32_t* drafts, int num_drafts, 
     bool is_draft = false;
     if (r.params.temperature <= 0.0f) {
       tok = argmax(buf.data(), vocab);
-      is_draft = j < num_drafts && tok == drafts[j];
+      is_draft = j < live && tok == drafts[j];
     } else {
       ops::cpu::sampling_probs(buf.data(), vocab, sp, p);
-      if (j < num_drafts) {
+      if (j < live) {
         tok = verify_draft_token(p, drafts[j], r.seed, ctr, is_draft);
       } else {
         std::vector<int32_t> one;
@@ -264,7 +266,7 @@ int SpecWorker::accept(const Request& r, const int32_t* drafts, int num_drafts, 
     ++row.count;
     if (!is_draft) break;
     ++acc;
-    if (cons && !cons->spec_advance(tok)) break;  // cannot happen with a mask; the engine fails the request
+    if (cons && !cons->spec_advance(tok)) live = j + 1;  // the bonus comes next
   }
   if (cons) cons->spec_end();
   row.accepted = acc;

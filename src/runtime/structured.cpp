@@ -138,13 +138,16 @@ LogitsConstraints::LogitsConstraints(const GenerateParams& p, const std::vector<
     min_stop_.insert(min_stop_.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
   }
   if (p.structured && p.structured->compiled) {
-    matcher_ = std::make_unique<grammar::Matcher>(p.structured->compiled);
+    compiled_ = p.structured->compiled;
+    matcher_ = std::make_unique<grammar::Matcher>(compiled_);
     think_start_ = p.structured->think_start;
     think_end_ = p.structured->think_end;
+    trigger_ = p.structured->trigger;
+    trigger_repeat_ = p.structured->trigger_repeat;
     switch (p.structured->reasoning) {
       case StructuredRequest::Reasoning::qwen3: phase_ = Phase::first_optional_think; break;
       case StructuredRequest::Reasoning::deepseek_r1: phase_ = Phase::reasoning; break;
-      default: phase_ = Phase::active;
+      default: phase_ = trigger_.empty() ? Phase::active : Phase::free;
     }
     mask_.assign(size_t(matcher_->grammar().vocab().mask_words()), 0);
     start_mask();
@@ -156,9 +159,15 @@ LogitsConstraints::~LogitsConstraints() {
   cv_.wait(lk, [&] { return !pending_; });
 }
 
+bool LogitsConstraints::grammar_applies() const {
+  if (!matcher_ || failed_ || matcher_->is_terminated()) return false;
+  // qwen3's optional <think> opens the grammar itself, or free text when it is triggered.
+  return phase_ == Phase::active || (phase_ == Phase::first_optional_think && trigger_.empty());
+}
+
 void LogitsConstraints::start_mask() {
   mask_valid_ = false;
-  if (!matcher_ || phase_ == Phase::reasoning || failed_) return;
+  if (!grammar_applies()) return;
   {
     std::lock_guard<std::mutex> lk(mu_);
     pending_ = true;
@@ -182,7 +191,7 @@ void LogitsConstraints::compute_mask() {
 
 const uint32_t* LogitsConstraints::wait_mask() {
   // A finished grammar allows nothing: its request is done, its row is left alone.
-  if (!matcher_ || phase_ == Phase::reasoning || failed_ || matcher_->is_terminated()) return nullptr;
+  if (!grammar_applies()) return nullptr;
   std::unique_lock<std::mutex> lk(mu_);
   if (!pending_ && !mask_valid_) {  // never scheduled (cannot happen today): compute inline
     lk.unlock();
@@ -239,23 +248,65 @@ void LogitsConstraints::accept(int32_t t) {
   if (!matcher_->is_terminated()) start_mask();
 }
 
-void LogitsConstraints::advance(int32_t t) {
+void LogitsConstraints::enter_free_text() {
+  phase_ = trigger_.empty() ? Phase::active : Phase::free;
+  tail_.clear();
+}
+
+void LogitsConstraints::free_text(int32_t t) {
+  const grammar::Vocab& v = compiled_->vocab();
+  if (t < 0 || t >= v.size()) return;
+  tail_ += v.bytes(t);  // specials too: a trigger may be one special token
+  const size_t at = tail_.find(trigger_);
+  if (at == std::string::npos) {
+    if (tail_.size() >= trigger_.size()) tail_.erase(0, tail_.size() - (trigger_.size() - 1));
+    return;
+  }
+  // The token may run past the trigger ("<tool_call" + ">\n"): the rest is the grammar's first
+  // bytes. A rest the grammar rejects leaves the text free (the parser then sees no valid call).
+  const std::string rest = tail_.substr(at + trigger_.size());
+  tail_.clear();
+  if (!rest.empty()) {
+    if (!matcher_->accept_bytes(rest)) return;
+    if (spec_) ++matcher_steps_;
+  }
+  phase_ = Phase::active;
+}
+
+bool LogitsConstraints::advance(int32_t t) {
   switch (phase_) {
     case Phase::reasoning:
-      if (t == think_end_) phase_ = Phase::active;
-      break;
+      if (t == think_end_) enter_free_text();
+      return true;
+    case Phase::free:
+      free_text(t);
+      return true;
     case Phase::first_optional_think:
       if (t == think_start_) {
         phase_ = Phase::reasoning;
-        break;
+        return true;
       }
-      phase_ = Phase::active;
+      enter_free_text();
+      if (phase_ == Phase::free) {
+        free_text(t);
+        return true;
+      }
       [[fallthrough]];
     case Phase::active:
-      if (!matcher_->accept_token(t)) failed_ = true;
-      else ++matcher_steps_;
-      break;
+      if (!matcher_->accept_token(t)) {
+        failed_ = true;
+        return false;
+      }
+      if (spec_) ++matcher_steps_;
+      // A triggered match ends with its end tag (can_terminate: nothing else may follow).
+      if (!trigger_.empty() && trigger_repeat_ && !matcher_->is_terminated() && matcher_->can_terminate()) {
+        enter_free_text();
+        if (spec_) return false;  // the fresh matcher is accept()'s to make
+        matcher_ = std::make_unique<grammar::Matcher>(compiled_);
+      }
+      return true;
   }
+  return true;
 }
 
 void LogitsConstraints::spec_begin() {
@@ -263,6 +314,7 @@ void LogitsConstraints::spec_begin() {
   spec_steps_ = matcher_steps_ = 0;
   spec_phase_ = phase_;
   spec_failed_ = failed_;
+  spec_tail_ = tail_;
   if (!matcher_) return;
   std::unique_lock<std::mutex> lk(mu_);
   cv_.wait(lk, [&] { return !pending_; });  // the background mask of the current state is done
@@ -270,7 +322,7 @@ void LogitsConstraints::spec_begin() {
 
 void LogitsConstraints::spec_apply(float* l, int64_t vocab, int n_generated) {
   const uint32_t* m = nullptr;
-  if (spec_steps_ > 0 && matcher_ && phase_ != Phase::reasoning && !failed_ && !matcher_->is_terminated()) {
+  if (spec_steps_ > 0 && grammar_applies()) {
     spec_mask_.resize(mask_.size());
     fill_mask(spec_mask_.data());
     m = spec_mask_.data();
@@ -281,14 +333,14 @@ void LogitsConstraints::spec_apply(float* l, int64_t vocab, int n_generated) {
 bool LogitsConstraints::spec_advance(int32_t t) {
   ++spec_steps_;
   if (!matcher_ || failed_) return !failed_;
-  advance(t);
-  return !failed_;
+  return advance(t);
 }
 
 void LogitsConstraints::spec_end() {
   if (matcher_ && matcher_steps_ > 0) matcher_->rollback(matcher_steps_);
   phase_ = spec_phase_;
   failed_ = spec_failed_;
+  tail_ = std::move(spec_tail_);
   spec_ = false;
   spec_steps_ = matcher_steps_ = 0;
 }
