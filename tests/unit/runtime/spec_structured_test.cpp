@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <regex>
 
 #include "engine_test_util.h"
 #include "grammar/ir.h"
@@ -122,6 +123,35 @@ TEST(SpecStructured, SampledOutputsFollowTheSchema) {
     EXPECT_EQ(r.reason, FinishReason::stop) << r.text;
     expect_schema(r.text);
   }
+}
+
+// A triggered grammar (tool_choice auto's mechanism) on the real model: the demo model writes
+// "of the" in its docstrings by itself; after it the grammar allows only " (given|first|second)
+// WORD." (the "." is its end tag), then free text again. Plain and speculative decoding agree
+// token for token, and every "of the" is followed by the grammar's text.
+TEST(SpecStructured, TriggeredGrammarOnTheDemoModel) {
+  Engine plain(small_engine());
+  plain.start();
+  Engine spec(spec_engine());
+  spec.start();
+  auto base = prepare(plain, grammar::regex_grammar(" (given|first|second) [a-z]{1,10}\\."), "of-the-trigger");
+  auto s = std::make_shared<StructuredRequest>(*base);
+  s->trigger = "of the";
+  const std::regex after("of the (given|first|second) [a-z]{1,10}\\.");
+  int defs = 0;
+  for (auto& p : code_prompts(plain, 1)) {
+    GenerateParams g = constrained(p, s, 64);
+    Result want = collect(submit_text(plain, g));
+    Result got = collect(submit_text(spec, g));
+    EXPECT_EQ(got.tokens, want.tokens) << got.text << " vs " << want.text;
+    for (size_t at = got.text.find("of the"); at != std::string::npos; at = got.text.find("of the", at + 1)) {
+      std::string rest = got.text.substr(at);
+      if (rest.size() < 24) continue;  // may be cut by max_tokens
+      ++defs;
+      EXPECT_TRUE(std::regex_search(rest, after, std::regex_constants::match_continuous)) << rest;
+    }
+  }
+  EXPECT_GT(defs, 0);
 }
 
 }  // namespace
