@@ -329,13 +329,3 @@ test('structured outputs with EAGLE3 speculative decoding: valid, and greedy equ
     await spec.stop();
   }
 });
-      assert.equal(r.status, 400, r.text);
-      assert.match(r.json.error.message, /speculative/);
-      assert.equal(r.json.error.param, param);
-    }
-    const ok = await postJson(C, { prompt: 'def f(x):', max_tokens: 4, temperature: 0 });
-    assert.equal(ok.status, 200, ok.text);
-  } finally {
-    await spec.stop();
-  }
-});
