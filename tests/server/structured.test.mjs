@@ -234,29 +234,32 @@ test('streamed tool calls: a head delta (id, type, name), then argument fragment
 
 test('tool_choice auto: free text stays free; a call the model starts is enforced by the triggered grammar', async (t) => {
   if (!haveChat) return t.skip('no Jinja engine');
-  const tools = [weatherTool, timeTool];
-  const byName = Object.fromEntries(tools.map((x) => [x.function.name, x.function.parameters]));
-  // The demo model rarely starts a call by itself: a +8 bias on the first token of <tool_call>
-  // makes it open one; the grammar must then make the call valid.
-  const tk = await postJson(`${srv.url}/tokenize`, { prompt: '<tool_call>' });
-  assert.equal(tk.status, 200, tk.text);
-  const first = tk.json.tokens[0];
+  // The demo model copies <tool_call> blocks from its prompt (with other cities, without "days");
+  // the tool only allows Lima/Quito and requires days: a parsed call can only be valid if the
+  // grammar took over at <tool_call>.
+  const tool = { type: 'function', function: { name: 'get_weather', parameters: { type: 'object',
+    properties: { city: { enum: ['Lima', 'Quito'] }, days: { type: 'integer', minimum: 1, maximum: 7 } },
+    required: ['city', 'days'], additionalProperties: false } } };
+  const pat = ['Paris', 'Rome', 'Oslo', 'Bern', 'Lima', 'Kyiv']
+    .map((c) => `<tool_call>\n{"name": "get_weather", "arguments": {"city": "${c}"}}\n</tool_call>\n`).join('');
+  const messages = [{ role: 'system', content: pat }, { role: 'user', content: pat }];
   let called = 0;
-  for (const extra of [{ temperature: 0 }, { temperature: 0.7, seed: 5, n: 3 }, { temperature: 0, logit_bias: { [first]: 8 } },
-    { temperature: 0.7, seed: 9, n: 3, logit_bias: { [first]: 8 } }]) {
-    const r = await client.chat.completions.create({ model: MODEL, max_tokens: 160, tools, messages: user('Weather in Paris?'), ...extra });
+  for (const extra of [{ temperature: 0 }, { temperature: 0.8, seed: 1, n: 3 }]) {
+    const r = await client.chat.completions.create({ model: MODEL, max_tokens: 100, tools: [tool], messages, ...extra });
     for (const c of r.choices) {
       assert.ok(['stop', 'length', 'tool_calls'].includes(c.finish_reason), JSON.stringify(c));
       for (const call of c.message.tool_calls ?? []) {
         ++called;
-        assert.ok(byName[call.function.name], call.function.name);
-        validate(byName[call.function.name], JSON.parse(call.function.arguments));
+        assert.equal(call.function.name, 'get_weather');
+        validate(tool.function.parameters, JSON.parse(call.function.arguments));
       }
-      // Every <tool_call> the model opened and closed became a parsed call.
-      if (c.message.content) assert.ok(!/<tool_call>[\s\S]*<\/tool_call>/.test(c.message.content), c.message.content);
     }
+    if (extra.temperature === 0) assert.ok(called >= 1, JSON.stringify(r.choices[0].message));
   }
   t.diagnostic(`${called} enforced calls`);
+  // tool_choice none: nothing enforced or parsed (the copied blocks stay text).
+  const none = await client.chat.completions.create({ model: MODEL, max_tokens: 100, temperature: 0, tools: [tool], tool_choice: 'none', messages });
+  assert.equal(none.choices[0].message.tool_calls ?? undefined, undefined);
 });
 
 test('logit_bias and min_tokens are applied in the sampler', async () => {
