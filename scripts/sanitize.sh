@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The engine built with ASan + UBSan (build-asan/, CPU only) running the unit tests and the server
 # tests — hostile clients included (tests/server/frontdoor, shutdown) — against the instrumented
-# binary. A memory error, leak or undefined behaviour anywhere fails the script. CI calls it after
+# binary. -O1 -g1: a CI-sized build (line tables are all ASan reports need). A memory error, leak or undefined behaviour anywhere fails the script. CI calls it after
 # the fuzzers (.ci/run). Usage: scripts/sanitize.sh [ctest -R regex]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,7 +10,8 @@ LAUNCHER=()
 command -v ccache > /dev/null && LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   mkdir -p "$BUILD_DIR"
-  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTS_CUDA=OFF -DTS_SANITIZE=ON \
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" -DTS_CUDA=OFF -DTS_SANITIZE=ON \
     "${LAUNCHER[@]}" > "$BUILD_DIR/configure.log" 2>&1 || { cat "$BUILD_DIR/configure.log"; exit 1; }
 fi
 cmake --build "$BUILD_DIR" -j "${JOBS:-$(nproc)}"

@@ -90,6 +90,9 @@ set_tests_properties(cli_route_diff PROPERTIES LABELS "cli;golden" TIMEOUT 300)
 # Bad input to the CLI (missing/corrupt model files, unservable configs, empty prompts, bad ids).
 add_test(NAME cli_bad_input COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/bad_input_test.sh $<TARGET_FILE:tokenspeed>)
 set_tests_properties(cli_bad_input PROPERTIES LABELS "cli")
+# Layering of src/ (the ts_<layer> libraries of CMakeLists.txt): no include reaches upward.
+add_test(NAME cli_layering COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/layering_test.sh)
+set_tests_properties(cli_layering PROPERTIES LABELS "cli")
 # An architecture without a model file must fail loudly, naming the problem.
 add_test(NAME cli_unsupported_architecture COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/unsupported_arch_test.sh
   $<TARGET_FILE:tokenspeed> ${CMAKE_SOURCE_DIR}/tests/data/qwen3_5)

@@ -6,7 +6,7 @@
 #include <cstdlib>
 
 #include "core/tensor.h"
-#include "ops/cuda/runtime.h"
+#include "core/cuda/runtime.h"
 #include "ops/ops.h"
 #include "parallel/comm.h"
 #include "runtime/tp_workers.h"

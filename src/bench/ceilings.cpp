@@ -12,7 +12,7 @@
 #include "ops/ops.h"
 
 #ifdef TS_WITH_CUDA
-#include "ops/cuda/runtime.h"
+#include "core/cuda/runtime.h"
 #endif
 
 namespace ts::bench {

@@ -15,7 +15,7 @@
 
 #ifdef TS_WITH_CUDA
 #include "ops/cuda/op_profiler.h"
-#include "ops/cuda/runtime.h"
+#include "core/cuda/runtime.h"
 #endif
 
 namespace ts::bench {

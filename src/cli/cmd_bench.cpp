@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "bench/linear_lab.h"
 #include "bench/model_bench.h"
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -41,7 +42,18 @@ int cmd_bench(int argc, char** argv) {
                "CUDA: after each decode row, one more step with the device time of every op (CUDA events), the "
                "device's idle gaps, and the logits' copy to the host pageable vs pinned");
   app.add_option("--json", json_file, "also write the results as JSON to FILE");
+  bool linear_lab = false;
+  app.add_flag("--linear-lab", linear_lab,
+               "CUDA: instead of a model, time the linear kernels at Llama-3.1-8B shapes over bf16 and FP8 (kept as "
+               "stored) weights, GB/s of the stored bytes vs the copy ceiling");
   CLI11_PARSE(app, argc, argv);
+  if (linear_lab) {
+    bench::LinearLabOptions lo;
+    if (copy_mb > 0) lo.copy_bytes = size_t(copy_mb * double(1 << 20));
+    std::string md = bench::run_linear_lab(lo);
+    std::fwrite(md.data(), 1, md.size(), stdout);
+    return 0;
+  }
   o.device = cli::parse_device(device);
   if (copy_mb > 0) o.copy_bytes = size_t(copy_mb * double(1 << 20));
   bench::BenchResult r = bench::run_model_bench(o);

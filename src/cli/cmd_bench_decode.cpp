@@ -17,7 +17,7 @@
 #include "runtime/tp_workers.h"
 
 #ifdef TS_WITH_CUDA
-#include "ops/cuda/runtime.h"
+#include "core/cuda/runtime.h"
 #endif
 
 namespace {

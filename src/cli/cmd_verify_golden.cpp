@@ -56,29 +56,16 @@ int cmd_verify_golden(int argc, char** argv) {
   if (po.world_size() > 1) {
     tpm = load_tp_models(io::load_config(dir), lo, po);
     model = tpm.shards[0];
-    runner_ptr = make_tp_runner(tpm, blocks, bs);
   } else {
     lo.replicate_embedding = po.replicate_embedding;
     model = models::load_model(dir, lo);
-    runner_ptr = std::make_unique<ModelRunner>(model, blocks, bs);
   }
+  // The same cache the engine builds for --kv-cache-dtype (ops/cpu/attention.cpp reads and
+  // writes the F8_E4M3 one); an error naming the flag where this model or device cannot.
+  const DType kv_type = ModelRunner::check_kv_dtype(kv_dtype, *model);
+  const bool kv_fp8 = kv_type == DType::f8_e4m3;
+  runner_ptr = tpm.workers ? make_tp_runner(tpm, blocks, bs, 0, kv_type) : std::make_unique<ModelRunner>(model, blocks, bs, 0, kv_type);
   ModelRunner& runner = *runner_ptr;
-  TS_CHECK(kv_dtype == "auto" || kv_dtype == "bf16" || kv_dtype == "fp8" || kv_dtype == "fp8_e4m3",
-           "--kv-cache-dtype '{}' is not supported (supported: auto, bf16, fp8, fp8_e4m3)", kv_dtype);
-  const bool kv_fp8 = kv_dtype == "fp8" || kv_dtype == "fp8_e4m3";
-  if (kv_fp8) {
-    TS_CHECK(!tpm.workers, "--kv-cache-dtype fp8 is checked at one rank only (drop the parallel flags)");
-    // The CPU ops read and write an F8_E4M3 cache (ops/cpu/attention.cpp); swap the pool's k/v.
-    KvPool& kv = runner.kv();
-    bool paged_kv = model->device() == Device::cpu && !runner.has_state();
-    for (size_t l = 0; l < kv.k.size(); ++l) paged_kv = paged_kv && kv.v[l].data && !kv.aux[l].data;
-    TS_CHECK(paged_kv, "--kv-cache-dtype fp8: implemented on the CPU backend for paged k/v attention (Llama family, "
-                       "Qwen3-MoE); not for {} on {}", model->config().architecture, device_name(model->device()));
-    for (size_t l = 0; l < kv.k.size(); ++l) {
-      kv.k[l] = Tensor::zeros(kv.k[l].dims(), DType::f8_e4m3, Device::cpu);
-      kv.v[l] = Tensor::zeros(kv.v[l].dims(), DType::f8_e4m3, Device::cpu);
-    }
-  }
   bool ok = true;
   double worst = 0;
   std::vector<int32_t> selected = only.empty() ? std::vector<int32_t>{} : cli::parse_ids(only);

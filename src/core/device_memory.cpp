@@ -5,7 +5,7 @@
 #include <cstring>
 
 #ifdef TS_WITH_CUDA
-#include "ops/cuda/runtime.h"
+#include "core/cuda/runtime.h"
 #endif
 
 namespace ts {

@@ -322,7 +322,7 @@ static std::string dims_str(const std::vector<int64_t>& d) {
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-Tensor dequantize_weight(const Checkpoint& c, const QuantConfig& q, const std::string& name) {
+StoredWeight stored_weight(const Checkpoint& c, const QuantConfig& q, const std::string& name) {
   WeightFormat fmt_ = detect_weight_format(c, name);
   const std::string mod = module_of(name), file = c.file_of(name);
   TS_CHECK(fmt_ != WeightFormat::plain, "{}: {} is not a quantized weight", file, name);
@@ -362,58 +362,48 @@ Tensor dequantize_weight(const Checkpoint& c, const QuantConfig& q, const std::s
     for (int64_t i = 0; i < s.numel(); ++i) f.ptr<float>()[i] = e8m0_to_f32(s.ptr<uint8_t>()[i]);
     return f;
   };
-  const uint8_t* qv = w.ptr<uint8_t>();
-  // Every loop below runs rows in parallel: real checkpoints hold billions of values.
+  StoredWeight sw;
+  sw.format = fmt_;
+  sw.data = w;
+  sw.n = N;
   if (fmt_ == WeightFormat::nvfp4) {
     const int64_t K = w.size(1) * 2, G = 16;
     TS_CHECK(K % G == 0, "{}: NVFP4 weight {}: K = {} is not a multiple of {}", file, name, K, G);
-    Tensor s = scale(mod + ".weight_scale", {N, K / G}, "F8_E4M3 per-16 block scale");
+    sw.k = K;
+    sw.scale = scale(mod + ".weight_scale", {N, K / G}, "F8_E4M3 per-16 block scale");
     Tensor s2t = c.get(mod + ".weight_scale_2");
     TS_CHECK(s2t.numel() == 1 && is_float(s2t.dtype), "{}: weight_scale_2 of {} must be an F32 scalar, has {} {}",
              c.file_of(mod + ".weight_scale_2"), name, dtype_name(s2t.dtype), s2t.shape_str());
     if (c.has(mod + ".input_scale"))
       TS_CHECK(c.get(mod + ".input_scale").numel() == 1, "{}: input_scale of {} must be a scalar",
                c.file_of(mod + ".input_scale"), name);
-    const float s2 = s2t.to_f32().ptr<float>()[0];
-    Tensor out = Tensor::empty({N, K}, DType::f32);
-    const float* sp = s.ptr<float>();
-    float* o = out.ptr<float>();
-    #pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t k = 0; k < K; ++k) {
-        uint8_t byte = qv[n * (K / 2) + k / 2];
-        uint8_t code = (k & 1) ? byte >> 4 : byte & 0xf;
-        o[n * K + k] = e2m1_to_f32(code) * sp[n * (K / G) + k / G] * s2;
-      }
-    return out;
+    sw.scale2 = s2t.to_f32().ptr<float>()[0];
+    sw.block_n = 1;
+    sw.block_k = G;
+    return sw;
   }
   const int64_t K = w.size(1);
-  Tensor out = Tensor::empty({N, K}, DType::f32);
-  float* o = out.ptr<float>();
+  sw.k = K;
   if (fmt_ == WeightFormat::mxfp8) {
     TS_CHECK(K % 32 == 0, "{}: MXFP8 weight {}: K = {} is not a multiple of 32", file, name, K);
-    Tensor s = scale(mod + ".weight_scale", {N, K / 32}, "UE8M0 per-32 scale");
-    const float* sp = s.ptr<float>();
-    #pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t k = 0; k < K; ++k) o[n * K + k] = e4m3_to_f32(qv[n * K + k]) * sp[n * (K / 32) + k / 32];
-    return out;
+    sw.scale = scale(mod + ".weight_scale", {N, K / 32}, "UE8M0 per-32 scale");
+    sw.block_n = 1;
+    sw.block_k = 32;
+    return sw;
   }
   std::string sn = c.has(mod + ".weight_scale_inv") ? mod + ".weight_scale_inv" : mod + ".weight_scale";
   Tensor st = c.get(sn);
   if (fmt_ == WeightFormat::fp8_tensor) {
-    const float s = st.to_f32().ptr<float>()[0];
-    #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N * K; ++i) o[i] = e4m3_to_f32(qv[i]) * s;
-    return out;
+    sw.scale = st.to_f32().view({1, 1});
+    sw.block_n = N;
+    sw.block_k = K;
+    return sw;
   }
   if (fmt_ == WeightFormat::fp8_channel) {
-    Tensor s = st.to_f32();
-    const float* sp = s.ptr<float>();
-    #pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t k = 0; k < K; ++k) o[n * K + k] = e4m3_to_f32(qv[n * K + k]) * sp[n];
-    return out;
+    sw.scale = st.to_f32().view({N, 1});
+    sw.block_n = 1;
+    sw.block_k = K;
+    return sw;
   }
   const std::pair<int64_t, int64_t> blk = q.block_of(mod);
   const int64_t bn = blk.first, bk = blk.second;
@@ -421,12 +411,39 @@ Tensor dequantize_weight(const Checkpoint& c, const QuantConfig& q, const std::s
   const int64_t nb = cdiv(N, bn), kb = cdiv(K, bk);
   // ModelOpt FP8_PB_WO stores the grid as [nb, 1, kb, 1]; the same numbers.
   std::vector<int64_t> want = st.ndim == 4 ? std::vector<int64_t>{nb, 1, kb, 1} : std::vector<int64_t>{nb, kb};
-  Tensor s = scale(sn, want, "block scale [ceil(N/block_n), ceil(K/block_k)]");
-  const float* sp = s.ptr<float>();
+  sw.scale = scale(sn, want, "block scale [ceil(N/block_n), ceil(K/block_k)]").view({nb, kb});
+  sw.block_n = bn;
+  sw.block_k = bk;
+  return sw;
+}
+
+Tensor dequantize(const StoredWeight& sw) {
+  const int64_t N = sw.n, K = sw.k, bn = sw.block_n, bk = sw.block_k;
+  const int64_t kb = sw.scale.size(1);
+  const uint8_t* qv = sw.data.ptr<uint8_t>();
+  const float* sp = sw.scale.ptr<float>();
+  Tensor out = Tensor::empty({N, K}, DType::f32);
+  float* o = out.ptr<float>();
+  // Rows in parallel: real checkpoints hold billions of values.
+  if (sw.format == WeightFormat::nvfp4) {
+    const float s2 = sw.scale2;
+    #pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) {
+        uint8_t byte = qv[n * (K / 2) + k / 2];
+        uint8_t code = (k & 1) ? byte >> 4 : byte & 0xf;
+        o[n * K + k] = e2m1_to_f32(code) * sp[(n / bn) * kb + k / bk] * s2;
+      }
+    return out;
+  }
   #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n)
     for (int64_t k = 0; k < K; ++k) o[n * K + k] = e4m3_to_f32(qv[n * K + k]) * sp[(n / bn) * kb + k / bk];
   return out;
+}
+
+Tensor dequantize_weight(const Checkpoint& c, const QuantConfig& q, const std::string& name) {
+  return dequantize(stored_weight(c, q, name));
 }
 
 }  // namespace ts::io

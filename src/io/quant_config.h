@@ -75,6 +75,22 @@ bool is_quantized_weight(const Checkpoint& c, const std::string& name);
 // The stored format of weight `name` (from dtypes and partners; plain for float weights).
 // Errors (naming file and tensor) for a missing or mis-typed scale.
 WeightFormat detect_weight_format(const Checkpoint& c, const std::string& name);
+// A quantized weight as stored, its scales in one layout for every format: element (n, k) is
+// value(n, k) x scale[n / block_n, k / block_k] (x scale2 for NVFP4), scale f32 on the host
+// [ceil(N / block_n), ceil(K / block_k)]: fp8_block [bn, bk]; fp8_channel [1, K] (scale [N, 1]);
+// fp8_tensor [N, K] (scale [1, 1]); mxfp8 [1, 32] (UE8M0 decoded); nvfp4 [1, 16] (E4M3 decoded).
+struct StoredWeight {
+  WeightFormat format = WeightFormat::plain;
+  Tensor data;   // host view: F8_E4M3 [N, K], or U8 [N, K/2] (NVFP4: element 2i in the low nibble)
+  Tensor scale;  // f32 [ceil(N / block_n), ceil(K / block_k)]
+  int64_t n = 0, k = 0, block_n = 1, block_k = 1;
+  float scale2 = 1.0f;
+};
+// Weight `name` as stored, checked against the config (format allowed, module not excluded) and
+// its scales' shapes (errors name file and tensor).
+StoredWeight stored_weight(const Checkpoint& c, const QuantConfig& q, const std::string& name);
+// value x scales in f32 [N, K] (the CPU oracle).
+Tensor dequantize(const StoredWeight& w);
 // The dequantized f32 [N, K] host tensor of quantized weight `name` (stored value × scales),
 // checking it against the config (format allowed, module not excluded) and its scales' shapes.
 Tensor dequantize_weight(const Checkpoint& c, const QuantConfig& q, const std::string& name);

@@ -44,7 +44,7 @@ void attention_block(const Tensor& h, const AttentionWeights& w, const Attention
 
 void mlp_block(const Tensor& h, const MlpWeights& w, Workspace& ws, Tensor& out) {
   WorkspaceScope scope(ws);
-  int64_t t_n = h.rows(), inter = w.down.size(1);
+  int64_t t_n = h.rows(), inter = w.down.in_features();
   Tensor gu = ws.alloc({t_n, 2 * inter}, h.dtype);
   ops::linear(h, w.gate_up, gu);
   Tensor act = ws.alloc({t_n, inter}, h.dtype);
@@ -129,14 +129,14 @@ AttentionWeights load_attention_shard(WeightLoader& wl, const std::string& pre, 
   const int64_t qw = heads * hd, kw = kv_heads * hd;
   const int64_t q0 = hs.q.start * hd, qn = hs.q.count * hd, k0 = hs.kv.start * hd, kn = hs.kv.count * hd;
   AttentionWeights a;
-  a.qkv = wl.load_parts({Part{pre + "self_attn.q_proj.weight", {qw, H}, 0, q0, qn},
+  a.qkv = wl.load_linear({Part{pre + "self_attn.q_proj.weight", {qw, H}, 0, q0, qn},
                          Part{pre + "self_attn.k_proj.weight", {kw, H}, 0, k0, kn},
                          Part{pre + "self_attn.v_proj.weight", {kw, H}, 0, k0, kn}});
   if (qkv_bias)
     a.qkv_bias = wl.load_parts({Part{pre + "self_attn.q_proj.bias", {qw}, 0, q0, qn},
                                 Part{pre + "self_attn.k_proj.bias", {kw}, 0, k0, kn},
                                 Part{pre + "self_attn.v_proj.bias", {kw}, 0, k0, kn}});
-  a.o = wl.load_parts({Part{pre + "self_attn.o_proj.weight", {H, qw}, 1, q0, qn}});
+  a.o = wl.load_linear({Part{pre + "self_attn.o_proj.weight", {H, qw}, 1, q0, qn}});
   if (qk_norm) {
     a.q_norm = wl.load(pre + "self_attn.q_norm.weight", {hd});
     a.k_norm = wl.load(pre + "self_attn.k_norm.weight", {hd});
@@ -148,9 +148,9 @@ MlpWeights load_mlp_shard(WeightLoader& wl, const std::string& pre, int64_t H, i
   using Part = WeightLoader::Part;
   MlpWeights m;
   // Column-parallel gate|up: this shard's gate rows, then its up rows.
-  m.gate_up = wl.load_parts({Part{pre + "gate_proj.weight", {inter, H}, 0, ir.start, ir.count},
+  m.gate_up = wl.load_linear({Part{pre + "gate_proj.weight", {inter, H}, 0, ir.start, ir.count},
                              Part{pre + "up_proj.weight", {inter, H}, 0, ir.start, ir.count}});
-  m.down = wl.load_parts({Part{pre + "down_proj.weight", {H, inter}, 1, ir.start, ir.count}});
+  m.down = wl.load_linear({Part{pre + "down_proj.weight", {H, inter}, 1, ir.start, ir.count}});
   return m;
 }
 

@@ -6,6 +6,7 @@
 #include "core/workspace.h"
 #include "models/model.h"
 #include "ops/graph_hooks.h"
+#include "ops/linear_weight.h"
 #include "ops/ops.h"
 #include "models/weights.h"
 #include "parallel/comm.h"
@@ -22,9 +23,9 @@ void check_sharded_load(const io::ModelConfig& cfg, const LoadOptions& opts);
 Tensor as_heads(const Tensor& x, int64_t heads, int64_t hd);
 
 struct AttentionWeights {
-  Tensor qkv;       // [(nh + 2 nkv) * hd, H_in]  q | k | v rows stacked
+  ops::LinearWeight qkv;  // [(nh + 2 nkv) * hd, H_in]  q | k | v rows stacked
   Tensor qkv_bias;  // optional [(nh + 2 nkv) * hd]
-  Tensor o;         // [H, nh * hd]
+  ops::LinearWeight o;    // [H, nh * hd]
   Tensor q_norm, k_norm;  // optional per-head norms [hd] (Qwen3)
   // Qwen3.5: qkv also emits an output gate (nh * hd rows after v); attention output is
   // multiplied by sigmoid(gate) before o.
@@ -42,8 +43,8 @@ void attention_block(const Tensor& h, const AttentionWeights& w, const Attention
                      ForwardBatch& batch, Tensor& kv_k, Tensor& kv_v, Workspace& ws, Tensor& out);
 
 struct MlpWeights {
-  Tensor gate_up;  // [2I, H] gate rows then up rows
-  Tensor down;     // [H, I]
+  ops::LinearWeight gate_up;  // [2I, H] gate rows then up rows
+  ops::LinearWeight down;     // [H, I]
 };
 // h [T, H] -> out [T, H]
 void mlp_block(const Tensor& h, const MlpWeights& w, Workspace& ws, Tensor& out);

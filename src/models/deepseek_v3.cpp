@@ -74,13 +74,13 @@ DeepseekParams deepseek_params(const io::ModelConfig& c) {
 
 // --- tensors --------------------------------------------------------------------------------
 struct MlaWeights {
-  Tensor qkv_a;      // [q_rank + kv_rank + rope, H]: q_a_proj rows then kv_a_proj_with_mqa rows
+  ops::LinearWeight qkv_a;  // [q_rank + kv_rank + rope, H]: q_a_proj rows then kv_a_proj_with_mqa rows
   Tensor q_a_norm;   // [q_rank]
-  Tensor q_b;        // [nh * (nope + rope), q_rank] (or q_proj [nh * (nope + rope), H] without q LoRA)
+  ops::LinearWeight q_b;    // [nh * (nope + rope), q_rank] (or q_proj [nh * (nope + rope), H] without q LoRA)
   Tensor kv_a_norm;  // [kv_rank]
   Tensor w_uk_t;     // [nh, kv_rank, nope]: per head, W_UK transposed (absorbs q_nope into latent space)
   Tensor kv_b;       // [nh * (nope + v), kv_rank]; W_UV of head h = rows h*(nope+v)+nope ..
-  Tensor o;          // [H, nh * v]
+  ops::LinearWeight o;      // [H, nh * v]
 };
 
 struct DeepseekLayer {
@@ -129,19 +129,19 @@ class DeepseekV3 final : public DecoderModel {
       L.input_norm = wl.load(pre + "input_layernorm.weight", {H});
       L.post_norm = wl.load(pre + "post_attention_layernorm.weight", {H});
       if (p_.q_rank > 0) {
-        L.attn.qkv_a = wl.load_stacked({at + "q_a_proj.weight", at + "kv_a_proj_with_mqa.weight"},
-                                       {{p_.q_rank, H}, {r + p_.rope_dim, H}});
+        L.attn.qkv_a = wl.load_linear({Part{at + "q_a_proj.weight", {p_.q_rank, H}},
+                                       Part{at + "kv_a_proj_with_mqa.weight", {r + p_.rope_dim, H}}});
         L.attn.q_a_norm = wl.load(at + "q_a_layernorm.weight", {p_.q_rank});
-        L.attn.q_b = wl.load_parts({Part{at + "q_b_proj.weight", {nh * qd, p_.q_rank}, 0, ms.q_rows.start, ms.q_rows.count}});
+        L.attn.q_b = wl.load_linear({Part{at + "q_b_proj.weight", {nh * qd, p_.q_rank}, 0, ms.q_rows.start, ms.q_rows.count}});
       } else {
-        L.attn.qkv_a = wl.load(at + "kv_a_proj_with_mqa.weight", {r + p_.rope_dim, H});
-        L.attn.q_b = wl.load_parts({Part{at + "q_proj.weight", {nh * qd, H}, 0, ms.q_rows.start, ms.q_rows.count}});
+        L.attn.qkv_a = wl.load_linear(at + "kv_a_proj_with_mqa.weight", {r + p_.rope_dim, H});
+        L.attn.q_b = wl.load_linear({Part{at + "q_proj.weight", {nh * qd, H}, 0, ms.q_rows.start, ms.q_rows.count}});
       }
       L.attn.kv_a_norm = wl.load(at + "kv_a_layernorm.weight", {r});
       L.attn.kv_b = wl.load_parts(
           {Part{at + "kv_b_proj.weight", {nh * (p_.nope + p_.v_dim), r}, 0, ms.kv_b_rows.start, ms.kv_b_rows.count}});
       L.attn.w_uk_t = absorb_uk(L.attn.kv_b);
-      L.attn.o = wl.load_parts({Part{at + "o_proj.weight", {H, nh * p_.v_dim}, 1, ms.o_cols.start, ms.o_cols.count}});
+      L.attn.o = wl.load_linear({Part{at + "o_proj.weight", {H, nh * p_.v_dim}, 1, ms.o_cols.start, ms.o_cols.count}});
       L.sparse = p_.experts > 0 && l >= p_.first_dense;
       if (L.sparse) {
         L.moe.router = wl.load(pre + "mlp.gate.weight", {p_.experts, H});

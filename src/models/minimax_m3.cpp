@@ -152,9 +152,9 @@ class MiniMaxM3 final : public DecoderModel {
       MiniMaxM3Layer L;
       L.input_norm = gemma_norm(wl, pre + "input_layernorm.weight", H);
       L.post_norm = gemma_norm(wl, pre + "post_attention_layernorm.weight", H);
-      L.attn.qkv = wl.load_parts({Part{at + "q_proj.weight", {qw, H}, 0, q0, qn}, Part{at + "k_proj.weight", {kw, H}, 0, k0, kn},
+      L.attn.qkv = wl.load_linear({Part{at + "q_proj.weight", {qw, H}, 0, q0, qn}, Part{at + "k_proj.weight", {kw, H}, 0, k0, kn},
                                   Part{at + "v_proj.weight", {kw, H}, 0, k0, kn}});
-      L.attn.o = wl.load_parts({Part{at + "o_proj.weight", {H, qw}, 1, q0, qn}});
+      L.attn.o = wl.load_linear({Part{at + "o_proj.weight", {H, qw}, 1, q0, qn}});
       L.attn.q_norm = gemma_norm(wl, at + "q_norm.weight", hd);
       L.attn.k_norm = gemma_norm(wl, at + "k_norm.weight", hd);
       if (p_.sparse_attn[size_t(l)]) {
@@ -241,9 +241,9 @@ class MiniMaxM3 final : public DecoderModel {
                                    const parallel::Range& ir) {
     using Part = WeightLoader::Part;
     MlpWeights m;
-    m.gate_up = wl.load_parts({Part{pre + "gate_up_proj.weight", {2 * inter, H}, 0, ir.start, ir.count},
+    m.gate_up = wl.load_linear({Part{pre + "gate_up_proj.weight", {2 * inter, H}, 0, ir.start, ir.count},
                                Part{pre + "gate_up_proj.weight", {2 * inter, H}, 0, inter + ir.start, ir.count}});
-    m.down = wl.load_parts({Part{pre + "down_proj.weight", {H, inter}, 1, ir.start, ir.count}});
+    m.down = wl.load_linear({Part{pre + "down_proj.weight", {H, inter}, 1, ir.start, ir.count}});
     return m;
   }
 

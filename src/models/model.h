@@ -10,7 +10,7 @@
 #include "core/workspace.h"
 #include "io/config.h"
 #include "parallel/mapping.h"
-#include "runtime/forward_batch.h"
+#include "models/forward_batch.h"
 
 namespace ts::parallel {
 class Comm;

@@ -11,7 +11,7 @@ namespace ts::models {
 
 void glu_mlp_block(const Tensor& h, const MlpWeights& w, const ops::GluAct& act, Workspace& ws, Tensor& out) {
   WorkspaceScope scope(ws);
-  int64_t t_n = h.rows(), inter = w.down.size(1);
+  int64_t t_n = h.rows(), inter = w.down.in_features();
   Tensor gu = ws.alloc({t_n, 2 * inter}, h.dtype);
   ops::linear(h, w.gate_up, gu);
   Tensor a = ws.alloc({t_n, inter}, h.dtype);

@@ -166,9 +166,9 @@ class Qwen35 final : public DecoderModel {
         parts.push_back(Part{at + "v_proj.weight", {kw, H}, 0, k0, kn});
         for (int64_t h = hs.q.start; h < hs.q.end(); ++h)
           parts.push_back(Part{at + "q_proj.weight", {2 * qw, H}, 0, 2 * h * hd + hd, hd});
-        L.attn.qkv = wl.load_parts(parts);
+        L.attn.qkv = wl.load_linear(parts);
         L.attn.output_gate = true;
-        L.attn.o = wl.load_parts({Part{at + "o_proj.weight", {H, qw}, 1, hs.q.start * hd, hs.q.count * hd}});
+        L.attn.o = wl.load_linear({Part{at + "o_proj.weight", {H, qw}, 1, hs.q.start * hd, hs.q.count * hd}});
         L.attn.q_norm = centred_norm(wl, at + "q_norm.weight", hd);
         L.attn.k_norm = centred_norm(wl, at + "k_norm.weight", hd);
         L.kv_index = kv_layers++;

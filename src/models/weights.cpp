@@ -1,5 +1,12 @@
 #include "models/weights.h"
 
+#include <optional>
+
+#include "core/fp8.h"
+#ifdef TS_WITH_CUDA
+#include "ops/cuda/quant_linear.h"
+#endif
+
 namespace ts::models {
 
 static void convert_into(const Tensor& src, DType dt, void* dst) {
@@ -163,6 +170,212 @@ Tensor WeightLoader::load_parts(const std::vector<Part>& parts) {
   }
   Tensor out = device_ == Device::cpu ? host : host.to(device_);
   bytes_ += out.nbytes();
+  return out;
+}
+
+namespace {
+
+int ceil_log2(int64_t v) {
+  int l = 0;
+  while ((int64_t(1) << l) < v) ++l;
+  return l;
+}
+
+// One part of a quantized linear in the CUDA kernels' layout (ops::QuantScales): host values
+// [rows, cols] and f32 scales [ceil(rows / 2^bn), ceil(cols / 2^bk)].
+struct QuantPart {
+  Tensor data, scale;
+  int bn = 0, bk = 0;
+  const char* format = "";
+  bool nvfp4 = false;
+  Tensor scale2;  // nvfp4: f32 [rows]
+};
+
+// Per-row scales [rows, cols] of rows [start, start + rows) of a grid with 2^bn-row blocks.
+Tensor per_row_scales(const Tensor& grid, int bn, int64_t start, int64_t rows) {
+  const int64_t cols = grid.size(1);
+  Tensor out = Tensor::empty({rows, cols}, DType::f32);
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(out.ptr<float>() + r * cols, grid.ptr<float>() + ((start + r) >> bn) * cols, size_t(cols) * 4);
+  return out;
+}
+
+// Rows [r0, r0 + rn) and columns [c0, c0 + cn) of a contiguous 2-D host tensor.
+Tensor host_block(const Tensor& t, int64_t r0, int64_t rn, int64_t c0, int64_t cn) {
+  const size_t es = dtype_size(t.dtype);
+  const int64_t cols = t.size(1);
+  if (c0 == 0 && cn == cols) {
+    Tensor out = Tensor::empty({rn, cn}, t.dtype);
+    std::memcpy(out.data, static_cast<const char*>(t.data) + size_t(r0 * cols) * es, size_t(rn * cn) * es);
+    return out;
+  }
+  Tensor out = Tensor::empty({rn, cn}, t.dtype);
+  for (int64_t r = 0; r < rn; ++r)
+    std::memcpy(static_cast<char*>(out.data) + size_t(r * cn) * es,
+                static_cast<const char*>(t.data) + size_t((r0 + r) * cols + c0) * es, size_t(cn) * es);
+  return out;
+}
+
+// The part in the kernels' layout, or nullopt where they do not apply (NVFP4, blocks that are
+// not powers of two or narrower than 16 columns, cuts inside a k block, K % 16 != 0).
+std::optional<QuantPart> quant_part(const io::StoredWeight& sw, const WeightLoader::Part& p) {
+  using io::WeightFormat;
+  const int64_t N = sw.n, K = sw.k;
+  QuantPart q;
+  q.format = io::weight_format_name(sw.format);
+  Tensor grid = sw.scale.is_contiguous() ? sw.scale : sw.scale.to(Device::cpu);
+  switch (sw.format) {
+    case WeightFormat::fp8_tensor:  // stored per channel: one row of scales per output
+      grid = per_row_scales(grid, 30, 0, N);
+      q.bk = std::max(4, ceil_log2(K));
+      break;
+    case WeightFormat::fp8_channel:
+      q.bk = std::max(4, ceil_log2(K));
+      break;
+    case WeightFormat::mxfp8:
+      q.bk = 5;
+      break;
+    case WeightFormat::nvfp4:
+      q.nvfp4 = true;
+      q.bk = 4;
+      break;
+    case WeightFormat::fp8_block: {
+      const int64_t bn = sw.block_n, bk = sw.block_k;
+      if ((bn & (bn - 1)) || (bk & (bk - 1)) || bk < 16) return std::nullopt;
+      q.bn = ceil_log2(bn);
+      q.bk = ceil_log2(bk);
+      break;
+    }
+    default: return std::nullopt;
+  }
+  const int64_t count = p.count < 0 ? (p.dim == 0 ? N : K) - p.start : p.count;
+  int64_t r0 = 0, rn = N, c0 = 0, cn = K;
+  (p.dim == 0 ? r0 : c0) = p.start;
+  (p.dim == 0 ? rn : cn) = count;
+  if (cn % (q.nvfp4 ? 32 : 16) != 0) return std::nullopt;
+  // Columns: the scale grid is cut at k blocks (a per-channel grid has one column: any cut).
+  int64_t sc0 = 0, scn = grid.size(1);
+  if (grid.size(1) > 1 && (c0 != 0 || cn != K)) {
+    if (c0 % (int64_t(1) << q.bk) != 0) return std::nullopt;
+    sc0 = c0 >> q.bk;
+    scn = ((c0 + cn + (int64_t(1) << q.bk) - 1) >> q.bk) - sc0;
+  }
+  // Rows: cut at whole row blocks, else per-row scales.
+  if (q.bn > 0 && r0 % (int64_t(1) << q.bn) != 0) {
+    grid = per_row_scales(grid, q.bn, r0, rn);
+    q.bn = 0;
+  } else {
+    const int64_t s0 = r0 >> q.bn, s1 = (r0 + rn + (int64_t(1) << q.bn) - 1) >> q.bn;
+    grid = host_block(grid, s0, s1 - s0, 0, grid.size(1));
+  }
+  q.scale = host_block(grid, 0, grid.size(0), sc0, scn);
+  if (!q.nvfp4) {
+    q.data = host_block(sw.data, r0, rn, c0, cn);
+    return q;
+  }
+  // Two values a byte; the scales back to their E4M3 codes (exact: they were decoded from them).
+  q.data = host_block(sw.data, r0, rn, c0 / 2, cn / 2);
+  Tensor codes = Tensor::empty(q.scale.dims(), DType::f8_e4m3);
+  for (int64_t i = 0; i < codes.numel(); ++i) codes.ptr<uint8_t>()[i] = f32_to_e4m3(q.scale.ptr<float>()[i]);
+  q.scale = codes;
+  q.scale2 = Tensor::empty({rn}, DType::f32);
+  for (int64_t i = 0; i < rn; ++i) q.scale2.ptr<float>()[i] = sw.scale2;
+  return q;
+}
+
+}  // namespace
+
+std::optional<ops::LinearWeight> WeightLoader::stored_linear(const std::vector<Part>& parts) const {
+  TS_CHECK(!parts.empty(), "load_linear: no parts");
+  if (!quant_.quantized()) return std::nullopt;
+  std::vector<QuantPart> qs;
+  for (auto& p : parts) {
+    if (!io::is_quantized_weight(ckpt_, p.name)) return std::nullopt;
+    io::StoredWeight sw = io::stored_weight(ckpt_, quant_, p.name);
+    TS_CHECK(p.shape.size() == 2 && sw.n == p.shape[0] && sw.k == p.shape[1],
+             "{}: quantized tensor {} holds a [{}, {}] weight, expected {}", ckpt_.file_of(p.name), p.name, sw.n, sw.k,
+             Tensor::empty(p.shape, DType::u8).shape_str());
+    std::optional<QuantPart> q = quant_part(sw, p);
+    if (!q) return std::nullopt;
+    qs.push_back(std::move(*q));
+  }
+  // Stacked rows share the k blocks; row blocks stack when every part but the last ends on one.
+  const int bk = qs[0].bk;
+  const int64_t cols = qs[0].data.size(1), scols = qs[0].scale.size(1);
+  bool same_rows = true;
+  for (size_t i = 0; i < qs.size(); ++i) {
+    if (qs[i].bk != bk || qs[i].nvfp4 != qs[0].nvfp4 || qs[i].data.size(1) != cols || qs[i].scale.size(1) != scols)
+      return std::nullopt;
+    same_rows = same_rows && qs[i].bn == qs[0].bn &&
+                (i + 1 == qs.size() || qs[i].data.size(0) % (int64_t(1) << qs[i].bn) == 0);
+  }
+  if (!same_rows)
+    for (auto& q : qs) {
+      if (q.bn > 0) q.scale = per_row_scales(q.scale, q.bn, 0, q.data.size(0));
+      q.bn = 0;
+    }
+  int64_t rows = 0, srows = 0;
+  for (auto& q : qs) rows += q.data.size(0), srows += q.scale.size(0);
+  const bool fp4 = qs[0].nvfp4;
+  Tensor data = Tensor::empty({rows, cols}, fp4 ? DType::u8 : DType::f8_e4m3);
+  Tensor scale = Tensor::empty({srows, scols}, fp4 ? DType::f8_e4m3 : DType::f32);
+  Tensor scale2 = fp4 ? Tensor::empty({rows}, DType::f32) : Tensor{};
+  size_t d_off = 0, s_off = 0, s2_off = 0;
+  for (auto& q : qs) {
+    std::memcpy(static_cast<char*>(data.data) + d_off, q.data.data, q.data.nbytes());
+    std::memcpy(static_cast<char*>(scale.data) + s_off, q.scale.data, q.scale.nbytes());
+    if (fp4) std::memcpy(static_cast<char*>(scale2.data) + s2_off, q.scale2.data, q.scale2.nbytes());
+    d_off += q.data.nbytes();
+    s_off += q.scale.nbytes();
+    s2_off += fp4 ? q.scale2.nbytes() : 0;
+  }
+  ops::LinearWeight w(data);
+  w.quant.scale = scale;
+  w.quant.block_n_log2 = qs[0].bn;
+  w.quant.block_k_log2 = bk;
+  w.quant.format = qs[0].format;
+  w.quant.nvfp4 = fp4;
+  w.quant.scale2 = scale2;
+  return w;
+}
+
+ops::LinearWeight WeightLoader::load_linear(const std::vector<Part>& parts) {
+  if (device_ != Device::cuda || !keep_quantized_) return load_parts(parts);
+  std::optional<ops::LinearWeight> host = stored_linear(parts);
+  if (!host) return load_parts(parts);
+#ifdef TS_WITH_CUDA
+  ops::cuda::reserve_quant_scratch();
+#endif
+  ops::LinearWeight w(host->to(device_));
+  w.quant = host->quant;
+  w.quant.scale = host->quant.scale.to(device_);
+  if (host->quant.nvfp4) w.quant.scale2 = host->quant.scale2.to(device_);
+  bytes_ += w.stored_bytes();
+  return w;
+}
+
+Tensor dequantize_linear(const ops::LinearWeight& w) {
+  TS_CHECK(w.quantized() && w.dtype == (w.quant.nvfp4 ? DType::u8 : DType::f8_e4m3) && w.ndim == 2,
+           "dequantize_linear: not an FP8 / NVFP4 linear weight");
+  auto host = [](const Tensor& t) { return t.device == Device::cpu ? t : t.to(Device::cpu); };
+  Tensor d = host(w);
+  Tensor s = host(w.quant.scale);
+  const int64_t N = d.size(0), K = w.in_features(), sc = s.size(1);
+  Tensor out = Tensor::empty({N, K}, DType::f32);
+  if (w.quant.nvfp4) {
+    Tensor s2 = host(w.quant.scale2);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) {
+        const uint8_t byte = d.ptr<uint8_t>()[n * d.row_stride() + k / 2];
+        out.ptr<float>()[n * K + k] = e2m1_to_f32((k & 1) ? byte >> 4 : byte & 0xf) *
+                                      e4m3_to_f32(s.ptr<uint8_t>()[n * sc + (k >> 4)]) * s2.ptr<float>()[n];
+      }
+    return out;
+  }
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k)
+      out.ptr<float>()[n * K + k] = e4m3_to_f32(d.ptr<uint8_t>()[n * d.row_stride() + k]) *
+                                    s.ptr<float>()[(n >> w.quant.block_n_log2) * sc + (k >> w.quant.block_k_log2)];
   return out;
 }
 

@@ -4,12 +4,14 @@
 // value x scales, in f32) wherever a float weight is asked for: exact on the CPU (the oracle);
 // on CUDA the result is rounded to bf16, a correctness path, not the fast one.
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
 #include "io/quant_config.h"
 #include "io/safetensors.h"
+#include "ops/linear_weight.h"
 
 namespace ts::models {
 
@@ -37,6 +39,18 @@ class WeightLoader {
   };
   // Loads the parts (each sliced) stacked along dim 0.
   Tensor load_parts(const std::vector<Part>& parts);
+  // A linear's weight from parts as load_parts takes them. On CUDA, FP8 weights (block, channel,
+  // tensor, MXFP8) stay as stored with their scales (ops::LinearWeight) when every part is one
+  // and the cuts fall on scale blocks (rows: any cut, unaligned ones get per-row scales; columns:
+  // multiples of the k block); anything else is dequantized as load_parts does.
+  ops::LinearWeight load_linear(const std::vector<Part>& parts);
+  ops::LinearWeight load_linear(const std::string& name, const std::vector<int64_t>& shape) {
+    return load_linear({Part{name, shape}});
+  }
+  // The host form load_linear would upload (nullopt: it would dequantize instead); for tests.
+  std::optional<ops::LinearWeight> stored_linear(const std::vector<Part>& parts) const;
+  // false: load_linear dequantizes on CUDA too (the bf16 path, to compare against).
+  void set_keep_quantized(bool on) { keep_quantized_ = on; }
   // A 3-D tensor [A, B, C] (fused experts: [E, 2I, H] or [E, H, I]) cut to the a-range [a0, a0 +
   // an) of dim 0, the listed ranges {start, count} of dim 1 (stacked in order) and [c0, c0 + cn) of
   // dim 2: [an, sum counts, cn]. Quantized tensors are dequantized first (as load does).
@@ -57,7 +71,12 @@ class WeightLoader {
   Device device_;
   DType dtype_;
   size_t bytes_ = 0;
+  bool keep_quantized_ = true;
 };
+
+// e4m3 x scales of a quantized linear weight (host or device) as host f32 [N, K]: the reference
+// for the CUDA kernels that read it.
+Tensor dequantize_linear(const ops::LinearWeight& w);
 
 // Converts a host tensor of f32/bf16/f16 into `dt` on `device` (a fresh contiguous tensor).
 Tensor convert(const Tensor& src, DType dt, Device device);

@@ -5,10 +5,12 @@
 
 #include "ops/cpu/cpu_ops.h"
 #include "ops/graph_hooks.h"
+#include "ops/linear_weight.h"
 #include "ops/op_profile.h"
 
 #if defined(TS_WITH_CUDA) && __has_include("ops/cuda/cuda_ops.h")
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/quant_linear.h"
 // Ordinary ops: skipped while a breakable graph replays (their work is in a segment graph).
 // label: a callable giving the op's name for the op profiler, called only while profiling.
 #define TS_DISPATCH_L(dev, label, fn, ...)                                 \
@@ -85,6 +87,18 @@ void linear(const Tensor& x, const Tensor& w, Tensor& out, const Tensor* bias) {
   TS_DISPATCH_L(
       x.device, [&] { return fmt::format("linear {}x{}{}", w.size(0), w.size(1), out.dtype == DType::f32 ? " (f32 out)" : ""); },
       linear, x, w, out, bias);
+}
+void linear(const Tensor& x, const LinearWeight& w, Tensor& out, const Tensor* bias) {
+  if (!w.quantized()) return linear(x, static_cast<const Tensor&>(w), out, bias);
+  TS_CHECK(x.device == Device::cuda, "linear: a quantized ({}) weight is for the CUDA backend (the CPU dequantizes at load)",
+           w.quant.format);
+#if defined(TS_WITH_CUDA) && __has_include("ops/cuda/cuda_ops.h")
+  if (GraphHooks* h = graph_hooks(); h && h->skip_ops()) return;
+  OpProfileScope prof([&] { return fmt::format("linear {}x{} ({})", w.size(0), w.size(1), w.quant.format); });
+  cuda::quant_linear(x, w, out, bias);
+#else
+  fail("linear: a quantized weight needs the CUDA backend, not in this build");
+#endif
 }
 void add_inplace(Tensor& y, const Tensor& x) { TS_DISPATCH(y.device, add_inplace, y, x); }
 void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache, const Tensor& slot_mapping) {

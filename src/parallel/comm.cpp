@@ -11,7 +11,7 @@
 
 #ifdef TS_WITH_CUDA
 #include "ops/cuda/comm_ops.h"
-#include "ops/cuda/runtime.h"
+#include "core/cuda/runtime.h"
 #endif
 
 namespace ts::parallel {

@@ -4,7 +4,7 @@
 #include "parallel/cpu_transport.h"
 
 #ifdef TS_WITH_CUDA
-#include "ops/cuda/runtime.h"
+#include "core/cuda/runtime.h"
 #endif
 
 namespace ts::parallel {

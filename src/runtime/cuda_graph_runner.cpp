@@ -10,7 +10,7 @@
 #include "core/device_memory.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/graph.h"
-#include "ops/cuda/runtime.h"
+#include "core/cuda/runtime.h"
 #endif
 
 namespace ts {

@@ -24,7 +24,7 @@
 #include "tokenizer/tokenizer.h"
 
 #ifdef TS_WITH_CUDA
-#include "ops/cuda/runtime.h"
+#include "core/cuda/runtime.h"
 #endif
 
 namespace ts {
@@ -202,6 +202,7 @@ class EngineImpl {
   void start_kvstore(const EngineOptions& o);
   // Multi-node: the step channel (node 0 attaches it to the runner; workers keep it).
   void start_nodes(const parallel::ParallelOptions& po, const io::ModelConfig& cfg, int64_t blocks, int bs, int max_seqs);
+  DType kv_dtype = DType::f32;  // the paged K/V cache's element type (--kv-cache-dtype)
 
   void publish_kv_events();
   std::vector<KvCacheEvent> kv_events_;  // reused
@@ -277,7 +278,8 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   }
   const bool hybrid = model->state_spec().any();
   // KV pool: explicit token count, else a share of memory.
-  size_t per_token = ModelRunner::kv_bytes_per_token(*model);
+  kv_dtype = ModelRunner::check_kv_dtype(o.kv_cache_dtype, *model);
+  size_t per_token = ModelRunner::kv_bytes_per_token(*model, kv_dtype);
   int64_t tokens = o.max_total_tokens;
   if (tokens <= 0) {
     if (device == Device::cpu) {
@@ -311,7 +313,11 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
                    double(per_slot) / (1 << 20), o.max_num_seqs, max_seqs);
     }
   }
-  runner = tpm.workers ? make_tp_runner(tpm, blocks, bs, max_seqs) : std::make_unique<ModelRunner>(model, blocks, bs, max_seqs);
+  runner = tpm.workers ? make_tp_runner(tpm, blocks, bs, max_seqs, kv_dtype)
+                       : std::make_unique<ModelRunner>(model, blocks, bs, max_seqs, kv_dtype);
+  if (kv_dtype != model->dtype())
+    spdlog::info("KV cache: {} ({} bytes per token, {} for {})", dtype_name(kv_dtype), per_token,
+                 ModelRunner::kv_bytes_per_token(*model), dtype_name(model->dtype()));
   if (po.nnodes > 1) start_nodes(po, cfg, blocks, bs, max_seqs);
   // Cached KV blocks cannot restore a recurrent layer's state at the end of the prefix.
   bool prefix_cache = !o.disable_prefix_cache;
@@ -383,7 +389,7 @@ void EngineImpl::start_kvstore(const EngineOptions& o) {
     return;
   }
   TS_CHECK(o.kvstore_ratio >= 0 && o.kvstore_size_gb >= 0, "--kvstore-ratio and --kvstore-size must not be negative");
-  size_t per_block = ModelRunner::kv_bytes_per_token(*model) * size_t(kv->block_size()) * size_t(ranks);
+  size_t per_block = ModelRunner::kv_bytes_per_token(*model, kv_dtype) * size_t(kv->block_size()) * size_t(ranks);
   if (spec) per_block += spec->draft_kv().k.empty() ? 0 : spec->draft_kv().k[0].nbytes() / size_t(kv->num_blocks()) * 2;
   size_t avail = 0;
   int64_t n = kvstore_blocks(kv->num_blocks(), per_block, o.kvstore_ratio, o.kvstore_size_gb, avail);
@@ -420,10 +426,10 @@ void EngineImpl::start_nodes(const parallel::ParallelOptions& po, const io::Mode
   // What every node must agree on for the same step to run the same forward on each.
   const std::string fp = fmt::format(
       "{} layers={} hidden={} vocab={} device={} tp={} dp={} dense_tp={} moe_tp={} ep={} nnodes={} kv_blocks={} "
-      "block_size={} state_slots={} replicate_embedding={}",
+      "block_size={} state_slots={} replicate_embedding={} kv_dtype={}",
       cfg.architecture, cfg.num_layers, cfg.hidden_size, cfg.vocab_size, device_name(device), po.attention_tp(),
       po.dp_size, po.dense_tp_size, po.moe_tp_size, po.ep_size, po.nnodes, blocks, bs, max_seqs,
-      po.replicate_embedding);
+      po.replicate_embedding, dtype_name(kv_dtype));
   if (po.node_rank == 0) {
     step_channel = StepChannel::serve(po, fp);
     runner->set_step_channel(step_channel);

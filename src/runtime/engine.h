@@ -125,6 +125,9 @@ struct EngineOptions {
   int chunked_prefill_size = 8192;     // per-step token budget
   int max_num_seqs = 256;
   bool disable_prefix_cache = false;
+  // auto | bf16 | fp8 | fp8_e4m3: the paged K/V cache's element type (auto/bf16: the model's).
+  // fp8 stores e4m3 with scale 1.0 (a quarter of the CPU oracle's f32 bytes); CPU backend only.
+  std::string kv_cache_dtype = "auto";
   // The simple loop (plan, run, apply, one after the other) instead of overlap scheduling
   // (step N+1 is planned and launched before step N's results are applied).
   bool disable_overlap_schedule = false;

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "runtime/forward_batch.h"
+#include "models/forward_batch.h"
 
 namespace ts {
 

@@ -10,21 +10,41 @@
 
 namespace ts {
 
-size_t ModelRunner::kv_bytes_per_token(const models::Model& m) {
-  return m.kv_spec().bytes_per_token(m.dtype()) + m.aux_kv_spec().bytes_per_token(m.dtype());
+size_t ModelRunner::kv_bytes_per_token(const models::Model& m, std::optional<DType> kv_dtype) {
+  return m.kv_spec().bytes_per_token(kv_dtype.value_or(m.dtype())) + m.aux_kv_spec().bytes_per_token(m.dtype());
 }
 
-ModelRunner::ModelRunner(std::shared_ptr<models::Model> model, int64_t num_blocks, int block_size, int state_slots)
+DType ModelRunner::check_kv_dtype(const std::string& name, const models::Model& m) {
+  if (name == "auto" || name == "bf16") return m.dtype();
+  TS_CHECK(name == "fp8" || name == "fp8_e4m3", "--kv-cache-dtype '{}' is not supported (supported: auto, bf16, fp8, fp8_e4m3)",
+           name);
+  // The FP8 cache (e4m3, scale 1.0: stored = round(x), read = x) is written and read by the CPU
+  // ops (ops/cpu/attention.cpp); the CUDA kernels read bf16 caches only.
+  TS_CHECK(m.device() == Device::cpu,
+           "--kv-cache-dtype {}: the FP8 KV cache is implemented on the CPU backend only (the CUDA attention kernels "
+           "read bf16 caches); use --device cpu or --kv-cache-dtype auto",
+           name);
+  const models::KvSpec s = m.kv_spec();
+  TS_CHECK(s.v_heads > 0 && m.aux_kv_spec().bytes_per_token(DType::u8) == 0 && !m.state_spec().any(),
+           "--kv-cache-dtype {}: {} keeps a latent, auxiliary or recurrent cache; the FP8 cache covers paged K/V "
+           "attention (Llama family, Qwen3, Qwen3-MoE) only",
+           name, m.config().architecture);
+  return DType::f8_e4m3;
+}
+
+ModelRunner::ModelRunner(std::shared_ptr<models::Model> model, int64_t num_blocks, int block_size, int state_slots,
+                         std::optional<DType> kv_dtype)
     : model_(std::move(model)) {
   TS_CHECK(num_blocks > 0 && block_size > 0, "KV pool needs blocks (got {} blocks of {})", num_blocks, block_size);
   models::KvSpec s = model_->kv_spec();
   models::AuxKvSpec aux = model_->aux_kv_spec();
   kv_.block_size = block_size;
   kv_.num_blocks = num_blocks;
+  const DType kvt = kv_dtype.value_or(model_->dtype());
   for (int l = 0; l < s.num_layers; ++l) {
-    kv_.k.push_back(Tensor::zeros({num_blocks, block_size, s.k_heads, s.k_dim}, model_->dtype(), model_->device()));
+    kv_.k.push_back(Tensor::zeros({num_blocks, block_size, s.k_heads, s.k_dim}, kvt, model_->device()));
     if (s.v_heads > 0)
-      kv_.v.push_back(Tensor::zeros({num_blocks, block_size, s.v_heads, s.v_dim}, model_->dtype(), model_->device()));
+      kv_.v.push_back(Tensor::zeros({num_blocks, block_size, s.v_heads, s.v_dim}, kvt, model_->device()));
     else
       kv_.v.push_back(Tensor());
     if (aux.on(l))

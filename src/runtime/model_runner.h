@@ -3,11 +3,12 @@
 // Engine-thread only.
 #pragma once
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/device_memory.h"
 #include "models/model.h"
-#include "runtime/forward_batch.h"
+#include "models/forward_batch.h"
 #include "runtime/slot_pool.h"
 
 namespace ts {
@@ -60,8 +61,18 @@ class StepChannel;
 class ModelRunner {
  public:
   // state_slots: recurrent-state rows for hybrid models (sequences in flight at once; 0: a
-  // default of 16; ignored for models without recurrent layers).
-  ModelRunner(std::shared_ptr<models::Model> model, int64_t num_blocks, int block_size, int state_slots = 0);
+  // default of 16; ignored for models without recurrent layers). kv_dtype: the paged K/V
+  // cache's element type (nullopt: the model's dtype; f8_e4m3: --kv-cache-dtype fp8, which
+  // check_kv_dtype must have accepted for this model).
+  ModelRunner(std::shared_ptr<models::Model> model, int64_t num_blocks, int block_size, int state_slots = 0,
+              std::optional<DType> kv_dtype = std::nullopt);
+  // Bytes of KV cache one token takes in every layer (k, v and aux caches).
+  static size_t kv_bytes_per_token(const models::Model& m, std::optional<DType> kv_dtype = std::nullopt);
+  // The cache dtype of --kv-cache-dtype NAME (auto | bf16 | fp8 | fp8_e4m3) for this model;
+  // an error naming the flag where the model or device cannot store it. auto and bf16 keep the
+  // model's dtype (bf16 on CUDA, f32 on the CPU oracle).
+  static DType check_kv_dtype(const std::string& name, const models::Model& m);
+  DType kv_dtype() const { return kv_.k.empty() ? model_->dtype() : kv_.k[0].dtype; }
   models::Model& model() { return *model_; }
   const std::shared_ptr<models::Model>& model_ptr() const { return model_; }
   KvPool& kv() { return kv_; }
@@ -91,8 +102,6 @@ class ModelRunner {
   const BatchBuilder& builder() const { return builder_; }
   // Host seconds the last run() spent building and uploading the batch metadata.
   double last_build_seconds() const { return build_s_; }
-  // Bytes of KV cache per token (all layers), for sizing the pool.
-  static size_t kv_bytes_per_token(const models::Model& m);
 
   // Tensor parallelism: this runner is rank 0 (its model is shard 0, driven by the calling
   // thread); peers[r] (r >= 1, each built on worker r's thread) hold the other shards. run()

@@ -12,7 +12,7 @@
 #include "runtime/model_runner.h"
 
 #ifdef TS_WITH_CUDA
-#include "ops/cuda/runtime.h"
+#include "core/cuda/runtime.h"
 #endif
 
 namespace ts {
@@ -188,13 +188,14 @@ parallel::ParallelOptions engine_parallel_options(const EngineOptions& o) {
   return p;
 }
 
-std::unique_ptr<ModelRunner> make_tp_runner(const TpModels& m, int64_t num_blocks, int block_size, int state_slots) {
+std::unique_ptr<ModelRunner> make_tp_runner(const TpModels& m, int64_t num_blocks, int block_size, int state_slots,
+                                            std::optional<DType> kv_dtype) {
   const int tp = m.workers->size();
   std::vector<std::unique_ptr<ModelRunner>> peers;
   peers.resize(size_t(tp));
   std::unique_ptr<ModelRunner> r0;
   m.workers->run([&](int r) {
-    auto runner = std::make_unique<ModelRunner>(m.shards[size_t(r)], num_blocks, block_size, state_slots);
+    auto runner = std::make_unique<ModelRunner>(m.shards[size_t(r)], num_blocks, block_size, state_slots, kv_dtype);
     if (r == 0) r0 = std::move(runner);
     else peers[size_t(r)] = std::move(runner);
   });

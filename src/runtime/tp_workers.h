@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -71,6 +72,7 @@ TpModels load_tp_models(const io::ModelConfig& cfg, const models::LoadOptions& b
 parallel::ParallelOptions engine_parallel_options(const EngineOptions& o);
 // Rank 0's runner (on the calling thread) with the other ranks' runners attached; the KV pool
 // of every rank has num_blocks blocks (its own kv heads) and state_slots recurrent-state rows.
-std::unique_ptr<ModelRunner> make_tp_runner(const TpModels& m, int64_t num_blocks, int block_size, int state_slots = 0);
+std::unique_ptr<ModelRunner> make_tp_runner(const TpModels& m, int64_t num_blocks, int block_size, int state_slots = 0,
+                                            std::optional<DType> kv_dtype = std::nullopt);
 
 }  // namespace ts

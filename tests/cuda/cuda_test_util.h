@@ -14,7 +14,7 @@
 #include "core/tensor.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cuda/cuda_ops.h"
-#include "ops/cuda/runtime.h"
+#include "core/cuda/runtime.h"
 
 #define TS_REQUIRE_CUDA() \
   if (!::ts::cuda_available()) GTEST_SKIP() << "no CUDA device: skipped"

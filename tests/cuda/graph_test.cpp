@@ -9,7 +9,7 @@
 #include "core/device_memory.h"
 #include "models/model.h"
 #include "ops/cuda/graph.h"
-#include "ops/cuda/runtime.h"
+#include "core/cuda/runtime.h"
 #include "runtime/cuda_graph_runner.h"
 #include "runtime/model_runner.h"
 #include "ops/cpu/cpu_ops.h"

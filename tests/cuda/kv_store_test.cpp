@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/device_memory.h"
-#include "ops/cuda/runtime.h"
+#include "core/cuda/runtime.h"
 #include "runtime/kv_store.h"
 
 #define TS_REQUIRE_CUDA() \

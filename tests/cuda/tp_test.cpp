@@ -10,7 +10,7 @@
 
 #include "core/device_memory.h"
 #include "models/model.h"
-#include "ops/cuda/runtime.h"
+#include "core/cuda/runtime.h"
 #include "ops/ops.h"
 #include "parallel/comm.h"
 #include "runtime/cuda_graph_runner.h"

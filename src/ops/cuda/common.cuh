@@ -11,32 +11,9 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
-#include "ops/cuda/runtime.h"
-
-#define TS_CUDA_CHECK(expr)                                                              \
-  do {                                                                                   \
-    cudaError_t e_ = (expr);                                                             \
-    if (e_ != cudaSuccess) ::ts::fail("CUDA error {} at {}:{}: {}", int(e_), __FILE__, \
-                                      __LINE__, cudaGetErrorString(e_));                 \
-  } while (0)
+#include "core/cuda/runtime.cuh"
 
 namespace ts::cuda {
-
-cudaStream_t stream();
-bool stream_capturing();
-int sm_count();
-
-// A grow-only device scratch buffer (split-KV partials, sampling scratch). Growing is refused
-// while the stream is being captured into a graph.
-struct Workspace {
-  std::shared_ptr<void> ptr;
-  size_t size = 0;
-  void* get(size_t bytes);
-};
-Workspace& workspace(int which);  // per device; 0: attention, 1: sampling, 2-3: spare
-// True the first time it is called for the current device with this mask (one bit per device):
-// for per-device one-time setup such as cudaFuncSetAttribute.
-bool once_per_device(std::atomic<uint32_t>& mask);
 
 // Launches kernel on the current stream; with pdl (and PDL enabled) the launch may overlap the
 // previous kernel's tail, so the kernel must call pdl_wait() before touching global memory.

@@ -3,8 +3,8 @@
 #include <mutex>
 #include <vector>
 
-#include "ops/cuda/common.cuh"
-#include "ops/cuda/runtime.h"
+#include "core/cuda/runtime.cuh"
+#include "core/cuda/runtime.h"
 
 namespace ts::cuda {
 

@@ -1,0 +1,23 @@
+// `tokenspeed bench --linear-lab`: the linear kernels over bf16 and FP8 (e4m3, block-128 and
+// per-channel scales, kept as stored) weights at Llama-3.1-8B's shapes, side by side, with the
+// copy-bandwidth ceiling measured in the same run. Reported per shape and row count M: time per
+// call, GB/s of the weight bytes as stored (FP8 values + f32 scales; bf16 values) and that as a
+// share of the copy ceiling (read + write bytes, the bench's convention). Weights rotate
+// through enough copies to miss the L2 cache, as a model's layers do.
+#pragma once
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace ts::bench {
+
+struct LinearLabOptions {
+  std::vector<int> ms{1, 2, 4, 8, 16, 64, 512};
+  int iters = 40;
+  size_t copy_bytes = size_t(1) << 30;
+};
+
+// Markdown table (CUDA builds only; otherwise an error).
+std::string run_linear_lab(const LinearLabOptions& o);
+
+}  // namespace ts::bench

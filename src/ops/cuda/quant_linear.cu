@@ -1,0 +1,542 @@
+// Linears over FP8 (e4m3) weights kept as stored: W8A16 GEMV for decode, dequantized bf16 row
+// tiles + cuBLASLt for prefill (ops/cuda/quant_linear.h).
+//
+// Dequantizing in registers: an e4m3 byte s eeee mmm becomes the f32 with sign s, exponent field
+// 0000eeee and mantissa mmm0...: exactly e4m3 x 2^-120 (subnormals included: e4m3 exponent 0 lands
+// on f32 exponent 0, whose denormals the kernels keep, no --use_fast_math). Three integer ops per
+// value and no conversion unit; the 2^120 goes into the block scale once per 16 values.
+#include <algorithm>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/quant_linear.h"
+
+namespace ts::ops::cuda {
+using namespace ::ts::cuda;
+
+namespace {
+
+// Auto policy (before the H200 lab: guesses from op counts). The CUDA-core GEMV spends ~32 ops
+// per 16 weights per row (FMA + bf16 unpack) on top of ~11 to unpack the weights, so past a few
+// rows it is compute-bound; the tensor-core kernel (mma) unpacks once for all rows. Both read
+// 5x fewer bytes than dequantize + GEMM (1 B per weight vs 1 + 2 + 2).
+constexpr int kQuantGemvAutoM = 2;   // GEMV up to here
+constexpr int kQuantMmaAutoM = 64;   // then mma (k blocks >= 64)
+constexpr int kQuantGemvMaxM = 8;    // else GEMV up to here, then dequantized tiles
+constexpr int kQuantGemvMaxForced = 16;
+constexpr int kQWarps = 8;   // one output feature per warp
+constexpr int kQUnroll = 4;  // 16-byte weight loads in flight per lane
+constexpr size_t kDequantScratch = size_t(64) << 20;
+
+__device__ __forceinline__ uint4 ld_stream(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// Byte j of v (element j of 4) as e4m3 x 2^-120 in f32.
+template <int J>
+__device__ __forceinline__ float e4m3_scaled(uint32_t v) {
+  const uint32_t t = v << (24 - 8 * J);  // byte j in bits 24..31
+  return __uint_as_float((t & 0x80000000u) | ((t >> 4) & 0x07f00000u));
+}
+
+// sum_j w[j] * x[j] over 16 values (w: 16 e4m3, x: 16 bf16 as two 16-byte vectors), in units of
+// 2^-120.
+__device__ __forceinline__ float dot16(const uint4& w, const uint4& x0, const uint4& x1) {
+  const uint32_t ww[4] = {w.x, w.y, w.z, w.w};
+  const uint32_t xx[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+  float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint32_t a = xx[2 * q], b = xx[2 * q + 1];  // elements 4q, 4q+1 | 4q+2, 4q+3
+    s0 = fmaf(e4m3_scaled<0>(ww[q]), __uint_as_float(a << 16), s0);
+    s1 = fmaf(e4m3_scaled<1>(ww[q]), __uint_as_float(a & 0xffff0000u), s1);
+    s0 = fmaf(e4m3_scaled<2>(ww[q]), __uint_as_float(b << 16), s0);
+    s1 = fmaf(e4m3_scaled<3>(ww[q]), __uint_as_float(b & 0xffff0000u), s1);
+  }
+  return s0 + s1;
+}
+
+__device__ __forceinline__ void store_out(__nv_bfloat16* p, float v) { *p = __float2bfloat16(v); }
+__device__ __forceinline__ void store_out(float* p, float v) { *p = v; }
+
+// out[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]) for the M rows of x; one warp per n, each lane
+// streaming 16 weights (one 16-byte load) at a time; the 16 always share one scale (blocks are
+// powers of two >= 16). Requires K % 16 == 0, 16-byte aligned rows of x (bf16) and w (fp8).
+template <int M, typename OutT>
+__global__ void __launch_bounds__(kQWarps * 32)
+fp8_gemv_kernel(const __nv_bfloat16* __restrict__ x, int64_t x_ld, const uint8_t* __restrict__ w, int64_t w_ld,
+                const float* __restrict__ sc, int64_t s_ld, int bn_log2, int bk_log2,
+                const __nv_bfloat16* __restrict__ bias, OutT* __restrict__ out, int64_t out_ld, int N, int K) {
+  pdl_wait();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t n = int64_t(blockIdx.x) * kQWarps + warp;
+  if (n >= N) return;
+  const uint8_t* wr = w + n * w_ld;
+  const float* sr = sc + (n >> bn_log2) * s_ld;
+  const int nv = K / 16;
+  float acc[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+  for (int base = 0; base < nv; base += 32 * kQUnroll) {
+    uint4 wv[kQUnroll];
+    float s[kQUnroll];
+#pragma unroll
+    for (int u = 0; u < kQUnroll; ++u) {
+      const int i = base + u * 32 + lane;
+      wv[u] = i < nv ? ld_stream(wr + int64_t(i) * 16) : make_uint4(0, 0, 0, 0);
+      s[u] = i < nv ? __ldg(sr + ((i * 16) >> bk_log2)) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kQUnroll; ++u) {
+      const int i = base + u * 32 + lane;
+      if (i < nv) {
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          const uint4* xp = reinterpret_cast<const uint4*>(x + m * x_ld + int64_t(i) * 16);
+          acc[m] = fmaf(s[u], dot16(wv[u], xp[0], xp[1]) * 0x1p120f, acc[m]);
+        }
+      }
+    }
+  }
+  pdl_trigger();
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[m] = warp_sum(acc[m]);
+  if (lane == 0) {
+    const float b = bias ? __bfloat162float(bias[n]) : 0.0f;
+#pragma unroll
+    for (int m = 0; m < M; ++m) store_out(out + m * out_ld + n, acc[m] + b);
+  }
+}
+
+template <int M, typename OutT>
+void gemv_launch(const Tensor& x, const LinearWeight& w, const __nv_bfloat16* bias, OutT* out, int64_t out_ld) {
+  const int N = int(w.size(0)), K = int(w.size(1));
+  launch(fp8_gemv_kernel<M, OutT>, dim3(unsigned(ceil_div(N, kQWarps))), dim3(kQWarps * 32), 0, true,
+         x.ptr<__nv_bfloat16>(), x.row_stride(), w.ptr<uint8_t>(), w.row_stride(), w.quant.scale.ptr<float>(),
+         w.quant.scale.size(1), w.quant.block_n_log2, w.quant.block_k_log2, bias, out, out_ld, N, K);
+}
+
+template <typename OutT>
+void gemv(int M, const Tensor& x, const LinearWeight& w, const __nv_bfloat16* bias, OutT* out, int64_t out_ld) {
+  switch (M) {
+#define TS_QCASE(m) \
+  case m: gemv_launch<m, OutT>(x, w, bias, out, out_ld); break;
+    TS_QCASE(1) TS_QCASE(2) TS_QCASE(3) TS_QCASE(4) TS_QCASE(5) TS_QCASE(6) TS_QCASE(7) TS_QCASE(8)
+    TS_QCASE(9) TS_QCASE(10) TS_QCASE(11) TS_QCASE(12) TS_QCASE(13) TS_QCASE(14) TS_QCASE(15) TS_QCASE(16)
+#undef TS_QCASE
+    default: fail("fp8 gemv: M {} > {}", M, kQuantGemvMaxForced);
+  }
+}
+
+// ---- NVFP4 (W4A16) ------------------------------------------------------------------------------
+// e2m1 nibble s ee m -> the f32 with sign s, exponent field 000000ee and mantissa m0...: exactly
+// e2m1 x 2^-126 (code 1, 0.5, lands on the f32 denormal 2^-127). The 2^126 goes into the scale.
+constexpr int kFp4GemvAutoM = 4;
+
+template <int J>
+__device__ __forceinline__ float e2m1_scaled(uint32_t v) {
+  const uint32_t sign = (v << (28 - 4 * J)) & 0x80000000u;
+  const uint32_t mag = (J <= 5 ? (v << (22 - 4 * J)) : (v >> (4 * J - 22))) & 0x01c00000u;
+  return __uint_as_float(sign | mag);
+}
+
+// sum_j w[j] * x[j] over the 8 values of one 32-bit word of nibbles and 8 bf16, in units of 2^-126.
+__device__ __forceinline__ float dot8_fp4(uint32_t w, const uint4& x) {
+  float s0 = 0.0f, s1 = 0.0f;
+  s0 = fmaf(e2m1_scaled<0>(w), __uint_as_float(x.x << 16), s0);
+  s1 = fmaf(e2m1_scaled<1>(w), __uint_as_float(x.x & 0xffff0000u), s1);
+  s0 = fmaf(e2m1_scaled<2>(w), __uint_as_float(x.y << 16), s0);
+  s1 = fmaf(e2m1_scaled<3>(w), __uint_as_float(x.y & 0xffff0000u), s1);
+  s0 = fmaf(e2m1_scaled<4>(w), __uint_as_float(x.z << 16), s0);
+  s1 = fmaf(e2m1_scaled<5>(w), __uint_as_float(x.z & 0xffff0000u), s1);
+  s0 = fmaf(e2m1_scaled<6>(w), __uint_as_float(x.w << 16), s0);
+  s1 = fmaf(e2m1_scaled<7>(w), __uint_as_float(x.w & 0xffff0000u), s1);
+  return s0 + s1;
+}
+
+__device__ __forceinline__ float e4m3_value(uint32_t b) {
+  return __uint_as_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20)) * 0x1p120f;
+}
+
+// As fp8_gemv_kernel, 32 values (16 bytes, two E4M3 block scales) per lane load.
+template <int M, typename OutT>
+__global__ void __launch_bounds__(kQWarps * 32)
+fp4_gemv_kernel(const __nv_bfloat16* __restrict__ x, int64_t x_ld, const uint8_t* __restrict__ w, int64_t w_ld,
+                const uint8_t* __restrict__ sc, int64_t s_ld, const float* __restrict__ s2,
+                const __nv_bfloat16* __restrict__ bias, OutT* __restrict__ out, int64_t out_ld, int N, int K) {
+  pdl_wait();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t n = int64_t(blockIdx.x) * kQWarps + warp;
+  if (n >= N) return;
+  const uint8_t* wr = w + n * w_ld;
+  const uint8_t* sr = sc + n * s_ld;
+  const int nv = K / 32;
+  float acc[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+  for (int base = 0; base < nv; base += 32 * kQUnroll) {
+    uint4 wv[kQUnroll];
+    uint32_t sv[kQUnroll];
+#pragma unroll
+    for (int u = 0; u < kQUnroll; ++u) {
+      const int i = base + u * 32 + lane;
+      wv[u] = i < nv ? ld_stream(wr + int64_t(i) * 16) : make_uint4(0, 0, 0, 0);
+      sv[u] = i < nv ? uint32_t(__ldg(reinterpret_cast<const unsigned short*>(sr) + i)) : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < kQUnroll; ++u) {
+      const int i = base + u * 32 + lane;
+      if (i < nv) {
+        const float sa = e4m3_value(sv[u] & 0xffu) * 0x1p126f, sb = e4m3_value(sv[u] >> 8) * 0x1p126f;
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          const uint4* xp = reinterpret_cast<const uint4*>(x + m * x_ld + int64_t(i) * 32);
+          const float pa = dot8_fp4(wv[u].x, xp[0]) + dot8_fp4(wv[u].y, xp[1]);
+          const float pb = dot8_fp4(wv[u].z, xp[2]) + dot8_fp4(wv[u].w, xp[3]);
+          acc[m] = fmaf(pa, sa, fmaf(pb, sb, acc[m]));
+        }
+      }
+    }
+  }
+  pdl_trigger();
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[m] = warp_sum(acc[m]);
+  if (lane == 0) {
+    const float b = bias ? __bfloat162float(bias[n]) : 0.0f, g = s2[n];
+#pragma unroll
+    for (int m = 0; m < M; ++m) store_out(out + m * out_ld + n, acc[m] * g + b);
+  }
+}
+
+template <int M, typename OutT>
+void fp4_gemv_launch(const Tensor& x, const LinearWeight& w, const __nv_bfloat16* bias, OutT* out, int64_t out_ld) {
+  const int N = int(w.size(0)), K = int(w.in_features());
+  launch(fp4_gemv_kernel<M, OutT>, dim3(unsigned(ceil_div(N, kQWarps))), dim3(kQWarps * 32), 0, true,
+         x.ptr<__nv_bfloat16>(), x.row_stride(), w.ptr<uint8_t>(), w.row_stride(), w.quant.scale.ptr<uint8_t>(),
+         w.quant.scale.row_stride(), w.quant.scale2.ptr<float>(), bias, out, out_ld, N, K);
+}
+
+template <typename OutT>
+void fp4_gemv(int M, const Tensor& x, const LinearWeight& w, const __nv_bfloat16* bias, OutT* out, int64_t out_ld) {
+  switch (M) {
+#define TS_QCASE(m) \
+  case m: fp4_gemv_launch<m, OutT>(x, w, bias, out, out_ld); break;
+    TS_QCASE(1) TS_QCASE(2) TS_QCASE(3) TS_QCASE(4) TS_QCASE(5) TS_QCASE(6) TS_QCASE(7) TS_QCASE(8)
+    TS_QCASE(9) TS_QCASE(10) TS_QCASE(11) TS_QCASE(12) TS_QCASE(13) TS_QCASE(14) TS_QCASE(15) TS_QCASE(16)
+#undef TS_QCASE
+    default: fail("nvfp4 gemv: M {} > {}", M, kQuantGemvMaxForced);
+  }
+}
+
+// out [rows, K] bf16 = rows [row0, row0 + rows) of an NVFP4 W; one thread per 32 values.
+__global__ void fp4_dequant_kernel(const uint8_t* __restrict__ w, int64_t w_ld, const uint8_t* __restrict__ sc,
+                                   int64_t s_ld, const float* __restrict__ s2, int64_t row0, int64_t rows, int K,
+                                   __nv_bfloat16* __restrict__ out) {
+  pdl_wait();
+  const int64_t nv = K / 32;
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= rows * nv) return;
+  const int64_t r = idx / nv, c = idx % nv, n = row0 + r;
+  const uint4 v = ld_stream(w + n * w_ld + c * 16);
+  const uint32_t sv = reinterpret_cast<const unsigned short*>(sc + n * s_ld)[c];
+  const float sa = e4m3_value(sv & 0xffu), sb = e4m3_value(sv >> 8), g = s2[n];
+  const uint32_t ww[4] = {v.x, v.y, v.z, v.w};
+  uint32_t o[16];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const float s = q < 2 ? sa : sb;
+    // (e2m1 x block scale) x global scale: the CPU oracle's order, so the same rounding.
+    const float f[8] = {e2m1_scaled<0>(ww[q]), e2m1_scaled<1>(ww[q]), e2m1_scaled<2>(ww[q]), e2m1_scaled<3>(ww[q]),
+                        e2m1_scaled<4>(ww[q]), e2m1_scaled<5>(ww[q]), e2m1_scaled<6>(ww[q]), e2m1_scaled<7>(ww[q])};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * j] * 0x1p126f * s * g, f[2 * j + 1] * 0x1p126f * s * g);
+      o[4 * q + j] = *reinterpret_cast<uint32_t*>(&h);
+    }
+  }
+  pdl_trigger();
+  uint4* op = reinterpret_cast<uint4*>(out + r * K + c * 32);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) op[j] = make_uint4(o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]);
+}
+
+// ---- tensor-core W8A16 for small batches (M <= 8 * kMmaMaxTiles) --------------------------------
+// Block = 16 output features x all M rows of x; its 8 warps split K in interleaved 64-wide chunks
+// (adjacent warps read adjacent 64 bytes of each weight row) and reduce through shared memory.
+// Per chunk a lane (g = lane / 4, t = lane % 4) loads 16 weights of rows g and g + 8 (two 16-byte
+// loads) and, per 8-row tile of x, 16 values of row g of the tile; k is permuted the same way for
+// A and B: MMA step s takes the lane's elements 4s..4s+3 as logical k (2t, 2t+1 | 2t+8, 2t+9).
+// Weights become bf16 exactly (the bit move gives e4m3 x 2^-120, one bf16x2 multiply by 2^120
+// restores it, subnormals included); each chunk lies inside one k block (2^bk >= 64), so its
+// partial product takes the row's block scale once.
+constexpr int kMmaWarps = 8;
+constexpr int kMmaMaxTiles = 8;
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Bytes (sel: 0x1404 -> bytes 0, 1; 0x3424 -> bytes 2, 3) of v as bf16x2, exact.
+template <uint32_t Sel>
+__device__ __forceinline__ uint32_t e4m3x2_bf16x2(uint32_t v) {
+  const uint32_t t = __byte_perm(v, 0u, Sel);  // the two bytes in bits 8..15 and 24..31
+  const uint32_t r = (t & 0x80008000u) | ((t >> 4) & 0x07f007f0u);  // e4m3 x 2^-120
+  __nv_bfloat162 h = *reinterpret_cast<const __nv_bfloat162*>(&r);
+  h = __hmul2(h, __floats2bfloat162_rn(0x1p120f, 0x1p120f));
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+template <int MT, typename OutT>
+__global__ void __launch_bounds__(kMmaWarps * 32)
+fp8_mma_kernel(const __nv_bfloat16* __restrict__ x, int64_t x_ld, int M, const uint8_t* __restrict__ w,
+               int64_t w_ld, const float* __restrict__ sc, int64_t s_ld, int bn_log2, int bk_log2,
+               const __nv_bfloat16* __restrict__ bias, OutT* __restrict__ out, int64_t out_ld, int N, int K) {
+  __shared__ float red[kMmaWarps][MT][4][32];
+  pdl_wait();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t n0 = int64_t(blockIdx.x) * 16;
+  const int64_t r_lo = n0 + g, r_hi = n0 + g + 8;
+  const bool ok_lo = r_lo < N, ok_hi = r_hi < N;
+  const uint8_t* w_lo = w + (ok_lo ? r_lo : 0) * w_ld;
+  const uint8_t* w_hi = w + (ok_hi ? r_hi : 0) * w_ld;
+  const float* s_lo = sc + ((ok_lo ? r_lo : 0) >> bn_log2) * s_ld;
+  const float* s_hi = sc + ((ok_hi ? r_hi : 0) >> bn_log2) * s_ld;
+  float acc[MT][4];
+#pragma unroll
+  for (int T = 0; T < MT; ++T)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[T][r] = 0.0f;
+  const int nchunks = (K + 63) / 64;
+  for (int c = warp; c < nchunks; c += kMmaWarps) {
+    const int kt = c * 64 + t * 16;  // this lane's 16 values
+    const bool kin = kt < K;
+    const uint4 wl = kin && ok_lo ? ld_stream(w_lo + kt) : make_uint4(0, 0, 0, 0);
+    const uint4 wh = kin && ok_hi ? ld_stream(w_hi + kt) : make_uint4(0, 0, 0, 0);
+    const float sl = ok_lo ? __ldg(s_lo + ((c * 64) >> bk_log2)) : 0.0f;
+    const float sh = ok_hi ? __ldg(s_hi + ((c * 64) >> bk_log2)) : 0.0f;
+    const uint32_t wlw[4] = {wl.x, wl.y, wl.z, wl.w}, whw[4] = {wh.x, wh.y, wh.z, wh.w};
+    uint32_t a[4][4];
+#pragma unroll
+    for (int st = 0; st < 4; ++st) {
+      a[st][0] = e4m3x2_bf16x2<0x1404>(wlw[st]);
+      a[st][1] = e4m3x2_bf16x2<0x1404>(whw[st]);
+      a[st][2] = e4m3x2_bf16x2<0x3424>(wlw[st]);
+      a[st][3] = e4m3x2_bf16x2<0x3424>(whw[st]);
+    }
+#pragma unroll
+    for (int T = 0; T < MT; ++T) {
+      const int row = T * 8 + g;
+      uint4 x0 = make_uint4(0, 0, 0, 0), x1 = make_uint4(0, 0, 0, 0);
+      if (kin && row < M) {
+        const uint4* xp = reinterpret_cast<const uint4*>(x + row * x_ld + kt);
+        x0 = xp[0];
+        x1 = xp[1];
+      }
+      const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+      float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int st = 0; st < 4; ++st) mma_bf16(p, a[st][0], a[st][1], a[st][2], a[st][3], xw[2 * st], xw[2 * st + 1]);
+      acc[T][0] = fmaf(p[0], sl, acc[T][0]);
+      acc[T][1] = fmaf(p[1], sl, acc[T][1]);
+      acc[T][2] = fmaf(p[2], sh, acc[T][2]);
+      acc[T][3] = fmaf(p[3], sh, acc[T][3]);
+    }
+  }
+  pdl_trigger();
+#pragma unroll
+  for (int T = 0; T < MT; ++T)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) red[warp][T][r][lane] = acc[T][r];
+  __syncthreads();
+  // C fragment: r 0, 1 -> feature g, tokens 2t, 2t + 1; r 2, 3 -> feature g + 8.
+  for (int i = threadIdx.x; i < MT * 4 * 32; i += kMmaWarps * 32) {
+    const int T = i / 128, r = (i / 32) % 4, l = i % 32;
+    const int64_t n = n0 + (l >> 2) + (r >= 2 ? 8 : 0);
+    const int m = T * 8 + 2 * (l & 3) + (r & 1);
+    if (n >= N || m >= M) continue;
+    float v = bias ? __bfloat162float(bias[n]) : 0.0f;
+#pragma unroll
+    for (int ww = 0; ww < kMmaWarps; ++ww) v += red[ww][T][r][l];
+    store_out(out + m * out_ld + n, v);
+  }
+}
+
+template <int MT, typename OutT>
+void mma_launch(const Tensor& x, const LinearWeight& w, const __nv_bfloat16* bias, OutT* out, int64_t out_ld) {
+  const int N = int(w.size(0)), K = int(w.size(1));
+  launch(fp8_mma_kernel<MT, OutT>, dim3(unsigned(ceil_div(N, 16))), dim3(kMmaWarps * 32), 0, true,
+         x.ptr<__nv_bfloat16>(), x.row_stride(), int(x.rows()), w.ptr<uint8_t>(), w.row_stride(),
+         w.quant.scale.ptr<float>(), w.quant.scale.size(1), w.quant.block_n_log2, w.quant.block_k_log2, bias, out,
+         out_ld, N, K);
+}
+
+template <typename OutT>
+void mma(const Tensor& x, const LinearWeight& w, const __nv_bfloat16* bias, OutT* out, int64_t out_ld) {
+  switch ((x.rows() + 7) / 8) {
+#define TS_QCASE(t) \
+  case t: mma_launch<t, OutT>(x, w, bias, out, out_ld); break;
+    TS_QCASE(1) TS_QCASE(2) TS_QCASE(3) TS_QCASE(4) TS_QCASE(5) TS_QCASE(6) TS_QCASE(7) TS_QCASE(8)
+#undef TS_QCASE
+    default: fail("fp8 mma: M {} > {}", x.rows(), 8 * kMmaMaxTiles);
+  }
+}
+
+// out [rows, K] bf16 = rows [row0, row0 + rows) of W dequantized; one thread per 16 values.
+__global__ void fp8_dequant_kernel(const uint8_t* __restrict__ w, int64_t w_ld, const float* __restrict__ sc,
+                                   int64_t s_ld, int bn_log2, int bk_log2, int64_t row0, int64_t rows, int K,
+                                   __nv_bfloat16* __restrict__ out) {
+  pdl_wait();
+  const int64_t nv = K / 16;
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= rows * nv) return;
+  const int64_t r = idx / nv, c = idx % nv, n = row0 + r;
+  const uint4 v = ld_stream(w + n * w_ld + c * 16);
+  const float s = sc[(n >> bn_log2) * s_ld + ((c * 16) >> bk_log2)] * 0x1p60f;
+  const uint32_t ww[4] = {v.x, v.y, v.z, v.w};
+  uint32_t o[8];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    // (w 2^-120 x 2^60) x (s 2^60): neither factor overflows for any f32 scale below 2^68.
+    __nv_bfloat162 lo = __floats2bfloat162_rn(e4m3_scaled<0>(ww[q]) * 0x1p60f * s, e4m3_scaled<1>(ww[q]) * 0x1p60f * s);
+    __nv_bfloat162 hi = __floats2bfloat162_rn(e4m3_scaled<2>(ww[q]) * 0x1p60f * s, e4m3_scaled<3>(ww[q]) * 0x1p60f * s);
+    o[2 * q] = *reinterpret_cast<uint32_t*>(&lo);
+    o[2 * q + 1] = *reinterpret_cast<uint32_t*>(&hi);
+  }
+  pdl_trigger();
+  uint4* op = reinterpret_cast<uint4*>(out + r * K + c * 16);
+  op[0] = make_uint4(o[0], o[1], o[2], o[3]);
+  op[1] = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+void check_weight(const LinearWeight& w) {
+  const QuantScales& q = w.quant;
+  const Tensor& s = q.scale;
+  const int64_t N = w.size(0), K = w.in_features();
+  TS_CHECK(N <= 0x7fffffff && K <= 0x7fffffff, "quant_linear: too large");
+  TS_CHECK(w.quantized() && w.ndim == 2 && w.device == Device::cuda && s.ndim == 2 && s.is_contiguous() &&
+               s.device == Device::cuda,
+           "quant_linear: weight must be a quantized [N, K] weight with 2-D scales on the GPU, got {} {}",
+           dtype_name(w.dtype), w.shape_str());
+  if (q.nvfp4) {
+    TS_CHECK(w.dtype == DType::u8 && s.dtype == DType::f8_e4m3 && s.size(0) == N && s.size(1) == K / 16 &&
+                 q.scale2.dtype == DType::f32 && q.scale2.numel() == N && q.scale2.device == Device::cuda,
+             "quant_linear: NVFP4 weight {} needs E4M3 scales [N, K/16] (got {}) and f32 scale2 [N]", w.shape_str(),
+             s.shape_str());
+    TS_CHECK(K % 32 == 0 && w.row_stride() % 16 == 0 && aligned16(w.data) && s.row_stride() % 2 == 0,
+             "quant_linear: NVFP4 K {} must be a multiple of 32 (16-byte rows)", K);
+    return;
+  }
+  TS_CHECK(w.dtype == DType::f8_e4m3 && s.dtype == DType::f32, "quant_linear: FP8 weight must be f8_e4m3 with f32 scales");
+  TS_CHECK(q.block_k_log2 >= 4 && q.block_n_log2 >= 0 && q.block_n_log2 < 31 && q.block_k_log2 < 31,
+           "quant_linear: block 2^{} x 2^{} (need k blocks of >= 16)", q.block_n_log2, q.block_k_log2);
+  TS_CHECK(s.size(0) == ceil_div(N, int64_t(1) << q.block_n_log2) && s.size(1) == ceil_div(K, int64_t(1) << q.block_k_log2),
+           "quant_linear: scales {} for weight {} with blocks 2^{} x 2^{}", s.shape_str(), w.shape_str(), q.block_n_log2,
+           q.block_k_log2);
+  TS_CHECK(K % 16 == 0 && w.row_stride() % 16 == 0 && aligned16(w.data),
+           "quant_linear: K {} and the row stride must be multiples of 16", K);
+}
+
+}  // namespace
+
+void reserve_quant_scratch() { workspace(3).get(kDequantScratch); }
+
+void dequantize_rows(const LinearWeight& w, int64_t row0, int64_t rows, Tensor& out) {
+  check_weight(w);
+  const int64_t K = w.in_features();
+  check_dev(out, DType::bf16, "dequantize_rows out");
+  TS_CHECK(out.is_contiguous() && out.ndim == 2 && out.size(0) == rows && out.size(1) == K && row0 >= 0 &&
+               row0 + rows <= w.size(0),
+           "dequantize_rows: rows [{}, +{}) of {} into {}", row0, rows, w.shape_str(), out.shape_str());
+  if (w.quant.nvfp4) {
+    const int64_t threads = rows * (K / 32);
+    if (threads == 0) return;
+    launch(fp4_dequant_kernel, dim3(unsigned(ceil_div(threads, 256))), dim3(256), 0, true, w.ptr<uint8_t>(),
+           w.row_stride(), w.quant.scale.ptr<uint8_t>(), w.quant.scale.row_stride(), w.quant.scale2.ptr<float>(), row0,
+           rows, int(K), out.ptr<__nv_bfloat16>());
+    return;
+  }
+  const int64_t threads = rows * (K / 16);
+  if (threads == 0) return;
+  launch(fp8_dequant_kernel, dim3(unsigned(ceil_div(threads, 256))), dim3(256), 0, true, w.ptr<uint8_t>(),
+         w.row_stride(), w.quant.scale.ptr<float>(), w.quant.scale.size(1), w.quant.block_n_log2,
+         w.quant.block_k_log2, row0, rows, int(K), out.ptr<__nv_bfloat16>());
+}
+
+void quant_linear(const Tensor& x, const LinearWeight& w, Tensor& out, const Tensor* bias, const KernelPolicy& policy) {
+  const QuantKernel k = policy.linear == LinearPath::gemv       ? QuantKernel::gemv
+                        : policy.linear == LinearPath::cublaslt ? QuantKernel::tiles
+                                                                : QuantKernel::automatic;
+  quant_linear_kernel(x, w, out, bias, k);
+}
+
+void quant_linear_kernel(const Tensor& x, const LinearWeight& w, Tensor& out, const Tensor* bias, QuantKernel kernel) {
+  check_weight(w);
+  check_dev(x, DType::bf16, "linear x");
+  const bool f32out = out.dtype == DType::f32;
+  if (!f32out) check_dev(out, DType::bf16, "linear out");
+  const int64_t M = x.rows(), K = x.size(-1), N = w.size(0);
+  TS_CHECK(w.in_features() == K && out.rows() == M && out.size(-1) == N, "linear: x {} w {} ({}) out {}", x.shape_str(),
+           w.shape_str(), w.quant.format, out.shape_str());
+  const __nv_bfloat16* bp = nullptr;
+  if (bias && bias->data) {
+    check_dev(*bias, DType::bf16, "linear bias");
+    TS_CHECK(bias->numel() == N && bias->is_contiguous(), "linear: bias {} for N={}", bias->shape_str(), N);
+    bp = bias->ptr<__nv_bfloat16>();
+  }
+  if (M == 0 || N == 0) return;
+  const int64_t ldc = out.row_stride();
+  const bool vec_ok = vec8_ok(x.data, K, x.row_stride());
+  const bool gemv_ok = vec_ok && M <= kQuantGemvMaxForced;
+  if (w.quant.nvfp4) {
+    if (kernel == QuantKernel::automatic) kernel = M <= kFp4GemvAutoM ? QuantKernel::gemv : QuantKernel::tiles;
+    if (kernel != QuantKernel::tiles && gemv_ok) {  // no tensor-core form yet: mma means the GEMV
+      if (f32out) fp4_gemv(int(M), x, w, bp, out.ptr<float>(), ldc);
+      else fp4_gemv(int(M), x, w, bp, out.ptr<__nv_bfloat16>(), ldc);
+      return;
+    }
+    kernel = QuantKernel::tiles;
+  }
+  const bool mma_ok = vec_ok && M <= 8 * kMmaMaxTiles && w.quant.block_k_log2 >= 6;
+  if (kernel == QuantKernel::automatic)
+    kernel = M <= kQuantGemvAutoM && gemv_ok ? QuantKernel::gemv
+             : M <= kQuantMmaAutoM && mma_ok ? QuantKernel::mma
+             : M <= kQuantGemvMaxM && gemv_ok ? QuantKernel::gemv
+                                              : QuantKernel::tiles;
+  if (kernel == QuantKernel::gemv && gemv_ok) {
+    if (f32out) gemv(int(M), x, w, bp, out.ptr<float>(), ldc);
+    else gemv(int(M), x, w, bp, out.ptr<__nv_bfloat16>(), ldc);
+    return;
+  }
+  if (kernel == QuantKernel::mma && mma_ok) {
+    if (f32out) mma(x, w, bp, out.ptr<float>(), ldc);
+    else mma(x, w, bp, out.ptr<__nv_bfloat16>(), ldc);
+    return;
+  }
+  // Prefill: bf16 row tiles of W (at most kDequantScratch bytes, whole scale blocks) through the
+  // bf16 GEMM, each writing its column block of out.
+  int64_t tile = std::max<int64_t>(128, int64_t(kDequantScratch / size_t(K * 2)) / 128 * 128);
+  tile = std::min(tile, N);
+  // Always the full size (reserved at load), so a graph capture never has to grow it.
+  Tensor scratch = Tensor::from_blob(workspace(3).get(std::max(kDequantScratch, size_t(tile * K) * 2)), {tile, K},
+                                     DType::bf16, Device::cuda);
+  const KernelPolicy gemm{.linear = LinearPath::cublaslt};
+  for (int64_t n0 = 0; n0 < N; n0 += tile) {
+    const int64_t nt = std::min(tile, N - n0);
+    Tensor wt = scratch.slice_rows(0, nt);
+    dequantize_rows(w, n0, nt, wt);
+    Tensor ot = out.narrow(out.ndim - 1, n0, nt);
+    Tensor bt = bp ? bias->view({N}).narrow(0, n0, nt) : Tensor{};
+    linear(x, wt, ot, bp ? &bt : nullptr, gemm);
+  }
+}
+
+}  // namespace ts::ops::cuda
