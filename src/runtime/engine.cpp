@@ -482,12 +482,9 @@ std::shared_ptr<Stream> EngineImpl::submit(GenerateParams p) {
                                      "({} in the prompt, {} for the completion).",
                                      context_len, p.prompt.size() + size_t(p.max_tokens), p.prompt.size(), p.max_tokens),
                          "max_tokens");
-  // Structured outputs / logit_bias / min_tokens (runtime/structured.h): the speculative worker
-  // does not apply them to its draft and verify rows yet, so refuse rather than ignore them.
-  if (spec && has_constraints(p))
-    throw InvalidRequest("structured outputs, logit_bias and min_tokens are not supported with speculative decoding "
-                         "(--speculative-algorithm) yet",
-                         p.structured ? "response_format" : (!p.logit_bias.empty() ? "logit_bias" : "min_tokens"));
+  // Structured outputs / logit_bias / min_tokens (runtime/structured.h) also hold under EAGLE3:
+  // the speculative worker masks each verify position with the grammar state after the drafts
+  // before it (SpecWorker::accept; requests with constraints accept on the host).
   auto r = std::make_shared<Request>();
   r->constraints = LogitsConstraints::make(p, std::vector<int32_t>(eos.begin(), eos.end()));
   r->stream = std::make_shared<Stream>();

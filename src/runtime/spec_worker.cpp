@@ -11,6 +11,7 @@
 #include "ops/cpu/cpu_ops.h"
 #include "runtime/cuda_graph_runner.h"
 #include "runtime/sampler.h"
+#include "runtime/structured.h"
 
 #ifdef TS_WITH_CUDA
 #include "ops/cuda/graph.h"
@@ -226,20 +227,32 @@ int SpecWorker::accept(const Request& r, const int32_t* drafts, int num_drafts, 
   row.draft_count = num_drafts;
   out.drafts.insert(out.drafts.end(), drafts, drafts + num_drafts);
   int acc = 0;
-  for (int j = 0; j <= num_drafts; ++j) {
+  // Structured outputs / logit_bias / min_tokens: verify position j is constrained by the grammar
+  // state after drafts 1..j (the matcher walks over the drafts it accepts and is rolled back
+  // after; the engine's apply() advances it over the ids it keeps). A draft the grammar forbids
+  // has probability 0 under the masked logits, so it is rejected and the bonus token comes from
+  // the masked distribution: greedy output equals plain decoding with the same constraints.
+  // A draft the walk cannot follow (spec_advance false: a grammar phase change that needs a
+  // fresh matcher) ends the drafts there: the next position is sampled as the bonus, under the
+  // mask the walk still knows, so every row keeps accepted + 1 tokens (the catch-up reads them).
+  LogitsConstraints* cons = r.constraints.get();
+  if (cons) cons->spec_begin();
+  int live = num_drafts;  // drafts still eligible
+  for (int j = 0; j <= live; ++j) {
     std::copy(logits + int64_t(j) * vocab, logits + int64_t(j + 1) * vocab, buf.begin());
     // Penalties see every token accepted so far, like plain decoding.
     apply_penalties(buf.data(), vocab, r, out.tokens.data() + row.first, size_t(row.count));
+    if (cons) cons->spec_apply(buf.data(), vocab, r.num_generated() + j);
     uint64_t ctr = uint64_t(r.num_generated() + j);
     ops::SamplingRow sp{r.params.temperature, r.params.top_k, r.params.top_p, r.params.min_p, r.seed, ctr};
     int32_t tok;
     bool is_draft = false;
     if (r.params.temperature <= 0.0f) {
       tok = argmax(buf.data(), vocab);
-      is_draft = j < num_drafts && tok == drafts[j];
+      is_draft = j < live && tok == drafts[j];
     } else {
       ops::cpu::sampling_probs(buf.data(), vocab, sp, p);
-      if (j < num_drafts) {
+      if (j < live) {
         tok = verify_draft_token(p, drafts[j], r.seed, ctr, is_draft);
       } else {
         std::vector<int32_t> one;
@@ -253,7 +266,9 @@ int SpecWorker::accept(const Request& r, const int32_t* drafts, int num_drafts, 
     ++row.count;
     if (!is_draft) break;
     ++acc;
+    if (cons && !cons->spec_advance(tok)) live = j + 1;  // the bonus comes next
   }
+  if (cons) cons->spec_end();
   row.accepted = acc;
   return acc;
 }
@@ -618,7 +633,8 @@ double SpecWorker::decode_step(const std::vector<const Request*>& decodes, const
   const int Bb = bucket > 0 ? bucket : B;
   build_lane(*L, decodes, bucket, kvb);
   bool host = false;  // sampling, penalties or logprobs: acceptance on the host
-  for (const Request* r : decodes) host = host || r->params.temperature > 0.0f || needs_host_logits(*r);
+  for (const Request* r : decodes)  // grammar masks too: verify rows are masked on the host
+    host = host || r->params.temperature > 0.0f || needs_host_logits(*r) || needs_mask(*r);
   // Greedy graph steps run as one launch, except every 8th, which runs the phase graphs so
   // the draft/verify split stays measured.
   const bool timed = !(g && !host) || fixed_steps_ % 8 == 0;

@@ -138,13 +138,16 @@ LogitsConstraints::LogitsConstraints(const GenerateParams& p, const std::vector<
     min_stop_.insert(min_stop_.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
   }
   if (p.structured && p.structured->compiled) {
-    matcher_ = std::make_unique<grammar::Matcher>(p.structured->compiled);
+    compiled_ = p.structured->compiled;
+    matcher_ = std::make_unique<grammar::Matcher>(compiled_);
     think_start_ = p.structured->think_start;
     think_end_ = p.structured->think_end;
+    trigger_ = p.structured->trigger;
+    trigger_repeat_ = p.structured->trigger_repeat;
     switch (p.structured->reasoning) {
       case StructuredRequest::Reasoning::qwen3: phase_ = Phase::first_optional_think; break;
       case StructuredRequest::Reasoning::deepseek_r1: phase_ = Phase::reasoning; break;
-      default: phase_ = Phase::active;
+      default: phase_ = trigger_.empty() ? Phase::active : Phase::free;
     }
     mask_.assign(size_t(matcher_->grammar().vocab().mask_words()), 0);
     start_mask();
@@ -156,9 +159,15 @@ LogitsConstraints::~LogitsConstraints() {
   cv_.wait(lk, [&] { return !pending_; });
 }
 
+bool LogitsConstraints::grammar_applies() const {
+  if (!matcher_ || failed_ || matcher_->is_terminated()) return false;
+  // qwen3's optional <think> opens the grammar itself, or free text when it is triggered.
+  return phase_ == Phase::active || (phase_ == Phase::first_optional_think && trigger_.empty());
+}
+
 void LogitsConstraints::start_mask() {
   mask_valid_ = false;
-  if (!matcher_ || phase_ == Phase::reasoning || failed_) return;
+  if (!grammar_applies()) return;
   {
     std::lock_guard<std::mutex> lk(mu_);
     pending_ = true;
@@ -166,10 +175,14 @@ void LogitsConstraints::start_mask() {
   mask_pool_run([this] { compute_mask(); });
 }
 
-void LogitsConstraints::compute_mask() {
-  matcher_->fill_bitmask(mask_.data());
+void LogitsConstraints::fill_mask(uint32_t* row) {
+  matcher_->fill_bitmask(row);
   if (phase_ == Phase::first_optional_think && think_start_ >= 0 && think_start_ < int32_t(mask_.size() * 32))
-    mask_[size_t(think_start_ >> 5)] |= 1u << (think_start_ & 31);
+    row[size_t(think_start_ >> 5)] |= 1u << (think_start_ & 31);
+}
+
+void LogitsConstraints::compute_mask() {
+  fill_mask(mask_.data());
   std::lock_guard<std::mutex> lk(mu_);
   mask_valid_ = true;
   pending_ = false;
@@ -178,7 +191,7 @@ void LogitsConstraints::compute_mask() {
 
 const uint32_t* LogitsConstraints::wait_mask() {
   // A finished grammar allows nothing: its request is done, its row is left alone.
-  if (!matcher_ || phase_ == Phase::reasoning || failed_ || matcher_->is_terminated()) return nullptr;
+  if (!grammar_applies()) return nullptr;
   std::unique_lock<std::mutex> lk(mu_);
   if (!pending_ && !mask_valid_) {  // never scheduled (cannot happen today): compute inline
     lk.unlock();
@@ -190,6 +203,10 @@ const uint32_t* LogitsConstraints::wait_mask() {
 }
 
 void LogitsConstraints::apply(float* l, int64_t vocab, int n_generated) {
+  apply_with(l, vocab, n_generated, nullptr);
+}
+
+void LogitsConstraints::apply_with(float* l, int64_t vocab, int n_generated, const uint32_t* m) {
   for (auto& [id, b] : bias_)
     if (id >= 0 && id < vocab) l[id] += b;
   const bool ban_stop = n_generated < min_tokens_;
@@ -201,7 +218,7 @@ void LogitsConstraints::apply(float* l, int64_t vocab, int n_generated) {
         saved.emplace_back(id, l[id]);
         l[id] = -INFINITY;
       }
-  const uint32_t* m = wait_mask();
+  if (!spec_ || spec_steps_ == 0) m = wait_mask();
   if (!m) return;
   const int64_t covered = std::min<int64_t>(vocab, int64_t(mask_.size()) * 32);
   bool any = false;
@@ -227,22 +244,105 @@ void LogitsConstraints::accept(int32_t t) {
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait(lk, [&] { return !pending_; });
   }
+  advance(t);
+  if (!matcher_->is_terminated()) start_mask();
+}
+
+void LogitsConstraints::enter_free_text() {
+  phase_ = trigger_.empty() ? Phase::active : Phase::free;
+  tail_.clear();
+}
+
+void LogitsConstraints::free_text(int32_t t) {
+  const grammar::Vocab& v = compiled_->vocab();
+  if (t < 0 || t >= v.size()) return;
+  tail_ += v.bytes(t);  // specials too: a trigger may be one special token
+  const size_t at = tail_.find(trigger_);
+  if (at == std::string::npos) {
+    if (tail_.size() >= trigger_.size()) tail_.erase(0, tail_.size() - (trigger_.size() - 1));
+    return;
+  }
+  // The token may run past the trigger ("<tool_call" + ">\n"): the rest is the grammar's first
+  // bytes. A rest the grammar rejects leaves the text free (the parser then sees no valid call).
+  const std::string rest = tail_.substr(at + trigger_.size());
+  tail_.clear();
+  if (!rest.empty()) {
+    if (!matcher_->accept_bytes(rest)) return;
+    if (spec_) ++matcher_steps_;
+  }
+  phase_ = Phase::active;
+}
+
+bool LogitsConstraints::advance(int32_t t) {
   switch (phase_) {
     case Phase::reasoning:
-      if (t == think_end_) phase_ = Phase::active;
-      break;
+      if (t == think_end_) enter_free_text();
+      return true;
+    case Phase::free:
+      free_text(t);
+      return true;
     case Phase::first_optional_think:
       if (t == think_start_) {
         phase_ = Phase::reasoning;
-        break;
+        return true;
       }
-      phase_ = Phase::active;
+      enter_free_text();
+      if (phase_ == Phase::free) {
+        free_text(t);
+        return true;
+      }
       [[fallthrough]];
     case Phase::active:
-      if (!matcher_->accept_token(t)) failed_ = true;
-      break;
+      if (!matcher_->accept_token(t)) {
+        failed_ = true;
+        return false;
+      }
+      if (spec_) ++matcher_steps_;
+      // A triggered match ends with its end tag (can_terminate: nothing else may follow).
+      if (!trigger_.empty() && trigger_repeat_ && !matcher_->is_terminated() && matcher_->can_terminate()) {
+        enter_free_text();
+        if (spec_) return false;  // the fresh matcher is accept()'s to make
+        matcher_ = std::make_unique<grammar::Matcher>(compiled_);
+      }
+      return true;
   }
-  if (!matcher_->is_terminated()) start_mask();
+  return true;
+}
+
+void LogitsConstraints::spec_begin() {
+  spec_ = true;
+  spec_steps_ = matcher_steps_ = 0;
+  spec_phase_ = phase_;
+  spec_failed_ = failed_;
+  spec_tail_ = tail_;
+  if (!matcher_) return;
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return !pending_; });  // the background mask of the current state is done
+}
+
+void LogitsConstraints::spec_apply(float* l, int64_t vocab, int n_generated) {
+  const uint32_t* m = nullptr;
+  if (spec_steps_ > 0 && grammar_applies()) {
+    spec_mask_.resize(mask_.size());
+    fill_mask(spec_mask_.data());
+    m = spec_mask_.data();
+  }
+  apply_with(l, vocab, n_generated, m);
+}
+
+bool LogitsConstraints::spec_advance(int32_t t) {
+  ++spec_steps_;
+  if (!matcher_ || failed_) return !failed_;
+  return advance(t);
+}
+
+void LogitsConstraints::spec_end() {
+  if (matcher_ && matcher_steps_ > 0) matcher_->rollback(matcher_steps_);
+  phase_ = spec_phase_;
+  failed_ = spec_failed_;
+  tail_ = std::move(spec_tail_);
+  spec_ = false;
+  spec_steps_ = matcher_steps_ = 0;
 }
 
 bool LogitsConstraints::grammar_done() const { return matcher_ && matcher_->is_terminated(); }

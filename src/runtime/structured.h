@@ -43,6 +43,13 @@ struct StructuredRequest {
   std::shared_ptr<const grammar::CompiledGrammar> compiled;  // set by GrammarCache::prepare
   Reasoning reasoning = Reasoning::none;
   int32_t think_start = -1, think_end = -1;  // set by GrammarCache::prepare when reasoning != none
+  // A triggered grammar (tool_choice auto: free text or tool calls). Non-empty: the output is free
+  // (no mask) until its bytes contain `trigger` (e.g. "<tool_call>"); the grammar then matches
+  // what follows the trigger, ending with the end tag (it must be able to end only there). Once
+  // it ends: `trigger_repeat` -- free text again, the next trigger starts a fresh match;
+  // otherwise only a stop id may follow (parallel_tool_calls: false).
+  std::string trigger;
+  bool trigger_repeat = true;
 };
 
 // Compiled grammars by key (LRU, `capacity` entries) over one tokenizer's vocabulary; the vocab
@@ -95,14 +102,41 @@ class LogitsConstraints {
   // null when the grammar does not apply at this step).
   const uint32_t* wait_mask();
 
+  // Speculative verify (EAGLE3, runtime/spec_worker.cpp): the verify rows of one request are
+  // positions past the current state. spec_begin() opens a tentative walk from the current state;
+  // spec_apply() constrains the logits of the next verify position (the state after the drafts
+  // spec_advance()d so far: its mask is computed inline, the walk is a few tokens); spec_advance()
+  // moves the walk over an accepted draft (false: the grammar rejects it, the walk stops);
+  // spec_end() rolls the matcher back to where spec_begin() found it. The engine then accept()s
+  // the tokens it keeps, as in plain decoding, so rejected drafts leave no trace.
+  void spec_begin();
+  void spec_apply(float* logits, int64_t vocab, int n_generated);
+  bool spec_advance(int32_t token);
+  void spec_end();
+
  private:
-  enum class Phase { first_optional_think, reasoning, active };
+  // first_optional_think -> reasoning -> active, or straight to active; with a trigger, `free`
+  // replaces active outside a triggered match.
+  enum class Phase { first_optional_think, reasoning, free, active };
+  bool grammar_applies() const;  // the current state has a mask
   void start_mask();  // schedules compute_mask on the pool
   void compute_mask();
+  void fill_mask(uint32_t* row);  // the current state's mask (plus <think> when optional)
+  // biases, min_tokens, then mask m (null: no grammar at this position)
+  void apply_with(float* logits, int64_t vocab, int n_generated, const uint32_t* m);
+  // The grammar part of accept(): phase gate, then the matcher. Inside spec_begin..spec_end it
+  // counts matcher steps (for the rollback) and returns false where the walk must stop: a
+  // triggered match ended and the next one needs a fresh matcher (made only by accept()).
+  bool advance(int32_t token);
+  void enter_free_text();  // reasoning ended / a triggered match ended with repeat
+  void free_text(int32_t token);  // scans for the trigger; may enter the grammar
   std::vector<std::pair<int32_t, float>> bias_;
   std::vector<int32_t> min_stop_;
   int min_tokens_ = 0;
   std::unique_ptr<grammar::Matcher> matcher_;
+  std::shared_ptr<const grammar::CompiledGrammar> compiled_;  // for a fresh matcher per triggered match
+  std::string trigger_, tail_;  // tail_: the last bytes of free text (a possible trigger prefix)
+  bool trigger_repeat_ = true;
   Phase phase_ = Phase::active;
   int32_t think_start_ = -1, think_end_ = -1;
   bool failed_ = false;
@@ -111,6 +145,13 @@ class LogitsConstraints {
   std::mutex mu_;
   std::condition_variable cv_;
   bool pending_ = false;
+  // spec_begin() .. spec_end(): the saved gate and how many matcher tokens to roll back.
+  bool spec_ = false;
+  Phase spec_phase_ = Phase::active;
+  bool spec_failed_ = false;
+  std::string spec_tail_;
+  size_t spec_steps_ = 0, matcher_steps_ = 0;
+  std::vector<uint32_t> spec_mask_;
 };
 
 // Host threads that compute next-step masks off the engine thread (process-wide, started on

@@ -272,10 +272,15 @@ Json delta_json(const ChatDelta& d, int& tool_index) {
     Json calls = Json::array();
     for (auto& c : d.tool_calls) {
       Json tc = Json::object();
-      tc["index"] = tool_index++;
-      tc["id"] = c.id;
-      tc["type"] = "function";
-      tc["function"] = Json{{"name", c.name}, {"arguments", c.arguments}};
+      if (c.continuation) {  // streamed arguments: a fragment of the last call's
+        tc["index"] = tool_index - 1;
+        tc["function"] = Json{{"arguments", c.arguments}};
+      } else {
+        tc["index"] = tool_index++;
+        tc["id"] = c.id;
+        tc["type"] = "function";
+        tc["function"] = Json{{"name", c.name}, {"arguments", c.arguments}};
+      }
       calls.push_back(std::move(tc));
     }
     o["tool_calls"] = std::move(calls);
@@ -444,6 +449,10 @@ struct HttpServer::Impl final : http::Handler {
                             "output constraint", "tool_choice");
       cr.structured = tool_call_structured(cr.tools, cr.tool_choice == ToolChoice::named ? cr.tool_choice_name : "",
                                            cr.parallel_tool_calls, tool_kind());
+    } else if (cr.tool_choice == ToolChoice::auto_ && !cr.structured && opts.tool_choice_auto_grammar &&
+               cr.tools.is_array() && !cr.tools.empty() && tool_kind() == ToolCallParser::Kind::hermes) {
+      // auto: free text, but a call the model starts is enforced (a triggered grammar).
+      cr.structured = tool_call_triggered(cr.tools, cr.parallel_tool_calls);
     }
     if (cr.structured) {
       if (rkind == ReasoningParser::Kind::qwen3) cr.structured->reasoning = StructuredRequest::Reasoning::qwen3;
@@ -680,9 +689,13 @@ http::Result HttpServer::Impl::chat(std::shared_ptr<Backend> b, const http::Requ
   auto started = std::make_shared<std::vector<bool>>(njobs, false);
   auto parsers = std::make_shared<std::vector<ChatOutputParser>>();
   auto tool_idx = std::make_shared<std::vector<int>>(njobs, 0);
-  for (size_t i = 0; i < njobs; ++i) parsers->emplace_back(rk, tk);
+  auto heads_seen = std::make_shared<std::vector<int>>(njobs, 0);  // parallel_tool_calls false: kept + dropped
+  for (size_t i = 0; i < njobs; ++i) {
+    parsers->emplace_back(rk, tk);
+    parsers->back().set_incremental_tool_calls(true);  // arguments stream as they are generated
+  }
   GenProducer* self = prod.get();
-  prod->on_event = [started, parsers, tool_idx, piece, want_lp, top, parallel, self](int i, const StreamEvent& ev,
+  prod->on_event = [started, parsers, tool_idx, heads_seen, piece, want_lp, top, parallel, self](int i, const StreamEvent& ev,
                                                                                       std::string& w) {
     auto chunk = [&](Json delta, Json lp, Json finish) {
       Json c = Json::object();
@@ -707,9 +720,14 @@ http::Result HttpServer::Impl::chat(std::shared_ptr<Backend> b, const http::Requ
       d.content += end.content;
       for (auto& c : end.tool_calls) d.tool_calls.push_back(std::move(c));
     }
-    if (!parallel) {  // parallel_tool_calls: false -- at most one call per choice
-      const size_t room = (*tool_idx)[i] >= 1 ? 0 : 1;
-      if (d.tool_calls.size() > room) d.tool_calls.resize(room);
+    if (!parallel) {  // parallel_tool_calls: false -- at most one call per choice (and its fragments)
+      int& heads = (*heads_seen)[size_t(i)];
+      std::vector<ToolCall> keep;
+      for (auto& c : d.tool_calls) {
+        if (!c.continuation) ++heads;
+        if (heads <= 1) keep.push_back(std::move(c));
+      }
+      d.tool_calls = std::move(keep);
     }
     Json lp = nullptr;
     if (want_lp && !ev.logprobs.empty()) lp = Json{{"content", chat_logprobs_content(ev.logprobs, top, piece)}};

@@ -32,6 +32,9 @@ struct ServerOptions {
   std::string served_model_name;    // defaults to model_path
   std::string chat_template_file;   // --chat-template
   std::string tool_call_parser;     // --tool-call-parser
+  // --tool-choice-auto-grammar: tool_choice auto (hermes syntax) enforces the call's grammar
+  // from the model's <tool_call> on (free text before and after).
+  bool tool_choice_auto_grammar = true;
   std::string reasoning_parser;     // --reasoning-parser
   size_t max_request_bytes = 32u << 20;  // -> limits.max_body_bytes
   int http_threads = 2;             // I/O threads (every connection is served by these)

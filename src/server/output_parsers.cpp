@@ -199,12 +199,29 @@ void ToolCallParser::feed(std::string_view text, std::string& content, std::vect
         return;
       }
       case State::call: {
+        if (incremental_ && !streaming_ && !head_failed_) {
+          int h = try_head(calls);
+          if (h < 0) head_failed_ = true;
+        }
+        if (streaming_) {
+          stream_args(calls);
+          if (!args_done_) return;  // the value is open: a close tag inside it is string text
+          size_t pos = buf_.find(kCallClose, args_pos_);
+          if (pos == std::string::npos) return;
+          std::string rest = buf_.substr(pos + kCallClose.size());
+          buf_ = std::move(rest);
+          streaming_ = head_failed_ = args_done_ = false;
+          ws_.clear();
+          state_ = State::text;
+          continue;
+        }
         size_t pos = buf_.find(kCallClose);
         if (pos == std::string::npos) return;
         std::string rest = buf_.substr(pos + kCallClose.size());
         buf_.resize(pos);
         close_call(content, calls, true);
         buf_ = std::move(rest);
+        head_failed_ = false;
         state_ = State::text;
         continue;
       }
@@ -227,10 +244,108 @@ void ToolCallParser::feed(std::string_view text, std::string& content, std::vect
   }
 }
 
+namespace {
+// Reads a JSON string at s[i] ('"'): 1 = complete (its value in `out`, i past it), 0 = the
+// text ends inside it, -1 = not a string.
+int read_json_string(std::string_view s, size_t& i, std::string& out) {
+  if (i >= s.size()) return 0;
+  if (s[i] != '"') return -1;
+  size_t j = i + 1;
+  bool esc = false;
+  for (; j < s.size(); ++j) {
+    if (esc) esc = false;
+    else if (s[j] == '\\') esc = true;
+    else if (s[j] == '"') break;
+  }
+  if (j >= s.size()) return 0;
+  Json v = Json::parse(s.substr(i, j + 1 - i), nullptr, false);
+  if (v.is_discarded() || !v.is_string()) return -1;
+  out = v.get<std::string>();
+  i = j + 1;
+  return 1;
+}
+}  // namespace
+
+int ToolCallParser::try_head(std::vector<ToolCall>& calls) {
+  // {"name": "N", "arguments": {   (any whitespace; "parameters" too)
+  std::string_view s = buf_;
+  size_t i = 0;
+  auto ws = [&] {
+    while (i < s.size() && is_ws(s[i])) ++i;
+    return i < s.size();
+  };
+  auto ch = [&](char c) -> int {
+    if (!ws()) return 0;
+    if (s[i] != c) return -1;
+    ++i;
+    return 1;
+  };
+  std::string key, name;
+  int r;
+  if ((r = ch('{')) <= 0) return r;
+  if (!ws()) return 0;
+  if ((r = read_json_string(s, i, key)) <= 0) return r;
+  if (key != "name") return -1;
+  if ((r = ch(':')) <= 0) return r;
+  if (!ws()) return 0;
+  if ((r = read_json_string(s, i, name)) <= 0) return r;
+  if (name.empty()) return -1;
+  if ((r = ch(',')) <= 0) return r;
+  if (!ws()) return 0;
+  if ((r = read_json_string(s, i, key)) <= 0) return r;
+  if (key != "arguments" && key != "parameters") return -1;
+  if ((r = ch(':')) <= 0) return r;
+  if (!ws()) return 0;
+  if (s[i] != '{') return -1;  // only object arguments stream (a string-encoded one waits)
+  ToolCall c;
+  c.id = random_id("call_");
+  c.name = std::move(name);
+  calls.push_back(std::move(c));
+  ++ncalls_;
+  streaming_ = true;
+  args_done_ = false;
+  args_pos_ = i;
+  depth_ = 0;
+  in_str_ = esc_ = false;
+  return 1;
+}
+
+void ToolCallParser::stream_args(std::vector<ToolCall>& calls) {
+  size_t i = args_pos_;
+  for (; i < buf_.size() && !args_done_; ++i) {
+    char c = buf_[i];
+    if (in_str_) {
+      if (esc_) esc_ = false;
+      else if (c == '\\') esc_ = true;
+      else if (c == '"') in_str_ = false;
+    } else if (c == '"') {
+      in_str_ = true;
+    } else if (c == '{' || c == '[') {
+      ++depth_;
+    } else if (c == '}' || c == ']') {
+      if (--depth_ == 0) args_done_ = true;
+    }
+  }
+  if (i == args_pos_) return;
+  ToolCall frag;
+  frag.continuation = true;
+  frag.arguments = buf_.substr(args_pos_, i - args_pos_);
+  // Merged into the head when it is in the same delta, so a call's first chunk carries text.
+  if (!calls.empty() && !calls.back().continuation && calls.back().arguments.empty()) calls.back().arguments = frag.arguments;
+  else calls.push_back(std::move(frag));
+  args_pos_ = i;
+}
+
 void ToolCallParser::finish(std::string& content, std::vector<ToolCall>& calls) {
   if (kind_ == Kind::none) return;
   switch (state_) {
     case State::call:
+      if (streaming_) {  // cut inside the arguments (max_tokens): what streamed stays
+        stream_args(calls);
+        streaming_ = head_failed_ = args_done_ = false;
+        break;
+      }
+      head_failed_ = false;
       close_call(content, calls, false);
       break;
     case State::json: {
@@ -283,14 +398,14 @@ ChatDelta ChatOutputParser::finish() {
 }
 
 // --- tool_choice by grammar -----------------------------------------------------------------------
-std::shared_ptr<StructuredRequest> tool_call_structured(const Json& tools, const std::string& only_name, bool parallel,
-                                                        ToolCallParser::Kind kind) {
-  TS_CHECK(kind != ToolCallParser::Kind::none, "tool_call_structured: no tool-call parser");
-  grammar::Grammar g;
+namespace {
+// The alternatives {"name": "N", "arguments"|"parameters": ARGS} of `tools` into `g`; the cache
+// key part in `key`. Returns the node of their alternation.
+int tool_call_bodies(grammar::Grammar& g, const Json& tools, const std::string& only_name, ToolCallParser::Kind kind,
+                     std::string& key) {
   grammar::JsonSchemaOptions opt;
   opt.any_whitespace = false;
   std::vector<int> alts;
-  std::string key = fmt::format("kind={} parallel={}\n", int(kind), parallel);
   for (size_t i = 0; i < tools.size(); ++i) {
     const Json& f = tools[i]["function"];
     std::string name = f["name"].get<std::string>();
@@ -317,8 +432,17 @@ std::shared_ptr<StructuredRequest> tool_call_structured(const Json& tools, const
     key += name + "\n" + (pit == f.end() ? std::string("{}") : pit->dump()) + "\n";
   }
   TS_CHECK(!alts.empty(), "tool_call_structured: no tool named '{}'", only_name);
+  return g.alt(alts);
+}
+}  // namespace
+
+std::shared_ptr<StructuredRequest> tool_call_structured(const Json& tools, const std::string& only_name, bool parallel,
+                                                        ToolCallParser::Kind kind) {
+  TS_CHECK(kind != ToolCallParser::Kind::none, "tool_call_structured: no tool-call parser");
+  grammar::Grammar g;
+  std::string key = fmt::format("kind={} parallel={}\n", int(kind), parallel);
+  int body = tool_call_bodies(g, tools, only_name, kind, key);
   int call_rule = g.rule("tool-call");
-  int body = g.alt(alts);
   if (kind == ToolCallParser::Kind::hermes) body = g.seq({g.lit("<tool_call>\n"), body, g.lit("\n</tool_call>")});
   g.define(call_rule, body);
   int root = g.rule("root");
@@ -329,6 +453,27 @@ std::shared_ptr<StructuredRequest> tool_call_structured(const Json& tools, const
   out->kind = "tool_call";
   out->key = "tool_call\n" + key;
   out->ir = std::make_shared<const grammar::Grammar>(std::move(g));
+  return out;
+}
+
+}  // namespace ts::server
+
+namespace ts::server {
+
+std::shared_ptr<StructuredRequest> tool_call_triggered(const Json& tools, bool parallel) {
+  grammar::Grammar g;
+  std::string key = fmt::format("triggered parallel={}\n", parallel);
+  int body = tool_call_bodies(g, tools, "", ToolCallParser::Kind::hermes, key);
+  // What follows the trigger; the end tag is where the grammar ends (can_terminate only there).
+  int root = g.rule("root");
+  g.define(root, g.seq({g.lit("\n"), body, g.lit("\n"), g.lit(std::string(kCallClose))}));
+  g.set_root(root);
+  auto out = std::make_shared<StructuredRequest>();
+  out->kind = "tool_call_auto";
+  out->key = "tool_call_auto\n" + key;
+  out->ir = std::make_shared<const grammar::Grammar>(std::move(g));
+  out->trigger = std::string(kCallOpen);
+  out->trigger_repeat = parallel;
   return out;
 }
 

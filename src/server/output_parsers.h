@@ -20,6 +20,10 @@ struct ToolCall {
   std::string id;         // "call_…"
   std::string name;
   std::string arguments;  // a JSON string
+  // Incremental parsing (ToolCallParser::set_incremental): a call arrives as its head (id, name,
+  // arguments so far) and then fragments (continuation: only `arguments`, to append to the
+  // last head's); the fragments concatenate to the arguments' JSON text.
+  bool continuation = false;
 };
 
 // One step of parsed output: any of the three may be empty.
@@ -59,15 +63,29 @@ class ToolCallParser {
   void feed(std::string_view text, std::string& content, std::vector<ToolCall>& calls);
   void finish(std::string& content, std::vector<ToolCall>& calls);
   int num_calls() const { return ncalls_; }
+  // hermes: a call whose text opens as {"name": "N", "arguments": { is returned as soon as that
+  // head is complete and its arguments then stream as continuation fragments (OpenAI's streamed
+  // tool_calls shape). The call is then committed: a call that later fails to parse is not
+  // turned back into content. Other shapes (keys in another order) wait for the close tag.
+  void set_incremental(bool on) { incremental_ = on; }
 
  private:
   void emit_text(std::string_view s, std::string& content);
   void close_call(std::string& content, std::vector<ToolCall>& calls, bool closed);
+  // Incremental: 1 = head parsed (emits it), 0 = need more text, -1 = not this shape.
+  int try_head(std::vector<ToolCall>& calls);
+  void stream_args(std::vector<ToolCall>& calls);  // emits buf_ from args_pos_ up to the value's end
   enum class State { text, call, start, json };
   Kind kind_;
   State state_;
   std::string buf_, ws_;
   int ncalls_ = 0;
+  bool incremental_ = false;
+  // The current call (incremental): head emitted, how far buf_ was emitted, the value's scan state.
+  bool streaming_ = false, head_failed_ = false, args_done_ = false;
+  size_t args_pos_ = 0;
+  int depth_ = 0;
+  bool in_str_ = false, esc_ = false;
 };
 
 // Both parsers chained: reasoning first, the content then goes through the tool parser.
@@ -77,6 +95,7 @@ class ChatOutputParser {
   ChatDelta feed(std::string_view text);
   ChatDelta finish();
   bool has_tool_calls() const { return tools_.num_calls() > 0; }
+  void set_incremental_tool_calls(bool on) { tools_.set_incremental(on); }
 
  private:
   ReasoningParser reasoning_;
@@ -91,6 +110,12 @@ class ChatOutputParser {
 // `parallel` false: exactly one call. An invalid parameters schema is a 400 naming the tool.
 std::shared_ptr<StructuredRequest> tool_call_structured(const nlohmann::ordered_json& tools, const std::string& only_name,
                                                         bool parallel, ToolCallParser::Kind kind);
+
+// tool_choice auto, hermes syntax: a triggered grammar (StructuredRequest::trigger): free text
+// until the model writes <tool_call>, then the call must be "\n" + {"name": N, "arguments":
+// ARGS} (N one of `tools`, ARGS following its schema) + "\n</tool_call>"; then free text again
+// (`parallel`) or the end.
+std::shared_ptr<StructuredRequest> tool_call_triggered(const nlohmann::ordered_json& tools, bool parallel);
 
 // Parses one tool-call JSON object ({"name", "arguments"|"parameters"}) into `call` (id left
 // empty); false when it is not one.

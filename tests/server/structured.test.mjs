@@ -195,6 +195,73 @@ test('tool_choice required / named / parallel_tool_calls false are enforced by g
   assert.equal(none.choices[0].message.tool_calls ?? undefined, undefined);
 });
 
+test('streamed tool calls: a head delta (id, type, name), then argument fragments as they are generated', async (t) => {
+  if (!haveChat) return t.skip('no Jinja engine');
+  for (const tool_choice of ['required', { type: 'function', function: { name: 'get_weather' } }]) {
+    const stream = await client.chat.completions.create({ model: MODEL, max_tokens: 120, temperature: 0, stream: true,
+      tools: [weatherTool, timeTool], tool_choice, parallel_tool_calls: false, messages: user('Weather in Paris?') });
+    const calls = [];
+    let fragments = 0;
+    let finish = null;
+    for await (const ch of stream) {
+      for (const d of ch.choices[0]?.delta?.tool_calls ?? []) {
+        if (d.id) {
+          assert.equal(d.type, 'function');
+          assert.ok(d.function.name, JSON.stringify(d));
+          assert.equal(d.index, calls.length);
+          calls.push({ name: d.function.name, args: d.function.arguments ?? '' });
+        } else {
+          assert.equal(d.index, calls.length - 1, JSON.stringify(d));
+          assert.equal(d.function.name, undefined);
+          calls[d.index].args += d.function.arguments;
+        }
+        ++fragments;
+      }
+      finish = ch.choices[0]?.finish_reason ?? finish;
+    }
+    assert.equal(calls.length, 1, JSON.stringify(calls));
+    assert.ok(fragments > 2, `arguments arrived in ${fragments} deltas`);
+    assert.equal(finish, 'tool_calls');
+    const schema = calls[0].name === 'get_weather' ? weatherTool.function.parameters : timeTool.function.parameters;
+    validate(schema, JSON.parse(calls[0].args));
+    // The same request unstreamed: the same call.
+    const whole = await client.chat.completions.create({ model: MODEL, max_tokens: 120, temperature: 0,
+      tools: [weatherTool, timeTool], tool_choice, parallel_tool_calls: false, messages: user('Weather in Paris?') });
+    assert.equal(whole.choices[0].message.tool_calls[0].function.name, calls[0].name);
+    assert.deepEqual(JSON.parse(whole.choices[0].message.tool_calls[0].function.arguments), JSON.parse(calls[0].args));
+  }
+});
+
+test('tool_choice auto: free text stays free; a call the model starts is enforced by the triggered grammar', async (t) => {
+  if (!haveChat) return t.skip('no Jinja engine');
+  // The demo model copies <tool_call> blocks from its prompt (with other cities, without "days");
+  // the tool only allows Lima/Quito and requires days: a parsed call can only be valid if the
+  // grammar took over at <tool_call>.
+  const tool = { type: 'function', function: { name: 'get_weather', parameters: { type: 'object',
+    properties: { city: { enum: ['Lima', 'Quito'] }, days: { type: 'integer', minimum: 1, maximum: 7 } },
+    required: ['city', 'days'], additionalProperties: false } } };
+  const pat = ['Paris', 'Rome', 'Oslo', 'Bern', 'Lima', 'Kyiv']
+    .map((c) => `<tool_call>\n{"name": "get_weather", "arguments": {"city": "${c}"}}\n</tool_call>\n`).join('');
+  const messages = [{ role: 'system', content: pat }, { role: 'user', content: pat }];
+  let called = 0;
+  for (const extra of [{ temperature: 0 }, { temperature: 0.8, seed: 1, n: 3 }]) {
+    const r = await client.chat.completions.create({ model: MODEL, max_tokens: 100, tools: [tool], messages, ...extra });
+    for (const c of r.choices) {
+      assert.ok(['stop', 'length', 'tool_calls'].includes(c.finish_reason), JSON.stringify(c));
+      for (const call of c.message.tool_calls ?? []) {
+        ++called;
+        assert.equal(call.function.name, 'get_weather');
+        validate(tool.function.parameters, JSON.parse(call.function.arguments));
+      }
+    }
+    if (extra.temperature === 0) assert.ok(called >= 1, JSON.stringify(r.choices[0].message));
+  }
+  t.diagnostic(`${called} enforced calls`);
+  // tool_choice none: nothing enforced or parsed (the copied blocks stay text).
+  const none = await client.chat.completions.create({ model: MODEL, max_tokens: 100, temperature: 0, tools: [tool], tool_choice: 'none', messages });
+  assert.equal(none.choices[0].message.tool_calls ?? undefined, undefined);
+});
+
 test('logit_bias and min_tokens are applied in the sampler', async () => {
   const C = `${srv.url}/v1/completions`;
   // A +100 bias on one id makes greedy decoding repeat it.
@@ -243,19 +310,24 @@ test('LangChain ChatOpenAI withStructuredOutput (function calling and json_schem
   }
 });
 
-test('structured outputs with EAGLE3 speculative decoding: a clear 400, plain requests still served', async () => {
+test('structured outputs with EAGLE3 speculative decoding: valid, and greedy equals the plain server', async () => {
   const spec = await startServer(['--speculative-algorithm', 'EAGLE3', '--speculative-draft-model-path', path.join(ROOT, 'models/pycoder-eagle3')]);
   try {
-    const C = `${spec.url}/v1/completions`;
-    for (const [fields, param] of [[{ guided_choice: ['a', 'b'] }, 'response_format'], [{ logit_bias: { 5: 1 } }, 'logit_bias'],
-      [{ min_tokens: 2 }, 'min_tokens']]) {
-      const r = await postJson(C, { prompt: 'def f(x):', max_tokens: 4, ...fields });
-      assert.equal(r.status, 400, r.text);
-      assert.match(r.json.error.message, /speculative/);
-      assert.equal(r.json.error.param, param);
+    const C = '/v1/completions';
+    const schema = { type: 'object', properties: { n: { type: 'integer', minimum: 0, maximum: 99 }, tag: { enum: ['a', 'b'] } },
+      required: ['n', 'tag'], additionalProperties: false };
+    for (const fields of [{ guided_choice: ['alpha', 'beta'] }, { guided_json: schema }, { regex: 'id_[0-9]{4}' },
+      { logit_bias: { 5: 1 } }, { min_tokens: 2 }]) {
+      const body = { prompt: 'def f(x):', max_tokens: 48, temperature: 0, ...fields };
+      const got = await postJson(spec.url + C, body);
+      const want = await postJson(srv.url + C, body);
+      assert.equal(got.status, 200, got.text);
+      assert.equal(got.json.choices[0].text, want.json.choices[0].text, JSON.stringify(fields));
+      if (fields.guided_json) validate(schema, JSON.parse(got.json.choices[0].text));
     }
-    const ok = await postJson(C, { prompt: 'def f(x):', max_tokens: 4, temperature: 0 });
-    assert.equal(ok.status, 200, ok.text);
+    const sampled = await postJson(spec.url + C, { prompt: 'def f(x):', max_tokens: 48, temperature: 1, seed: 3, n: 3, guided_json: schema });
+    assert.equal(sampled.status, 200, sampled.text);
+    for (const c of sampled.json.choices) validate(schema, JSON.parse(c.text));
   } finally {
     await spec.stop();
   }

@@ -226,5 +226,94 @@ TEST(Structured, SampleBatchFollowsJsonSchema) {
   }
 }
 
+// tool_choice auto: free text until the trigger, then the grammar up to its end tag, then free
+// text again (repeat) or only a stop id (no repeat).
+std::shared_ptr<LogitsConstraints> triggered(bool repeat) {
+  auto s = std::make_shared<StructuredRequest>(*structured(grammar::choice_grammar({"\nA\n</tc>", "\nBB\n</tc>"})));
+  s->trigger = "<tc>";
+  s->trigger_repeat = repeat;
+  GenerateParams p;
+  p.structured = s;
+  return LogitsConstraints::make(p, {kStop});
+}
+
+int allowed_after(LogitsConstraints& c) {
+  auto l = flat_logits();
+  c.apply(l.data(), kV, 0);
+  return allowed(l);
+}
+
+void feed(LogitsConstraints& c, const std::string& s) {
+  for (char ch : s) c.accept(uint8_t(ch));
+}
+
+TEST(Structured, TriggeredGrammarFreeTextThenCallThenFreeText) {
+  auto c = triggered(true);
+  EXPECT_EQ(allowed_after(*c), kV);  // free text: no mask
+  feed(*c, "hi <t <tc");            // a broken trigger, then a trigger prefix
+  EXPECT_EQ(allowed_after(*c), kV);
+  feed(*c, ">");  // the trigger: the grammar starts
+  EXPECT_EQ(allowed_after(*c), 1);  // '\n'
+  feed(*c, "\nB");
+  auto l = flat_logits();
+  c->apply(l.data(), kV, 0);
+  EXPECT_EQ(allowed(l), 1);
+  EXPECT_NE(l['B'], -INFINITY);
+  feed(*c, "B\n</tc");
+  EXPECT_EQ(allowed_after(*c), 1);  // '>' only: no stop id inside a call
+  feed(*c, ">");
+  EXPECT_EQ(allowed_after(*c), kV);  // free text again
+  feed(*c, "ok <tc>\nA\n</tc>");     // a second call, from a fresh matcher
+  EXPECT_EQ(allowed_after(*c), kV);
+  EXPECT_FALSE(c->failed());
+  EXPECT_FALSE(c->grammar_done());
+}
+
+TEST(Structured, TriggeredGrammarWithoutRepeatEndsAfterOneCall) {
+  auto c = triggered(false);
+  feed(*c, "<tc>\nA\n</tc>");
+  auto l = flat_logits();
+  c->apply(l.data(), kV, 0);
+  EXPECT_EQ(allowed(l), 1);
+  EXPECT_NE(l[kStop], -INFINITY);  // parallel_tool_calls false: only the end
+  c->accept(kStop);
+  EXPECT_TRUE(c->grammar_done());
+}
+
+// The speculative walk (spec_begin .. spec_end) masks each position with the state after the
+// drafts before it, stops where a triggered match ends, and leaves no trace.
+TEST(Structured, SpecWalkMasksAndRollsBack) {
+  auto c = triggered(true);
+  feed(*c, "x");
+  c->spec_begin();
+  auto l = flat_logits();
+  c->spec_apply(l.data(), kV, 0);
+  EXPECT_EQ(allowed(l), kV);
+  for (char ch : std::string("<tc>\n")) EXPECT_TRUE(c->spec_advance(uint8_t(ch)));
+  l = flat_logits();
+  c->spec_apply(l.data(), kV, 0);  // after "<tc>\n": 'A' or 'B'
+  EXPECT_EQ(allowed(l), 2);
+  for (char ch : std::string("A\n</tc")) EXPECT_TRUE(c->spec_advance(uint8_t(ch)));
+  EXPECT_FALSE(c->spec_advance('>'));  // the match ended: the next one needs a fresh matcher
+  l = flat_logits();
+  c->spec_apply(l.data(), kV, 0);  // the bonus position: free text
+  EXPECT_EQ(allowed(l), kV);
+  c->spec_end();
+  EXPECT_EQ(allowed_after(*c), kV);  // back to free text after "x"
+  feed(*c, "<tc>\n");
+  l = flat_logits();
+  c->apply(l.data(), kV, 0);
+  EXPECT_EQ(allowed(l), 2);
+  // A walk inside the grammar: a draft the grammar rejects ends it; the state is restored.
+  c->spec_begin();
+  EXPECT_TRUE(c->spec_advance('B'));
+  EXPECT_FALSE(c->spec_advance('Z'));
+  c->spec_end();
+  EXPECT_FALSE(c->failed());
+  feed(*c, "A\n</tc>");
+  EXPECT_FALSE(c->failed());
+  EXPECT_EQ(allowed_after(*c), kV);
+}
+
 }  // namespace
 }  // namespace ts

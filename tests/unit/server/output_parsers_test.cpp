@@ -93,6 +93,89 @@ TEST(ReasoningParser, Names) {
   EXPECT_THROW(ToolCallParser::kind_from_name("mistral-x"), ts::Error);
 }
 
+// Incremental (streamed) tool calls: a head (id, name) as soon as `{"name": N, "arguments": {`
+// is complete, then argument fragments; merged, they equal the non-incremental result.
+namespace {
+struct Streamed {
+  Result merged;
+  int heads = 0, fragments = 0;
+};
+
+Streamed run_incremental(RK rk, TK tk, const std::vector<std::string>& pieces) {
+  ChatOutputParser p(rk, tk);
+  p.set_incremental_tool_calls(true);
+  Streamed s;
+  auto take = [&](const ChatDelta& d) {
+    s.merged.reasoning += d.reasoning;
+    s.merged.content += d.content;
+    for (auto& c : d.tool_calls) {
+      if (c.continuation) {
+        EXPECT_FALSE(s.merged.calls.empty());
+        EXPECT_TRUE(c.id.empty() && c.name.empty());
+        if (!s.merged.calls.empty()) s.merged.calls.back().second += c.arguments;
+        ++s.fragments;
+      } else {
+        EXPECT_EQ(c.id.rfind("call_", 0), 0u);
+        s.merged.calls.emplace_back(c.name, c.arguments);
+        ++s.heads;
+      }
+    }
+  };
+  for (auto& x : pieces) take(p.feed(x));
+  take(p.finish());
+  return s;
+}
+
+void expect_incremental_equals_whole(const std::string& text, const Result& whole) {
+  for (size_t i = 0; i <= text.size(); ++i) {
+    Result r = run_incremental(RK::none, TK::hermes, {text.substr(0, i), text.substr(i)}).merged;
+    // The whole-call parser re-serialises arguments compactly; streamed ones are the model's text.
+    ASSERT_EQ(r.calls.size(), whole.calls.size()) << "split at " << i;
+    EXPECT_EQ(r.content, whole.content) << "split at " << i;
+    for (size_t k = 0; k < r.calls.size(); ++k) {
+      EXPECT_EQ(r.calls[k].first, whole.calls[k].first);
+      EXPECT_EQ(nlohmann::json::parse(r.calls[k].second), nlohmann::json::parse(whole.calls[k].second)) << "split at " << i;
+    }
+  }
+}
+}  // namespace
+
+TEST(ToolCallParser, HermesIncrementalArguments) {
+  const std::string text =
+      "I'll check both.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"a } b </tool\", "
+      "\"n\": [1, {\"x\": 2}]}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>\n";
+  Result whole = run(RK::none, TK::hermes, {text});
+  ASSERT_EQ(whole.calls.size(), 2u);
+  expect_incremental_equals_whole(text, whole);
+  std::vector<std::string> bytes;
+  for (char c : text) bytes.emplace_back(1, c);
+  Streamed s = run_incremental(RK::none, TK::hermes, bytes);
+  EXPECT_EQ(s.heads, 2);
+  EXPECT_GT(s.fragments, 20);  // byte by byte: the arguments arrive as they are written
+  EXPECT_EQ(s.merged.calls[0].second, "{\"city\": \"a } b </tool\", \"n\": [1, {\"x\": 2}]}");
+  EXPECT_EQ(s.merged.content, "I'll check both.\n");
+  // The head goes out before the arguments are complete.
+  ChatOutputParser p(RK::none, TK::hermes);
+  p.set_incremental_tool_calls(true);
+  ChatDelta d = p.feed("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"ci");
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  EXPECT_EQ(d.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(d.tool_calls[0].arguments, "{\"ci");
+  EXPECT_TRUE(p.has_tool_calls());
+}
+
+TEST(ToolCallParser, HermesIncrementalOtherShapesWaitForTheClose) {
+  // Keys in another order, string arguments, bad JSON: the whole-call path (same result).
+  for (std::string text : {"<tool_call>\n{\"arguments\": {\"a\": 1}, \"name\": \"f\"}\n</tool_call>",
+                           "<tool_call>\n{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}\n</tool_call>",
+                           "<tool_call>\nnot json\n</tool_call> tail"}) {
+    Result whole = run(RK::none, TK::hermes, {text});
+    Streamed s = run_incremental(RK::none, TK::hermes, {text.substr(0, 20), text.substr(20)});
+    EXPECT_EQ(s.merged, whole) << text;
+    EXPECT_EQ(s.fragments, 0);
+  }
+}
+
 TEST(ToolCallParser, HermesSingle) {
   // Recorded Qwen2.5 output.
   auto r = check_all_splits(RK::none, TK::hermes,

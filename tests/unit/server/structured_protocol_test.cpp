@@ -173,6 +173,20 @@ TEST(ToolChoiceGrammar, HermesRequiredAndNamed) {
   EXPECT_TRUE(content.empty()) << content;
 }
 
+// tool_choice auto: the grammar is what follows the <tool_call> trigger, up to the end tag.
+TEST(ToolChoiceGrammar, AutoIsTriggeredAtTheStartTag) {
+  Json tools = Json::parse(kTools);
+  auto s = tool_call_triggered(tools, true);
+  EXPECT_EQ(s->trigger, "<tool_call>");
+  EXPECT_TRUE(s->trigger_repeat);
+  EXPECT_FALSE(tool_call_triggered(tools, false)->trigger_repeat);  // parallel_tool_calls false: one call
+  EXPECT_TRUE(accepts(*s, "\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Oslo\",\"unit\":\"f\"}}\n</tool_call>"));
+  EXPECT_TRUE(accepts(*s, "\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>"));
+  EXPECT_FALSE(accepts(*s, "\n{\"name\": \"get_date\", \"arguments\": {}}\n</tool_call>"));  // not a listed tool
+  EXPECT_FALSE(accepts(*s, "\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Oslo\"}}\n</tool_call>"));
+  EXPECT_FALSE(accepts(*s, "\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>\nmore"));  // ends at the tag
+}
+
 TEST(ToolChoiceGrammar, Llama3) {
   Json tools = Json::parse(kTools);
   auto any = tool_call_structured(tools, "", true, ToolCallParser::Kind::llama3);
