@@ -21,7 +21,7 @@ Tensor random_tensor(std::vector<int64_t> shape, std::mt19937& g, float scale = 
 
 Tensor i32(std::vector<int32_t> v, std::vector<int64_t> shape) {
   Tensor t = Tensor::empty(shape, DType::i32);
-  std::memcpy(t.data, v.data(), v.size() * 4);
+  if (!v.empty()) std::memcpy(t.data, v.data(), v.size() * 4);  // memcpy(null, null, 0) is UB (UBSan)
   return t;
 }
 
