@@ -10,18 +10,6 @@ using namespace ts::test;
 
 namespace {
 
-std::vector<Result> run_all(Engine& e, const std::vector<GenerateParams>& ps, bool concurrent) {
-  std::vector<Result> out;
-  if (concurrent) {
-    std::vector<std::shared_ptr<Stream>> st;
-    for (auto& p : ps) st.push_back(e.submit(p));
-    for (auto& s : st) out.push_back(collect(s));
-  } else {
-    for (auto& p : ps) out.push_back(collect(e.submit(p)));
-  }
-  return out;
-}
-
 class EngineTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {

@@ -54,6 +54,19 @@ inline Result collect(const std::shared_ptr<Stream>& st) {
   }
 }
 
+// Runs every request: one after the other, or all submitted at once (batched by the engine);
+// results in request order either way.
+inline std::vector<Result> run_all(Engine& e, const std::vector<GenerateParams>& ps, bool concurrent) {
+  std::vector<Result> out;
+  std::vector<std::shared_ptr<Stream>> st;
+  for (auto& p : ps) {
+    if (concurrent) st.push_back(e.submit(p));
+    else out.push_back(collect(e.submit(p)));
+  }
+  for (auto& s : st) out.push_back(collect(s));
+  return out;
+}
+
 // Submits with the server's output processor on the stream, so collect() gets text and stop
 // strings end the request (the engine itself sends ids only).
 inline std::shared_ptr<Stream> submit_text(Engine& e, const GenerateParams& p) {

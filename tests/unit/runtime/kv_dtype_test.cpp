@@ -18,17 +18,6 @@ EngineOptions fp8_engine(EngineOptions o = small_engine()) {
   return o;
 }
 
-std::vector<Result> run_all(Engine& e, const std::vector<GenerateParams>& ps, bool concurrent) {
-  std::vector<Result> out;
-  std::vector<std::shared_ptr<Stream>> st;
-  for (auto& p : ps) {
-    if (concurrent) st.push_back(e.submit(p));
-    else out.push_back(collect(e.submit(p)));
-  }
-  for (auto& s : st) out.push_back(collect(s));
-  return out;
-}
-
 int32_t argmax(const Tensor& logits, int64_t row) {
   const float* l = logits.ptr<float>() + row * logits.size(1);
   int32_t best = 0;
