@@ -94,6 +94,7 @@ class StepThread {
   void loop() {
 #ifdef TS_WITH_CUDA
     if (cuda_available()) cuda::set_device(0);  // rank 0's GPU, as the engine thread's
+    cuda::set_launch_config(launch_cfg_);
 #endif
     std::unique_lock<std::mutex> lk(mu_);
     while (true) {
@@ -131,6 +132,9 @@ class StepThread {
   std::exception_ptr err_[2];
   bool quit_ = false;
   IdleClock clock_;
+#ifdef TS_WITH_CUDA
+  cuda::LaunchConfig launch_cfg_ = cuda::launch_config();  // the creating thread's (the engine's)
+#endif
   std::thread th_;  // last: starts after the members above exist
 };
 
@@ -247,6 +251,12 @@ class EngineImpl {
 };
 
 EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
+#ifdef TS_WITH_CUDA
+  // This engine's launch settings (core/cuda/runtime.h) on the constructing thread (loading,
+  // warm-up, graph capture) and, copied at their start, on the TP worker and device threads it
+  // creates; loop() installs them on the engine thread.
+  cuda::ScopedLaunchConfig launch_scope({.pdl = !o.disable_pdl});
+#endif
   device = o.device == "cpu" ? Device::cpu : o.device == "cuda" ? Device::cuda : (cuda_available() ? Device::cuda : Device::cpu);
   TS_CHECK(device == Device::cpu || cuda_available(), "--device cuda: no CUDA device available");
   io::ModelConfig cfg = io::load_config(o.model_dir);  // first: names a missing/bad model dir
@@ -444,9 +454,6 @@ void EngineImpl::start_graphs(const EngineOptions& o, const SchedulerOptions& so
     spdlog::warn("--nnodes {}: CUDA graphs off (eager steps)", nnodes);
     return;
   }
-#ifdef TS_WITH_CUDA
-  cuda::set_pdl_enabled(!o.disable_pdl);
-#endif
   if (o.enforce_eager || (o.disable_cuda_graph && o.disable_prefill_graph)) return;
   GraphOptions g;
   g.decode = !o.disable_cuda_graph;
@@ -564,6 +571,9 @@ void EngineImpl::refresh_gauges() {
 }
 
 void EngineImpl::loop() {
+#ifdef TS_WITH_CUDA
+  cuda::set_launch_config({.pdl = !opts.disable_pdl});
+#endif
   while (true) {
     {
       std::lock_guard<std::mutex> lk(mu_);
