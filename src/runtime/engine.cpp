@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "models/model.h"
 #include "runtime/cuda_graph_runner.h"
+#include "runtime/device_logits.h"
 #include "runtime/model_runner.h"
 #include "runtime/node_link.h"
 #include "runtime/plain_worker.h"
@@ -839,6 +840,10 @@ void EngineImpl::apply_plan(StepPlan& plan) {
     Request& r = *c.req;
     if (runner->has_state() && !r.state_slot) r.state_slot = runner->take_state_slot();
     if (spec && !r.spec_slot) r.spec_slot = worker->acquire_slot();
+    // Penalties / logit_bias / min_tokens on the device (runtime/device_logits.h; CUDA plain
+    // worker): the slot is seeded from r.tokens here, before the step that first samples it.
+    if (plain && !r.logits_slot && DeviceLogits::supported(r))
+      if (DeviceLogits* dl = runner->logits_proc()) dl->acquire(r);
   }
 }
 
