@@ -5,10 +5,8 @@
 #include <unordered_set>
 
 #include "core/device_memory.h"
+#include "ops/cuda/logits_proc.h"  // a plain C++ header; its functions exist only in CUDA builds
 #include "runtime/structured.h"
-#ifdef TS_WITH_CUDA
-#include "ops/cuda/logits_proc.h"
-#endif
 
 namespace ts {
 
@@ -145,6 +143,8 @@ void DeviceLogits::count(const std::vector<int32_t>& ids) {
   device_copy(st_->ids.data, Device::cuda, ids.data(), Device::cpu, ids.size() * 4);
   Tensor view = st_->ids.narrow(0, 0, int64_t(ids.size()));
   ops::cuda::logits_count(view, *st_);
+#else
+  (void)ids;
 #endif
 }
 
