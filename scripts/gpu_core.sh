@@ -25,7 +25,7 @@ run() {
 }
 : > "$OUT/gpu_core.log"
 # 1. Device logits processing vs the CPU sampler; graphs and samplers it touches.
-run timeout 300 "$B/test_cuda" --gtest_filter='CudaLogitsProc.*:CudaSampling.*:CudaBitmask.*'
+run timeout 300 "$B/test_cuda" --gtest_filter='CudaLogitsProc*:CudaSampling.*:CudaBitmask.*'
 run timeout 600 "$B/test_cuda" --gtest_filter='CudaGraphs.*'
 # 2. End to end: penalties on the device (graphs and eager) vs the CPU.
 gen() {  # gen NAME ARGS...: ids of a greedy generation into $OUT/gen_NAME.txt
