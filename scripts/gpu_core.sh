@@ -4,9 +4,9 @@
 #     against the CPU sampler: tests/cuda/logits_proc_test.cpp, plus the decode-graph and
 #     sampling tests it shares a path with;
 #  2. end to end: `tokenspeed generate` on the demo model with penalties / min_tokens, greedy,
-#     --device cuda (decode graphs, and --disable-cuda-graph) vs --device cpu: the ids must match
-#     (a bf16 GPU forward may legitimately diverge from the f32 CPU oracle after some tokens, so
-#     the first 8 ids are the hard check, the whole list is reported);
+#     --device cuda (decode graphs, and --disable-cuda-graph) vs the same run with --logprobs 0
+#     (host logits: the CPU sampler's penalties on the same GPU forward): every id must match;
+#     vs --device cpu reported only (bf16 GPU vs f32 CPU may drift);
 #  3. the engine-level CUDA tests (graphs, EAGLE3, TP) and the EAGLE3 bench, as before.
 # Usage: scripts/gpu_core.sh [BIN_DIR] (default build; holds tokenspeed and test_cuda). Logs in
 # ${OUT:-/tmp}; key lines are printed.
@@ -42,17 +42,27 @@ for cfg in "rep:--repetition-penalty 1.3" "pres:--presence-penalty 0.8 --frequen
            "none:"; do
   name=${cfg%%:*}; args=${cfg#*:}
   # shellcheck disable=SC2086
-  gen "${name}_cpu" --device cpu $args
-  # shellcheck disable=SC2086
-  gen "${name}_cuda" --device cuda $args
+  gen "${name}_cuda" --device cuda $args            # device processing, decode graphs
   # shellcheck disable=SC2086
   gen "${name}_eager" --device cuda --disable-cuda-graph $args
-  for d in cuda eager; do
-    a=$(first8 "$OUT/gen_${name}_cpu.txt"); b=$(first8 "$OUT/gen_${name}_$d.txt")
-    if [ -n "$a" ] && [ "$a" = "$b" ]; then same=yes; else same=NO; status=1; fi
-    full=$(cmp -s "$OUT/gen_${name}_cpu.txt" "$OUT/gen_${name}_$d.txt" && echo equal || echo differ)
-    echo "e2e $name $d vs cpu: first 8 ids same=$same, all ids $full" | tee -a "$OUT/gpu_core.log"
+  # shellcheck disable=SC2086
+  gen "${name}_host" --device cuda --logprobs 0 $args  # logprobs: host logits, the CPU sampler's penalties
+  # shellcheck disable=SC2086
+  gen "${name}_hosteager" --device cuda --disable-cuda-graph --logprobs 0 $args
+  # shellcheck disable=SC2086
+  gen "${name}_cpu" --device cpu $args
+  # Hard check: the same GPU forward, penalties on the device vs on the host: every id equal.
+  for pair in cuda:host eager:hosteager; do
+    d=${pair%%:*}; h=${pair#*:}
+    if [ -s "$OUT/gen_${name}_$d.txt" ] && cmp -s "$OUT/gen_${name}_$h.txt" "$OUT/gen_${name}_$d.txt"; then
+      same=yes; else same=NO; status=1; fi
+    echo "e2e $name: $d (device penalties) == $h (host-logits path): $same" | tee -a "$OUT/gpu_core.log"
   done
+  # Informational: bf16 GPU vs f32 CPU oracle (may drift after a few tokens).
+  a=$(first8 "$OUT/gen_${name}_cpu.txt"); b=$(first8 "$OUT/gen_${name}_cuda.txt")
+  full=$(cmp -s "$OUT/gen_${name}_cpu.txt" "$OUT/gen_${name}_cuda.txt" && echo equal || echo differ)
+  echo "e2e $name: cuda vs cpu: first 8 ids $([ "$a" = "$b" ] && echo same || echo differ), all ids $full" \
+    | tee -a "$OUT/gpu_core.log"
 done
 if cmp -s "$OUT/gen_rep_cuda.txt" "$OUT/gen_none_cuda.txt"; then
   echo "e2e: WARNING repetition penalty changed nothing on cuda" | tee -a "$OUT/gpu_core.log"
