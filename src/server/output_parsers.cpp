@@ -300,6 +300,7 @@ int ToolCallParser::try_head(std::vector<ToolCall>& calls) {
   ToolCall c;
   c.id = random_id("call_");
   c.name = std::move(name);
+  c.streaming_head = true;
   calls.push_back(std::move(c));
   ++ncalls_;
   streaming_ = true;
@@ -331,7 +332,7 @@ void ToolCallParser::stream_args(std::vector<ToolCall>& calls) {
   frag.continuation = true;
   frag.arguments = buf_.substr(args_pos_, i - args_pos_);
   // Merged into the head when it is in the same delta, so a call's first chunk carries text.
-  if (!calls.empty() && !calls.back().continuation && calls.back().arguments.empty()) calls.back().arguments = frag.arguments;
+  if (!calls.empty() && calls.back().streaming_head && calls.back().arguments.empty()) calls.back().arguments = frag.arguments;
   else calls.push_back(std::move(frag));
   args_pos_ = i;
 }

@@ -24,6 +24,9 @@ struct ToolCall {
   // arguments so far) and then fragments (continuation: only `arguments`, to append to the
   // last head's); the fragments concatenate to the arguments' JSON text.
   bool continuation = false;
+  // A head whose arguments are still streaming (`arguments` is only their first part, not yet
+  // JSON); false for a call that arrived complete.
+  bool streaming_head = false;
 };
 
 // One step of parsed output: any of the three may be empty.
