@@ -461,7 +461,19 @@ std::shared_ptr<StructuredRequest> tool_call_structured(const Json& tools, const
 
 namespace ts::server {
 
-std::shared_ptr<StructuredRequest> tool_call_triggered(const Json& tools, bool parallel) {
+std::shared_ptr<StructuredRequest> tool_call_triggered(const Json& tools, bool parallel, ToolCallParser::Kind kind) {
+  if (kind == ToolCallParser::Kind::llama3) {
+    // The whole output is the calls or none is (the parser's rule): a "{" as the output's first
+    // byte starts the required-call grammar at that byte; anything else stays free text.
+    auto out = tool_call_structured(tools, "", parallel, kind);
+    out->kind = "tool_call_auto";
+    out->key = "tool_call_auto\n" + out->key;
+    out->trigger = "{";
+    out->trigger_at_start = out->trigger_in_grammar = true;
+    out->trigger_repeat = false;
+    return out;
+  }
+  TS_CHECK(kind == ToolCallParser::Kind::hermes, "tool_call_triggered: no tool-call parser");
   grammar::Grammar g;
   std::string key = fmt::format("triggered parallel={}\n", parallel);
   int body = tool_call_bodies(g, tools, "", ToolCallParser::Kind::hermes, key);
