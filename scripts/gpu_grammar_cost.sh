@@ -15,7 +15,7 @@ PORT=30021
 $B/tokenspeed serve $M --port $PORT --device cuda --max-num-seqs 128 > $OUT/serve_grammar_cost.log 2>&1 &
 pid=$!
 for _ in $(seq 240); do
-  curl -sf http://127.0.0.1:$PORT/health > /dev/null 2>&1 && break
+  python3 -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:$PORT/health').status==200 else 1)" 2>/dev/null && break
   sleep 0.5
 done
 # Bounded output: the schema ends after a few dozen tokens on random weights; max_tokens caps it.
