@@ -12,21 +12,16 @@
 #include <thread>
 
 #include "server/http_server.h"
+#include "byte_backend.h"
 
 using namespace ts;
 using namespace ts::server;
 using namespace std::chrono_literals;
 
-#if __has_include("chat/jinja.h")
-#define NEED_JINJA() (void)0
-#else
-#define NEED_JINJA() GTEST_SKIP() << "no Jinja engine in this build"
-#endif
-
 namespace {
 
 // Tokens are bytes + 1; answers `reply` in 4-byte events and records the last prompt.
-class ScriptedBackend : public Backend {
+class ScriptedBackend : public fake::ByteBackend {
  public:
   std::string reply;
   ~ScriptedBackend() override {
@@ -62,18 +57,7 @@ class ScriptedBackend : public Backend {
     return last_prompt_;
   }
   EngineMetrics metrics() const override { return EngineMetrics(); }
-  std::vector<int32_t> encode(const std::string& text, bool) const override {
-    std::vector<int32_t> ids;
-    for (unsigned char c : text) ids.push_back(c + 1);
-    return ids;
-  }
-  std::string decode(const std::vector<int32_t>& ids, bool) const override {
-    std::string s;
-    for (int32_t id : ids) s += static_cast<char>(id - 1);
-    return s;
-  }
   int64_t context_length() const override { return 4096; }
-  int64_t vocab_size() const override { return 257; }
 
  private:
   std::mutex mu_;
