@@ -5,11 +5,13 @@
 
 #include "core/log.h"
 #include "ops/graph_hooks.h"
+#include "runtime/device_logits.h"
 
 #ifdef TS_WITH_CUDA
 #include "core/device_memory.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/graph.h"
+#include "ops/cuda/logits_proc.h"
 #include "core/cuda/runtime.h"
 #endif
 
@@ -176,6 +178,13 @@ struct CudaGraphRunner::Impl {
     device_copy(samp_buf.data, Device::cuda, h, Device::cpu, samp_host.size());
   }
 
+  // The sampling tail of a decode graph: logits processing, sampling, count update.
+  void process(DeviceLogits* proc, Tensor& logits, Tensor& ids) {
+    if (proc) ops::cuda::logits_process(logits, proc->state());
+    ops::cuda::sample_device(logits, samp, ids);
+    if (proc) ops::cuda::logits_count(ids, proc->state());
+  }
+
   Impl(ModelRunner& r, const GraphOptions& opt) : runner(r), o(opt) {
     int bs = r.block_size();
     width = (o.max_context + bs - 1) / bs;
@@ -260,6 +269,10 @@ void CudaGraphRunner::capture_all() {
   // 2. Decode graphs (forward + sampling), largest first, one per context bucket.
   I.init_sampling(dec.empty() ? 1 : dec.back());
   I.upload_sampling({});
+  // Device logits processing runs in every decode graph (a no-op for rows without a slot), so
+  // requests with penalties, logit_bias or min_tokens replay the same graphs.
+  DeviceLogits* proc = I.runner.logits_proc();
+  if (proc) proc->upload({}, proc->rows_cap());
   size_t done = 0;
   for (auto it = dec.rbegin(); it != dec.rend(); ++it) {
     int bs = *it;
@@ -269,7 +282,7 @@ void CudaGraphRunner::capture_all() {
       {
         Tensor warm = m.forward(batch, I.runner.kv());  // warm-up: GEMM algorithms, kernel workspaces
         Tensor ids = I.samp_ids.narrow(0, 0, bs);
-        ops::cuda::sample_device(warm, I.samp, ids);
+        I.process(proc, warm, ids);
       }
       cuda::synchronize();
       auto g = std::make_unique<cuda::Graph>();
@@ -278,7 +291,7 @@ void CudaGraphRunner::capture_all() {
       try {
         logits = m.forward(batch, I.runner.kv());
         Tensor ids = I.samp_ids.narrow(0, 0, bs);
-        ops::cuda::sample_device(logits, I.samp, ids);
+        I.process(proc, logits, ids);
       } catch (...) {
         try { g->end_capture(); } catch (...) {}
         throw;
@@ -339,6 +352,9 @@ bool CudaGraphRunner::try_run(const std::vector<SeqChunk>& chunks, bool capture_
     if (it == I.decode.end() || it->first.first != *kv) return false;
     I.builder.build(chunks, I.runner.block_size(), Device::cuda, batch, I.decode_opts(it->first.second, *kv));
     I.no_aux(batch);
+    // The graph's processing and count kernels must not touch any slot: the caller samples
+    // (and processes) these logits itself.
+    if (DeviceLogits* proc = I.runner.logits_proc_if_any()) proc->upload({}, it->first.second);
     it->second.graph->replay();
     logits = it->second.logits.slice_rows(0, int64_t(chunks.size()));
     return true;
@@ -355,9 +371,12 @@ bool CudaGraphRunner::try_run(const std::vector<SeqChunk>& chunks, bool capture_
 }
 
 bool CudaGraphRunner::try_run_sampled(const std::vector<SeqChunk>& chunks, const std::vector<ops::SamplingRow>& rows,
-                                      ForwardBatch& batch, std::vector<int32_t>& ids) {
+                                      ForwardBatch& batch, std::vector<int32_t>& ids,
+                                      const std::vector<ops::LogitsProcRow>* proc) {
   Impl& I = *impl_;
   if (chunks.empty() || rows.size() != chunks.size() || int(chunks.size()) > I.samp_cap) return false;
+  DeviceLogits* dl = I.runner.logits_proc_if_any();
+  if (proc && (!dl || proc->size() != chunks.size())) return false;
   int max_kv = 0;
   for (auto& c : chunks) {
     if (c.num_tokens != 1 || c.logits != SeqChunk::Logits::last || int(c.block_table->size()) > I.width) return false;
@@ -370,6 +389,7 @@ bool CudaGraphRunner::try_run_sampled(const std::vector<SeqChunk>& chunks, const
   I.builder.build(chunks, I.runner.block_size(), Device::cuda, batch, I.decode_opts(it->first.second, *kv));
   I.no_aux(batch);
   I.upload_sampling(rows);
+  if (dl) dl->upload(proc ? *proc : std::vector<ops::LogitsProcRow>{}, it->first.second);
   it->second.graph->replay();
   ids.resize(chunks.size());
   device_copy(ids.data(), Device::cpu, I.samp_ids.data, Device::cuda, ids.size() * sizeof(int32_t));
@@ -391,7 +411,7 @@ CudaGraphRunner::~CudaGraphRunner() = default;
 void CudaGraphRunner::capture_all() {}
 bool CudaGraphRunner::try_run(const std::vector<SeqChunk>&, bool, ForwardBatch&, Tensor&) { return false; }
 bool CudaGraphRunner::try_run_sampled(const std::vector<SeqChunk>&, const std::vector<ops::SamplingRow>&, ForwardBatch&,
-                                      std::vector<int32_t>&) {
+                                      std::vector<int32_t>&, const std::vector<ops::LogitsProcRow>*) {
   return false;
 }
 size_t CudaGraphRunner::pool_bytes() const { return 0; }

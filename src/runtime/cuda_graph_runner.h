@@ -45,8 +45,10 @@ class CudaGraphRunner {
   bool try_run(const std::vector<SeqChunk>& chunks, bool capture_aux, ForwardBatch& batch, Tensor& logits);
   // Decode with sampling inside the graph: one id per chunk (rows[i] samples chunk i). Returns
   // false (nothing done) when no decode graph fits.
+  // proc: the rows' device logits processing (runtime/device_logits.h), applied inside the graph
+  // before sampling, the counts updated after it (null: none).
   bool try_run_sampled(const std::vector<SeqChunk>& chunks, const std::vector<ops::SamplingRow>& rows, ForwardBatch& batch,
-                       std::vector<int32_t>& ids);
+                       std::vector<int32_t>& ids, const std::vector<ops::LogitsProcRow>* proc = nullptr);
   double capture_seconds() const { return capture_s_; }
   size_t pool_bytes() const;
   int decode_graphs() const;

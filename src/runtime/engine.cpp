@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "models/model.h"
 #include "runtime/cuda_graph_runner.h"
+#include "runtime/device_logits.h"
 #include "runtime/model_runner.h"
 #include "runtime/node_link.h"
 #include "runtime/plain_worker.h"
@@ -132,6 +133,7 @@ class StepThread {
   void loop() {
 #ifdef TS_WITH_CUDA
     if (cuda_available()) cuda::set_device(0);  // rank 0's GPU, as the engine thread's
+    cuda::set_launch_config(launch_cfg_);
 #endif
     if (device_events_) clock_.use_device_events();
     std::unique_lock<std::mutex> lk(mu_);
@@ -169,6 +171,9 @@ class StepThread {
   bool quit_ = false;
   IdleClock clock_;
   bool device_events_ = false;
+#ifdef TS_WITH_CUDA
+  cuda::LaunchConfig launch_cfg_ = cuda::launch_config();  // the creating thread's (the engine's)
+#endif
   std::thread th_;  // last: starts after the members above exist
 };
 
@@ -285,6 +290,12 @@ class EngineImpl {
 };
 
 EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
+#ifdef TS_WITH_CUDA
+  // This engine's launch settings (core/cuda/runtime.h) on the constructing thread (loading,
+  // warm-up, graph capture) and, copied at their start, on the TP worker and device threads it
+  // creates; loop() installs them on the engine thread.
+  cuda::ScopedLaunchConfig launch_scope({.pdl = !o.disable_pdl});
+#endif
   device = o.device == "cpu" ? Device::cpu : o.device == "cuda" ? Device::cuda : (cuda_available() ? Device::cuda : Device::cpu);
   TS_CHECK(device == Device::cpu || cuda_available(), "--device cuda: no CUDA device available");
   io::ModelConfig cfg = io::load_config(o.model_dir);  // first: names a missing/bad model dir
@@ -483,9 +494,6 @@ void EngineImpl::start_graphs(const EngineOptions& o, const SchedulerOptions& so
     spdlog::warn("--nnodes {}: CUDA graphs off (eager steps)", nnodes);
     return;
   }
-#ifdef TS_WITH_CUDA
-  cuda::set_pdl_enabled(!o.disable_pdl);
-#endif
   if (o.enforce_eager || (o.disable_cuda_graph && o.disable_prefill_graph)) return;
   GraphOptions g;
   g.decode = !o.disable_cuda_graph;
@@ -603,6 +611,9 @@ void EngineImpl::refresh_gauges() {
 }
 
 void EngineImpl::loop() {
+#ifdef TS_WITH_CUDA
+  cuda::set_launch_config({.pdl = !opts.disable_pdl});
+#endif
   while (true) {
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -872,6 +883,10 @@ void EngineImpl::apply_plan(StepPlan& plan) {
     Request& r = *c.req;
     if (runner->has_state() && !r.state_slot) r.state_slot = runner->take_state_slot();
     if (spec && !r.spec_slot) r.spec_slot = worker->acquire_slot();
+    // Penalties / logit_bias / min_tokens on the device (runtime/device_logits.h; CUDA plain
+    // worker): the slot is seeded from r.tokens here, before the step that first samples it.
+    if (plain && !r.logits_slot && DeviceLogits::supported(r))
+      if (DeviceLogits* dl = runner->logits_proc()) dl->acquire(r);
   }
 }
 

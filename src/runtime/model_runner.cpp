@@ -6,9 +6,14 @@
 
 #include "core/device_memory.h"
 #include "runtime/cuda_graph_runner.h"
+#include "runtime/device_logits.h"
 #include "runtime/tp_workers.h"
 
 namespace ts {
+
+// Batch rows one step's device logits processing can hold (more than any --max-num-seqs in use;
+// 16384 x 32 B of row parameters).
+constexpr int64_t kLogitsProcRows = 16384;
 
 size_t ModelRunner::kv_bytes_per_token(const models::Model& m, std::optional<DType> kv_dtype) {
   return m.kv_spec().bytes_per_token(kv_dtype.value_or(m.dtype())) + m.aux_kv_spec().bytes_per_token(m.dtype());
@@ -195,13 +200,20 @@ void ModelRunner::enable_graphs_local(const GraphOptions& o) {
   graphs_->capture_all();
 }
 
+DeviceLogits* ModelRunner::logits_proc() {
+  if (!logits_proc_ && model_->device() == Device::cuda)
+    logits_proc_ = std::make_unique<DeviceLogits>(DeviceLogits::kDefaultSlots, model_->config().vocab_size,
+                                                  kLogitsProcRows, Device::cuda);
+  return logits_proc_.get();
+}
+
 bool ModelRunner::run_sampled(const std::vector<SeqChunk>& chunks, const std::vector<ops::SamplingRow>& rows,
-                              std::vector<int32_t>& ids) {
+                              std::vector<int32_t>& ids, const std::vector<ops::LogitsProcRow>* proc) {
   build_s_ = 0;
   // Under tensor parallelism every rank must replay its graph (the collectives inside wait for
   // all of them): such steps go through run(), which drives every rank, and sample after it.
   if (tp_) return false;
-  return graphs_ && graphs_->try_run_sampled(chunks, rows, batch_, ids);
+  return graphs_ && graphs_->try_run_sampled(chunks, rows, batch_, ids, proc);
 }
 
 Tensor ModelRunner::aux_buffer(int64_t rows) {

@@ -9,6 +9,7 @@
 #include "core/device_memory.h"
 #include "models/model.h"
 #include "models/forward_batch.h"
+#include "ops/logits_proc.h"
 #include "runtime/slot_pool.h"
 
 namespace ts {
@@ -54,6 +55,7 @@ class BatchBuilder {
 };
 
 class CudaGraphRunner;
+class DeviceLogits;
 struct GraphOptions;
 class TpWorkers;
 class StepChannel;
@@ -92,7 +94,13 @@ class ModelRunner {
   const Tensor& run(const std::vector<SeqChunk>& chunks, bool capture_aux = false, bool host_logits = true);
   // Decode step with sampling inside the CUDA graph (rows[i] samples chunk i); false when no
   // graph applies (then call run() and sample).
-  bool run_sampled(const std::vector<SeqChunk>& chunks, const std::vector<ops::SamplingRow>& rows, std::vector<int32_t>& ids);
+  // proc: device logits processing of the rows (runtime/device_logits.h; null: none).
+  bool run_sampled(const std::vector<SeqChunk>& chunks, const std::vector<ops::SamplingRow>& rows, std::vector<int32_t>& ids,
+                   const std::vector<ops::LogitsProcRow>* proc = nullptr);
+  // Device logits processing (penalties, logit_bias, min_tokens) for a CUDA model: created on
+  // first use, or before the decode graphs are captured (they replay its kernels); null on the CPU.
+  DeviceLogits* logits_proc();
+  DeviceLogits* logits_proc_if_any() { return logits_proc_.get(); }
   // Captures CUDA graphs (decode buckets, breakable prefill buckets); see cuda_graph_runner.h.
   void enable_graphs(const GraphOptions& o);
   const CudaGraphRunner* graphs() const { return graphs_.get(); }
@@ -126,6 +134,7 @@ class ModelRunner {
   size_t host_cap_ = 0;
   double build_s_ = 0;
   std::unique_ptr<CudaGraphRunner> graphs_;
+  std::unique_ptr<DeviceLogits> logits_proc_;
   std::shared_ptr<TpWorkers> tp_;
   std::vector<std::unique_ptr<ModelRunner>> peers_;  // index = rank; [0] empty
   std::shared_ptr<StepChannel> channel_;             // multi-node node 0 (null: one node)

@@ -19,6 +19,8 @@ void PlainWorker::stage(const StepPlan& plan, StagedStep& s) const {
   s.sampling.clear();
   s.reqs.clear();
   s.logprobs.clear();
+  s.proc.clear();
+  s.proc_any = false;
   s.host = false;
   s.masked = false;
   s.live = false;
@@ -26,6 +28,11 @@ void PlainWorker::stage(const StepPlan& plan, StagedStep& s) const {
   size_t total = 0;
   for (const ScheduledChunk& c : plan.chunks) total += size_t(c.num_tokens);
   s.ids.reserve(total);  // SeqChunk::tokens point into it: no reallocation below
+  // Penalties, logit_bias, min_tokens on the device for requests holding a logits slot (the
+  // engine binds them: EngineImpl::apply_plan).
+  DeviceLogits* proc = runner_.logits_proc_if_any();
+  TS_CHECK(!proc || int64_t(n) <= proc->rows_cap(), "a step of {} rows: device logits processing holds {}", n,
+           proc ? proc->rows_cap() : 0);
   for (size_t k = 0; k < n; ++k) {
     const ScheduledChunk& c = plan.chunks[k];
     const Request& r = *c.req;
@@ -36,6 +43,9 @@ void PlainWorker::stage(const StepPlan& plan, StagedStep& s) const {
     s.seq.push_back({s.ids.data() + at, c.num_tokens, r.num_computed, &s.tables[k],
                      last ? SeqChunk::Logits::last : SeqChunk::Logits::none, r.state_slot ? *r.state_slot : -1});
     if (last) {
+      const ops::LogitsProcRow row = proc ? proc->row(r) : ops::LogitsProcRow{};
+      s.proc_any = s.proc_any || row.slot >= 0;
+      s.proc.push_back(row);
       s.sample_row.push_back(k);
       s.sampling.push_back(sampling_row(r));
       s.logprobs.push_back(r.params.logprobs);
@@ -60,12 +70,16 @@ void PlainWorker::run_staged(StagedStep& s, const StepResult* prev, StepResult& 
   auto f0 = std::chrono::steady_clock::now();
   // Pure decode steps sample inside the decode CUDA graph when one fits.
   bool sampled = false;
-  if (!s.host && !s.masked && s.sample_row.size() == s.seq.size()) sampled = runner_.run_sampled(s.seq, s.sampling, ids_);
+  if (!s.host && !s.masked && s.sample_row.size() == s.seq.size())
+    sampled = runner_.run_sampled(s.seq, s.sampling, ids_, s.proc_any ? &s.proc : nullptr);
   if (sampled) {
     samples_.resize(ids_.size());
     for (size_t i = 0; i < ids_.size(); ++i) samples_[i].token = ids_[i];
   } else {
     Tensor logits = runner_.run(s.seq, false, s.host);
+    DeviceLogits* proc = s.proc_any ? runner_.logits_proc_if_any() : nullptr;
+    if (proc) proc->upload(s.proc);
+    if (proc && !s.host) proc->apply(logits);  // host logits: sample_batch applies the CPU's
     // The device work (forward + sampling) completes inside the copy of the ids: it counts as
     // device time, not host time.
     if (s.live) {
@@ -76,6 +90,11 @@ void PlainWorker::run_staged(StagedStep& s, const StepResult* prev, StepResult& 
       for (size_t i = 0; i < ids_.size(); ++i) samples_[i].token = ids_[i];
     } else {
       samples_.clear();
+    }
+    if (proc) {  // the sampled ids join the counts (the graph path does it inside the graph)
+      ids_.resize(samples_.size());
+      for (size_t i = 0; i < samples_.size(); ++i) ids_[i] = samples_[i].token;
+      proc->count(ids_);
     }
   }
   out.forward_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - f0).count() - runner_.last_build_seconds();

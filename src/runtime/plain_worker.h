@@ -14,6 +14,7 @@
 #pragma once
 #include <vector>
 
+#include "runtime/device_logits.h"
 #include "runtime/model_runner.h"
 #include "runtime/sampler.h"
 #include "runtime/step.h"
@@ -32,6 +33,10 @@ struct StagedStep {
   // Overlapped steps sample from `sampling` alone (their requests pass can_overlap).
   std::vector<const Request*> reqs;
   std::vector<int> logprobs;                 // per sampled row: GenerateParams::logprobs
+  // Device logits processing (runtime/device_logits.h): one row per sampled row (slot -1:
+  // none); proc_any: some row has a slot.
+  std::vector<ops::LogitsProcRow> proc;
+  bool proc_any = false;
   bool host = false;                         // some sampled row needs host logits
   bool masked = false;                       // some sampled row has logits constraints (grammar)
   bool live = false;
@@ -47,7 +52,9 @@ class PlainWorker final : public Worker {
   // Whether a request's steps may be staged ahead of the previous step's ids (no host logits:
   // penalties read the token history, which then still holds futures; no constraints: the
   // grammar's mask for step N+1 depends on the token step N samples).
-  static bool can_overlap(const Request& r) { return !needs_host_logits(r) && !needs_mask(r); }
+  // Device-processed requests (runtime/device_logits.h) keep the simple loop too: a slot is
+  // seeded from the whole token history, which must hold no futures.
+  static bool can_overlap(const Request& r) { return !needs_host_logits(r) && !needs_mask(r) && !DeviceLogits::wants(r); }
   // Copies the plan into `s` (engine thread). Row ids the previous step has not produced yet
   // must already be futures in the requests' tokens (the engine's pre-apply).
   void stage(const StepPlan& plan, StagedStep& s) const;

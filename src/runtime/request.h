@@ -79,6 +79,9 @@ struct Request {
   // it runs (taken at its first chunk, dropped when it ends or is retracted).
   std::shared_ptr<const int> state_slot;
   uint64_t seed = 0;
+  // Row of the runner's device logits-processing state (runtime/device_logits.h: penalties,
+  // logit_bias, min_tokens on a CUDA runner) while it runs; dropped when it ends or is retracted.
+  std::shared_ptr<const int> logits_slot;
   // Grammar matcher, logit_bias, min_tokens (null when the request has none of them).
   std::shared_ptr<LogitsConstraints> constraints;
 

@@ -73,7 +73,11 @@ ops::SamplingRow sampling_row(const Request& r) {
 
 bool needs_host_logits(const Request& r) {
   const GenerateParams& p = r.params;
-  return p.logprobs >= 0 || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f ||
+  if (p.logprobs >= 0) return true;
+  // Bound to a device logits-processing slot (runtime/device_logits.h; only requests without
+  // logprobs or a grammar are): penalties, logit_bias and min_tokens run on the device.
+  if (r.logits_slot) return false;
+  return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f ||
          (r.constraints != nullptr && !r.constraints->device_maskable());
 }
 
@@ -108,6 +112,7 @@ void sample_batch(Tensor& logits, const std::vector<const Request*>& reqs, std::
     bool masked = false;
     for (const Request* r : reqs) {
       // Grammar-only constraints are applied on the device (ops::apply_token_bitmask).
+      // Rows with a logits slot were processed on the device before (PlainWorker).
       const bool grammar_only = r->constraints && r->constraints->device_maskable();
       TS_CHECK(grammar_only || !needs_host_logits(*r), "sample_batch: request {} needs host logits", r->id);
       masked = masked || grammar_only;

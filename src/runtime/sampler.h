@@ -18,7 +18,8 @@ struct SampleResult {
 // The sampling parameters of a request's next token.
 ops::SamplingRow sampling_row(const Request& r);
 // Whether a request's sampling needs the logits on the host (penalties, logprobs, logit_bias,
-// min_tokens). A grammar alone does not: its mask is applied on device logits.
+// min_tokens). A grammar alone does not: its mask is applied on device logits; nor do penalties,
+// logit_bias and min_tokens of a request bound to a device logits slot (runtime/device_logits.h).
 bool needs_host_logits(const Request& r);
 // Whether a request's logits need a grammar mask (never sampled inside a decode graph yet).
 inline bool needs_mask(const Request& r) { return r.constraints != nullptr; }

@@ -10,6 +10,7 @@ void Scheduler::release(Request& r) {
   commit(r);
   kv_.release(r.block_table, r.block_hashes);
   r.state_slot.reset();  // a retracted request restarts from position 0, with fresh state
+  r.logits_slot.reset();  // its token counts are reseeded from r.tokens when it samples again
 }
 
 void Scheduler::retract_at(size_t idx, StepPlan& plan) {

@@ -103,6 +103,10 @@ class LogitsConstraints {
   // Only a grammar (no logit_bias / min_tokens): the mask can be applied on device logits.
   bool device_maskable() const { return matcher_ && bias_.empty() && min_tokens_ == 0; }
   int64_t mask_words() const { return int64_t(mask_.size()); }
+  // What apply() uses besides the grammar (device logits processing: runtime/device_logits.h).
+  const std::vector<std::pair<int32_t, float>>& bias() const { return bias_; }
+  int min_tokens() const { return min_tokens_; }
+  const std::vector<int32_t>& min_stop_ids() const { return min_stop_; }  // empty unless min_tokens > 0
   // Blocks until the pending mask (if any) is computed; the mask row ([mask_words] uint32, or
   // null when the grammar does not apply at this step).
   const uint32_t* wait_mask();

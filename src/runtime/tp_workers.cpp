@@ -23,9 +23,18 @@ TpWorkers::TpWorkers(int tp_size, Device device) : size_(tp_size) {
   // N ranks do not run N full teams that spin against each other between collectives.
   if (device == Device::cpu) cpu_threads_ = std::max(1, omp_get_max_threads() / tp_size);
   w_.resize(size_t(tp_size));
+#ifdef TS_WITH_CUDA
+  // Each worker thread runs with its creator's (the engine's) launch settings.
+  auto body = [this, device, lc = cuda::launch_config()](int r) {
+    cuda::set_launch_config(lc);
+    loop(r, device);
+  };
+#else
+  auto body = [this, device](int r) { loop(r, device); };
+#endif
   for (int r = 1; r < tp_size; ++r) {
     w_[size_t(r)] = std::make_unique<Worker>();
-    w_[size_t(r)]->thread = std::thread([this, r, device] { loop(r, device); });
+    w_[size_t(r)]->thread = std::thread(body, r);
   }
 }
 

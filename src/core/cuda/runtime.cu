@@ -149,12 +149,12 @@ double time_ms(const std::function<void()>& fn, int iters, int warmup) {
 
 namespace {
 constexpr int kMaxDevices = 16;
-std::atomic<bool> g_pdl{true};
 // Per thread: the GPU this thread drives (-1: never set, i.e. device 0 — the single-GPU
 // behaviour) and an optional caller-chosen stream for it.
 thread_local int t_device = -1;
 thread_local cudaStream_t t_user_stream = nullptr;
 thread_local bool t_user_stream_set = false;
+thread_local LaunchConfig t_launch;  // see LaunchConfig (runtime.h)
 // Per device: the blocking stream all ops of that GPU launch on, created on first use.
 cudaStream_t g_default_stream[kMaxDevices] = {};
 std::once_flag g_default_once[kMaxDevices];
@@ -195,8 +195,8 @@ void set_stream(void* s) {
 
 void stream_synchronize() { TS_CUDA_CHECK(cudaStreamSynchronize(stream())); }
 
-void set_pdl_enabled(bool on) { g_pdl.store(on); }
-bool pdl_enabled() { return g_pdl.load(); }
+LaunchConfig launch_config() { return t_launch; }
+void set_launch_config(const LaunchConfig& c) { t_launch = c; }
 
 bool stream_capturing() {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;

@@ -66,8 +66,26 @@ class StreamMarks {
   int n_ = 0;
 };
 
-// Programmatic dependent launch (PDL) for latency-bound kernels; on by default,
-// `--disable-pdl` turns it off. Read at launch time (so it also applies to graph capture).
-void set_pdl_enabled(bool on);
-bool pdl_enabled();
+// Launch settings of the thread that drives a GPU, owned by its caller like the stream (no
+// process-wide switch: two engines, or a test and an engine, on their own threads cannot steer
+// each other). The engine installs its options on every thread it launches from (constructor,
+// engine, device and TP worker threads: each copies its creator's config when it starts).
+// pdl: programmatic dependent launch for the latency-bound kernels that opt in (on by default,
+// `--disable-pdl` turns it off); read at launch time, so it also applies to graph capture.
+struct LaunchConfig {
+  bool pdl = true;
+};
+LaunchConfig launch_config();
+void set_launch_config(const LaunchConfig& c);
+// Installs c on this thread for the scope, restoring the previous config after.
+class ScopedLaunchConfig {
+ public:
+  explicit ScopedLaunchConfig(const LaunchConfig& c) : prev_(launch_config()) { set_launch_config(c); }
+  ~ScopedLaunchConfig() { set_launch_config(prev_); }
+  ScopedLaunchConfig(const ScopedLaunchConfig&) = delete;
+  ScopedLaunchConfig& operator=(const ScopedLaunchConfig&) = delete;
+
+ private:
+  LaunchConfig prev_;
+};
 }  // namespace ts::cuda

@@ -15,8 +15,8 @@
 
 namespace ts::cuda {
 
-// Launches kernel on the current stream; with pdl (and PDL enabled) the launch may overlap the
-// previous kernel's tail, so the kernel must call pdl_wait() before touching global memory.
+// Launches kernel on the current stream; with pdl (and PDL on in this thread's LaunchConfig,
+// core/cuda/runtime.h) the launch may overlap the previous kernel's tail, so the kernel must call pdl_wait() before touching global memory.
 template <typename... KArgs, typename... Args>
 void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, bool pdl,
             Args&&... args) {
@@ -26,7 +26,7 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, bool p
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream();
   cudaLaunchAttribute attr[1];
-  if (pdl && pdl_enabled()) {
+  if (pdl && launch_config().pdl) {
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
