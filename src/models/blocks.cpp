@@ -1,5 +1,7 @@
 #include "models/blocks.h"
 
+#include "ops/lm_head.h"
+
 #include "ops/graph_hooks.h"
 
 namespace ts::models {
@@ -133,8 +135,17 @@ Tensor lm_head_logits(ForwardBatch& batch, const Tensor& x, const Tensor& norm_w
                       Workspace& ws) {
   ops::graph_segment_end();  // the LM head runs eagerly: its row count changes per batch
   int64_t n = batch.num_logits, hdim = x.size(-1), vocab = head.size(0);
+  batch.greedy_done = false;
   Tensor rows = ws.alloc({n, hdim}, x.dtype);
-  if (batch.logits_all_rows && n == x.rows()) {
+  const bool all = batch.logits_all_rows && n == x.rows();
+  if (batch.greedy_ids.data && n > 0 && ops::lm_head_argmax_fusable(all ? x : rows, &norm_w, head)) {
+    // Greedy rows only: norm + LM head + argmax in one launch, no [n, vocab] logits.
+    if (!all) ops::gather_rows(x, batch.logits_index, rows);
+    ops::lm_head_argmax(all ? x : rows, &norm_w, eps, head, batch.greedy_ids, batch.greedy_scratch);
+    batch.greedy_done = true;
+    return Tensor();
+  }
+  if (all) {
     ops::rmsnorm(x, norm_w, eps, rows);  // every row: no gather
   } else {
     ops::gather_rows(x, batch.logits_index, rows);
