@@ -125,7 +125,7 @@ TEST(CudaLmHeadArgmax, TiesGoToTheLowestId) {
     // a row aligned with x[0] (the clear maximum of row 0); row 1's maximum is tied between
     // rows V - 1 and V - 2 (one block) and 40 (another).
     auto set_row = [&](int64_t r, const float* src) { std::copy(src, src + K, head.ptr<float>() + r * K); };
-    std::vector<float> big(size_t(K)), big1(size_t(K));
+    std::vector<float> big(static_cast<size_t>(K)), big1(static_cast<size_t>(K));
     for (int64_t k = 0; k < K; ++k) {
       big[size_t(k)] = x.ptr<float>()[k] > 0 ? 0.5f : -0.5f;
       big1[size_t(k)] = x.ptr<float>()[K + k] > 0 ? 0.25f : -0.25f;
