@@ -12,6 +12,7 @@
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/decode_helpers.cuh"
 #include "ops/lm_head.h"
 
 namespace ts::ops::cuda {
@@ -59,45 +60,13 @@ __global__ void rope_kv_write_kernel(__nv_bfloat16* q, int64_t q_s0, int64_t q_s
   const bool is_q = u < nh;
   __nv_bfloat16* p = is_q ? q + t * q_s0 + int64_t(u) * q_s1 : k + t * k_s0 + int64_t(u - nh) * k_s1;
   const __nv_bfloat16* w = is_q ? wq : wk;
-  float* buf = smem + warp * hd;
-  float scale = 1.0f;
-  if (NORM) {
-    float ss = 0.0f;
-    for (int i = lane; i < hd; i += 32) {
-      float f = __bfloat162float(p[i]);
-      ss += f * f;
-    }
-    ss = warp_sum(ss);
-    scale = rsqrtf(ss / float(hd) + eps);
-  }
-  for (int i = lane; i < hd; i += 32) {
-    float f = __bfloat162float(p[i]) * scale;
-    if (NORM) f *= __bfloat162float(w[i]);
-    buf[i] = f;
-  }
-  __syncwarp();
-  const int ps = pos[t];
-  const bool rotate = ps >= 0 && ps < max_pos && rot > 0;
-  const float* c = cs + int64_t(rotate ? ps : 0) * rot;
-  const float* s = c + rot / 2;
-  const int half = rot / 2;
   __nv_bfloat16* kc = (!is_q && slot >= 0) ? k_cache + (slot * nkv + (u - nh)) * int64_t(hd) : nullptr;
-  for (int i = lane; i < hd; i += 32) {
-    float val = buf[i];
-    if (rotate && i < rot) {
-      if (!interleaved) {
-        if (i < half) val = buf[i] * c[i] - buf[i + half] * s[i];
-        else val = buf[i] * c[i - half] + buf[i - half] * s[i - half];
-      } else {
-        const int j = i >> 1;
-        if ((i & 1) == 0) val = buf[i] * c[j] - buf[i + 1] * s[j];
-        else val = buf[i] * c[j] + buf[i - 1] * s[j];
-      }
-    }
-    const __nv_bfloat16 o = __float2bfloat16(val);
-    p[i] = o;
-    if (kc) kc[i] = o;
-  }
+  head_norm_rope<NORM>(p, w, hd, eps, smem + warp * hd, pos[t], cs, max_pos, rot, interleaved, lane,
+                       [&](int i, float v) {
+                         const __nv_bfloat16 o = __float2bfloat16(v);
+                         p[i] = o;
+                         if (kc) kc[i] = o;
+                       });
   pdl_trigger();
 }
 
@@ -113,27 +82,6 @@ constexpr int kUnroll = 4;
 constexpr int kMaxM = 2;
 constexpr int kMaxMSmall = 8;
 constexpr int64_t kSmallBytes = 8ll << 20;
-
-__device__ __forceinline__ uint4 ld_stream16(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ float dot8_bf16(const uint4& a, const uint4& b) {
-  const __nv_bfloat162* pa = reinterpret_cast<const __nv_bfloat162*>(&a);
-  const __nv_bfloat162* pb = reinterpret_cast<const __nv_bfloat162*>(&b);
-  float s = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float2 fa = __bfloat1622float2(pa[i]), fb = __bfloat1622float2(pb[i]);
-    s = fmaf(fa.x, fb.x, s);
-    s = fmaf(fa.y, fb.y, s);
-  }
-  return s;
-}
 
 // One generic small-M GEMV (the loop of linear.cu's: one warp per output, 16-byte streaming
 // weight loads, x rows read through L1 or shared memory) with
