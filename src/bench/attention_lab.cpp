@@ -31,9 +31,9 @@ std::string run_attention_lab(const AttentionLabOptions& o) {
   };
   const Variant vs[] = {{"default (one wave for the batch)", 0, 0},
                         {"invariant target 32, min 4 tiles", 32, 4},
-                        {"invariant target 64, min 2 tiles", 64, 2},
                         {"invariant target 32, min 8 tiles", 32, 8},
-                        {"invariant target 128, min 4 tiles", 128, 4}};
+                        {"invariant target 32, min 16 tiles", 32, 16},
+                        {"invariant target 16, min 8 tiles", 16, 8}};
   std::string md = fmt::format(
       "## Split-KV decode attention, Llama-3.1-8B shapes (nh {}, nkv {}, hd {}, block {}; copy ceiling {:.0f} GB/s)\n\n"
       "GB/s = K/V bytes read / time. invariant: every sequence split by its own length (batch-invariant); "
