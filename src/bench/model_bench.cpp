@@ -138,8 +138,9 @@ BenchResult run_model_bench(const BenchOptions& o) {
   const int64_t pool = std::min(needed, budget);
   ModelRunner runner(model, pool, bs);
   const double pool_bytes = double(pool) * bs * kv_tok;
-  // One step as the engine's eager step pays it: ModelRunner::run with the logits left on the
-  // device and greedy sampling there (B ids to the host); with host_logits the logits come to
+  // One step as the engine's eager step pays it: ModelRunner::run_greedy (the fused LM head +
+  // argmax at batch 1-2; elsewhere the logits stay on the device and are argmaxed there, B ids to
+  // the host); --unfused-head: ModelRunner::run with greedy sampling of the device logits; with host_logits the logits come to
   // the host and are sampled there (what requests with logprobs or penalties pay). forward_only:
   // the batch build and Model::forward alone.
   ForwardBatch fwd_batch;
@@ -151,6 +152,11 @@ BenchResult run_model_bench(const BenchOptions& o) {
     if (o.forward_only) {
       fwd_builder.build(ch, bs, dev, fwd_batch);
       last_logits = model->forward(fwd_batch, runner.kv());
+      return;
+    }
+    // The engine's greedy step: the LM head writes the ids where it fuses (ModelRunner::run_greedy).
+    if (!o.host_logits && !o.unfused_head && runner.run_greedy(ch, sampled)) {
+      last_logits = Tensor();
       return;
     }
     last_logits = runner.run(ch, false, o.host_logits);

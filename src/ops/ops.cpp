@@ -51,6 +51,8 @@
 #define TS_DISPATCH_BREAK TS_DISPATCH
 #endif
 
+#include "ops/lm_head.h"
+
 namespace ts::ops {
 
 GraphHooks*& graph_hooks() {
@@ -125,6 +127,20 @@ void linear_add(const Tensor& x, const Tensor& w, Tensor& residual, Tensor& scra
   TS_DISPATCH_L(
       x.device, [&] { return fmt::format("linear_add {}x{}", w.size(0), w.size(1)); }, linear_add, x, w, residual,
       scratch);
+}
+bool lm_head_argmax_fusable(const Tensor& x, const Tensor* norm_w, const Tensor& head) {
+#if defined(TS_WITH_CUDA) && __has_include("ops/cuda/cuda_ops.h")
+  if (x.device == Device::cuda) return ::ts::ops::cuda::lm_head_argmax_fusable(x, norm_w, head);
+#endif
+  (void)x;
+  (void)norm_w;
+  (void)head;
+  return false;
+}
+void lm_head_argmax(const Tensor& x, const Tensor* norm_w, float eps, const Tensor& head, Tensor& ids, Tensor& scratch) {
+  TS_DISPATCH_L(
+      x.device, [&] { return fmt::format("lm_head_argmax {}x{}", head.size(0), head.size(1)); }, lm_head_argmax, x,
+      norm_w, eps, head, ids, scratch);
 }
 bool fuses_norm_gemv(Device device, int64_t rows) {
 #if defined(TS_WITH_CUDA) && __has_include("ops/cuda/cuda_ops.h")
