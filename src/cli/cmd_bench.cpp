@@ -46,7 +46,19 @@ int cmd_bench(int argc, char** argv) {
   app.add_flag("--linear-lab", linear_lab,
                "CUDA: instead of a model, time the linear kernels at Llama-3.1-8B shapes over bf16 and FP8 (kept as "
                "stored) weights, GB/s of the stored bytes vs the copy ceiling");
+  bool moe_lab = false;
+  app.add_flag("--moe-lab", moe_lab,
+               "CUDA: instead of a model, time one MoE layer's routed experts at Qwen3-30B-A3B shapes (128 experts, "
+               "top-8) over bf16, FP8 block-128 and NVFP4 (kept as stored) experts, per token count: time per layer "
+               "and GB/s of the experts actually read vs the copy ceiling");
   CLI11_PARSE(app, argc, argv);
+  if (moe_lab) {
+    bench::MoeLabOptions mo;
+    if (copy_mb > 0) mo.copy_bytes = size_t(copy_mb * double(1 << 20));
+    std::string md = bench::run_moe_lab(mo);
+    std::fwrite(md.data(), 1, md.size(), stdout);
+    return 0;
+  }
   if (linear_lab) {
     bench::LinearLabOptions lo;
     if (copy_mb > 0) lo.copy_bytes = size_t(copy_mb * double(1 << 20));
