@@ -14,6 +14,7 @@
 #include "core/fp8.h"
 #include "io/safetensors.h"
 #include "models/weights.h"
+#include "ops/moe_experts.h"
 
 using namespace ts;
 using json = nlohmann::json;
@@ -150,7 +151,9 @@ void expect_same_experts(models::WeightLoader& wl, const std::vector<std::vector
   ASSERT_EQ(w->ndim, 3) << what;
   ASSERT_EQ(w->size(0), E) << what;
   ASSERT_EQ(w->quant.scale.ndim, 3) << what;
-  if (want_bn >= 0) EXPECT_EQ(w->quant.block_n_log2, want_bn) << what;
+  if (want_bn >= 0) {
+    EXPECT_EQ(w->quant.block_n_log2, want_bn) << what;
+  }
   const int64_t R = w->size(1);
   EXPECT_EQ(R % (int64_t(1) << w->quant.block_n_log2), 0) << what << ": rows end inside a row block";
   std::vector<Part> all;
