@@ -416,7 +416,8 @@ ops::LinearWeight WeightLoader::load_experts(const std::vector<std::vector<Part>
   }
 #ifdef TS_WITH_CUDA
   // The prefill path dequantizes chunks of experts (gate_up + down: at most 3x the larger one).
-  ops::cuda::reserve_expert_scratch(size_t(3) * size_t(host->size(1)) * size_t(ops::expert_in_features(*host)) * 2);
+  ops::cuda::reserve_expert_scratch(host->size(0),
+                                    size_t(3) * size_t(host->size(1)) * size_t(ops::expert_in_features(*host)) * 2);
 #endif
   ops::LinearWeight w(host->to(device_));
   w.quant = host->quant;

@@ -21,7 +21,7 @@
 //  decode (few rows per expert): moe_qgemv<gate_up | down> per (work item, 8 features), one warp
 //   per feature streaming the selected expert's stored row once per 1-8 token rows through the
 //   dense GEMV's row dot product (quant_dot.cuh) — only the active experts' bytes are read;
-//  prefill: the experts are dequantized to bf16 a chunk at a time (experts without rows skipped)
+//  prefill: the experts are dequantized to bf16 a chunk (<= 1 GB) at a time (experts without rows skipped)
 //   into workspace(3) and the chunk's work items run the bf16 moe_gemm above; the combine follows
 //   once, so the result equals the bf16 path over the exactly dequantized weights.
 // Every output element is a fixed sequence of k-chunk MMAs independent of how many rows share its

@@ -355,9 +355,11 @@ void check_weight(const LinearWeight& w) {
 
 void reserve_quant_scratch(size_t bytes) { workspace(3).get(std::max(kDequantScratch, bytes)); }
 
-constexpr size_t kExpertScratch = size_t(256) << 20;
+constexpr size_t kExpertScratch = size_t(1) << 30;
 
-void reserve_expert_scratch(size_t per_expert) { reserve_quant_scratch(std::max(kExpertScratch, per_expert)); }
+void reserve_expert_scratch(int64_t experts, size_t per_expert) {
+  reserve_quant_scratch(std::max(per_expert, std::min(kExpertScratch, size_t(std::max<int64_t>(experts, 1)) * per_expert)));
+}
 
 int64_t expert_chunk(int64_t experts, size_t per_expert) {
   return std::clamp<int64_t>(int64_t(kExpertScratch / std::max<size_t>(per_expert, 1)), 1, std::max<int64_t>(experts, 1));

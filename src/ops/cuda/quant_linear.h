@@ -23,10 +23,12 @@ void quant_linear_kernel(const Tensor& x, const LinearWeight& w, Tensor& out, co
 // capture: at least `bytes` (the routed experts' dequantized chunk, expert_chunk below).
 void reserve_quant_scratch(size_t bytes = 0);
 // Experts per chunk when moe_experts dequantizes stored experts of per_expert bf16 bytes for
-// prefill (a 256 MB budget, at least one expert; at most `experts`).
+// prefill (a 1 GB budget, at least one expert; at most `experts`). Every chunk's GEMM launch
+// covers the whole sort's work items (those of other chunks exit at once), so fewer, larger
+// chunks cost less.
 int64_t expert_chunk(int64_t experts, size_t per_expert);
-// reserve_quant_scratch for any expert_chunk of experts of at most per_expert bf16 bytes.
-void reserve_expert_scratch(size_t per_expert);
+// reserve_quant_scratch for any expert_chunk of `experts` experts of at most per_expert bf16 bytes.
+void reserve_expert_scratch(int64_t experts, size_t per_expert);
 // Rows [row0, row0 + rows) of w dequantized into out bf16 [rows, K] (contiguous, on the GPU).
 // group_offsets (device, optional): rows come in groups of group_rows (experts: rows n of group
 // n / group_rows) and a group g with group_offsets[g + 1] == group_offsets[g] (no tokens routed
