@@ -7,11 +7,11 @@
 # important first):
 #  1. test_cuda: the FP8 kernels and the quantized experts vs the CPU oracle (and the existing
 #     linear and MoE tests);
-#  2. verify-golden --device cuda on every quantized fixture (weight-only tolerance 0.1) and, for
+#  2. tokenspeed bench --moe-lab: one MoE layer at Qwen3-30B-A3B shapes, bf16 vs FP8 vs NVFP4
+#     experts, time per layer and GB/s over the experts read vs the copy ceiling of the same run;
+#  3. verify-golden --device cuda on every quantized fixture (weight-only tolerance 0.1) and, for
 #     comparison in the same run, the bf16 MoE twins; route-diff --device cuda on the quantized
-#     MoE fixtures (routing flips: why the long prompt exceeds the tolerance);
-#  3. tokenspeed bench --moe-lab (one MoE layer at Qwen3-30B-A3B shapes, bf16 vs FP8 vs NVFP4
-#     experts, GB/s over the experts read vs the copy ceiling) and --linear-lab: FP8 vs bf16
+#     MoE fixtures (routing flips: why the long prompt exceeds the tolerance); --linear-lab: FP8 vs bf16
 #     linears at Llama-3.1-8B shapes, GB/s of the stored bytes and % of the copy ceiling
 #     measured in the same run;
 #  4. random quantized models of each format load and decode;
@@ -42,6 +42,10 @@ if [ -x "$B/test_cuda" ]; then
   [ $r -eq 0 ] || rc=1
 fi
 
+step "bench --moe-lab"
+timeout 400 "$B/tokenspeed" bench --moe-lab > "$OUT/moe_lab.md" 2> "$OUT/moe_lab.err"
+r=$?; echo "moe lab rc=$r"; cat "$OUT/moe_lab.md"; [ $r -eq 0 ] || { tail -5 "$OUT/moe_lab.err"; rc=1; }
+
 step "verify-golden --device cuda"
 for m in qwen3_moe_fp8 qwen3_moe_nvfp4 deepseek_v3_fp8 llama3_fp8 llama3_fp8ch qwen3_fp8ch llama3_nvfp4 qwen3_moe deepseek_v3; do
   if [ ! -d tests/data/$m ]; then echo "tests/data/$m missing: skipped"; continue; fi
@@ -58,9 +62,6 @@ for m in qwen3_moe_fp8 qwen3_moe_nvfp4 deepseek_v3_fp8 qwen3_moe; do
   echo "route-diff $m rc=$?"; head -14 "$OUT/route_diff_$m.log"; echo "..."; tail -6 "$OUT/route_diff_$m.log"
 done
 
-step "bench --moe-lab"
-timeout 400 "$B/tokenspeed" bench --moe-lab > "$OUT/moe_lab.md" 2> "$OUT/moe_lab.err"
-r=$?; echo "moe lab rc=$r"; cat "$OUT/moe_lab.md"; [ $r -eq 0 ] || { tail -5 "$OUT/moe_lab.err"; rc=1; }
 
 step "bench --linear-lab"
 timeout 300 "$B/tokenspeed" bench --linear-lab > "$OUT/linear_lab.md" 2> "$OUT/linear_lab.err"
