@@ -31,6 +31,29 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 rc=0
 step() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
+# A compact SUMMARY at the very end (also when a step or the caller's timeout ends the script)
+# and every log in one file, $OUT/logs.tgz.
+summary() {
+  trap - EXIT TERM INT
+  echo; echo "=================== SUMMARY (gpu_quant.sh, $(date -u +%H:%M:%S), rc=$rc)"
+  if [ -f "$OUT/test_cuda_quant.log" ]; then
+    echo "test_cuda: $(grep -E '^\[==========\] .* ran' "$OUT/test_cuda_quant.log" | tail -1)"
+    grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test' "$OUT/test_cuda_quant.log" | tail -2
+    grep -E '^\[  FAILED  \] [A-Za-z]' "$OUT/test_cuda_quant.log" | sort -u | head -20
+  fi
+  for f in "$OUT"/golden_*.log; do [ -f "$f" ] && echo "golden $(basename "$f" .log): $(tail -1 "$f")"; done
+  for f in "$OUT"/route_diff_*.log; do
+    [ -f "$f" ] && echo "route-diff $(basename "$f" .log): $(grep -i -m2 'verdict' "$f" | tr '\n' ' ')"
+  done
+  [ -f "$OUT/moe_lab.md" ] && { echo "moe lab:"; grep -E '^\| [0-9]|^## ' "$OUT/moe_lab.md"; }
+  for f in "$OUT"/bench_*.md; do
+    [ -f "$f" ] && { echo "$(basename "$f" .md):"; grep -E '^\| (decode|prefill) ' "$f" | head -8; }
+  done
+  tar -C "$OUT" -czf /tmp/gpu_quant_logs.tgz --exclude=logs.tgz . 2>/dev/null && mv /tmp/gpu_quant_logs.tgz "$OUT/logs.tgz"
+  echo "all logs: $OUT/logs.tgz"
+}
+trap 'summary; exit $rc' EXIT
+trap 'rc=124; exit 124' TERM INT
 
 if [ -x "$B/test_cuda" ]; then
   step "test_cuda FP8 linears + linear + quantized MoE experts + MoE"
