@@ -54,7 +54,19 @@ int cmd_bench(int argc, char** argv) {
   app.add_flag("--attention-lab", attention_lab,
                "CUDA: instead of a model, time the split-KV decode attention at Llama-3.1-8B shapes per (batch, "
                "context): the default split count next to batch-invariant splits (each sequence cut by its own length)");
+  bool moe_lab = false;
+  app.add_flag("--moe-lab", moe_lab,
+               "CUDA: instead of a model, time one MoE layer's routed experts at Qwen3-30B-A3B shapes (128 experts, "
+               "top-8) over bf16, FP8 block-128 and NVFP4 (kept as stored) experts, per token count: time per layer "
+               "and GB/s of the experts actually read vs the copy ceiling");
   CLI11_PARSE(app, argc, argv);
+  if (moe_lab) {
+    bench::MoeLabOptions mo;
+    if (copy_mb > 0) mo.copy_bytes = size_t(copy_mb * double(1 << 20));
+    std::string md = bench::run_moe_lab(mo);
+    std::fwrite(md.data(), 1, md.size(), stdout);
+    return 0;
+  }
   if (attention_lab) {
     bench::AttentionLabOptions ao;
     if (copy_mb > 0) ao.copy_bytes = size_t(copy_mb * double(1 << 20));

@@ -6,6 +6,7 @@
 #include "ops/cpu/cpu_ops.h"
 #include "ops/graph_hooks.h"
 #include "ops/linear_weight.h"
+#include "ops/moe_experts.h"
 #include "ops/op_profile.h"
 
 #if defined(TS_WITH_CUDA) && __has_include("ops/cuda/cuda_ops.h")
@@ -100,6 +101,21 @@ void linear(const Tensor& x, const LinearWeight& w, Tensor& out, const Tensor* b
   cuda::quant_linear(x, w, out, bias);
 #else
   fail("linear: a quantized weight needs the CUDA backend, not in this build");
+#endif
+}
+void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const LinearWeight& gate_up,
+                 const LinearWeight& down, const GluAct& act, Tensor& out) {
+  if (!gate_up.quantized() && !down.quantized())
+    return moe_experts(x, ids, weights, static_cast<const Tensor&>(gate_up), static_cast<const Tensor&>(down), act, out);
+  TS_CHECK(x.device == Device::cuda,
+           "moe_experts: quantized ({}) experts are for the CUDA backend (the CPU dequantizes at load)",
+           gate_up.quant.format);
+#if defined(TS_WITH_CUDA) && __has_include("ops/cuda/cuda_ops.h")
+  if (GraphHooks* h = graph_hooks(); h && h->skip_ops()) return;
+  OpProfileScope prof([&] { return fmt::format("moe_experts ({})", gate_up.quant.format); });
+  cuda::moe_experts_stored(x, ids, weights, gate_up, down, act, out);
+#else
+  fail("moe_experts: quantized experts need the CUDA backend, not in this build");
 #endif
 }
 void add_inplace(Tensor& y, const Tensor& x) { TS_DISPATCH(y.device, add_inplace, y, x); }
