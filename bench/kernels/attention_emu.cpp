@@ -99,6 +99,7 @@ struct AttnParams {
   __nv_bfloat16* out;
   int64_t o_s0, o_s1;
   int num_splits, split_len;
+  int split_target, split_min_tiles;
   float* part_o;
   float* part_ml;
   int T, B;

@@ -147,9 +147,100 @@ std::string run_linear_lab(const LinearLabOptions& o) {
   return md;
 }
 
+namespace {
+
+// Stored experts [E, R, K] from one 2-D weight [E * R, K] (rows of an expert contiguous).
+ops::LinearWeight as_experts(ops::LinearWeight w, int64_t E) {
+  const int64_t R = w.size(0) / E;
+  ops::LinearWeight e(w.view({E, R, w.size(1)}));
+  e.dtype = w.dtype;
+  e.quant = w.quant;
+  e.quant.scale = w.quant.scale.view({E, w.quant.scale.size(0) / E, w.quant.scale.size(1)});
+  if (w.quant.scale2.data) e.quant.scale2 = w.quant.scale2.view({E, R});
+  return e;
+}
+
+}  // namespace
+
+std::string run_moe_lab(const MoeLabOptions& o) {
+  std::fprintf(stderr, "moe lab: measuring the copy ceiling...\n");
+  const double copy = measure_copy_gbs(Device::cuda, o.copy_bytes, 20);
+  const int64_t E = o.experts, k = o.top_k, H = o.hidden, I = o.inter;
+  std::fprintf(stderr, "moe lab: random experts (E %ld, H %ld, I %ld)...\n", long(E), long(H), long(I));
+  const Tensor gu_b = rand_bf16({E, 2 * I, H}, stream_key(11, "moe"), 0.02f);
+  const Tensor dn_b = rand_bf16({E, H, I}, stream_key(12, "moe"), 0.02f);
+  const ops::LinearWeight gu_q = as_experts(fp8_weight(E * 2 * I, H, 7, 7, stream_key(13, "moe")), E);
+  const ops::LinearWeight dn_q = as_experts(fp8_weight(E * H, I, 7, 7, stream_key(14, "moe")), E);
+  const ops::LinearWeight gu_4 = as_experts(nvfp4_weight(E * 2 * I, H, stream_key(15, "moe")), E);
+  const ops::LinearWeight dn_4 = as_experts(nvfp4_weight(E * H, I, stream_key(16, "moe")), E);
+  const double per_b = double(3 * I * H * 2);
+  const double per_q = double(gu_q.stored_bytes() + dn_q.stored_bytes()) / double(E);
+  const double per_4 = double(gu_4.stored_bytes() + dn_4.stored_bytes()) / double(E);
+  std::string md = fmt::format(
+      "## MoE routed experts, bf16 vs kept as stored: {} experts, top-{}, hidden {}, intermediate {} (Qwen3-30B-A3B "
+      "layer; copy ceiling {:.0f} GB/s read+write)\n\n"
+      "us = one layer's ops::moe_experts (sort, gate_up + SiLU, down, combine); GB/s = bytes of the distinct "
+      "experts routed to (as stored: FP8 values + f32 block scales; NVFP4 nibbles + E4M3 + f32) / time; "
+      "routing random per call. fp8 gemv / tiles: the grouped GEMV over the stored bytes and the dequantized "
+      "chunks + bf16 grouped GEMM, forced.\n\n"
+      "| M | experts read | bf16 us | bf16 GB/s | % copy | fp8 auto us | fp8 GB/s | % copy | x bf16 | fp8 gemv us | "
+      "fp8 tiles us | nvfp4 auto us | nvfp4 GB/s | % copy |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+      E, k, H, I, copy);
+  ops::GluAct act;
+  for (int M : o.ms) {
+    // A pool of random routings (sorted distinct ids per token), one per call, cycled.
+    constexpr int kRoutings = 16;
+    std::vector<Tensor> ids;
+    double distinct = 0;
+    uint64_t r = stream_key(17, "moe") + uint64_t(M);
+    for (int c = 0; c < kRoutings; ++c) {
+      Tensor h = Tensor::empty({M, k}, DType::i32);
+      std::vector<char> used(size_t(E), 0);
+      for (int64_t t = 0; t < M; ++t) {
+        std::vector<int32_t> pick;
+        while (int64_t(pick.size()) < k) {
+          r = splitmix64(r);
+          const int32_t e = int32_t(r % uint64_t(E));
+          if (std::find(pick.begin(), pick.end(), e) == pick.end()) pick.push_back(e);
+        }
+        std::sort(pick.begin(), pick.end());
+        for (int64_t j = 0; j < k; ++j) {
+          h.ptr<int32_t>()[t * k + j] = pick[size_t(j)];
+          used[size_t(pick[size_t(j)])] = 1;
+        }
+      }
+      distinct += double(std::count(used.begin(), used.end(), 1)) / kRoutings;
+      ids.push_back(h.to(Device::cuda));
+    }
+    Tensor wts = Tensor::empty({M, k}, DType::f32);
+    for (int64_t i = 0; i < M * k; ++i) wts.ptr<float>()[i] = 1.0f / float(k);
+    wts = wts.to(Device::cuda);
+    Tensor x = rand_bf16({M, H}, stream_key(18, "moe"), 1.0f);
+    Tensor out = Tensor::empty({M, H}, DType::bf16, Device::cuda);
+    auto time = [&](const ops::LinearWeight& gu, const ops::LinearWeight& dn, ops::LinearPath p) {
+      const ops::KernelPolicy pol{.linear = p};
+      return per_call(o.iters, [&](int i) {
+        ops::cuda::moe_experts_stored(x, ids[size_t(i % kRoutings)], wts, gu, dn, act, out, pol);
+      });
+    };
+    using P = ops::LinearPath;
+    const double tb = time(gu_b, dn_b, P::automatic), tq = time(gu_q, dn_q, P::automatic);
+    const double tg = time(gu_q, dn_q, P::gemv), tt = time(gu_q, dn_q, P::cublaslt), t4 = time(gu_4, dn_4, P::automatic);
+    const double gb = distinct * per_b / tb / 1e9, gq = distinct * per_q / tq / 1e9, g4 = distinct * per_4 / t4 / 1e9;
+    md += fmt::format(
+        "| {} | {:.1f} | {:.1f} | {:.0f} | {:.0f}% | {:.1f} | {:.0f} | {:.0f}% | {:.2f} | {:.1f} | {:.1f} | {:.1f} | "
+        "{:.0f} | {:.0f}% |\n",
+        M, distinct, tb * 1e6, gb, 100.0 * gb / copy, tq * 1e6, gq, 100.0 * gq / copy, tb / tq, tg * 1e6, tt * 1e6,
+        t4 * 1e6, g4, 100.0 * g4 / copy);
+  }
+  return md;
+}
+
 #else
 
 std::string run_linear_lab(const LinearLabOptions&) { fail("--linear-lab needs a CUDA build"); }
+std::string run_moe_lab(const MoeLabOptions&) { fail("--moe-lab needs a CUDA build"); }
 
 #endif
 

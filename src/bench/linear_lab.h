@@ -20,4 +20,17 @@ struct LinearLabOptions {
 // Markdown table (CUDA builds only; otherwise an error).
 std::string run_linear_lab(const LinearLabOptions& o);
 
+// `tokenspeed bench --moe-lab`: one MoE layer's routed experts (ops::moe_experts) at
+// Qwen3-30B-A3B's shapes (128 experts, top-8, hidden 2048, intermediate 768), bf16 vs FP8
+// block-128 and NVFP4 kept as stored, per token count M: time per layer, GB/s over the expert
+// bytes actually read (distinct routed experts x their stored bytes) and its share of the copy
+// ceiling of the same run. Routing is random and changes every call, so experts come from HBM.
+struct MoeLabOptions {
+  std::vector<int> ms{1, 2, 4, 8, 16, 64, 512};
+  int iters = 40;
+  size_t copy_bytes = size_t(1) << 30;
+  int64_t experts = 128, top_k = 8, hidden = 2048, inter = 768;
+};
+std::string run_moe_lab(const MoeLabOptions& o);
+
 }  // namespace ts::bench

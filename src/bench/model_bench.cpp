@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <random>
 
@@ -89,20 +90,30 @@ BenchResult run_model_bench(const BenchOptions& o) {
     p.expert_layer = double(cfg.num_layers) * p.experts * 3.0 * double(cfg.hidden_size) * im;
   }
   // Quantized checkpoints: the bytes a step reads with the weights kept as stored (what kernels
-  // reading FP8 / FP4 + scales read), from the checkpoint's non-embedding tensors; today's
-  // backends dequantize at load and read the loaded bytes (weight_read).
+  // reading FP8 / FP4 + scales read), from the checkpoint's non-embedding tensors, against the
+  // bf16 (model dtype) bytes of the same parameters (weight_read). The loaded bytes are no
+  // parameter count here (CUDA keeps FP8 / NVFP4 linears and routed experts as stored): the
+  // parameters are the checkpoint's weight elements (NVFP4: two a byte), scales left out.
   const io::QuantConfig qc = io::load_quant_config(o.model_dir);
   double stored_ratio = 1.0;
   std::string stored_fmt = "as loaded";
   if (qc.quantized()) {
     io::Checkpoint ck = io::Checkpoint::open(o.model_dir);
-    double stored = 0, stored_embed = 0;
+    double stored = 0, stored_embed = 0, params = 0;
+    auto ends_with = [](const std::string& n, const char* suf) {
+      const size_t l = std::strlen(suf);
+      return n.size() >= l && n.compare(n.size() - l, l, suf) == 0;
+    };
     for (auto& n : ck.names()) {
-      double nb = double(ck.get(n).nbytes());
+      const Tensor t = ck.get(n);
+      const double nb = double(t.nbytes());
       stored += nb;
       if (n == "model.embed_tokens.weight") stored_embed = nb;
+      const bool scale = ends_with(n, "_scale") || ends_with(n, "_scale_inv") || ends_with(n, "_scale_2");
+      if (!scale) params += double(t.numel()) * (t.dtype == DType::u8 && io::is_quantized_weight(ck, n) ? 2.0 : 1.0);
     }
-    double loaded = double(model->weight_bytes()) - (shared_head ? 0.0 : p.embed * dsize);
+    p.layers = params - p.embed - (shared_head ? 0.0 : p.head);
+    const double loaded = (p.layers + (shared_head ? p.embed : p.head)) * dsize;
     stored_ratio = (stored - (shared_head ? 0.0 : stored_embed)) / loaded;
     stored_fmt = qc.method + (qc.algo.empty() ? "" : " " + qc.algo);
   }
@@ -138,8 +149,9 @@ BenchResult run_model_bench(const BenchOptions& o) {
   const int64_t pool = std::min(needed, budget);
   ModelRunner runner(model, pool, bs);
   const double pool_bytes = double(pool) * bs * kv_tok;
-  // One step as the engine's eager step pays it: ModelRunner::run with the logits left on the
-  // device and greedy sampling there (B ids to the host); with host_logits the logits come to
+  // One step as the engine's eager step pays it: ModelRunner::run_greedy (the fused LM head +
+  // argmax at batch 1-2; elsewhere the logits stay on the device and are argmaxed there, B ids to
+  // the host); --unfused-head: ModelRunner::run with greedy sampling of the device logits; with host_logits the logits come to
   // the host and are sampled there (what requests with logprobs or penalties pay). forward_only:
   // the batch build and Model::forward alone.
   ForwardBatch fwd_batch;
@@ -151,6 +163,11 @@ BenchResult run_model_bench(const BenchOptions& o) {
     if (o.forward_only) {
       fwd_builder.build(ch, bs, dev, fwd_batch);
       last_logits = model->forward(fwd_batch, runner.kv());
+      return;
+    }
+    // The engine's greedy step: the LM head writes the ids where it fuses (ModelRunner::run_greedy).
+    if (!o.host_logits && !o.unfused_head && runner.run_greedy(ch, sampled)) {
+      last_logits = Tensor();
       return;
     }
     last_logits = runner.run(ch, false, o.host_logits);
@@ -369,11 +386,12 @@ BenchResult run_model_bench(const BenchOptions& o) {
                     double(model->weight_bytes()) / dsize / 1e9, fmt_gb(double(model->weight_bytes())),
                     dtype_name(model->dtype()), fmt_gb(weight_read(1)), kv_tok / 1024.0, pool * bs, fmt_gb(pool_bytes));
   if (qc.quantized())
-    md += fmt::format("quantized checkpoint ({}): a batch-1 decode step reads {} with the weights as stored vs {} as "
-                      "loaded (CUDA: FP8 / NVFP4 linears kept as stored, routed experts dequantized to {}; CPU: all "
-                      "dequantized); the decode rows' GB/s count the loaded bytes (the params figure above is loaded "
-                      "bytes / dtype size, not a parameter count, for such checkpoints)\n\n",
-                      stored_fmt, fmt_gb(weight_read(1) * stored_ratio), fmt_gb(weight_read(1)), dtype_name(model->dtype()));
+    md += fmt::format("quantized checkpoint ({}): a batch-1 decode step reads {} with the weights as stored vs {} in "
+                      "{} (CUDA: FP8 / NVFP4 linears and routed experts kept as stored; CPU: all dequantized); the decode "
+                      "rows' GB/s count the {} bytes (the params figure above is loaded bytes / dtype size, not a "
+                      "parameter count, for such checkpoints)\n\n",
+                      stored_fmt, fmt_gb(weight_read(1) * stored_ratio), fmt_gb(weight_read(1)), dtype_name(model->dtype()),
+                      dtype_name(model->dtype()));
   md += fmt::format("device: {} ({})\n\n", device_name(dev), c.device_desc);
   md += "| ceiling | measured | how |\n|---|---|---|\n";
   md += fmt::format("| memory bandwidth | {:.1f} GB/s | {} of {:.0f} MiB, (read + write) bytes / time, median of {}{} |\n",

@@ -41,6 +41,7 @@ struct BenchOptions {
   bool forward_only = false;  // time BatchBuilder + Model::forward instead of ModelRunner::run
   bool host_logits = false;   // steps copy the logits to the host and sample there
   bool profile = false;       // CUDA: one extra step per decode row with per-op device times
+  bool unfused_head = false;  // greedy steps compute logits + sample instead of the fused LM head + argmax
 };
 
 struct BenchResult {

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "bench/attention_lab.h"
 #include "bench/linear_lab.h"
 #include "bench/model_bench.h"
 #include "cli/commands.h"
@@ -38,6 +39,9 @@ int cmd_bench(int argc, char** argv) {
   app.add_flag("--host-logits", o.host_logits,
                "steps copy the logits to the host and sample there (requests with logprobs/penalties) instead of "
                "sampling on the device (the engine's usual step)");
+  app.add_flag("--unfused-head", o.unfused_head,
+               "greedy steps compute the f32 logits and sample them on the device instead of the fused LM head + "
+               "argmax (one launch at batch 1-2; the A/B of that fusion)");
   app.add_flag("--profile", o.profile,
                "CUDA: after each decode row, one more step with the device time of every op (CUDA events), the "
                "device's idle gaps, and the logits' copy to the host pageable vs pinned");
@@ -46,7 +50,30 @@ int cmd_bench(int argc, char** argv) {
   app.add_flag("--linear-lab", linear_lab,
                "CUDA: instead of a model, time the linear kernels at Llama-3.1-8B shapes over bf16 and FP8 (kept as "
                "stored) weights, GB/s of the stored bytes vs the copy ceiling");
+  bool attention_lab = false;
+  app.add_flag("--attention-lab", attention_lab,
+               "CUDA: instead of a model, time the split-KV decode attention at Llama-3.1-8B shapes per (batch, "
+               "context): the default split count next to batch-invariant splits (each sequence cut by its own length)");
+  bool moe_lab = false;
+  app.add_flag("--moe-lab", moe_lab,
+               "CUDA: instead of a model, time one MoE layer's routed experts at Qwen3-30B-A3B shapes (128 experts, "
+               "top-8) over bf16, FP8 block-128 and NVFP4 (kept as stored) experts, per token count: time per layer "
+               "and GB/s of the experts actually read vs the copy ceiling");
   CLI11_PARSE(app, argc, argv);
+  if (moe_lab) {
+    bench::MoeLabOptions mo;
+    if (copy_mb > 0) mo.copy_bytes = size_t(copy_mb * double(1 << 20));
+    std::string md = bench::run_moe_lab(mo);
+    std::fwrite(md.data(), 1, md.size(), stdout);
+    return 0;
+  }
+  if (attention_lab) {
+    bench::AttentionLabOptions ao;
+    if (copy_mb > 0) ao.copy_bytes = size_t(copy_mb * double(1 << 20));
+    std::string md = bench::run_attention_lab(ao);
+    std::fwrite(md.data(), 1, md.size(), stdout);
+    return 0;
+  }
   if (linear_lab) {
     bench::LinearLabOptions lo;
     if (copy_mb > 0) lo.copy_bytes = size_t(copy_mb * double(1 << 20));

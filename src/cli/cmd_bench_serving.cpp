@@ -2,6 +2,8 @@
 // streaming completions and prints req/s, output tok/s, TTFT and inter-token latency per
 // concurrency level.
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 
 #include <CLI/CLI.hpp>
 
@@ -30,13 +32,26 @@ int cmd_bench_serving(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--seed", o.seed, "seed for the random prompts")->capture_default_str();
   app.add_option("--timeout", o.timeout_s, "per-request timeout in seconds")->capture_default_str();
+  std::string schema;
+  app.add_option("--json-schema", schema,
+                 "constrain every request by this JSON Schema (inline JSON, or @FILE) as structured_outputs.json, "
+                 "to measure the grammar's cost against the same run without it");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  std::fprintf(stderr, "bench serving: %s, prompt %d tokens, %d output tokens per request\n", o.base_url.c_str(),
-               o.prompt_tokens, o.max_tokens);
+  if (!schema.empty() && schema[0] == '@') {
+    std::ifstream f(schema.substr(1), std::ios::binary);
+    if (!f) {
+      std::fprintf(stderr, "bench serving: cannot read %s\n", schema.c_str() + 1);
+      return 2;
+    }
+    schema.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  o.json_schema = schema;
+  std::fprintf(stderr, "bench serving: %s, prompt %d tokens, %d output tokens per request%s\n", o.base_url.c_str(),
+               o.prompt_tokens, o.max_tokens, schema.empty() ? "" : " (JSON-schema constrained: up to)");
   auto results = ts::server::run_bench_serving(o);
   std::fputs(ts::server::format_bench_table(results).c_str(), stdout);
   for (auto& r : results)

@@ -30,8 +30,9 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--tool-call-parser", so.tool_call_parser, "hermes | qwen | qwen25 | llama3 | llama3_json");
   app.add_option("--reasoning-parser", so.reasoning_parser, "qwen3 | deepseek-r1");
   app.add_option("--tool-choice-auto-grammar", so.tool_choice_auto_grammar,
-                 "tool_choice auto (hermes syntax): once the model writes <tool_call>, the call is grammar-enforced "
-                 "(a listed name, arguments following its schema) until </tool_call>; false: parsed only")
+                 "tool_choice auto: a call the model starts is grammar-enforced (a listed name, arguments following "
+                 "its schema): hermes from <tool_call> to </tool_call>, llama3 when the output starts with '{'; "
+                 "false: parsed only")
       ->capture_default_str();
   // HTTP limits (ts::server::http::HttpLimits): every breach is an OpenAI-shaped 4xx or a closed
   // connection, counted in tokenspeed_http_limit_rejections_total{reason=...}.

@@ -27,6 +27,13 @@ struct ForwardBatch {
   // aux_hidden [T, n_capture * H] (the i-th captured layer into column block i).
   bool capture_aux = false;
   Tensor aux_hidden;
+  // Greedy decode without logits (#22): when greedy_ids (i32 [>= num_logits], model device) and
+  // greedy_scratch (i64 [ops::kLmArgmaxScratch], zeroed) are set by the runner, the LM head may
+  // write each logits row's argmax into greedy_ids instead of computing logits
+  // (ops::lm_head_argmax); it then sets greedy_done and the forward returns no logits. The
+  // runner sets them only when every sampled row is greedy with no logits processing.
+  Tensor greedy_ids, greedy_scratch;
+  bool greedy_done = false;
 };
 
 // Per-layer paged KV storage. k[l], v[l]: [num_blocks, block_size, kv_heads, head_dim].

@@ -6,6 +6,7 @@
 
 #include "core/device_memory.h"
 #include "ops/graph_hooks.h"
+#include "ops/moe_experts.h"
 
 namespace ts::models {
 
@@ -131,6 +132,20 @@ std::vector<float> route_selection_scores(const float* logits, const float* bias
   return choice;
 }
 
+namespace {
+
+// gate_up and down of the routed experts, both kept as stored or both dequantized (the kernels
+// take them alike; a MoE TP cut inside a k block of down keeps only gate_up's parts).
+void load_expert_pair(WeightLoader& wl, const std::vector<std::vector<WeightLoader::Part>>& gu,
+                      const std::vector<std::vector<WeightLoader::Part>>& down, MoeWeights& w) {
+  w.gate_up = wl.load_experts(gu);
+  w.down = wl.load_experts(down);
+  if (w.gate_up.quantized() && !w.down.quantized()) w.gate_up = wl.load_experts(gu, false);
+  if (w.down.quantized() && !w.gate_up.quantized()) w.down = wl.load_experts(down, false);
+}
+
+}  // namespace
+
 void load_experts(WeightLoader& wl, const std::string& prefix, int64_t experts, int64_t inter, int64_t hidden,
                   MoeWeights& w) {
   if (wl.has(prefix + ".gate_up_proj")) {
@@ -138,19 +153,15 @@ void load_experts(WeightLoader& wl, const std::string& prefix, int64_t experts, 
     w.down = wl.load(prefix + ".down_proj", {experts, hidden, inter});
     return;
   }
-  std::vector<std::string> gu_names, down_names;
-  std::vector<std::vector<int64_t>> gu_shapes, down_shapes;
+  // One tensor per expert: kept as stored on CUDA where the checkpoint is FP8 / NVFP4.
+  using Part = WeightLoader::Part;
+  std::vector<std::vector<Part>> gu(static_cast<size_t>(experts)), down(static_cast<size_t>(experts));
   for (int64_t e = 0; e < experts; ++e) {
     std::string pe = prefix + "." + std::to_string(e) + ".";
-    gu_names.push_back(pe + "gate_proj.weight");
-    gu_names.push_back(pe + "up_proj.weight");
-    gu_shapes.push_back({inter, hidden});
-    gu_shapes.push_back({inter, hidden});
-    down_names.push_back(pe + "down_proj.weight");
-    down_shapes.push_back({hidden, inter});
+    gu[size_t(e)] = {Part{pe + "gate_proj.weight", {inter, hidden}}, Part{pe + "up_proj.weight", {inter, hidden}}};
+    down[size_t(e)] = {Part{pe + "down_proj.weight", {hidden, inter}}};
   }
-  w.gate_up = wl.load_stacked(gu_names, gu_shapes).view({experts, 2 * inter, hidden});
-  w.down = wl.load_stacked(down_names, down_shapes).view({experts, hidden, inter});
+  load_expert_pair(wl, gu, down, w);
 }
 
 void load_experts_shard(WeightLoader& wl, const std::string& prefix, int64_t experts, int64_t inter, int64_t hidden,
@@ -167,15 +178,14 @@ void load_experts_shard(WeightLoader& wl, const std::string& prefix, int64_t exp
     return;
   }
   using Part = WeightLoader::Part;
-  std::vector<Part> gu, down;
+  std::vector<std::vector<Part>> gu, down;
   for (int64_t e = er.start; e < er.end(); ++e) {
     std::string pe = prefix + "." + std::to_string(e) + ".";
-    gu.push_back(Part{pe + "gate_proj.weight", {inter, hidden}, 0, ir.start, ir.count});
-    gu.push_back(Part{pe + "up_proj.weight", {inter, hidden}, 0, ir.start, ir.count});
-    down.push_back(Part{pe + "down_proj.weight", {hidden, inter}, 1, ir.start, ir.count});
+    gu.push_back({Part{pe + "gate_proj.weight", {inter, hidden}, 0, ir.start, ir.count},
+                  Part{pe + "up_proj.weight", {inter, hidden}, 0, ir.start, ir.count}});
+    down.push_back({Part{pe + "down_proj.weight", {hidden, inter}, 1, ir.start, ir.count}});
   }
-  w.gate_up = wl.load_parts(gu).view({er.count, 2 * ir.count, hidden});
-  w.down = wl.load_parts(down).view({er.count, hidden, ir.count});
+  load_expert_pair(wl, gu, down, w);
 }
 
 }  // namespace ts::models

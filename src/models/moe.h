@@ -14,8 +14,10 @@ namespace ts::models {
 struct MoeWeights {
   Tensor router;       // [E, H]
   Tensor router_bias;  // optional [E]: e_score_correction_bias (selection only)
-  Tensor gate_up;      // [E, 2I, H] gate rows then up rows per expert
-  Tensor down;         // [E, H, I]
+  // Routed experts, plain or (CUDA, quantized checkpoints) kept as stored with their scales
+  // (ops::LinearWeight of ndim 3, linear_weight.h).
+  ops::LinearWeight gate_up;  // [E, 2I, H] gate rows then up rows per expert
+  ops::LinearWeight down;     // [E, H, I]
   MlpWeights shared;   // optional shared expert(s); shared.gate_up undefined: none
 };
 

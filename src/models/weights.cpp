@@ -1,8 +1,10 @@
 #include "models/weights.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "core/fp8.h"
+#include "ops/moe_experts.h"
 #ifdef TS_WITH_CUDA
 #include "ops/cuda/quant_linear.h"
 #endif
@@ -345,6 +347,77 @@ ops::LinearWeight WeightLoader::load_linear(const std::vector<Part>& parts) {
   if (!host) return load_parts(parts);
 #ifdef TS_WITH_CUDA
   ops::cuda::reserve_quant_scratch();
+#endif
+  ops::LinearWeight w(host->to(device_));
+  w.quant = host->quant;
+  w.quant.scale = host->quant.scale.to(device_);
+  if (host->quant.nvfp4) w.quant.scale2 = host->quant.scale2.to(device_);
+  bytes_ += w.stored_bytes();
+  return w;
+}
+
+std::optional<ops::LinearWeight> WeightLoader::stored_experts(const std::vector<std::vector<Part>>& experts) const {
+  TS_CHECK(!experts.empty(), "load_experts: no experts");
+  std::vector<ops::LinearWeight> ws;
+  ws.reserve(experts.size());
+  for (auto& parts : experts) {
+    std::optional<ops::LinearWeight> w = stored_linear(parts);
+    if (!w) return std::nullopt;
+    ws.push_back(std::move(*w));
+  }
+  const ops::LinearWeight& f = ws[0];
+  const bool fp4 = f.quant.nvfp4;
+  for (auto& w : ws)
+    if (w.dims() != f.dims() || w.quant.nvfp4 != fp4 || w.quant.block_k_log2 != f.quant.block_k_log2 ||
+        w.quant.block_n_log2 != f.quant.block_n_log2 || w.quant.scale.dims() != f.quant.scale.dims())
+      return std::nullopt;
+  const int64_t E = int64_t(ws.size()), R = f.size(0), C = f.size(1);
+  int bn = f.quant.block_n_log2;
+  // The kernels index scale rows of the flat [E * R, K] weight: R must end on a row block.
+  if (bn > 0 && R % (int64_t(1) << bn) != 0) {
+    for (auto& w : ws) w.quant.scale = per_row_scales(w.quant.scale, bn, 0, R);
+    bn = 0;
+  }
+  const Tensor& s0 = ws[0].quant.scale;
+  Tensor data = Tensor::empty({E, R, C}, f.dtype);
+  Tensor scale = Tensor::empty({E, s0.size(0), s0.size(1)}, s0.dtype);
+  Tensor scale2 = fp4 ? Tensor::empty({E, R}, DType::f32) : Tensor{};
+  for (int64_t e = 0; e < E; ++e) {
+    const ops::LinearWeight& w = ws[size_t(e)];
+    std::memcpy(static_cast<char*>(data.data) + size_t(e) * w.nbytes(), w.data, w.nbytes());
+    std::memcpy(static_cast<char*>(scale.data) + size_t(e) * w.quant.scale.nbytes(), w.quant.scale.data,
+                w.quant.scale.nbytes());
+    if (fp4)
+      std::memcpy(static_cast<char*>(scale2.data) + size_t(e) * w.quant.scale2.nbytes(), w.quant.scale2.data,
+                  w.quant.scale2.nbytes());
+  }
+  ops::LinearWeight out(data);
+  out.quant = f.quant;
+  out.quant.scale = scale;
+  out.quant.block_n_log2 = bn;
+  out.quant.scale2 = scale2;
+  return out;
+}
+
+ops::LinearWeight WeightLoader::load_experts(const std::vector<std::vector<Part>>& experts, bool keep_quantized) {
+  std::optional<ops::LinearWeight> host;
+  if (device_ == Device::cuda && keep_quantized_ && keep_quantized) host = stored_experts(experts);
+  if (!host) {
+    std::vector<Part> all;
+    for (auto& parts : experts) all.insert(all.end(), parts.begin(), parts.end());
+    // Whole tensors: load_stacked converts one at a time (a smaller host peak than load_parts).
+    const bool whole = std::all_of(all.begin(), all.end(), [](const Part& p) { return p.start == 0 && p.count < 0; });
+    std::vector<std::string> names;
+    std::vector<std::vector<int64_t>> shapes;
+    for (auto& p : all) names.push_back(p.name), shapes.push_back(p.shape);
+    Tensor t = whole ? load_stacked(names, shapes) : load_parts(all);
+    const int64_t E = int64_t(experts.size());
+    return t.view({E, t.size(0) / E, t.size(1)});
+  }
+#ifdef TS_WITH_CUDA
+  // The prefill path dequantizes chunks of experts (gate_up + down: at most 3x the larger one).
+  ops::cuda::reserve_expert_scratch(host->size(0),
+                                    size_t(3) * size_t(host->size(1)) * size_t(ops::expert_in_features(*host)) * 2);
 #endif
   ops::LinearWeight w(host->to(device_));
   w.quant = host->quant;

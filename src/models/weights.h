@@ -49,6 +49,15 @@ class WeightLoader {
   }
   // The host form load_linear would upload (nullopt: it would dequantize instead); for tests.
   std::optional<ops::LinearWeight> stored_linear(const std::vector<Part>& parts) const;
+  // Routed experts as one weight [E, rows, cols]: experts[e] lists expert e's parts (gate and up
+  // rows, or down), each stacked as load_parts does. On CUDA, FP8 / NVFP4 experts stay as stored
+  // (ops::LinearWeight of ndim 3, linear_weight.h) when load_linear would keep every expert's
+  // parts; otherwise (or with keep_quantized false) they are dequantized (load_parts of all parts,
+  // viewed [E, rows, cols]).
+  ops::LinearWeight load_experts(const std::vector<std::vector<Part>>& experts, bool keep_quantized = true);
+  // The host form load_experts would upload (nullopt: it would dequantize); for tests. Scale rows
+  // become per-row where rows is not a multiple of the row block (the kernels' flat indexing).
+  std::optional<ops::LinearWeight> stored_experts(const std::vector<std::vector<Part>>& experts) const;
   // false: load_linear dequantizes on CUDA too (the bf16 path, to compare against).
   void set_keep_quantized(bool on) { keep_quantized_ = on; }
   // A 3-D tensor [A, B, C] (fused experts: [E, 2I, H] or [E, H, I]) cut to the a-range [a0, a0 +

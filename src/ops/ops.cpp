@@ -6,6 +6,7 @@
 #include "ops/cpu/cpu_ops.h"
 #include "ops/graph_hooks.h"
 #include "ops/linear_weight.h"
+#include "ops/moe_experts.h"
 #include "ops/op_profile.h"
 
 #if defined(TS_WITH_CUDA) && __has_include("ops/cuda/cuda_ops.h")
@@ -50,6 +51,8 @@
 #define TS_DISPATCH_L(dev, label, fn, ...) TS_DISPATCH(dev, fn, __VA_ARGS__)
 #define TS_DISPATCH_BREAK TS_DISPATCH
 #endif
+
+#include "ops/lm_head.h"
 
 namespace ts::ops {
 
@@ -100,6 +103,21 @@ void linear(const Tensor& x, const LinearWeight& w, Tensor& out, const Tensor* b
   fail("linear: a quantized weight needs the CUDA backend, not in this build");
 #endif
 }
+void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const LinearWeight& gate_up,
+                 const LinearWeight& down, const GluAct& act, Tensor& out) {
+  if (!gate_up.quantized() && !down.quantized())
+    return moe_experts(x, ids, weights, static_cast<const Tensor&>(gate_up), static_cast<const Tensor&>(down), act, out);
+  TS_CHECK(x.device == Device::cuda,
+           "moe_experts: quantized ({}) experts are for the CUDA backend (the CPU dequantizes at load)",
+           gate_up.quant.format);
+#if defined(TS_WITH_CUDA) && __has_include("ops/cuda/cuda_ops.h")
+  if (GraphHooks* h = graph_hooks(); h && h->skip_ops()) return;
+  OpProfileScope prof([&] { return fmt::format("moe_experts ({})", gate_up.quant.format); });
+  cuda::moe_experts_stored(x, ids, weights, gate_up, down, act, out);
+#else
+  fail("moe_experts: quantized experts need the CUDA backend, not in this build");
+#endif
+}
 void add_inplace(Tensor& y, const Tensor& x) { TS_DISPATCH(y.device, add_inplace, y, x); }
 void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache, const Tensor& slot_mapping) {
   TS_DISPATCH_BREAK(k_cache.device, kv_write, k, v, k_cache, v_cache, slot_mapping);
@@ -125,6 +143,20 @@ void linear_add(const Tensor& x, const Tensor& w, Tensor& residual, Tensor& scra
   TS_DISPATCH_L(
       x.device, [&] { return fmt::format("linear_add {}x{}", w.size(0), w.size(1)); }, linear_add, x, w, residual,
       scratch);
+}
+bool lm_head_argmax_fusable(const Tensor& x, const Tensor* norm_w, const Tensor& head) {
+#if defined(TS_WITH_CUDA) && __has_include("ops/cuda/cuda_ops.h")
+  if (x.device == Device::cuda) return ::ts::ops::cuda::lm_head_argmax_fusable(x, norm_w, head);
+#endif
+  (void)x;
+  (void)norm_w;
+  (void)head;
+  return false;
+}
+void lm_head_argmax(const Tensor& x, const Tensor* norm_w, float eps, const Tensor& head, Tensor& ids, Tensor& scratch) {
+  TS_DISPATCH_L(
+      x.device, [&] { return fmt::format("lm_head_argmax {}x{}", head.size(0), head.size(1)); }, lm_head_argmax, x,
+      norm_w, eps, head, ids, scratch);
 }
 bool fuses_norm_gemv(Device device, int64_t rows) {
 #if defined(TS_WITH_CUDA) && __has_include("ops/cuda/cuda_ops.h")

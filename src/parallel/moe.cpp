@@ -5,6 +5,7 @@
 #include "core/device_memory.h"
 #include "core/error.h"
 #include "ops/moe_dispatch.h"
+#include "ops/moe_experts.h"
 #include "ops/ops.h"
 #include "parallel/layers.h"
 

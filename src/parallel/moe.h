@@ -37,6 +37,7 @@
 #include "core/tensor.h"
 #include "core/workspace.h"
 #include "ops/ops.h"
+#include "ops/linear_weight.h"
 #include "parallel/comm.h"
 #include "parallel/world.h"
 
@@ -65,10 +66,11 @@ class ExpertsRef {
   bool skips_invalid_;
 };
 
-// Plain (unquantized) expert weights of this rank through ops::moe_experts: gate_up [E_local, 2I,
-// H] (gate rows then up rows), down [E_local, H, I]. MoE TP: the rank's intermediate shard.
+// The expert weights of this rank through ops::moe_experts: gate_up [E_local, 2I, H] (gate rows
+// then up rows), down [E_local, H, I], plain or (CUDA) kept as stored. MoE TP: the rank's
+// intermediate shard.
 struct PlainExperts {
-  Tensor gate_up, down;
+  ops::LinearWeight gate_up, down;
   ops::GluAct act;
   void operator()(const Tensor& x, const Tensor& ids, const Tensor& w, Tensor& out) const;
   // ops::moe_experts skips id -1 on CUDA only.

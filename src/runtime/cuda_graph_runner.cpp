@@ -5,6 +5,7 @@
 
 #include "core/log.h"
 #include "ops/graph_hooks.h"
+#include "ops/lm_head.h"
 #include "runtime/device_logits.h"
 
 #ifdef TS_WITH_CUDA
@@ -130,6 +131,10 @@ struct CudaGraphRunner::Impl {
     Tensor logits;
   };
   std::map<std::pair<int, int>, Decode> decode;  // (kv bound, bs) -> graph
+  // Greedy decode graphs (forward with the fused LM head + argmax into greedy_ids), for the
+  // small batch sizes where the head fuses; same keys.
+  std::map<std::pair<int, int>, std::unique_ptr<cuda::Graph>> greedy;
+  Tensor greedy_ids, greedy_scratch;
   std::vector<int> kv_bounds;                     // context buckets of the decode graphs
   std::map<int, std::vector<std::unique_ptr<cuda::Graph>>> prefill;          // tokens -> segments
   std::vector<int32_t> dummy_ids;
@@ -195,6 +200,10 @@ struct CudaGraphRunner::Impl {
     kv_bounds = context_buckets(o.max_context);
   }
 
+  void set_greedy(ForwardBatch& batch) {
+    batch.greedy_ids = greedy_ids;
+    batch.greedy_scratch = greedy_scratch;
+  }
   // Decode graphs never copy aux hidden states (EAGLE3 verifies run through prefill graphs).
   static void no_aux(ForwardBatch& batch) {
     batch.capture_aux = false;
@@ -303,6 +312,38 @@ void CudaGraphRunner::capture_all() {
     }
     if (I.o.progress) progress("Capturing decode buckets", ++done, dec.size(), bs);
   }
+  // 2b. Greedy decode graphs for the batch sizes whose LM head fuses with the argmax (the
+  //     forward says so through greedy_done on its warm-up run).
+  I.greedy_ids = Tensor::zeros({std::max<int64_t>(dec.empty() ? 1 : dec.back(), 8)}, DType::i32, Device::cuda);
+  I.greedy_scratch = Tensor::zeros({ops::kLmArgmaxScratch}, DType::i64, Device::cuda);
+  for (int bs : dec) {
+    bool fused = true;
+    for (int kvb : I.kv_bounds) try {
+      I.builder.build(I.dummy(bs, 1), I.runner.block_size(), Device::cuda, batch, I.decode_opts(bs, kvb));
+      I.no_aux(batch);
+      I.set_greedy(batch);
+      m.forward(batch, I.runner.kv());
+      cuda::synchronize();
+      if (!batch.greedy_done) {
+        fused = false;
+        break;
+      }
+      auto g = std::make_unique<cuda::Graph>();
+      g->begin_capture();
+      try {
+        m.forward(batch, I.runner.kv());
+      } catch (...) {
+        try { g->end_capture(); } catch (...) {}
+        throw;
+      }
+      g->end_capture();
+      I.greedy[{kvb, bs}] = std::move(g);
+    } catch (const std::exception& e) {
+      spdlog::warn("greedy decode graph bs={} context<={} not captured ({}); it runs the sampling graph", bs, kvb, e.what());
+    }
+    batch.greedy_ids = batch.greedy_scratch = Tensor();
+    if (!fused) break;  // larger batches do not fuse either
+  }
   // 3. Breakable prefill graphs, largest first.
   auto pre = I.o.prefill ? prefill_buckets(I.o.max_prefill_tokens) : std::vector<int>{};
   done = 0;
@@ -396,6 +437,26 @@ bool CudaGraphRunner::try_run_sampled(const std::vector<SeqChunk>& chunks, const
   return true;
 }
 
+bool CudaGraphRunner::try_run_greedy(const std::vector<SeqChunk>& chunks, ForwardBatch& batch, std::vector<int32_t>& ids) {
+  Impl& I = *impl_;
+  if (chunks.empty() || I.greedy.empty()) return false;
+  int max_kv = 0;
+  for (auto& c : chunks) {
+    if (c.num_tokens != 1 || c.logits != SeqChunk::Logits::last || int(c.block_table->size()) > I.width) return false;
+    max_kv = std::max(max_kv, c.start_pos + 1);
+  }
+  auto kv = std::lower_bound(I.kv_bounds.begin(), I.kv_bounds.end(), max_kv);
+  if (kv == I.kv_bounds.end()) return false;
+  auto it = I.greedy.lower_bound({*kv, int(chunks.size())});
+  if (it == I.greedy.end() || it->first.first != *kv) return false;
+  I.builder.build(chunks, I.runner.block_size(), Device::cuda, batch, I.decode_opts(it->first.second, *kv));
+  I.no_aux(batch);
+  it->second->replay();
+  ids.resize(chunks.size());
+  device_copy(ids.data(), Device::cpu, I.greedy_ids.data, Device::cuda, ids.size() * sizeof(int32_t));
+  return true;
+}
+
 size_t CudaGraphRunner::pool_bytes() const {
   Workspace* ws = impl_->runner.model().workspace();
   return ws ? ws->capacity() : 0;
@@ -414,6 +475,8 @@ bool CudaGraphRunner::try_run_sampled(const std::vector<SeqChunk>&, const std::v
                                       std::vector<int32_t>&, const std::vector<ops::LogitsProcRow>*) {
   return false;
 }
+bool CudaGraphRunner::try_run_greedy(const std::vector<SeqChunk>&, ForwardBatch&, std::vector<int32_t>&) { return false; }
+
 size_t CudaGraphRunner::pool_bytes() const { return 0; }
 int CudaGraphRunner::decode_graphs() const { return 0; }
 int CudaGraphRunner::prefill_graphs() const { return 0; }

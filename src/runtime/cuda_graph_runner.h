@@ -49,6 +49,10 @@ class CudaGraphRunner {
   // before sampling, the counts updated after it (null: none).
   bool try_run_sampled(const std::vector<SeqChunk>& chunks, const std::vector<ops::SamplingRow>& rows, ForwardBatch& batch,
                        std::vector<int32_t>& ids, const std::vector<ops::LogitsProcRow>* proc = nullptr);
+  // Greedy decode without logits (ModelRunner::run_greedy): graphs whose LM head writes the
+  // argmax ids (captured for the batch sizes where ops::lm_head_argmax fuses). False (nothing
+  // done) when none fits.
+  bool try_run_greedy(const std::vector<SeqChunk>& chunks, ForwardBatch& batch, std::vector<int32_t>& ids);
   double capture_seconds() const { return capture_s_; }
   size_t pool_bytes() const;
   int decode_graphs() const;

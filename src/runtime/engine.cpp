@@ -33,21 +33,58 @@ namespace ts {
 static double secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 // Idle/busy accounting of the thread that drives the device: begin() at a step's start, end()
-// when its ids are on the host. On the GPU every step ends with its ids copied to the host, so
-// the device is idle from one step's end() to the next begin().
+// when its ids are on the host (fresh: the engine had no work since the previous step, so the
+// gap before this one is not idle time the scheduler caused and is not counted).
+//  - CPU: host clocks (the device is this thread).
+//  - CUDA (use_device_events): timing events on the compute stream, so the figure is the GPU's
+//    own idle time between the previous step's last op and this step's first: a step start
+//    recorded while the GPU is still busy gets the previous end's timestamp (gap 0). Two
+//    alternating start/end pairs: at end() of step N, N-1's end and N's start are reached (end()
+//    waits for N's start marker, which the GPU passes when it begins N), so N itself is never
+//    waited for; N's own busy time is counted one step late (totals exact but the last step's).
 struct IdleClock {
   Clock::time_point last_end{};
   bool have_end = false;
   Clock::time_point t0{};
-  void begin(bool fresh, StepResult& r) {
+  void begin() {
     t0 = Clock::now();
+#ifdef TS_WITH_CUDA
+    if (marks_) marks_->record(2 * pair_);
+#endif
+  }
+  void end(bool fresh, StepResult& r) {
+#ifdef TS_WITH_CUDA
+    if (marks_) {
+      const int cur = pair_, prev = 1 - pair_;
+      marks_->record(2 * cur + 1);
+      // A step that copied no ids (a prefill chunk that samples nothing) may still be running:
+      // its start (and so the previous end) is reached as soon as the GPU begins it.
+      marks_->synchronize(2 * cur);
+      r.idle_before_s = fresh || !have_end ? -1.0 : std::max(0.0f, marks_->elapsed_ms(2 * prev + 1, 2 * cur)) * 1e-3;
+      r.busy_s = have_end ? marks_->elapsed_ms(2 * prev, 2 * prev + 1) * 1e-3 : 0.0;
+      have_end = true;
+      pair_ = prev;
+      return;
+    }
+#endif
+    const auto now = Clock::now();
     r.idle_before_s = fresh || !have_end ? -1.0 : secs(t0 - last_end);
-  }
-  void end(StepResult& r) {
-    last_end = Clock::now();
+    r.busy_s = secs(now - t0);
+    last_end = now;
     have_end = true;
-    r.busy_s = secs(last_end - t0);
   }
+  void failed() { have_end = false; }  // a step threw: its marks may never complete
+  void use_device_events() {  // on the thread that drives the device (its stream)
+#ifdef TS_WITH_CUDA
+    if (!marks_) marks_ = std::make_unique<cuda::StreamMarks>(4);
+#endif
+  }
+
+#ifdef TS_WITH_CUDA
+ private:
+  std::unique_ptr<cuda::StreamMarks> marks_;  // [2p]: start, [2p+1]: end of pair p
+  int pair_ = 0;
+#endif
 };
 
 // The overlap loop's device thread: runs staged steps (PlainWorker::run_staged) one at a time,
@@ -55,7 +92,8 @@ struct IdleClock {
 // then applies the other slot's result while this thread runs s.
 class StepThread {
  public:
-  explicit StepThread(PlainWorker& w) : w_(w), th_([this] { loop(); }) {}
+  // device_events: time the device's idle gaps with CUDA events (IdleClock).
+  StepThread(PlainWorker& w, bool device_events) : w_(w), device_events_(device_events), th_([this] { loop(); }) {}
   ~StepThread() {
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -97,6 +135,7 @@ class StepThread {
     if (cuda_available()) cuda::set_device(0);  // rank 0's GPU, as the engine thread's
     cuda::set_launch_config(launch_cfg_);
 #endif
+    if (device_events_) clock_.use_device_events();
     std::unique_lock<std::mutex> lk(mu_);
     while (true) {
       cv_.wait(lk, [&] { return quit_ || !queue_.empty(); });
@@ -109,15 +148,13 @@ class StepThread {
         StepResult& r = result[j.slot];
         const StepResult* prev = j.prev >= 0 ? &result[j.prev] : nullptr;
         const bool fresh = j.fresh;
-        // begin() after run_staged's clear(): the idle figure is written into the result.
-        clock_.t0 = Clock::now();
-        const double gap = fresh || !clock_.have_end ? -1.0 : secs(clock_.t0 - clock_.last_end);
+        // end() after run_staged's clear(): the idle figure is written into the result.
+        clock_.begin();
         w_.run_staged(staged[j.slot], prev, r);
-        r.idle_before_s = gap;
-        clock_.end(r);
+        clock_.end(fresh, r);
       } catch (...) {
         err = std::current_exception();
-        clock_.have_end = false;
+        clock_.failed();
       }
       lk.lock();
       err_[j.slot] = err;
@@ -133,6 +170,7 @@ class StepThread {
   std::exception_ptr err_[2];
   bool quit_ = false;
   IdleClock clock_;
+  bool device_events_ = false;
 #ifdef TS_WITH_CUDA
   cuda::LaunchConfig launch_cfg_ = cuda::launch_config();  // the creating thread's (the engine's)
 #endif
@@ -363,7 +401,8 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   // Overlap scheduling for the plain worker; the EAGLE3 worker keeps the simple loop (its
   // drafts and acceptance need the previous step's ids on the host before it is planned).
   overlap_ = !o.disable_overlap_schedule && plain;
-  if (overlap_) thread_steps_ = std::make_unique<StepThread>(*plain);
+  if (device == Device::cuda) sync_clock_.use_device_events();
+  if (overlap_) thread_steps_ = std::make_unique<StepThread>(*plain, device == Device::cuda);
   context_len = o.context_length > 0 ? std::min(o.context_length, cfg.max_position_embeddings) : cfg.max_position_embeddings;
   context_len = std::min<int64_t>(context_len, blocks * bs - so.decode_tokens);
   io::GenerationConfig gc = io::load_generation_config(o.model_dir);
@@ -684,12 +723,16 @@ void EngineImpl::step_sync() {
     return;
   }
   auto t1 = Clock::now();
-  sync_clock_.begin(was_idle_, result_);
-  const double idle = result_.idle_before_s;
+  sync_clock_.begin();
+  const bool fresh = was_idle_;
   was_idle_ = false;
-  worker->execute(plan_, result_);
-  result_.idle_before_s = idle;
-  sync_clock_.end(result_);
+  try {
+    worker->execute(plan_, result_);
+  } catch (...) {
+    sync_clock_.failed();
+    throw;
+  }
+  sync_clock_.end(fresh, result_);
   auto t2 = Clock::now();
   apply(plan_, result_);
   sched->reap();

@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "core/device_memory.h"
+#include "ops/lm_head.h"
 #include "runtime/cuda_graph_runner.h"
 #include "runtime/device_logits.h"
 #include "runtime/tp_workers.h"
@@ -214,6 +215,41 @@ bool ModelRunner::run_sampled(const std::vector<SeqChunk>& chunks, const std::ve
   // all of them): such steps go through run(), which drives every rank, and sample after it.
   if (tp_) return false;
   return graphs_ && graphs_->try_run_sampled(chunks, rows, batch_, ids, proc);
+}
+
+bool ModelRunner::run_greedy(const std::vector<SeqChunk>& chunks, std::vector<int32_t>& ids) {
+  build_s_ = 0;
+  // TP ranks must all run (run() drives them); worker nodes replay run()'s steps only.
+  if (tp_ || channel_ || model_->device() == Device::cpu || chunks.empty()) return false;
+  // With graphs, only a greedy graph (batch 1-2 decode): elsewhere the sampling decode graph
+  // beats an eager forward, and steps no graph fits take run() as before.
+  if (graphs_) return graphs_->try_run_greedy(chunks, batch_, ids);
+  if (has_state()) return false;  // run_local checks the state slots; keep one place for it
+  int n = 0;
+  for (const SeqChunk& c : chunks)
+    n += c.logits == SeqChunk::Logits::none ? 0 : c.logits == SeqChunk::Logits::last ? 1 : c.num_tokens;
+  if (!greedy_ids_.data || greedy_ids_.numel() < n) {
+    greedy_ids_ = Tensor::zeros({std::max<int64_t>(n, 8)}, DType::i32, model_->device());
+    if (!greedy_scratch_.data) greedy_scratch_ = Tensor::zeros({ops::kLmArgmaxScratch}, DType::i64, model_->device());
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  builder_.build(chunks, kv_.block_size, model_->device(), batch_);
+  build_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  batch_.capture_aux = false;
+  batch_.greedy_ids = greedy_ids_;
+  batch_.greedy_scratch = greedy_scratch_;
+  try {
+    logits_ = model_->forward(batch_, kv_);
+  } catch (...) {
+    batch_.greedy_ids = batch_.greedy_scratch = Tensor();
+    throw;
+  }
+  batch_.greedy_ids = batch_.greedy_scratch = Tensor();
+  Tensor dev_ids = greedy_ids_.narrow(0, 0, n);
+  if (!batch_.greedy_done) ops::argmax_rows(logits_, nullptr, dev_ids);  // the head did not fuse at these rows
+  ids.resize(size_t(n));
+  if (n > 0) device_copy(ids.data(), Device::cpu, dev_ids.data, dev_ids.device, size_t(n) * sizeof(int32_t));
+  return true;
 }
 
 Tensor ModelRunner::aux_buffer(int64_t rows) {

@@ -101,6 +101,12 @@ class ModelRunner {
   // first use, or before the decode graphs are captured (they replay its kernels); null on the CPU.
   DeviceLogits* logits_proc();
   DeviceLogits* logits_proc_if_any() { return logits_proc_.get(); }
+  // Greedy step without logits (every logits row greedy, no logprobs, penalties or logits
+  // processing: runtime/sampler.h greedy_without_logits): ids[i] = argmax of logits row i. On
+  // CUDA the LM head and the argmax are one launch where it fuses (1-2 rows; decode graphs of
+  // batch 1 and 2 capture it), else logits + argmax on the device. False (nothing done) where it
+  // does not apply (CPU, tensor parallel, multi-node): call run() and sample.
+  bool run_greedy(const std::vector<SeqChunk>& chunks, std::vector<int32_t>& ids);
   // Captures CUDA graphs (decode buckets, breakable prefill buckets); see cuda_graph_runner.h.
   void enable_graphs(const GraphOptions& o);
   const CudaGraphRunner* graphs() const { return graphs_.get(); }
@@ -130,6 +136,7 @@ class ModelRunner {
   ForwardBatch batch_;
   BatchBuilder builder_;
   Tensor logits_, aux_buf_;
+  Tensor greedy_ids_, greedy_scratch_;  // run_greedy's device ids (grow-only) and argmax scratch (zeroed)
   std::shared_ptr<void> host_buf_;  // host logits (pinned where a GPU is present), reused
   size_t host_cap_ = 0;
   double build_s_ = 0;

@@ -23,6 +23,7 @@ void PlainWorker::stage(const StepPlan& plan, StagedStep& s) const {
   s.proc_any = false;
   s.host = false;
   s.masked = false;
+  s.greedy = true;
   s.live = false;
   if (s.tables.size() < n) s.tables.resize(n);
   size_t total = 0;
@@ -52,8 +53,10 @@ void PlainWorker::stage(const StepPlan& plan, StagedStep& s) const {
       s.reqs.push_back(&r);
       s.host = s.host || needs_host_logits(r);
       s.masked = s.masked || needs_mask(r);  // structured outputs: sample_batch applies the masks
+      s.greedy = s.greedy && greedy_without_logits(r);
     }
   }
+  s.greedy = s.greedy && !s.sampling.empty();
 }
 
 void PlainWorker::run_staged(StagedStep& s, const StepResult* prev, StepResult& out) {
@@ -70,7 +73,9 @@ void PlainWorker::run_staged(StagedStep& s, const StepResult* prev, StepResult& 
   auto f0 = std::chrono::steady_clock::now();
   // Pure decode steps sample inside the decode CUDA graph when one fits.
   bool sampled = false;
-  if (!s.host && !s.masked && s.sample_row.size() == s.seq.size())
+  // All greedy, nothing to process: the LM head may write the ids without logits.
+  if (s.greedy && !s.proc_any) sampled = runner_.run_greedy(s.seq, ids_);
+  if (!sampled && !s.host && !s.masked && s.sample_row.size() == s.seq.size())
     sampled = runner_.run_sampled(s.seq, s.sampling, ids_, s.proc_any ? &s.proc : nullptr);
   if (sampled) {
     samples_.resize(ids_.size());

@@ -39,6 +39,7 @@ struct StagedStep {
   bool proc_any = false;
   bool host = false;                         // some sampled row needs host logits
   bool masked = false;                       // some sampled row has logits constraints (grammar)
+  bool greedy = false;                       // every sampled row is greedy_without_logits (and there is one)
   bool live = false;
   size_t rows = 0;
   bool empty() const { return rows == 0; }

@@ -81,6 +81,13 @@ bool needs_host_logits(const Request& r) {
          (r.constraints != nullptr && !r.constraints->device_maskable());
 }
 
+bool greedy_without_logits(const Request& r) {
+  const GenerateParams& p = r.params;
+  return p.temperature <= 0.0f && p.logprobs < 0 && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+         p.frequency_penalty == 0.0f && r.constraints == nullptr && p.structured == nullptr && p.logit_bias.empty() &&
+         p.min_tokens == 0;
+}
+
 void apply_device_masks(Tensor& logits, const std::vector<const Request*>& reqs) {
   const int64_t n = int64_t(reqs.size()), vocab = logits.size(-1), words = (vocab + 31) / 32;
   // Host rows [n, words]: a grammar row's mask (ids past the tokenizer's vocabulary masked),

@@ -21,6 +21,10 @@ ops::SamplingRow sampling_row(const Request& r);
 // min_tokens). A grammar alone does not: its mask is applied on device logits; nor do penalties,
 // logit_bias and min_tokens of a request bound to a device logits slot (runtime/device_logits.h).
 bool needs_host_logits(const Request& r);
+// Whether a request's next token is the plain argmax of its logits: greedy (temperature <= 0),
+// no logprobs, no penalties, no logits constraints (logit_bias, min_tokens, grammar). Steps
+// whose sampled rows all are may skip the logits (ModelRunner::run_greedy).
+bool greedy_without_logits(const Request& r);
 // Whether a request's logits need a grammar mask (never sampled inside a decode graph yet).
 inline bool needs_mask(const Request& r) { return r.constraints != nullptr; }
 // logits: f32 [N, V] (host, modified in place by penalties; or on the device when no request

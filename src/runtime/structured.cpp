@@ -144,6 +144,8 @@ LogitsConstraints::LogitsConstraints(const GenerateParams& p, const std::vector<
     think_end_ = p.structured->think_end;
     trigger_ = p.structured->trigger;
     trigger_repeat_ = p.structured->trigger_repeat;
+    trigger_at_start_ = p.structured->trigger_at_start;
+    trigger_in_grammar_ = p.structured->trigger_in_grammar;
     switch (p.structured->reasoning) {
       case StructuredRequest::Reasoning::qwen3: phase_ = Phase::first_optional_think; break;
       case StructuredRequest::Reasoning::deepseek_r1: phase_ = Phase::reasoning; break;
@@ -251,11 +253,36 @@ void LogitsConstraints::accept(int32_t t) {
 void LogitsConstraints::enter_free_text() {
   phase_ = trigger_.empty() ? Phase::active : Phase::free;
   tail_.clear();
+  trigger_dead_ = false;
 }
 
 void LogitsConstraints::free_text(int32_t t) {
   const grammar::Vocab& v = compiled_->vocab();
   if (t < 0 || t >= v.size()) return;
+  if (trigger_at_start_) {
+    if (trigger_dead_) return;
+    tail_ += v.bytes(t);
+    const size_t b = tail_.find_first_not_of(" \t\r\n");
+    if (b == std::string::npos) return;  // only whitespace so far
+    const std::string_view head = std::string_view(tail_).substr(b);
+    if (head.size() < trigger_.size()) {  // a possible start of the trigger: wait
+      if (std::string_view(trigger_).substr(0, head.size()) != head) trigger_dead_ = true;
+      return;
+    }
+    if (!head.starts_with(trigger_)) {
+      trigger_dead_ = true;
+      return;
+    }
+    const std::string first(trigger_in_grammar_ ? head : head.substr(trigger_.size()));
+    tail_.clear();
+    trigger_dead_ = true;  // one match per output, whatever the grammar says of its first bytes
+    if (!first.empty()) {
+      if (!matcher_->accept_bytes(first)) return;  // rejected: the text stays free
+      if (spec_) ++matcher_steps_;
+    }
+    phase_ = Phase::active;
+    return;
+  }
   tail_ += v.bytes(t);  // specials too: a trigger may be one special token
   const size_t at = tail_.find(trigger_);
   if (at == std::string::npos) {
@@ -315,6 +342,7 @@ void LogitsConstraints::spec_begin() {
   spec_phase_ = phase_;
   spec_failed_ = failed_;
   spec_tail_ = tail_;
+  spec_trigger_dead_ = trigger_dead_;
   if (!matcher_) return;
   std::unique_lock<std::mutex> lk(mu_);
   cv_.wait(lk, [&] { return !pending_; });  // the background mask of the current state is done
@@ -341,6 +369,7 @@ void LogitsConstraints::spec_end() {
   phase_ = spec_phase_;
   failed_ = spec_failed_;
   tail_ = std::move(spec_tail_);
+  trigger_dead_ = spec_trigger_dead_;
   spec_ = false;
   spec_steps_ = matcher_steps_ = 0;
 }

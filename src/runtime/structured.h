@@ -50,6 +50,11 @@ struct StructuredRequest {
   // otherwise only a stop id may follow (parallel_tool_calls: false).
   std::string trigger;
   bool trigger_repeat = true;
+  // trigger_at_start: the trigger counts only as the first bytes of the output (after the
+  // reasoning block and leading whitespace); output that starts otherwise stays free text to the
+  // end (llama3 tool calls: the whole output is the calls or none is). trigger_in_grammar: the
+  // trigger's bytes are the grammar's first bytes too (llama3's "{" opens the call object).
+  bool trigger_at_start = false, trigger_in_grammar = false;
 };
 
 // Compiled grammars by key (LRU, `capacity` entries) over one tokenizer's vocabulary; the vocab
@@ -140,7 +145,8 @@ class LogitsConstraints {
   std::unique_ptr<grammar::Matcher> matcher_;
   std::shared_ptr<const grammar::CompiledGrammar> compiled_;  // for a fresh matcher per triggered match
   std::string trigger_, tail_;  // tail_: the last bytes of free text (a possible trigger prefix)
-  bool trigger_repeat_ = true;
+  bool trigger_repeat_ = true, trigger_at_start_ = false, trigger_in_grammar_ = false;
+  bool trigger_dead_ = false;  // trigger_at_start_: the output did not start with the trigger
   Phase phase_ = Phase::active;
   int32_t think_start_ = -1, think_end_ = -1;
   bool failed_ = false;
@@ -152,6 +158,7 @@ class LogitsConstraints {
   // spec_begin() .. spec_end(): the saved gate and how many matcher tokens to roll back.
   bool spec_ = false;
   Phase spec_phase_ = Phase::active;
+  bool spec_trigger_dead_ = false;
   bool spec_failed_ = false;
   std::string spec_tail_;
   size_t spec_steps_ = 0, matcher_steps_ = 0;

@@ -339,6 +339,7 @@ http::Result ApiEndpoints::messages(const http::Request& req, const std::shared_
     bool any_block = false, tool_calls = false;
   };
   auto s = std::make_shared<State>(ChatOutputParser(rk, tk));
+  s->parser.set_incremental_tool_calls(true);  // arguments stream as they are generated
   auto close = [s](std::string& w) {
     if (s->open.empty()) return;
     w += sse_event("content_block_stop", Json{{"type", "content_block_stop"}, {"index", s->index}});
@@ -352,7 +353,20 @@ http::Result ApiEndpoints::messages(const http::Request& req, const std::shared_
     w += sse_event("content_block_start",
                    Json{{"type", "content_block_start"}, {"index", ++s->index}, {"content_block", std::move(block)}});
   };
-  auto emit = [s, open, close](const ChatDelta& d, std::string& w) {
+  // A tool call is a tool_use block: a streaming head opens it and its argument fragments are
+  // input_json_delta events as they are generated (they concatenate to the input object's JSON);
+  // a call that arrived complete is one delta. The block closes when the next one opens.
+  auto tool_fragment = [s](const std::string& part, std::string& w) {
+    if (s->open != "tool_use" || part.empty()) return;  // fragments only follow their head
+    w += sse_event("content_block_delta", Json{{"type", "content_block_delta"},
+                                               {"index", s->index},
+                                               {"delta", Json{{"type", "input_json_delta"}, {"partial_json", part}}}});
+  };
+  auto emit = [s, open, close, tool_fragment](const ChatDelta& d, std::string& w) {
+    // Fragments that lead the delta belong to the call already open: they precede any text
+    // after it (the parser returns text and calls separately, not interleaved).
+    size_t k = 0;
+    for (; k < d.tool_calls.size() && d.tool_calls[k].continuation; ++k) tool_fragment(d.tool_calls[k].arguments, w);
     if (!d.reasoning.empty()) {
       open("thinking", Json{{"type", "thinking"}, {"thinking", ""}}, w);
       w += sse_event("content_block_delta", Json{{"type", "content_block_delta"},
@@ -365,21 +379,22 @@ http::Result ApiEndpoints::messages(const http::Request& req, const std::shared_
                                                  {"index", s->index},
                                                  {"delta", Json{{"type", "text_delta"}, {"text", d.content}}}});
     }
-    for (auto& c : d.tool_calls) {
+    for (; k < d.tool_calls.size(); ++k) {
+      const ToolCall& c = d.tool_calls[k];
+      if (c.continuation) {
+        tool_fragment(c.arguments, w);
+        continue;
+      }
       close(w);
       s->tool_calls = true;
       s->any_block = true;
-      int idx = ++s->index;
+      s->open = "tool_use";
       w += sse_event("content_block_start",
                      Json{{"type", "content_block_start"},
-                          {"index", idx},
+                          {"index", ++s->index},
                           {"content_block", Json{{"type", "tool_use"}, {"id", random_id("toolu_")}, {"name", c.name},
                                                  {"input", Json::object()}}}});
-      w += sse_event("content_block_delta",
-                     Json{{"type", "content_block_delta"},
-                          {"index", idx},
-                          {"delta", Json{{"type", "input_json_delta"}, {"partial_json", dump(arguments_object(c.arguments))}}}});
-      w += sse_event("content_block_stop", Json{{"type", "content_block_stop"}, {"index", idx}});
+      tool_fragment(c.streaming_head ? c.arguments : dump(arguments_object(c.arguments)), w);
     }
   };
   prod->on_event = [s, emit](const StreamEvent& ev, std::string& w) {
@@ -457,10 +472,12 @@ http::Result ApiEndpoints::responses(const http::Request& req, const std::shared
     explicit State(ChatOutputParser p) : parser(std::move(p)) {}
     ChatOutputParser parser;
     int seq = 0, output_index = -1;
-    std::string open, item_id, text;  // the open item: type, id, text so far
+    std::string open, item_id, text;  // the open item: type, id, text (or arguments) so far
+    std::string call_id, call_name;   // the open function_call item's
     Json done_items = Json::array();
   };
   auto s = std::make_shared<State>(ChatOutputParser(rk, tk));
+  s->parser.set_incremental_tool_calls(true);  // arguments stream as they are generated
   auto ev = [s](const std::string& type, Json j) {
     Json o = Json::object();
     o["type"] = type;
@@ -478,7 +495,12 @@ http::Result ApiEndpoints::responses(const http::Request& req, const std::shared
   auto close = [s, ev](std::string& w) {
     if (s->open.empty()) return;
     Json item;
-    if (s->open == "message") {
+    if (s->open == "function_call") {
+      w += ev("response.function_call_arguments.done", Json{{"item_id", s->item_id}, {"output_index", s->output_index},
+                                                            {"name", s->call_name}, {"arguments", s->text}});
+      item = Json{{"id", s->item_id}, {"type", "function_call"}, {"status", "completed"}, {"arguments", s->text},
+                  {"call_id", s->call_id}, {"name", s->call_name}};
+    } else if (s->open == "message") {
       Json part = Json{{"type", "output_text"}, {"text", s->text}, {"annotations", Json::array()}, {"logprobs", Json::array()}};
       w += ev("response.output_text.done", Json{{"item_id", s->item_id}, {"output_index", s->output_index},
                                                 {"content_index", 0}, {"text", s->text}, {"logprobs", Json::array()}});
@@ -518,7 +540,18 @@ http::Result ApiEndpoints::responses(const http::Request& req, const std::shared
                    {"item", Json{{"id", s->item_id}, {"type", "reasoning"}, {"summary", Json::array()}, {"content", Json::array()}}}});
     }
   };
-  auto emit = [s, ev, open, close](const ChatDelta& d, std::string& w) {
+  // A function_call item: a streaming head adds it and its argument fragments are
+  // function_call_arguments.delta events as they are generated; a call that arrived complete is
+  // one delta. The item is done when the next one opens (close).
+  auto call_fragment = [s, ev](const std::string& part, std::string& w) {
+    if (s->open != "function_call" || part.empty()) return;  // fragments only follow their head
+    s->text += part;
+    w += ev("response.function_call_arguments.delta", Json{{"item_id", s->item_id}, {"output_index", s->output_index}, {"delta", part}});
+  };
+  auto emit = [s, ev, open, close, call_fragment](const ChatDelta& d, std::string& w) {
+    // Fragments that lead the delta belong to the call already open (see the Messages stream).
+    size_t k = 0;
+    for (; k < d.tool_calls.size() && d.tool_calls[k].continuation; ++k) call_fragment(d.tool_calls[k].arguments, w);
     if (!d.reasoning.empty()) {
       open("reasoning", w);
       s->text += d.reasoning;
@@ -531,20 +564,22 @@ http::Result ApiEndpoints::responses(const http::Request& req, const std::shared
       w += ev("response.output_text.delta", Json{{"item_id", s->item_id}, {"output_index", s->output_index},
                                                  {"content_index", 0}, {"delta", d.content}, {"logprobs", Json::array()}});
     }
-    for (auto& c : d.tool_calls) {
+    for (; k < d.tool_calls.size(); ++k) {
+      const ToolCall& c = d.tool_calls[k];
+      if (c.continuation) {
+        call_fragment(c.arguments, w);
+        continue;
+      }
       close(w);
-      int oi = ++s->output_index;
-      std::string fid = random_id("fc_"), call_id = c.id.empty() ? random_id("call_") : c.id;
-      Json item = Json{{"id", fid}, {"type", "function_call"}, {"status", "in_progress"}, {"arguments", ""},
-                       {"call_id", call_id}, {"name", c.name}};
-      w += ev("response.output_item.added", Json{{"output_index", oi}, {"item", item}});
-      w += ev("response.function_call_arguments.delta", Json{{"item_id", fid}, {"output_index", oi}, {"delta", c.arguments}});
-      w += ev("response.function_call_arguments.done",
-              Json{{"item_id", fid}, {"output_index", oi}, {"name", c.name}, {"arguments", c.arguments}});
-      item["status"] = "completed";
-      item["arguments"] = c.arguments;
-      w += ev("response.output_item.done", Json{{"output_index", oi}, {"item", item}});
-      s->done_items.push_back(std::move(item));
+      s->open = "function_call";
+      s->text.clear();
+      s->item_id = random_id("fc_");
+      s->call_id = c.id.empty() ? random_id("call_") : c.id;
+      s->call_name = c.name;
+      Json item = Json{{"id", s->item_id}, {"type", "function_call"}, {"status", "in_progress"}, {"arguments", ""},
+                       {"call_id", s->call_id}, {"name", c.name}};
+      w += ev("response.output_item.added", Json{{"output_index", ++s->output_index}, {"item", item}});
+      call_fragment(c.arguments, w);
     }
   };
   prod->on_event = [s, emit](const StreamEvent& e, std::string& w) {

@@ -43,6 +43,8 @@ std::unique_ptr<httplib::Client> make_client(const std::string& base, double tim
   return c;
 }
 
+// expect_tokens: the completion length every request must have (< 0: at most -expect_tokens,
+// for grammar-constrained requests that end where the grammar does).
 Sample one_request(httplib::Client& cli, const std::string& body, int expect_tokens) {
   Sample s;
   auto t0 = Clock::now();
@@ -96,8 +98,10 @@ Sample one_request(httplib::Client& cli, const std::string& body, int expect_tok
     s.error = "HTTP " + std::to_string(res.status) + ": " + res.body.substr(0, 300);
   } else if (!done && s.error.empty()) {
     s.error = "stream ended without [DONE]";
-  } else if (s.error.empty() && s.tokens != expect_tokens) {
+  } else if (s.error.empty() && expect_tokens >= 0 && s.tokens != expect_tokens) {
     s.error = "expected " + std::to_string(expect_tokens) + " completion tokens, got " + std::to_string(s.tokens);
+  } else if (s.error.empty() && expect_tokens < 0 && (s.tokens < 1 || s.tokens > -expect_tokens)) {
+    s.error = "expected 1.." + std::to_string(-expect_tokens) + " completion tokens, got " + std::to_string(s.tokens);
   }
   s.ok = s.error.empty();
   return s;
@@ -154,6 +158,12 @@ std::vector<BenchServingResult> run_bench_serving(const BenchServingOptions& o) 
   }
   std::mt19937_64 rng(o.seed);
   std::uniform_int_distribution<int> dist(o.token_id_min, o.token_id_max - 1);
+  Json schema;
+  if (!o.json_schema.empty()) {
+    schema = Json::parse(o.json_schema, nullptr, false);
+    if (schema.is_discarded()) fail("bench serving: --json-schema is not valid JSON");
+  }
+  const int expect = schema.is_null() ? o.max_tokens : -o.max_tokens;
   auto make_body = [&](std::mt19937_64& r) {
     Json ids = Json::array();
     for (int i = 0; i < o.prompt_tokens; ++i) ids.push_back(dist(r));
@@ -165,11 +175,12 @@ std::vector<BenchServingResult> run_bench_serving(const BenchServingOptions& o) 
     b["ignore_eos"] = true;
     b["stream"] = true;
     b["stream_options"] = Json{{"include_usage", true}};
+    if (!schema.is_null()) b["structured_outputs"] = Json{{"json", schema}};
     return dump(b);
   };
   {  // warm-up: one short request (not measured)
     auto cli = make_client(base, o.timeout_s);
-    one_request(*cli, make_body(rng), o.max_tokens);
+    one_request(*cli, make_body(rng), expect);
   }
 
   std::vector<BenchServingResult> out;
@@ -185,7 +196,7 @@ std::vector<BenchServingResult> run_bench_serving(const BenchServingOptions& o) 
     for (int t = 0; t < std::min(c, n); ++t) {
       threads.emplace_back([&] {
         auto cli = make_client(base, o.timeout_s);
-        for (int i; (i = next.fetch_add(1)) < n;) samples[i] = one_request(*cli, bodies[i], o.max_tokens);
+        for (int i; (i = next.fetch_add(1)) < n;) samples[i] = one_request(*cli, bodies[i], expect);
       });
     }
     for (auto& t : threads) t.join();

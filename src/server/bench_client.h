@@ -1,6 +1,7 @@
 // `tokenspeed bench serving`: a load generator for any OpenAI-compatible server. Each client
 // thread streams /v1/completions with random token-id prompts (ignore_eos, so every request
-// makes exactly max_tokens tokens) and records TTFT and the gaps between streamed chunks.
+// makes exactly max_tokens tokens, unless a JSON schema constrains it) and records TTFT and the
+// gaps between streamed chunks.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -18,6 +19,10 @@ struct BenchServingOptions {
   uint64_t seed = 0;
   int token_id_min = 100, token_id_max = 1100;  // prompt ids drawn from [min, max)
   double timeout_s = 600;
+  // Non-empty: every request carries it as `structured_outputs.json` (a JSON Schema, the text of
+  // a JSON value), so the same load runs grammar-constrained: its cost is the difference in tok/s
+  // and ITL against a run without. Requests then end where the grammar does (<= max_tokens).
+  std::string json_schema;
 };
 
 struct BenchServingResult {

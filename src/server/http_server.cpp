@@ -450,9 +450,9 @@ struct HttpServer::Impl final : http::Handler {
       cr.structured = tool_call_structured(cr.tools, cr.tool_choice == ToolChoice::named ? cr.tool_choice_name : "",
                                            cr.parallel_tool_calls, tool_kind());
     } else if (cr.tool_choice == ToolChoice::auto_ && !cr.structured && opts.tool_choice_auto_grammar &&
-               cr.tools.is_array() && !cr.tools.empty() && tool_kind() == ToolCallParser::Kind::hermes) {
+               cr.tools.is_array() && !cr.tools.empty()) {
       // auto: free text, but a call the model starts is enforced (a triggered grammar).
-      cr.structured = tool_call_triggered(cr.tools, cr.parallel_tool_calls);
+      cr.structured = tool_call_triggered(cr.tools, cr.parallel_tool_calls, tool_kind());
     }
     if (cr.structured) {
       if (rkind == ReasoningParser::Kind::qwen3) cr.structured->reasoning = StructuredRequest::Reasoning::qwen3;

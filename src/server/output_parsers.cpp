@@ -300,6 +300,7 @@ int ToolCallParser::try_head(std::vector<ToolCall>& calls) {
   ToolCall c;
   c.id = random_id("call_");
   c.name = std::move(name);
+  c.streaming_head = true;
   calls.push_back(std::move(c));
   ++ncalls_;
   streaming_ = true;
@@ -331,7 +332,7 @@ void ToolCallParser::stream_args(std::vector<ToolCall>& calls) {
   frag.continuation = true;
   frag.arguments = buf_.substr(args_pos_, i - args_pos_);
   // Merged into the head when it is in the same delta, so a call's first chunk carries text.
-  if (!calls.empty() && !calls.back().continuation && calls.back().arguments.empty()) calls.back().arguments = frag.arguments;
+  if (!calls.empty() && calls.back().streaming_head && calls.back().arguments.empty()) calls.back().arguments = frag.arguments;
   else calls.push_back(std::move(frag));
   args_pos_ = i;
 }
@@ -460,7 +461,19 @@ std::shared_ptr<StructuredRequest> tool_call_structured(const Json& tools, const
 
 namespace ts::server {
 
-std::shared_ptr<StructuredRequest> tool_call_triggered(const Json& tools, bool parallel) {
+std::shared_ptr<StructuredRequest> tool_call_triggered(const Json& tools, bool parallel, ToolCallParser::Kind kind) {
+  if (kind == ToolCallParser::Kind::llama3) {
+    // The whole output is the calls or none is (the parser's rule): a "{" as the output's first
+    // byte starts the required-call grammar at that byte; anything else stays free text.
+    auto out = tool_call_structured(tools, "", parallel, kind);
+    out->kind = "tool_call_auto";
+    out->key = "tool_call_auto\n" + out->key;
+    out->trigger = "{";
+    out->trigger_at_start = out->trigger_in_grammar = true;
+    out->trigger_repeat = false;
+    return out;
+  }
+  TS_CHECK(kind == ToolCallParser::Kind::hermes, "tool_call_triggered: no tool-call parser");
   grammar::Grammar g;
   std::string key = fmt::format("triggered parallel={}\n", parallel);
   int body = tool_call_bodies(g, tools, "", ToolCallParser::Kind::hermes, key);

@@ -24,6 +24,9 @@ struct ToolCall {
   // arguments so far) and then fragments (continuation: only `arguments`, to append to the
   // last head's); the fragments concatenate to the arguments' JSON text.
   bool continuation = false;
+  // A head whose arguments are still streaming (`arguments` is only their first part, not yet
+  // JSON); false for a call that arrived complete.
+  bool streaming_head = false;
 };
 
 // One step of parsed output: any of the three may be empty.
@@ -111,11 +114,13 @@ class ChatOutputParser {
 std::shared_ptr<StructuredRequest> tool_call_structured(const nlohmann::ordered_json& tools, const std::string& only_name,
                                                         bool parallel, ToolCallParser::Kind kind);
 
-// tool_choice auto, hermes syntax: a triggered grammar (StructuredRequest::trigger): free text
-// until the model writes <tool_call>, then the call must be "\n" + {"name": N, "arguments":
-// ARGS} (N one of `tools`, ARGS following its schema) + "\n</tool_call>"; then free text again
-// (`parallel`) or the end.
-std::shared_ptr<StructuredRequest> tool_call_triggered(const nlohmann::ordered_json& tools, bool parallel);
+// tool_choice auto: a triggered grammar (StructuredRequest::trigger). hermes: free text until the
+// model writes <tool_call>, then the call must be "\n" + {"name": N, "arguments": ARGS} (N one of
+// `tools`, ARGS following its schema) + "\n</tool_call>"; then free text again (`parallel`) or the
+// end. llama3: when the output starts with "{" (after whitespace) the whole output must be the
+// calls of tool_call_structured (then only the end); any other start is free text.
+std::shared_ptr<StructuredRequest> tool_call_triggered(const nlohmann::ordered_json& tools, bool parallel,
+                                                       ToolCallParser::Kind kind = ToolCallParser::Kind::hermes);
 
 // Parses one tool-call JSON object ({"name", "arguments"|"parameters"}) into `call` (id left
 // empty); false when it is not one.

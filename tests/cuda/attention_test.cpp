@@ -5,6 +5,7 @@
 // block sizes 16/64, strided q and out, forced and empty KV splits (max_kv_len bound far above
 // the real lengths, as under CUDA-graph replay).
 #include "cuda_test_util.h"
+#include "ops/cuda/split_kv.h"
 
 using namespace ts;
 using namespace ts::test;
@@ -17,7 +18,7 @@ struct Seq {
 
 void check_attention(const std::vector<Seq>& seqs, int64_t nkv, int64_t G, int64_t hd, int bs,
                      int path, int splits = 0, int pad_rows = 0, int64_t hd_v = 0,
-                     int max_kv_bound = 0) {
+                     int max_kv_bound = 0, int split_target = 0, int split_min = 0) {
   if (hd_v == 0) hd_v = hd;
   const int64_t nh = nkv * G, B = int64_t(seqs.size());
   std::vector<int32_t> cu{0}, kvl;
@@ -65,10 +66,11 @@ void check_attention(const std::vector<Seq>& seqs, int64_t nkv, int64_t G, int64
   Tensor oh = heads_view(obuf.h, 8, nh, hd_v), od = heads_view(obuf.d, 8, nh, hd_v);
   const float scale = 1.0f / std::sqrt(float(hd));
   ops::cpu::paged_attention(qh, kc.h, vc.h, mh, scale, oh);
-  ops::cuda::paged_attention(qd, kc.d, vc.d, md, scale, od, ops::KernelPolicy{.attn_path = path, .attn_splits = splits});
-  std::string desc = fmt::format("attn B={} q0={} kv0={} maxq={} maxkv={} bound={} nkv={} G={} hd={} hd_v={} bs={} path={} splits={} pad={}",
+  ops::cuda::paged_attention(qd, kc.d, vc.d, md, scale, od, ops::KernelPolicy{.attn_path = path, .attn_splits = splits},
+                             ops::cuda::SplitKvOptions{split_target, split_min});
+  std::string desc = fmt::format("attn B={} q0={} kv0={} maxq={} maxkv={} bound={} nkv={} G={} hd={} hd_v={} bs={} path={} splits={} pad={} target={} min={}",
                                  B, seqs[0].q_len, seqs[0].kv_len, max_q, max_kv, mh.max_kv_len, nkv, G, hd,
-                                 hd_v, bs, path, splits, pad_rows);
+                                 hd_v, bs, path, splits, pad_rows, split_target, split_min);
   EXPECT_CLOSE(obuf.back(), obuf.h, desc);
 }
 
@@ -241,4 +243,62 @@ TEST(CudaAttention, OnlyPaddingRows) {
   TS_REQUIRE_CUDA();
   for (int path : {0, 3, 4, 5})
     check_attention({{0, 5}, {0, 70}}, 2, 4, 128, 16, path, 0, 4);
+}
+
+// Batch-invariant split-KV decode (ops::cuda::SplitKvOptions): each sequence's KV cut by its
+// own length, vs the CPU oracle at contexts 1, 17, 1k, 8k and 32k, GQA, paged (shuffled blocks),
+// decode and verify rows, a graph-style max_kv_len bound far above the real lengths.
+TEST(CudaAttention, DecodeSplitKVBatchInvariant) {
+  TS_REQUIRE_CUDA();
+  for (auto [target, min_tiles] : {std::pair<int, int>{32, 4}, {64, 2}, {8, 1}})
+    for (int ctx : {1, 17, 1024, 8192, 32768}) {
+      const int64_t nkv = ctx >= 8192 ? 2 : 8;  // the CPU oracle's time at 32k
+      check_attention({{1, ctx}}, nkv, 4, 128, 64, 3, 0, 0, 0, 0, target, min_tiles);
+      check_attention({{1, ctx}, {1, std::max(1, ctx / 3)}, {4, ctx}}, nkv, 4, 128, 16, 3, 0, 2, 0, 0, target, min_tiles);
+      if (ctx <= 1024) check_attention({{1, ctx}, {1, 5}}, 8, 4, 64, 64, 3, 0, 0, 0, 4 * ctx + 100, target, min_tiles);
+    }
+}
+
+// The same sequence gives bit-identical rows alone and inside batches of other lengths (and under
+// a larger max_kv_len bound, as in a CUDA graph bucket) in the batch-invariant mode.
+TEST(CudaAttention, DecodeSplitKVInvariantAcrossBatches) {
+  TS_REQUIRE_CUDA();
+  const int64_t nkv = 8, G = 4, hd = 128, nh = nkv * G;
+  const int bs = 64, ctx = 5000;
+  const std::vector<int> others{100, 20000, 1, 7000};
+  const int max_kv = 20000;
+  const int64_t nb_max = (max_kv + bs - 1) / bs, num_blocks = 5 * nb_max;
+  Tensor kc = to_dev_bf16(rand_host({num_blocks, bs, nkv, hd})), vc = to_dev_bf16(rand_host({num_blocks, bs, nkv, hd}));
+  Tensor q1 = rand_host({1, nh, hd}, 2.0f);
+  // Sequence s of a batch uses blocks [s * nb_max, ...): the test sequence always its own blocks.
+  auto run = [&](const std::vector<int>& lens, int at, int bound) {
+    const int64_t B = int64_t(lens.size());
+    std::vector<int32_t> cu{0}, kvl;
+    Tensor bt = Tensor::empty({B, nb_max}, DType::i32);
+    for (int64_t b = 0; b < B; ++b) {
+      cu.push_back(cu.back() + 1);
+      kvl.push_back(lens[size_t(b)]);
+      const int64_t base = (b == at ? 0 : 1 + b) * nb_max;
+      for (int64_t j = 0; j < nb_max; ++j) bt.ptr<int32_t>()[b * nb_max + j] = int32_t(base % num_blocks + j);
+    }
+    Tensor qh = rand_host({B, nh, hd}, 2.0f);
+    std::copy(q1.ptr<float>(), q1.ptr<float>() + nh * hd, qh.ptr<float>() + int64_t(at) * nh * hd);
+    ops::AttnMeta md;
+    md.cu_q = to_dev(i32_host(cu));
+    md.kv_len = to_dev(i32_host(kvl));
+    md.block_tables = to_dev(bt);
+    md.block_size = bs;
+    md.num_seqs = int(B);
+    md.max_q_len = 1;
+    md.max_kv_len = bound;
+    Tensor qd = to_dev_bf16(qh), od = Tensor::empty({B, nh, hd}, DType::bf16, Device::cuda);
+    ops::cuda::paged_attention(qd, kc, vc, md, 1.0f / std::sqrt(float(hd)), od,
+                               ops::KernelPolicy{}, ops::cuda::SplitKvOptions{32, 4});
+    Tensor h = to_host_f32(od);
+    return std::vector<float>(h.ptr<float>() + int64_t(at) * nh * hd, h.ptr<float>() + int64_t(at + 1) * nh * hd);
+  };
+  const std::vector<float> alone = run({ctx}, 0, ctx);
+  EXPECT_EQ(run({ctx}, 0, max_kv), alone) << "alone, larger bound";
+  EXPECT_EQ(run({others[0], others[1], ctx}, 2, max_kv), alone) << "3 sequences";
+  EXPECT_EQ(run({ctx, others[2], others[3], others[1], others[0]}, 0, max_kv), alone) << "5 sequences";
 }

@@ -4,6 +4,8 @@
 #include "ts_source_dir.h"  // TS_SOURCE_DIR (generated: the checkout's path)
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <random>
 
 #include "core/device_memory.h"
@@ -146,6 +148,47 @@ TEST(CudaGraphs, SamplingInsideDecodeGraphMatchesHostSampler) {
       ops::cpu::sample(logits, rows, want);
       ASSERT_TRUE(pr.graphed->run_sampled(dec, rows, got)) << "B=" << B;
       EXPECT_EQ(got, want) << "B=" << B << " step " << step;
+    }
+  }
+}
+
+// ModelRunner::run_greedy (the fused LM head + argmax, no logits): eager at any batch and in the
+// batch-1/2 greedy decode graphs, the ids are the argmax of the eager logits (eager: exactly;
+// graphs: or a near tie, the graph's attention splits differ); with graphs, batches without a
+// greedy graph decline (the sampling graph serves them).
+TEST(CudaGraphs, GreedyWithoutLogitsMatchesArgmax) {
+  TS_REQUIRE_CUDA();
+  Pair pr(8, 0);
+  for (int B : {1, 2, 3}) {
+    auto seqs = make_seqs(B, 80);
+    std::vector<SeqChunk> pre;
+    for (auto& s : seqs) pre.push_back({s.tokens.data(), int(s.tokens.size()), 0, &s.table, SeqChunk::Logits::last});
+    pr.eager->run(pre);
+    pr.graphed->run(pre);
+    for (int step = 0; step < 3; ++step) {
+      std::vector<int32_t> next(static_cast<size_t>(B));
+      std::vector<SeqChunk> dec;
+      for (int i = 0; i < B; ++i) {
+        next[size_t(i)] = rand_tok();
+        dec.push_back({&next[size_t(i)], 1, int(seqs[size_t(i)].tokens.size()) + step, &seqs[size_t(i)].table, SeqChunk::Logits::last});
+      }
+      Tensor logits = pr.eager->run(dec).to_f32();
+      const int64_t V = logits.size(1);
+      std::vector<int32_t> eager_ids, graph_ids;
+      ASSERT_TRUE(pr.eager->run_greedy(dec, eager_ids)) << "B=" << B;
+      const bool g = pr.graphed->run_greedy(dec, graph_ids);
+      EXPECT_EQ(g, B <= 2) << "B=" << B;
+      ASSERT_EQ(eager_ids.size(), size_t(B));
+      for (int i = 0; i < B; ++i) {
+        const float* l = logits.ptr<float>() + int64_t(i) * V;
+        const int32_t best = int32_t(std::max_element(l, l + V) - l);
+        auto near = [&](int32_t id) { return id == best || l[best] - l[id] <= 1e-2f * std::max(1.0f, std::fabs(l[best])); };
+        // Eager: the same norm and GEMV as run()'s logits, so exactly their argmax.
+        EXPECT_EQ(eager_ids[size_t(i)], best) << "B=" << B << " row " << i;
+        if (g) {
+          EXPECT_TRUE(near(graph_ids[size_t(i)])) << "B=" << B << " row " << i << " graph " << graph_ids[size_t(i)];
+        }
+      }
     }
   }
 }

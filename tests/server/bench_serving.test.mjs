@@ -28,3 +28,20 @@ test('bench serving prints a table for each concurrency', () => {
     assert.ok(idle >= 0 && idle <= 100, `dev_idle% ${row[10]}`);
   }
 });
+
+// --json-schema: the same load, every request grammar-constrained (structured_outputs.json);
+// requests end where the grammar does, so each has 1..max_tokens tokens and none fails.
+test('bench serving --json-schema runs the load constrained', () => {
+  const schema = JSON.stringify({ type: 'object', properties: { ok: { type: 'boolean' } }, required: ['ok'],
+    additionalProperties: false });
+  const r = spawnSync(BIN, ['bench', 'serving', '--base-url', srv.url, '--concurrency', '2', '--num-prompts', '4',
+    '--prompt-tokens', '16', '--max-tokens', '24', '--seed', '5', '--json-schema', schema],
+  { encoding: 'utf8', timeout: 300000 });
+  process.stdout.write(r.stdout);
+  process.stderr.write(r.stderr);
+  assert.equal(r.status, 0);
+  const row = r.stdout.trim().split('\n')[1].trim().split(/\s+/);
+  assert.deepEqual(row.slice(0, 3), ['2', '4', '0']);
+  const bad = spawnSync(BIN, ['bench', 'serving', '--base-url', srv.url, '--json-schema', '{not json'], { encoding: 'utf8' });
+  assert.notEqual(bad.status, 0);
+});

@@ -113,6 +113,7 @@ StreamMarks::~StreamMarks() {
   for (int i = 0; i < n_; ++i) cudaEventDestroy(static_cast<cudaEvent_t>(ev_[i]));
 }
 void StreamMarks::record(int i) { TS_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(ev_[i]), stream())); }
+void StreamMarks::synchronize(int i) const { TS_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(ev_[i]))); }
 float StreamMarks::elapsed_ms(int a, int b) const {
   float ms = 0;
   TS_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(ev_[a]), static_cast<cudaEvent_t>(ev_[b])));

@@ -58,7 +58,8 @@ class StreamMarks {
   StreamMarks(const StreamMarks&) = delete;
   StreamMarks& operator=(const StreamMarks&) = delete;
   void record(int i);
-  float elapsed_ms(int a, int b) const;
+  void synchronize(int i) const;  // waits until marker i has been reached
+  float elapsed_ms(int a, int b) const;  // both markers reached (else an error)
 
  private:
   void* ev_[8] = {};

@@ -1,6 +1,7 @@
 // Decode fusions on the CPU: the reference is the composition of the unfused ops (the CUDA
 // kernels must match it), so a model gives the same logits fused or not.
 #include "ops/cpu/cpu_ops.h"
+#include "ops/lm_head.h"
 
 namespace ts::ops::cpu {
 
@@ -36,6 +37,20 @@ void rmsnorm_linear(const Tensor& x, const Tensor& norm_w, float eps, const Tens
 void linear_add(const Tensor& x, const Tensor& w, Tensor& residual, Tensor& scratch) {
   ops::cpu::linear(x, w, scratch, nullptr);
   ops::cpu::add_inplace(residual, scratch);
+}
+
+void lm_head_argmax(const Tensor& x, const Tensor* norm_w, float eps, const Tensor& head, Tensor& ids, Tensor&) {
+  // The reference: norm, f32 logits, argmax_rows (ties to the lowest id).
+  const int64_t M = x.rows();
+  TS_CHECK(ids.dtype == DType::i32 && ids.numel() >= M, "lm_head_argmax: ids must be i32 [>= {}]", M);
+  Tensor xn = x;
+  if (norm_w) {
+    xn = Tensor::empty(x.dims(), x.dtype);
+    ops::cpu::rmsnorm(x, *norm_w, eps, xn);
+  }
+  Tensor logits = Tensor::empty({M, head.size(0)}, DType::f32);
+  ops::cpu::linear(xn, head, logits, nullptr);
+  ops::cpu::argmax_rows(logits, nullptr, ids, 1, nullptr);
 }
 
 }  // namespace ts::ops::cpu

@@ -21,6 +21,7 @@
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/split_kv.h"
 
 namespace ts::ops::cuda {
 using namespace ::ts::cuda;
@@ -69,6 +70,9 @@ struct AttnParams {
   __nv_bfloat16* out;
   int64_t o_s0, o_s1;
   int num_splits, split_len;
+  // v2 decode: split_target > 0 sizes each sequence's splits from its own kv_len (batch-
+  // invariant, seq_split_len in attention_v2.cuh); num_splits is then only the grid bound.
+  int split_target, split_min_tiles;
   float* part_o;           // [splits, T, nh, hd_v]
   float* part_ml;          // [splits, T, nh, 2]
   int T, B;
@@ -498,6 +502,11 @@ void prefill_launch(const AttnParams& p, int chunks) {
 
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const AttnMeta& meta, float scale, Tensor& out, const KernelPolicy& policy) {
+  paged_attention(q, k_cache, v_cache, meta, scale, out, policy, SplitKvOptions{});
+}
+
+void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttnMeta& meta, float scale,
+                     Tensor& out, const KernelPolicy& policy, const SplitKvOptions& split) {
   check_dev(q, DType::bf16, "paged_attention q");
   check_dev(k_cache, DType::bf16, "paged_attention k_cache");
   check_dev(v_cache, DType::bf16, "paged_attention v_cache");
@@ -583,7 +592,18 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
     // blocks whose split starts past their sequence's real length exit, the merge skips them.
     const int64_t tiles = std::max<int64_t>(1, ceil_div(meta.max_kv_len, kDTile));
     int64_t splits;
-    if (policy.attn_splits > 0) {
+    if (policy.attn_splits <= 0 && split.target > 0) {
+      // Batch-invariant splits: each sequence's split length comes from its own kv_len on the
+      // device (seq_split_len), never from the batch; the grid covers the most any sequence up to
+      // max_kv_len can have: min(target, ceil(tiles / min_tiles)).
+      p.split_target = split.target;
+      p.split_min_tiles = std::max(1, split.min_tiles);
+      splits = std::min<int64_t>(p.split_target, ceil_div(tiles, int64_t(p.split_min_tiles)));
+      // seq_split_len's tiles per split are >= ceil(tiles / target) >= 1; the host's split_len
+      // (unused by the kernels in this mode) is the longest one.
+      p.split_len = int(std::max<int64_t>(p.split_min_tiles, ceil_div(tiles, int64_t(p.split_target))) * kDTile);
+      p.num_splits = int(splits);
+    } else if (policy.attn_splits > 0) {
       splits = policy.attn_splits;
     } else {
       const int64_t base = B * nkv * chunks;
@@ -593,11 +613,13 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
       splits = std::clamp<int64_t>(target / base, 1,
                                    std::max<int64_t>(1, std::min<int64_t>(tiles / kDecodeMinSplitTiles, kDecodeMaxSplits)));
     }
-    const int64_t split_len = ceil_div(tiles, splits) * kDTile;
-    splits = ceil_div(tiles * kDTile, split_len);
-    TS_CHECK(splits <= 0x7fffffff && split_len <= 0x7fffffff, "paged_attention: bad split");
-    p.num_splits = int(splits);
-    p.split_len = int(split_len);
+    if (p.split_target == 0) {
+      const int64_t split_len = ceil_div(tiles, splits) * kDTile;
+      splits = ceil_div(tiles * kDTile, split_len);
+      TS_CHECK(splits <= 0x7fffffff && split_len <= 0x7fffffff, "paged_attention: bad split");
+      p.num_splits = int(splits);
+      p.split_len = int(split_len);
+    }
     if (splits > 1) {
       const size_t n_o = size_t(splits) * size_t(T) * size_t(nh) * size_t(hd_v);
       const size_t n_ml = size_t(splits) * size_t(T) * size_t(nh) * 2;
@@ -612,7 +634,10 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
       // row (hd_v / 4 columns x groups) fits the block.
       const int nc = int(hd_v / 4);
       int groups = 1;
-      while (groups * nc < kMThreads && groups * kMergeSplitsPerThread < splits) groups *= 2;
+      // Batch-invariant mode: from the policy's split bound, not the grid, so a row's partials
+      // are summed in the same order under any batch or bound.
+      const int64_t gs = p.split_target > 0 ? int64_t(p.split_target) : splits;
+      while (groups * nc < kMThreads && groups * kMergeSplitsPerThread < gs) groups *= 2;
       p.merge_groups = groups;
       const int rpb = kMThreads / (nc * groups);
       const int64_t mx = ceil_div(int64_t(std::max(meta.max_q_len, 1)) * nh, rpb);

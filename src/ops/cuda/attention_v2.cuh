@@ -89,6 +89,17 @@ constexpr int kDStages = 3;
 constexpr int kDThreads = 128;
 constexpr int kDRows = 64;
 
+// Split length (tokens) of sequence b's KV range. Batch-invariant mode (split_target > 0): from
+// the sequence's own kv_len alone — tiles per split = max(min_tiles, ceil(tiles / target)), so a
+// sequence is cut the same way whatever else is in the batch (the merge then sums the same
+// partials in the same order); at most min(target, ceil(tiles / min_tiles)) splits, which the
+// host's grid covers for every kv_len <= max_kv_len. Otherwise the host's split_len.
+__device__ __forceinline__ int seq_split_len(const AttnParams& p, int kv_len) {
+  if (p.split_target <= 0) return p.split_len;
+  const int tiles = max(1, (kv_len + kDTile - 1) / kDTile);
+  return max(p.split_min_tiles, (tiles + p.split_target - 1) / p.split_target) * kDTile;
+}
+
 template <int HD>
 constexpr size_t dec_smem() {
   constexpr size_t pipe = size_t(kDStages) * 2 * kDTile * (HD + 8) * sizeof(__nv_bfloat16);
@@ -111,7 +122,8 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
   const int split = blockIdx.x;
   const int q0 = p.cu_q[b], q_len = p.cu_q[b + 1] - q0, kv_len = p.kv_len[b];
   const int rows_total = q_len * p.G, r0 = chunk * kDRows;
-  const int t_begin = split * p.split_len;
+  const int split_len = seq_split_len(p, kv_len);
+  const int t_begin = split * split_len;
   // Splits at or past the real length write nothing (the merge reads only live splits); split 0
   // always runs, so a (degenerate) empty sequence still gets its zero rows.
   if (r0 >= rows_total || (split > 0 && t_begin >= kv_len)) return;
@@ -119,7 +131,7 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
   const int off = kv_len - q_len;                       // position of query 0
   const int min_pos = off + r0 / p.G;                   // first row's position
   const int max_pos = off + (r0 + nrows - 1) / p.G;     // last row's position
-  const int t_end = min(min(t_begin + p.split_len, kv_len), max_pos + 1);
+  const int t_end = min(min(t_begin + split_len, kv_len), max_pos + 1);
   const int n_tiles = t_end > t_begin ? (t_end - t_begin + kDTile - 1) / kDTile : 0;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -266,7 +278,9 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
     }
   }
   __syncthreads();
-  const bool single = p.num_splits == 1;
+  // One split: the normalised output straight away. Batch-invariant mode decides per sequence
+  // (its own split count), so a sequence rounds the same whatever the grid is.
+  const bool single = p.split_target > 0 ? kv_len <= split_len : p.num_splits == 1;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int rr = gq + 8 * i;
@@ -330,7 +344,11 @@ __global__ void __launch_bounds__(kMThreads) attn_merge_kernel(AttnParams p) {
   const bool live = lr < rpb && row < q_len * p.nh;
   const int qi = live ? row / p.nh : 0, h = live ? row % p.nh : 0;
   const int64_t tok = q0 + qi;
-  const int n_live = live ? min(p.num_splits, (kv_len + p.split_len - 1) / p.split_len) : 0;
+  const int split_len = seq_split_len(p, kv_len);
+  // Batch-invariant mode: a one-split sequence was written by the decode kernel (uniform over
+  // the block: one sequence per blockIdx.y).
+  if (p.split_target > 0 && kv_len <= split_len) return;
+  const int n_live = live ? min(p.num_splits, (kv_len + split_len - 1) / split_len) : 0;
   const int64_t stride = int64_t(p.T) * p.nh;  // rows per split
   const int64_t base = tok * p.nh + h;
   // Row max of m over the live splits: strided over the row's threads, then reduced over them

@@ -3,12 +3,17 @@
 //                   then kv_write: two launches and a re-read of k.
 //  linear_silu_mul: the gate_up GEMV with SiLU-mul in its epilogue — was the GEMV writing
 //                   [M, 2I] then silu_mul reading it back: one launch and 3 x M x I x 2 bytes less.
-// Both round exactly where the unfused chain rounds (bf16 after each op), so results are
+//  lm_head_argmax:  the greedy LM head: (final RMSNorm +) GEMV + argmax in one launch — was
+//                   rmsnorm, the GEMV writing f32 logits [M, vocab] and an argmax kernel reading
+//                   them back.
+// All round exactly where the unfused chain rounds (bf16 after each op), so results are
 // bit-identical to it; the CUDA tests compare against the CPU oracle like the unfused ops.
 #include <algorithm>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/decode_helpers.cuh"
+#include "ops/lm_head.h"
 
 namespace ts::ops::cuda {
 using namespace ::ts::cuda;
@@ -55,45 +60,13 @@ __global__ void rope_kv_write_kernel(__nv_bfloat16* q, int64_t q_s0, int64_t q_s
   const bool is_q = u < nh;
   __nv_bfloat16* p = is_q ? q + t * q_s0 + int64_t(u) * q_s1 : k + t * k_s0 + int64_t(u - nh) * k_s1;
   const __nv_bfloat16* w = is_q ? wq : wk;
-  float* buf = smem + warp * hd;
-  float scale = 1.0f;
-  if (NORM) {
-    float ss = 0.0f;
-    for (int i = lane; i < hd; i += 32) {
-      float f = __bfloat162float(p[i]);
-      ss += f * f;
-    }
-    ss = warp_sum(ss);
-    scale = rsqrtf(ss / float(hd) + eps);
-  }
-  for (int i = lane; i < hd; i += 32) {
-    float f = __bfloat162float(p[i]) * scale;
-    if (NORM) f *= __bfloat162float(w[i]);
-    buf[i] = f;
-  }
-  __syncwarp();
-  const int ps = pos[t];
-  const bool rotate = ps >= 0 && ps < max_pos && rot > 0;
-  const float* c = cs + int64_t(rotate ? ps : 0) * rot;
-  const float* s = c + rot / 2;
-  const int half = rot / 2;
   __nv_bfloat16* kc = (!is_q && slot >= 0) ? k_cache + (slot * nkv + (u - nh)) * int64_t(hd) : nullptr;
-  for (int i = lane; i < hd; i += 32) {
-    float val = buf[i];
-    if (rotate && i < rot) {
-      if (!interleaved) {
-        if (i < half) val = buf[i] * c[i] - buf[i + half] * s[i];
-        else val = buf[i] * c[i - half] + buf[i - half] * s[i - half];
-      } else {
-        const int j = i >> 1;
-        if ((i & 1) == 0) val = buf[i] * c[j] - buf[i + 1] * s[j];
-        else val = buf[i] * c[j] + buf[i - 1] * s[j];
-      }
-    }
-    const __nv_bfloat16 o = __float2bfloat16(val);
-    p[i] = o;
-    if (kc) kc[i] = o;
-  }
+  head_norm_rope<NORM>(p, w, hd, eps, smem + warp * hd, pos[t], cs, max_pos, rot, interleaved, lane,
+                       [&](int i, float v) {
+                         const __nv_bfloat16 o = __float2bfloat16(v);
+                         p[i] = o;
+                         if (kc) kc[i] = o;
+                       });
   pdl_trigger();
 }
 
@@ -110,35 +83,19 @@ constexpr int kMaxM = 2;
 constexpr int kMaxMSmall = 8;
 constexpr int64_t kSmallBytes = 8ll << 20;
 
-__device__ __forceinline__ uint4 ld_stream16(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ float dot8_bf16(const uint4& a, const uint4& b) {
-  const __nv_bfloat162* pa = reinterpret_cast<const __nv_bfloat162*>(&a);
-  const __nv_bfloat162* pb = reinterpret_cast<const __nv_bfloat162*>(&b);
-  float s = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float2 fa = __bfloat1622float2(pa[i]), fb = __bfloat1622float2(pb[i]);
-    s = fmaf(fa.x, fb.x, s);
-    s = fmaf(fa.y, fb.y, s);
-  }
-  return s;
-}
-
 // One generic small-M GEMV (the loop of linear.cu's: one warp per output, 16-byte streaming
 // weight loads, x rows read through L1 or shared memory) with
 //  NORM: a prologue that RMS-normalises the M rows of x (times norm_w) into shared memory, each
 //    block for itself (x is [M, K] of a few KB: L2-resident; redundant but free next to the
 //    weight stream), so the norm needs no launch of its own;
 //  EPI: 0 store acc (+ bias); 1 SiLU-mul of the gate row n and the up row n + N (gate_up layout);
-//    2 residual add: out[m, n] = bf16(out[m, n] + bf16(acc)) (fused_add_rmsnorm's rounding).
-enum Epi : int { kStore = 0, kSiluMul = 1, kAddInto = 2 };
+//    2 residual add: out[m, n] = bf16(out[m, n] + bf16(acc)) (fused_add_rmsnorm's rounding);
+//    3 argmax: no output row; ids[m] = argmax_n acc (f32, as linear's f32-out GEMV stores it),
+//      ties to the lowest n (the key of argmax_rows / sample: monotone float bits << 32 | ~n).
+//      Each block reduces its kWarps outputs in shared memory, one atomicMax per row and block
+//      goes to keys[m], and the last block to finish (a grid counter) turns the keys into ids and
+//      zeroes keys and counter again, so the scratch is ready for the next launch (graph replays).
+enum Epi : int { kStore = 0, kSiluMul = 1, kAddInto = 2, kArgmax = 3 };
 constexpr int kNormMaxM = 2;            // the norm prologue: decode rows only
 constexpr size_t kNormSmem = 48 * 1024;  // M * K bf16 of normalised x (no opt-in needed)
 
@@ -153,12 +110,50 @@ struct GemvArgs {
   __nv_bfloat16* out;
   int64_t out_ld;
   int N, K;  // N outputs (kSiluMul: I, the weight has 2I rows)
+  unsigned long long* keys;  // kArgmax: [kLmArgmaxScratch]: M row keys, then the grid counter
+  int32_t* ids;              // kArgmax: [M]
 };
+
+__device__ __forceinline__ unsigned long long argmax_key(float v, int64_t n) {
+  const uint32_t u = __float_as_uint(v);
+  const uint32_t mono = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return (static_cast<unsigned long long>(mono) << 32) | static_cast<unsigned long long>(0xffffffffu - uint32_t(n));
+}
+
+// kArgmax epilogue, lane 0 of every warp of the block (active or not: the block's last warp
+// publishes, so every warp must check in). vals[m]: this warp's logit of row m (has: n < N).
+template <int M>
+__device__ __forceinline__ void argmax_publish(const float* vals, bool has, int64_t n, unsigned long long* bmax,
+                                               unsigned* bdone, const GemvArgs& a) {
+  if (has) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) atomicMax(&bmax[m], argmax_key(vals[m], n));
+  }
+  __threadfence_block();
+  if (atomicAdd(bdone, 1u) != kWarps - 1) return;
+  // The block's last warp: every warp's maximum is in bmax.
+  __threadfence_block();
+#pragma unroll
+  for (int m = 0; m < M; ++m) atomicMax(&a.keys[m], atomicAdd(&bmax[m], 0ull));
+  __threadfence();
+  unsigned* grid_done = reinterpret_cast<unsigned*>(a.keys + kLmArgmaxScratch - 1);
+  if (atomicAdd(grid_done, 1u) != gridDim.x - 1) return;
+  // The grid's last block: every block's maximum is in keys (device-scope atomics, L2).
+  __threadfence();
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    const unsigned long long k = atomicExch(&a.keys[m], 0ull);
+    a.ids[m] = int32_t(0xffffffffu - uint32_t(k & 0xffffffffull));
+  }
+  atomicExch(grid_done, 0u);
+}
 
 template <int M, bool NORM, int EPI>
 __global__ void __launch_bounds__(kWarps * 32) gemv_fused_kernel(GemvArgs a) {
   extern __shared__ __align__(16) unsigned char gemv_smem[];
   __shared__ float red[32];
+  __shared__ unsigned long long bmax[EPI == kArgmax ? M : 1];
+  __shared__ unsigned bdone;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int nv = a.K / 8;
   constexpr int R = EPI == kSiluMul ? 2 : 1;  // weight rows per warp
@@ -179,6 +174,11 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_fused_kernel(GemvArgs a) {
     }
   };
   load_chunk(0);
+  if constexpr (EPI == kArgmax) {
+    if (threadIdx.x < M) bmax[threadIdx.x] = 0ull;
+    if (threadIdx.x == 0) bdone = 0u;
+    __syncthreads();
+  }
   pdl_wait();
   const __nv_bfloat16* x = a.x;
   int64_t x_ld = a.x_ld;
@@ -216,7 +216,12 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_fused_kernel(GemvArgs a) {
     x = xs;
     x_ld = a.K;
   }
-  if (!active) return;
+  if (!active) {
+    if constexpr (EPI == kArgmax) {
+      if (lane == 0) argmax_publish<M>(nullptr, false, n, bmax, &bdone, a);
+    }
+    return;
+  }
   float acc[R][M];
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -242,6 +247,15 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_fused_kernel(GemvArgs a) {
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = warp_sum(acc[r][m]);
+  if constexpr (EPI == kArgmax) {
+    if (lane == 0) {
+      float v[M];
+#pragma unroll
+      for (int m = 0; m < M; ++m) v[m] = acc[0][m] + 0.0f;  // linear's f32 store adds a zero bias: -0 -> +0
+      argmax_publish<M>(v, true, n, bmax, &bdone, a);
+    }
+    return;
+  }
   if (lane == 0) {
 #pragma unroll
     for (int m = 0; m < M; ++m) {
@@ -285,6 +299,10 @@ void gemv_fused(int M, bool norm, int epi, const GemvArgs& a) {
     if (norm && epi == kStore) return one ? gemv_fused_launch<1, true, kStore>(a) : gemv_fused_launch<2, true, kStore>(a);
     if (!norm && epi == kAddInto)
       return one ? gemv_fused_launch<1, false, kAddInto>(a) : gemv_fused_launch<2, false, kAddInto>(a);
+    if (epi == kArgmax) {
+      if (norm) return one ? gemv_fused_launch<1, true, kArgmax>(a) : gemv_fused_launch<2, true, kArgmax>(a);
+      return one ? gemv_fused_launch<1, false, kArgmax>(a) : gemv_fused_launch<2, false, kArgmax>(a);
+    }
   }
   fail("gemv_fused: no kernel for M={} norm={} epilogue={}", M, norm, epi);
 }
@@ -300,8 +318,8 @@ GemvArgs gemv_args(const Tensor& x, const Tensor& w, Tensor& out, int N) {
   a.x_ld = x.row_stride();
   a.w = w.ptr<__nv_bfloat16>();
   a.w_ld = w.row_stride();
-  a.out = out.ptr<__nv_bfloat16>();
-  a.out_ld = out.row_stride();
+  a.out = out.data ? out.ptr<__nv_bfloat16>() : nullptr;
+  a.out_ld = out.data ? out.row_stride() : 0;
   a.N = N;
   a.K = int(x.size(-1));
   return a;
@@ -451,6 +469,34 @@ void linear_add(const Tensor& x, const Tensor& w, Tensor& residual, Tensor& scra
   }
   cuda::linear(x, w, scratch, nullptr, policy);
   cuda::add_inplace(residual, scratch);
+}
+
+bool lm_head_argmax_fusable(const Tensor& x, const Tensor* norm_w, const Tensor& head) {
+  const int64_t M = x.rows(), K = x.size(-1);
+  return M >= 1 && M <= kMaxM && x.device == Device::cuda && x.dtype == DType::bf16 && head.device == Device::cuda &&
+         head.dtype == DType::bf16 && head.ndim == 2 && head.size(1) == K && head.size(0) <= 0x7fffffff &&
+         K <= 0x7fffffff && vec8_ok(x.data, K, x.row_stride()) && vec8_ok(head.data, K, head.row_stride()) &&
+         (!norm_w || norm_fusable(M, x, norm_w));
+}
+
+void lm_head_argmax(const Tensor& x, const Tensor* norm_w, float eps, const Tensor& head, Tensor& ids, Tensor& scratch) {
+  TS_CHECK(lm_head_argmax_fusable(x, norm_w, head), "lm_head_argmax: x {} head {} do not fuse (1-{} bf16 rows, K % 8 == 0)",
+           x.shape_str(), head.shape_str(), kMaxM);
+  check_dev(ids, DType::i32, "lm_head_argmax ids");
+  check_dev(scratch, DType::i64, "lm_head_argmax scratch");
+  const int64_t M = x.rows();
+  TS_CHECK(ids.numel() >= M && ids.is_contiguous() && scratch.numel() >= kLmArgmaxScratch && scratch.is_contiguous(),
+           "lm_head_argmax: ids {} for {} rows, scratch {} (needs {} zeroed i64)", ids.shape_str(), M,
+           scratch.shape_str(), kLmArgmaxScratch);
+  Tensor none;
+  GemvArgs a = gemv_args(x, head, none, int(head.size(0)));
+  if (norm_w) {
+    a.norm_w = norm_w->ptr<__nv_bfloat16>();
+    a.eps = eps;
+  }
+  a.keys = reinterpret_cast<unsigned long long*>(scratch.data);
+  a.ids = ids.ptr<int32_t>();
+  gemv_fused(int(M), norm_w != nullptr, kArgmax, a);
 }
 
 }  // namespace ts::ops::cuda

@@ -10,6 +10,7 @@
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/decode_helpers.cuh"
 
 #define TS_CUBLAS_CHECK(expr)                                                           \
   do {                                                                                  \
@@ -33,27 +34,6 @@ constexpr int kGemvMaxMSmall = 8;
 constexpr int64_t kGemvSmallBytes = 8ll << 20;
 constexpr int kGemvWarps = 8;
 constexpr int kGemvUnroll = 4;
-
-__device__ __forceinline__ uint4 ld_stream(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
-  const __nv_bfloat162* pa = reinterpret_cast<const __nv_bfloat162*>(&a);
-  const __nv_bfloat162* pb = reinterpret_cast<const __nv_bfloat162*>(&b);
-  float s = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float2 fa = __bfloat1622float2(pa[i]), fb = __bfloat1622float2(pb[i]);
-    s = fmaf(fa.x, fb.x, s);
-    s = fmaf(fa.y, fb.y, s);
-  }
-  return s;
-}
 
 // One warp per output feature n; all M rows of x are read (L1-resident) for each weight vector.
 // Requires K % 8 == 0 and 16-byte aligned rows of x and w.
@@ -80,7 +60,7 @@ gemv_kernel(const __nv_bfloat16* __restrict__ x, int64_t x_ld, const __nv_bfloat
 #pragma unroll
     for (int u = 0; u < kGemvUnroll; ++u) {
       const int i = base + u * 32 + lane;
-      wv[u] = i < nv ? ld_stream(wr + int64_t(i) * 8) : make_uint4(0, 0, 0, 0);
+      wv[u] = i < nv ? ld_stream16(wr + int64_t(i) * 8) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kGemvUnroll; ++u) {
@@ -89,7 +69,7 @@ gemv_kernel(const __nv_bfloat16* __restrict__ x, int64_t x_ld, const __nv_bfloat
 #pragma unroll
         for (int m = 0; m < M; ++m) {
           const uint4 xv = *reinterpret_cast<const uint4*>(x + m * x_ld + int64_t(i) * 8);
-          acc[m] += dot8(wv[u], xv);
+          acc[m] += dot8_bf16(wv[u], xv);
         }
       }
     }

@@ -16,6 +16,14 @@
 //  3. moe_gemm<down>: y = act W_down^T over the sorted rows, same kernel.
 //  4. moe_combine: out[t] = sum_j weights[t, j] * y[inv[t, j]], j ascending, fp32 — the fixed
 //     order of the CPU reference; no atomics.
+// Routed experts kept as stored (FP8 e4m3 with block / channel / tensor / MXFP8 scales, NVFP4;
+// ops::LinearWeight [E, rows, K] with per-expert scale rows) take the same sort and combine:
+//  decode (few rows per expert): moe_qgemv<gate_up | down> per (work item, 8 features), one warp
+//   per feature streaming the selected expert's stored row once per 1-8 token rows through the
+//   dense GEMV's row dot product (quant_dot.cuh) — only the active experts' bytes are read;
+//  prefill: the experts are dequantized to bf16 a chunk (<= 1 GB) at a time (experts without rows skipped)
+//   into workspace(3) and the chunk's work items run the bf16 moe_gemm above; the combine follows
+//   once, so the result equals the bf16 path over the exactly dequantized weights.
 // Every output element is a fixed sequence of k-chunk MMAs independent of how many rows share its
 // expert or tile, so a token's result does not depend on the rest of the batch.
 #include <algorithm>
@@ -23,6 +31,9 @@
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/quant_dot.cuh"
+#include "ops/cuda/quant_linear.h"
+#include "ops/moe_experts.h"
 
 namespace ts::ops::cuda {
 using namespace ::ts::cuda;
@@ -367,6 +378,7 @@ struct GemmArgs {
   int64_t out_ld;
   int act_kind;
   float alpha, limit;
+  int e_lo = 0, e_hi = 0x7fffffff;  // experts [e_lo, e_hi) only, w holding expert e_lo first
 };
 
 __device__ __forceinline__ uint4 ld_stream(const void* p) {
@@ -423,9 +435,10 @@ __global__ void __launch_bounds__(kKW * 32) moe_gemm_kernel(GemmArgs a) {
   if (item >= a.meta[0]) return;
   const int4 it = a.items[item];
   const int e = it.x, rb = it.y, re = it.z;
+  if (e < a.e_lo || e >= a.e_hi) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
   const int f0 = blockIdx.y * kFT;
-  const __nv_bfloat16* we = a.w + int64_t(e) * a.w_expert;
+  const __nv_bfloat16* we = a.w + int64_t(e - a.e_lo) * a.w_expert;
   const __nv_bfloat16* arow[NA][2];
 #pragma unroll
   for (int na = 0; na < NA; ++na)
@@ -514,6 +527,107 @@ __global__ void __launch_bounds__(kKW * 32) moe_gemm_kernel(GemmArgs a) {
     __syncthreads();  // red is reused by the next pass
   }
   pdl_trigger();
+}
+
+// ---- grouped GEMV over experts kept as stored (decode) ---------------------------------------------
+constexpr int kQW = 8;  // warps (output features) per CTA
+constexpr int kQuantGemvAutoRows = 8;  // auto: the GEMV while the expected rows per expert <= this
+
+struct QGemvArgs {
+  const uint8_t* w;  // flat [E * rows, K bytes (FP8) or K/2 (NVFP4)]
+  int64_t w_ld;      // bytes per row
+  const void* sc;    // FP8: f32 [E * rows >> bn, scols]; NVFP4: E4M3 codes [E * rows, K / 16]
+  int64_t s_ld;      // scale elements per scale row
+  const float* s2;   // NVFP4: f32 [E * rows]
+  int rows;          // weight rows per expert (2I for gate_up, H for down)
+  int bn_log2, bk_log2;
+  int n_feat, K;     // outputs per pair (I or H), reduction length
+  const __nv_bfloat16* src;
+  int64_t src_ld;
+  const int32_t* perm;
+  int topk;
+  const int4* items;
+  const int32_t* meta;
+  __nv_bfloat16* out;
+  int64_t out_ld;
+  int act_kind;
+  float alpha, limit;
+};
+
+// grid: x = work item (blocks past the item count exit), y = 8-feature group; warp = feature f.
+// gate_up: act[p, f] = glu(x_p . W_e[f], x_p . W_e[I + f]); down: y[p, f] = act_p . W_e[f], for the
+// item's rows p, R at a time (each pass re-streams the row; decode has one pass).
+template <int R, bool GATE_UP, bool FP4>
+__global__ void __launch_bounds__(kQW * 32) moe_qgemv_kernel(QGemvArgs a) {
+  constexpr int NA = GATE_UP ? 2 : 1;
+  pdl_wait();
+  const int item = blockIdx.x;
+  if (item >= a.meta[0]) return;
+  const int4 it = a.items[item];
+  const int e = it.x, rb = it.y, re = it.z;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int f = blockIdx.y * kQW + warp;
+  if (f >= a.n_feat) return;
+  const uint8_t* wr[NA];
+  const void* sr[NA];
+  float g2[NA];
+#pragma unroll
+  for (int na = 0; na < NA; ++na) {
+    const int64_t n = int64_t(e) * a.rows + f + (na ? a.n_feat : 0);  // flat weight row
+    wr[na] = a.w + n * a.w_ld;
+    if (FP4) {
+      sr[na] = static_cast<const uint8_t*>(a.sc) + n * a.s_ld;
+      g2[na] = a.s2[n];
+    } else {
+      sr[na] = static_cast<const float*>(a.sc) + (n >> a.bn_log2) * a.s_ld;
+      g2[na] = 1.0f;
+    }
+  }
+  for (int p0 = rb; p0 < re; p0 += R) {
+    const __nv_bfloat16* xr[R];
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+      const int p = min(p0 + j, re - 1);  // past the item: a valid row, result dropped
+      const int64_t r = GATE_UP ? int64_t(a.perm[p] / a.topk) : int64_t(p);
+      xr[j] = a.src + r * a.src_ld;
+    }
+    float acc[NA][R];
+#pragma unroll
+    for (int na = 0; na < NA; ++na) {
+#pragma unroll
+      for (int j = 0; j < R; ++j) acc[na][j] = 0.0f;
+      if (FP4) qdot::fp4_row_dot<R>(wr[na], static_cast<const uint8_t*>(sr[na]), a.K, xr, acc[na], lane);
+      else qdot::fp8_row_dot<R>(wr[na], static_cast<const float*>(sr[na]), a.bk_log2, a.K, xr, acc[na], lane);
+#pragma unroll
+      for (int j = 0; j < R; ++j) acc[na][j] = warp_sum(acc[na][j]) * g2[na];
+    }
+    if (lane == 0) {
+#pragma unroll
+      for (int j = 0; j < R; ++j) {
+        if (p0 + j >= re) break;
+        const float v = GATE_UP ? glu_act(acc[0][j], acc[NA - 1][j], a.act_kind, a.alpha, a.limit) : acc[0][j];
+        a.out[int64_t(p0 + j) * a.out_ld + f] = __float2bfloat16(v);
+      }
+    }
+  }
+  pdl_trigger();
+}
+
+template <int R, bool GATE_UP>
+void qgemv_launch(const QGemvArgs& g, int64_t items, bool fp4) {
+  const dim3 grid(unsigned(items), unsigned(ceil_div(g.n_feat, kQW)));
+  if (fp4) launch(moe_qgemv_kernel<R, GATE_UP, true>, grid, dim3(kQW * 32), 0, true, g);
+  else launch(moe_qgemv_kernel<R, GATE_UP, false>, grid, dim3(kQW * 32), 0, true, g);
+}
+
+template <bool GATE_UP>
+void qgemv_dispatch(int r, const QGemvArgs& g, int64_t items, bool fp4) {
+  switch (r) {
+    case 1: qgemv_launch<1, GATE_UP>(g, items, fp4); break;
+    case 2: qgemv_launch<2, GATE_UP>(g, items, fp4); break;
+    case 4: qgemv_launch<4, GATE_UP>(g, items, fp4); break;
+    default: qgemv_launch<8, GATE_UP>(g, items, fp4); break;
+  }
 }
 
 // ---- combine ---------------------------------------------------------------------------------------
@@ -648,24 +762,86 @@ void moe_route(const Tensor& logits, const Tensor* bias, const MoeRouting& r, Te
   launch(moe_route_kernel, dim3(unsigned(ceil_div(T, kRouteWarps))), dim3(kRouteWarps * 32), smem, true, a);
 }
 
+namespace {
+
+// A routed-expert weight kept as stored: data [E, R, K or K/2], scales [E, SR, SC] (R a multiple
+// of the row block), scale2 [E, R] (NVFP4), on the GPU, contiguous.
+void check_quant_experts(const LinearWeight& w, int64_t E, int64_t R, int64_t K, const char* what) {
+  const QuantScales& q = w.quant;
+  const bool fp4 = q.nvfp4;
+  TS_CHECK(w.ndim == 3 && w.device == Device::cuda && w.is_contiguous() && w.size(0) == E && w.size(1) == R &&
+               expert_in_features(w) == K && w.dtype == (fp4 ? DType::u8 : DType::f8_e4m3),
+           "moe_experts: {} must be a quantized [{}, {}, {}] expert weight, got {} {}", what, E, R, K,
+           dtype_name(w.dtype), w.shape_str());
+  TS_CHECK(q.scale.ndim == 3 && q.scale.is_contiguous() && q.scale.device == Device::cuda && q.scale.size(0) == E &&
+               q.scale.dtype == (fp4 ? DType::f8_e4m3 : DType::f32),
+           "moe_experts: {} scales {} for {}", what, q.scale.shape_str(), w.shape_str());
+  if (fp4) {
+    TS_CHECK(q.scale.size(1) == R && q.scale.size(2) == K / 16 && K % 32 == 0 && q.scale2.numel() == E * R &&
+                 q.scale2.dtype == DType::f32 && q.scale2.is_contiguous() && q.scale2.device == Device::cuda,
+             "moe_experts: NVFP4 {} {} needs K % 32 == 0, E4M3 scales [E, R, K/16] (got {}) and scale2 [E, R]", what,
+             w.shape_str(), q.scale.shape_str());
+    return;
+  }
+  TS_CHECK(q.block_k_log2 >= 4 && q.block_k_log2 < 31 && q.block_n_log2 >= 0 && q.block_n_log2 < 31 && K % 16 == 0 &&
+               R % (int64_t(1) << q.block_n_log2) == 0 && q.scale.size(1) == (R >> q.block_n_log2) &&
+               q.scale.size(2) == ceil_div(K, int64_t(1) << q.block_k_log2),
+           "moe_experts: FP8 {} {} with blocks 2^{} x 2^{} and scales {}", what, w.shape_str(), q.block_n_log2,
+           q.block_k_log2, q.scale.shape_str());
+}
+
+QGemvArgs qgemv_args(const LinearWeight& w, int rows, int n_feat, int K) {
+  const LinearWeight f = expert_rows(w, 0, w.size(0));  // flat [E * rows, ...]
+  QGemvArgs a{};
+  a.w = f.ptr<uint8_t>();
+  a.w_ld = f.row_stride();
+  a.sc = f.quant.scale.data;
+  a.s_ld = f.quant.scale.row_stride();
+  a.s2 = f.quant.nvfp4 ? f.quant.scale2.ptr<float>() : nullptr;
+  a.rows = rows;
+  a.bn_log2 = f.quant.block_n_log2;
+  a.bk_log2 = f.quant.block_k_log2;
+  a.n_feat = n_feat;
+  a.K = K;
+  return a;
+}
+
+}  // namespace
+
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const Tensor& gate_up, const Tensor& down,
                  const GluAct& act, Tensor& out, const KernelPolicy& policy) {
+  moe_experts_stored(x, ids, weights, LinearWeight(gate_up), LinearWeight(down), act, out, policy);
+}
+
+void moe_experts_stored(const Tensor& x, const Tensor& ids, const Tensor& weights, const LinearWeight& gate_up,
+                        const LinearWeight& down, const GluAct& act, Tensor& out, const KernelPolicy& policy) {
   check_dev(x, DType::bf16, "moe_experts x");
   check_dev(ids, DType::i32, "moe_experts ids");
   check_dev(weights, DType::f32, "moe_experts weights");
-  check_dev(gate_up, DType::bf16, "moe_experts gate_up");
-  check_dev(down, DType::bf16, "moe_experts down");
   check_dev(out, DType::bf16, "moe_experts out");
+  const bool quant = gate_up.quantized();
+  TS_CHECK(quant == down.quantized() && (!quant || gate_up.quant.nvfp4 == down.quant.nvfp4),
+           "moe_experts: gate_up ({}) and down ({}) must be stored alike", gate_up.quant.format, down.quant.format);
+  TS_CHECK(gate_up.ndim == 3 && down.ndim == 3, "moe_experts: gate_up {} down {} must be [E, rows, K]",
+           gate_up.shape_str(), down.shape_str());
   const int64_t T = x.rows(), H = x.size(-1), k = ids.size(-1);
-  TS_CHECK(gate_up.ndim == 3 && down.ndim == 3 && gate_up.size(0) == down.size(0) && gate_up.size(2) == H &&
-               down.size(1) == H && gate_up.size(1) == 2 * down.size(2),
-           "moe_experts: gate_up {} down {} for hidden {}", gate_up.shape_str(), down.shape_str(), H);
-  TS_CHECK(gate_up.is_contiguous() && down.is_contiguous(), "moe_experts: expert weights must be contiguous");
+  const int64_t E = gate_up.size(0), I = quant ? expert_in_features(down) : down.size(2);
+  if (quant) {
+    check_quant_experts(gate_up, E, 2 * I, H, "gate_up");
+    check_quant_experts(down, E, H, I, "down");
+  } else {
+    check_dev(gate_up, DType::bf16, "moe_experts gate_up");
+    check_dev(down, DType::bf16, "moe_experts down");
+    TS_CHECK(gate_up.size(0) == down.size(0) && gate_up.size(2) == H && down.size(1) == H &&
+                 gate_up.size(1) == 2 * down.size(2),
+             "moe_experts: gate_up {} down {} for hidden {}", gate_up.shape_str(), down.shape_str(), H);
+    TS_CHECK(gate_up.is_contiguous() && down.is_contiguous(), "moe_experts: expert weights must be contiguous");
+  }
   TS_CHECK(ids.rows() == T && weights.rows() == T && weights.size(-1) == k && out.rows() == T && out.size(-1) == H,
            "moe_experts: x {} ids {} weights {} out {}", x.shape_str(), ids.shape_str(), weights.shape_str(),
            out.shape_str());
   if (T == 0 || H == 0) return;
-  const int64_t E = gate_up.size(0), I = down.size(2), N = T * k;
+  const int64_t N = T * k;
   TS_CHECK(k >= 1 && E >= 1 && I >= 1, "moe_experts: empty routing or experts");
   TS_CHECK(N < (int64_t(1) << 30) && H <= 0x7fffffff / 2 && I <= 0x7fffffff / 2 && E <= 8192,
            "moe_experts: too large (T {} k {} H {} I {} E {})", T, k, H, I, E);
@@ -714,14 +890,12 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
   launch(moe_align_kernel, dim3(1), dim3(unsigned(nw * 32)), align_smem, true, al);
 
   // 2-3. grouped GEMMs. Token tile: expected rows per selected expert.
+  const int64_t avg = ceil_div(N, std::min<int64_t>(E, N));
   int nt = policy.moe_tile;  // 0: heuristic; else token tiles of 8 per pass: 1, 2, 4 or 8
-  if (nt != 1 && nt != 2 && nt != 4 && nt != 8) {
-    const int64_t avg = ceil_div(N, std::min<int64_t>(E, N));
-    nt = avg <= 8 ? 1 : avg <= 16 ? 2 : avg <= 32 ? 4 : 8;
-  }
+  if (nt != 1 && nt != 2 && nt != 4 && nt != 8) nt = avg <= 8 ? 1 : avg <= 16 ? 2 : avg <= 32 ? 4 : 8;
   const int kind = act.kind == GluKind::silu ? 0 : 1;
   GemmArgs g{};
-  g.w = gate_up.ptr<__nv_bfloat16>();
+  g.w = quant ? nullptr : gate_up.ptr<__nv_bfloat16>();
   g.w_expert = 2 * I * H;
   g.up_off = I * H;
   g.n_feat = int(I);
@@ -737,11 +911,7 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
   g.act_kind = kind;
   g.alpha = act.alpha;
   g.limit = act.limit;
-  const bool vec_gu = vec8_ok(x.data, H, x.row_stride()) && aligned16(gate_up.data) && H % 8 == 0;
-  gemm_dispatch<true>(nt, g, max_items, vec_gu);
-
-  GemmArgs d = g;
-  d.w = down.ptr<__nv_bfloat16>();
+  GemmArgs d = g;  // d.w: below
   d.w_expert = H * I;
   d.up_off = 0;
   d.n_feat = int(H);
@@ -750,8 +920,61 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
   d.src_ld = I;
   d.out = yb;
   d.out_ld = H;
-  const bool vec_dn = aligned16(down.data) && I % 8 == 0;
-  gemm_dispatch<false>(nt, d, max_items, vec_dn);
+  const bool vec_x = vec8_ok(x.data, H, x.row_stride()) && H % 8 == 0;
+  const LinearPath qp = policy.linear;  // stored experts: gemv / cublaslt force the GEMV / the tiles
+  if (quant && vec_x && (qp == LinearPath::gemv || (qp == LinearPath::automatic && avg <= kQuantGemvAutoRows))) {
+    // Decode: the stored bytes of the active experts, once per pass of up to R rows.
+    const int R = avg <= 1 ? 1 : avg <= 2 ? 2 : avg <= 4 ? 4 : 8;
+    const bool fp4 = gate_up.quant.nvfp4;
+    QGemvArgs q = qgemv_args(gate_up, int(2 * I), int(I), int(H));
+    q.src = x.ptr<__nv_bfloat16>();
+    q.src_ld = x.row_stride();
+    q.perm = perm;
+    q.topk = int(k);
+    q.items = items;
+    q.meta = meta;
+    q.out = actb;
+    q.out_ld = I;
+    q.act_kind = kind;
+    q.alpha = act.alpha;
+    q.limit = act.limit;
+    qgemv_dispatch<true>(R, q, max_items, fp4);
+    QGemvArgs qd = qgemv_args(down, int(H), int(H), int(I));
+    qd.src = actb;
+    qd.src_ld = I;
+    qd.perm = perm;
+    qd.topk = int(k);
+    qd.items = items;
+    qd.meta = meta;
+    qd.out = yb;
+    qd.out_ld = H;
+    qgemv_dispatch<false>(R, qd, max_items, fp4);
+  } else if (quant) {
+    // Prefill: a chunk of experts at a time dequantized to bf16 (experts without rows skipped),
+    // then the chunk's work items through the bf16 GEMMs.
+    const size_t gu_bytes = size_t(2 * I * H) * 2, per_expert = gu_bytes + size_t(H * I) * 2;
+    const int64_t ec = expert_chunk(E, per_expert);
+    char* scratch = static_cast<char*>(workspace(3).get(size_t(ec) * per_expert));
+    for (int64_t e0 = 0; e0 < E; e0 += ec) {
+      const int64_t c = std::min(ec, E - e0);
+      Tensor gu_s = Tensor::from_blob(scratch, {c * 2 * I, H}, DType::bf16, Device::cuda);
+      Tensor dn_s = Tensor::from_blob(scratch + size_t(ec) * gu_bytes, {c * H, I}, DType::bf16, Device::cuda);
+      dequantize_rows(expert_rows(gate_up, e0, c), 0, c * 2 * I, gu_s, offsets + e0, 2 * I);
+      dequantize_rows(expert_rows(down, e0, c), 0, c * H, dn_s, offsets + e0, H);
+      g.w = gu_s.ptr<__nv_bfloat16>();
+      g.e_lo = int(e0);
+      g.e_hi = int(e0 + c);
+      gemm_dispatch<true>(nt, g, max_items, vec_x);
+      d.w = dn_s.ptr<__nv_bfloat16>();
+      d.e_lo = g.e_lo;
+      d.e_hi = g.e_hi;
+      gemm_dispatch<false>(nt, d, max_items, I % 8 == 0);
+    }
+  } else {
+    gemm_dispatch<true>(nt, g, max_items, vec_x && aligned16(gate_up.data));
+    d.w = down.ptr<__nv_bfloat16>();
+    gemm_dispatch<false>(nt, d, max_items, aligned16(down.data) && I % 8 == 0);
+  }
 
   // 4. weighted sum per token in slot order.
   const int64_t old = out.row_stride();

@@ -5,6 +5,7 @@
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/decode_helpers.cuh"
 
 namespace ts::ops::cuda {
 using namespace ::ts::cuda;
@@ -146,42 +147,8 @@ __global__ void qk_rope_kernel(__nv_bfloat16* q, int64_t q_s0, int64_t q_s1, int
   const bool is_q = h < nh;
   __nv_bfloat16* p = is_q ? q + t * q_s0 + int64_t(h) * q_s1 : k + t * k_s0 + int64_t(h - nh) * k_s1;
   const __nv_bfloat16* w = is_q ? wq : wk;
-  float* buf = smem + warp * hd;
-  float scale = 1.0f;
-  if (NORM) {
-    float ss = 0.0f;
-    for (int i = lane; i < hd; i += 32) {
-      float f = __bfloat162float(p[i]);
-      ss += f * f;
-    }
-    ss = warp_sum(ss);
-    scale = rsqrtf(ss / float(hd) + eps);
-  }
-  for (int i = lane; i < hd; i += 32) {
-    float f = __bfloat162float(p[i]) * scale;
-    if (NORM) f *= __bfloat162float(w[i]);
-    buf[i] = f;
-  }
-  __syncwarp();
-  const int ps = pos[t];
-  const bool rotate = ps >= 0 && ps < max_pos && rot > 0;
-  const float* c = cs + int64_t(rotate ? ps : 0) * rot;
-  const float* s = c + rot / 2;
-  const int half = rot / 2;
-  for (int i = lane; i < hd; i += 32) {
-    float v = buf[i];
-    if (rotate && i < rot) {
-      if (!interleaved) {
-        if (i < half) v = buf[i] * c[i] - buf[i + half] * s[i];
-        else v = buf[i] * c[i - half] + buf[i - half] * s[i - half];
-      } else {
-        const int j = i >> 1;
-        if ((i & 1) == 0) v = buf[i] * c[j] - buf[i + 1] * s[j];
-        else v = buf[i] * c[j] + buf[i - 1] * s[j];
-      }
-    }
-    p[i] = __float2bfloat16(v);
-  }
+  head_norm_rope<NORM>(p, w, hd, eps, smem + warp * hd, pos[t], cs, max_pos, rot, interleaved, lane,
+                       [&](int i, float v) { p[i] = __float2bfloat16(v); });
   pdl_trigger();
 }
 

@@ -1,18 +1,17 @@
 // Linears over FP8 (e4m3) weights kept as stored: W8A16 GEMV for decode, dequantized bf16 row
 // tiles + cuBLASLt for prefill (ops/cuda/quant_linear.h).
-//
-// Dequantizing in registers: an e4m3 byte s eeee mmm becomes the f32 with sign s, exponent field
-// 0000eeee and mantissa mmm0...: exactly e4m3 x 2^-120 (subnormals included: e4m3 exponent 0 lands
-// on f32 exponent 0, whose denormals the kernels keep, no --use_fast_math). Three integer ops per
-// value and no conversion unit; the 2^120 goes into the block scale once per 16 values.
+// The GEMVs' inner row dot products (and the in-register dequantization) are in quant_dot.cuh,
+// shared with the routed experts kept as stored (moe.cu).
 #include <algorithm>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/quant_dot.cuh"
 #include "ops/cuda/quant_linear.h"
 
 namespace ts::ops::cuda {
 using namespace ::ts::cuda;
+using namespace qdot;
 
 namespace {
 
@@ -27,40 +26,7 @@ constexpr int kQuantMmaAutoM = 64;   // then mma (k blocks >= 64)
 constexpr int kQuantGemvMaxM = 8;    // else GEMV up to here, then dequantized tiles
 constexpr int kQuantGemvMaxForced = 16;
 constexpr int kQWarps = 8;   // one output feature per warp
-constexpr int kQUnroll = 4;  // 16-byte weight loads in flight per lane
 constexpr size_t kDequantScratch = size_t(64) << 20;
-
-__device__ __forceinline__ uint4 ld_stream(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-// Byte j of v (element j of 4) as e4m3 x 2^-120 in f32.
-template <int J>
-__device__ __forceinline__ float e4m3_scaled(uint32_t v) {
-  const uint32_t t = v << (24 - 8 * J);  // byte j in bits 24..31
-  return __uint_as_float((t & 0x80000000u) | ((t >> 4) & 0x07f00000u));
-}
-
-// sum_j w[j] * x[j] over 16 values (w: 16 e4m3, x: 16 bf16 as two 16-byte vectors), in units of
-// 2^-120.
-__device__ __forceinline__ float dot16(const uint4& w, const uint4& x0, const uint4& x1) {
-  const uint32_t ww[4] = {w.x, w.y, w.z, w.w};
-  const uint32_t xx[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-  float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const uint32_t a = xx[2 * q], b = xx[2 * q + 1];  // elements 4q, 4q+1 | 4q+2, 4q+3
-    s0 = fmaf(e4m3_scaled<0>(ww[q]), __uint_as_float(a << 16), s0);
-    s1 = fmaf(e4m3_scaled<1>(ww[q]), __uint_as_float(a & 0xffff0000u), s1);
-    s0 = fmaf(e4m3_scaled<2>(ww[q]), __uint_as_float(b << 16), s0);
-    s1 = fmaf(e4m3_scaled<3>(ww[q]), __uint_as_float(b & 0xffff0000u), s1);
-  }
-  return s0 + s1;
-}
 
 __device__ __forceinline__ void store_out(__nv_bfloat16* p, float v) { *p = __float2bfloat16(v); }
 __device__ __forceinline__ void store_out(float* p, float v) { *p = v; }
@@ -79,31 +45,14 @@ fp8_gemv_kernel(const __nv_bfloat16* __restrict__ x, int64_t x_ld, const uint8_t
   if (n >= N) return;
   const uint8_t* wr = w + n * w_ld;
   const float* sr = sc + (n >> bn_log2) * s_ld;
-  const int nv = K / 16;
+  const __nv_bfloat16* xr[M];
   float acc[M];
 #pragma unroll
-  for (int m = 0; m < M; ++m) acc[m] = 0.0f;
-  for (int base = 0; base < nv; base += 32 * kQUnroll) {
-    uint4 wv[kQUnroll];
-    float s[kQUnroll];
-#pragma unroll
-    for (int u = 0; u < kQUnroll; ++u) {
-      const int i = base + u * 32 + lane;
-      wv[u] = i < nv ? ld_stream(wr + int64_t(i) * 16) : make_uint4(0, 0, 0, 0);
-      s[u] = i < nv ? __ldg(sr + ((i * 16) >> bk_log2)) : 0.0f;
-    }
-#pragma unroll
-    for (int u = 0; u < kQUnroll; ++u) {
-      const int i = base + u * 32 + lane;
-      if (i < nv) {
-#pragma unroll
-        for (int m = 0; m < M; ++m) {
-          const uint4* xp = reinterpret_cast<const uint4*>(x + m * x_ld + int64_t(i) * 16);
-          acc[m] = fmaf(s[u], dot16(wv[u], xp[0], xp[1]) * 0x1p120f, acc[m]);
-        }
-      }
-    }
+  for (int m = 0; m < M; ++m) {
+    xr[m] = x + m * x_ld;
+    acc[m] = 0.0f;
   }
+  fp8_row_dot<M>(wr, sr, bk_log2, K, xr, acc, lane);
   pdl_trigger();
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = warp_sum(acc[m]);
@@ -135,35 +84,7 @@ void gemv(int M, const Tensor& x, const LinearWeight& w, const __nv_bfloat16* bi
 }
 
 // ---- NVFP4 (W4A16) ------------------------------------------------------------------------------
-// e2m1 nibble s ee m -> the f32 with sign s, exponent field 000000ee and mantissa m0...: exactly
-// e2m1 x 2^-126 (code 1, 0.5, lands on the f32 denormal 2^-127). The 2^126 goes onto each
-// 16-value partial sum.
 constexpr int kFp4GemvAutoM = 4;
-
-template <int J>
-__device__ __forceinline__ float e2m1_scaled(uint32_t v) {
-  const uint32_t sign = (v << (28 - 4 * J)) & 0x80000000u;
-  const uint32_t mag = (J <= 5 ? (v << (22 - 4 * J)) : (v >> (4 * J - 22))) & 0x01c00000u;
-  return __uint_as_float(sign | mag);
-}
-
-// sum_j w[j] * x[j] over the 8 values of one 32-bit word of nibbles and 8 bf16, in units of 2^-126.
-__device__ __forceinline__ float dot8_fp4(uint32_t w, const uint4& x) {
-  float s0 = 0.0f, s1 = 0.0f;
-  s0 = fmaf(e2m1_scaled<0>(w), __uint_as_float(x.x << 16), s0);
-  s1 = fmaf(e2m1_scaled<1>(w), __uint_as_float(x.x & 0xffff0000u), s1);
-  s0 = fmaf(e2m1_scaled<2>(w), __uint_as_float(x.y << 16), s0);
-  s1 = fmaf(e2m1_scaled<3>(w), __uint_as_float(x.y & 0xffff0000u), s1);
-  s0 = fmaf(e2m1_scaled<4>(w), __uint_as_float(x.z << 16), s0);
-  s1 = fmaf(e2m1_scaled<5>(w), __uint_as_float(x.z & 0xffff0000u), s1);
-  s0 = fmaf(e2m1_scaled<6>(w), __uint_as_float(x.w << 16), s0);
-  s1 = fmaf(e2m1_scaled<7>(w), __uint_as_float(x.w & 0xffff0000u), s1);
-  return s0 + s1;
-}
-
-__device__ __forceinline__ float e4m3_value(uint32_t b) {
-  return __uint_as_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20)) * 0x1p120f;
-}
 
 // As fp8_gemv_kernel, 32 values (16 bytes, two E4M3 block scales) per lane load.
 template <int M, typename OutT>
@@ -177,35 +98,14 @@ fp4_gemv_kernel(const __nv_bfloat16* __restrict__ x, int64_t x_ld, const uint8_t
   if (n >= N) return;
   const uint8_t* wr = w + n * w_ld;
   const uint8_t* sr = sc + n * s_ld;
-  const int nv = K / 32;
+  const __nv_bfloat16* xr[M];
   float acc[M];
 #pragma unroll
-  for (int m = 0; m < M; ++m) acc[m] = 0.0f;
-  for (int base = 0; base < nv; base += 32 * kQUnroll) {
-    uint4 wv[kQUnroll];
-    uint32_t sv[kQUnroll];
-#pragma unroll
-    for (int u = 0; u < kQUnroll; ++u) {
-      const int i = base + u * 32 + lane;
-      wv[u] = i < nv ? ld_stream(wr + int64_t(i) * 16) : make_uint4(0, 0, 0, 0);
-      sv[u] = i < nv ? uint32_t(__ldg(reinterpret_cast<const unsigned short*>(sr) + i)) : 0u;
-    }
-#pragma unroll
-    for (int u = 0; u < kQUnroll; ++u) {
-      const int i = base + u * 32 + lane;
-      if (i < nv) {
-        // Scales up to 448 x 2^126 would overflow f32: the 2^126 goes on the partial sums instead.
-        const float sa = e4m3_value(sv[u] & 0xffu), sb = e4m3_value(sv[u] >> 8);
-#pragma unroll
-        for (int m = 0; m < M; ++m) {
-          const uint4* xp = reinterpret_cast<const uint4*>(x + m * x_ld + int64_t(i) * 32);
-          const float pa = dot8_fp4(wv[u].x, xp[0]) + dot8_fp4(wv[u].y, xp[1]);
-          const float pb = dot8_fp4(wv[u].z, xp[2]) + dot8_fp4(wv[u].w, xp[3]);
-          acc[m] = fmaf(pa * 0x1p126f, sa, fmaf(pb * 0x1p126f, sb, acc[m]));
-        }
-      }
-    }
+  for (int m = 0; m < M; ++m) {
+    xr[m] = x + m * x_ld;
+    acc[m] = 0.0f;
   }
+  fp4_row_dot<M>(wr, sr, K, xr, acc, lane);
   pdl_trigger();
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = warp_sum(acc[m]);
@@ -239,12 +139,13 @@ void fp4_gemv(int M, const Tensor& x, const LinearWeight& w, const __nv_bfloat16
 // out [rows, K] bf16 = rows [row0, row0 + rows) of an NVFP4 W; one thread per 32 values.
 __global__ void fp4_dequant_kernel(const uint8_t* __restrict__ w, int64_t w_ld, const uint8_t* __restrict__ sc,
                                    int64_t s_ld, const float* __restrict__ s2, int64_t row0, int64_t rows, int K,
-                                   __nv_bfloat16* __restrict__ out) {
+                                   __nv_bfloat16* __restrict__ out, const int32_t* __restrict__ goff, int64_t grows) {
   pdl_wait();
   const int64_t nv = K / 32;
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= rows * nv) return;
   const int64_t r = idx / nv, c = idx % nv, n = row0 + r;
+  if (goff && goff[n / grows + 1] == goff[n / grows]) return;
   const uint4 v = ld_stream(w + n * w_ld + c * 16);
   const uint32_t sv = reinterpret_cast<const unsigned short*>(sc + n * s_ld)[c];
   const float sa = e4m3_value(sv & 0xffu), sb = e4m3_value(sv >> 8), g = s2[n];
@@ -397,12 +298,13 @@ void mma(const Tensor& x, const LinearWeight& w, const __nv_bfloat16* bias, OutT
 // out [rows, K] bf16 = rows [row0, row0 + rows) of W dequantized; one thread per 16 values.
 __global__ void fp8_dequant_kernel(const uint8_t* __restrict__ w, int64_t w_ld, const float* __restrict__ sc,
                                    int64_t s_ld, int bn_log2, int bk_log2, int64_t row0, int64_t rows, int K,
-                                   __nv_bfloat16* __restrict__ out) {
+                                   __nv_bfloat16* __restrict__ out, const int32_t* __restrict__ goff, int64_t grows) {
   pdl_wait();
   const int64_t nv = K / 16;
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= rows * nv) return;
   const int64_t r = idx / nv, c = idx % nv, n = row0 + r;
+  if (goff && goff[n / grows + 1] == goff[n / grows]) return;
   const uint4 v = ld_stream(w + n * w_ld + c * 16);
   const float s = sc[(n >> bn_log2) * s_ld + ((c * 16) >> bk_log2)] * 0x1p60f;
   const uint32_t ww[4] = {v.x, v.y, v.z, v.w};
@@ -451,10 +353,22 @@ void check_weight(const LinearWeight& w) {
 
 }  // namespace
 
-void reserve_quant_scratch() { workspace(3).get(kDequantScratch); }
+void reserve_quant_scratch(size_t bytes) { workspace(3).get(std::max(kDequantScratch, bytes)); }
 
-void dequantize_rows(const LinearWeight& w, int64_t row0, int64_t rows, Tensor& out) {
+constexpr size_t kExpertScratch = size_t(1) << 30;
+
+void reserve_expert_scratch(int64_t experts, size_t per_expert) {
+  reserve_quant_scratch(std::max(per_expert, std::min(kExpertScratch, size_t(std::max<int64_t>(experts, 1)) * per_expert)));
+}
+
+int64_t expert_chunk(int64_t experts, size_t per_expert) {
+  return std::clamp<int64_t>(int64_t(kExpertScratch / std::max<size_t>(per_expert, 1)), 1, std::max<int64_t>(experts, 1));
+}
+
+void dequantize_rows(const LinearWeight& w, int64_t row0, int64_t rows, Tensor& out, const int32_t* group_offsets,
+                     int64_t group_rows) {
   check_weight(w);
+  TS_CHECK(!group_offsets || group_rows > 0, "dequantize_rows: groups of {} rows", group_rows);
   const int64_t K = w.in_features();
   check_dev(out, DType::bf16, "dequantize_rows out");
   TS_CHECK(out.is_contiguous() && out.ndim == 2 && out.size(0) == rows && out.size(1) == K && row0 >= 0 &&
@@ -465,14 +379,14 @@ void dequantize_rows(const LinearWeight& w, int64_t row0, int64_t rows, Tensor& 
     if (threads == 0) return;
     launch(fp4_dequant_kernel, dim3(unsigned(ceil_div(threads, 256))), dim3(256), 0, true, w.ptr<uint8_t>(),
            w.row_stride(), w.quant.scale.ptr<uint8_t>(), w.quant.scale.row_stride(), w.quant.scale2.ptr<float>(), row0,
-           rows, int(K), out.ptr<__nv_bfloat16>());
+           rows, int(K), out.ptr<__nv_bfloat16>(), group_offsets, group_rows);
     return;
   }
   const int64_t threads = rows * (K / 16);
   if (threads == 0) return;
   launch(fp8_dequant_kernel, dim3(unsigned(ceil_div(threads, 256))), dim3(256), 0, true, w.ptr<uint8_t>(),
          w.row_stride(), w.quant.scale.ptr<float>(), w.quant.scale.size(1), w.quant.block_n_log2,
-         w.quant.block_k_log2, row0, rows, int(K), out.ptr<__nv_bfloat16>());
+         w.quant.block_k_log2, row0, rows, int(K), out.ptr<__nv_bfloat16>(), group_offsets, group_rows);
 }
 
 void quant_linear(const Tensor& x, const LinearWeight& w, Tensor& out, const Tensor* bias, const KernelPolicy& policy) {

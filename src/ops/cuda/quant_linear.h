@@ -7,6 +7,7 @@
 #pragma once
 #include "ops/kernel_policy.h"
 #include "ops/linear_weight.h"
+#include "ops/ops.h"
 
 namespace ts::ops::cuda {
 
@@ -18,9 +19,29 @@ void quant_linear(const Tensor& x, const LinearWeight& w, Tensor& out, const Ten
 // k blocks >= 64), tiles (dequantize + cuBLASLt); one that does not apply falls back to tiles.
 enum class QuantKernel { automatic, gemv, mma, tiles };
 void quant_linear_kernel(const Tensor& x, const LinearWeight& w, Tensor& out, const Tensor* bias, QuantKernel kernel);
-// Allocates the prefill path's scratch now (the loader calls it), not during a graph capture.
-void reserve_quant_scratch();
+// Allocates the prefill path's scratch (workspace(3)) now (the loader calls it), not during a graph
+// capture: at least `bytes` (the routed experts' dequantized chunk, expert_chunk below).
+void reserve_quant_scratch(size_t bytes = 0);
+// Experts per chunk when moe_experts dequantizes stored experts of per_expert bf16 bytes for
+// prefill (a 1 GB budget, at least one expert; at most `experts`). Every chunk's GEMM launch
+// covers the whole sort's work items (those of other chunks exit at once), so fewer, larger
+// chunks cost less.
+int64_t expert_chunk(int64_t experts, size_t per_expert);
+// reserve_quant_scratch for any expert_chunk of `experts` experts of at most per_expert bf16 bytes.
+void reserve_expert_scratch(int64_t experts, size_t per_expert);
 // Rows [row0, row0 + rows) of w dequantized into out bf16 [rows, K] (contiguous, on the GPU).
-void dequantize_rows(const LinearWeight& w, int64_t row0, int64_t rows, Tensor& out);
+// group_offsets (device, optional): rows come in groups of group_rows (experts: rows n of group
+// n / group_rows) and a group g with group_offsets[g + 1] == group_offsets[g] (no tokens routed
+// to it) is skipped, its rows of out left as they were.
+void dequantize_rows(const LinearWeight& w, int64_t row0, int64_t rows, Tensor& out,
+                     const int32_t* group_offsets = nullptr, int64_t group_rows = 0);
+
+// ops::moe_experts over routed experts kept as stored (ops/moe_experts.h; src/ops/cuda/moe.cu):
+// x bf16 [T, H], ids i32 / weights f32 [T, k], gate_up [E, 2I, H] and down [E, H, I] both FP8 or
+// both NVFP4, out bf16 [T, H]. policy.linear: gemv forces the grouped GEMV over the stored bytes
+// (decode), cublaslt the dequantized chunks + bf16 grouped GEMM (prefill); auto picks by the
+// expected rows per active expert.
+void moe_experts_stored(const Tensor& x, const Tensor& ids, const Tensor& weights, const LinearWeight& gate_up,
+                        const LinearWeight& down, const GluAct& act, Tensor& out, const KernelPolicy& policy = {});
 
 }  // namespace ts::ops::cuda

@@ -14,6 +14,7 @@
 #include "core/fp8.h"
 #include "io/safetensors.h"
 #include "models/weights.h"
+#include "ops/moe_experts.h"
 
 using namespace ts;
 using json = nlohmann::json;
@@ -135,4 +136,76 @@ TEST(LinearWeight, Nvfp4StacksAndShards) {
   expect_same(wl, {Part{"a.weight", {48, K}, 1, 16, 96}}, "nvfp4 column shard on a 16-value group");
   EXPECT_FALSE(wl.stored_linear({Part{"a.weight", {48, K}, 1, 8, 64}}).has_value()) << "cut inside a scale group";
   EXPECT_FALSE(wl.stored_linear({Part{"a.weight", {48, K}, 1, 0, 48}}).has_value()) << "K % 32 != 0";
+}
+
+// WeightLoader::stored_experts: routed experts kept as stored, [E, R, K] with per-expert scale
+// rows laid out so that experts [e0, e0 + n) read as one 2-D weight (ops::expert_rows): every
+// expert's values dequantize to what the CPU loader stacks (load_parts of all parts), exactly.
+namespace {
+
+void expect_same_experts(models::WeightLoader& wl, const std::vector<std::vector<Part>>& experts,
+                         const std::string& what, int want_bn = -1) {
+  std::optional<ops::LinearWeight> w = wl.stored_experts(experts);
+  ASSERT_TRUE(w.has_value()) << what;
+  const int64_t E = int64_t(experts.size());
+  ASSERT_EQ(w->ndim, 3) << what;
+  ASSERT_EQ(w->size(0), E) << what;
+  ASSERT_EQ(w->quant.scale.ndim, 3) << what;
+  if (want_bn >= 0) {
+    EXPECT_EQ(w->quant.block_n_log2, want_bn) << what;
+  }
+  const int64_t R = w->size(1);
+  EXPECT_EQ(R % (int64_t(1) << w->quant.block_n_log2), 0) << what << ": rows end inside a row block";
+  std::vector<Part> all;
+  for (auto& p : experts) all.insert(all.end(), p.begin(), p.end());
+  Tensor ref = wl.load_parts(all);  // [E * R, K] dequantized f32
+  for (int64_t e0 : {int64_t(0), E - 1}) {
+    const int64_t n = e0 == 0 ? E : 1;
+    Tensor got = models::dequantize_linear(ops::expert_rows(*w, e0, n));
+    ASSERT_EQ(got.size(0), n * R) << what;
+    ASSERT_EQ(got.size(1), ref.size(1)) << what;
+    int64_t bad = 0;
+    for (int64_t i = 0; i < got.numel(); ++i) bad += got.ptr<float>()[i] != ref.ptr<float>()[e0 * R * ref.size(1) + i];
+    EXPECT_EQ(bad, 0) << what << " experts [" << e0 << ", +" << n << "): " << bad << " values differ";
+  }
+}
+
+}  // namespace
+
+TEST(LinearWeight, ExpertsAsStored) {
+  {
+    TmpCkpt c("exp_block");
+    const int64_t K = 400;
+    models::WeightLoader wl = write(c, "block", 256, 256, K);
+    const Part a{"a.weight", {256, K}}, b{"b.weight", {256, K}};
+    expect_same_experts(wl, {{a, b}, {b, a}, {a, b}}, "block gate|up per expert", 7);
+    expect_same_experts(wl, {{a}, {b}}, "block down per expert", 7);
+    // MoE TP: each expert's row shard (gate and up) and column shard (down) on block edges.
+    expect_same_experts(wl, {{Part{"a.weight", {256, K}, 0, 128, 128}, Part{"b.weight", {256, K}, 0, 128, 128}}},
+                        "block row shards", 7);
+    expect_same_experts(wl, {{Part{"a.weight", {256, K}, 1, 128, 256}}, {Part{"b.weight", {256, K}, 1, 128, 256}}},
+                        "block column shards", 7);
+    EXPECT_FALSE(wl.stored_experts({{Part{"a.weight", {256, K}, 1, 64, 128}}}).has_value()) << "cut inside a k block";
+  }
+  {
+    TmpCkpt c("exp_block_edge");
+    models::WeightLoader wl = write(c, "block", 200, 200, 256);
+    const Part a{"a.weight", {200, 256}}, b{"b.weight", {200, 256}};
+    // 200 rows (and 400 stacked) end inside a 128-row block: per-row scales.
+    expect_same_experts(wl, {{a}, {b}}, "block, partial row block", 0);
+    expect_same_experts(wl, {{a, b}, {b, a}}, "block gate|up, partial row blocks", 0);
+  }
+  {
+    TmpCkpt c("exp_nvfp4");
+    models::WeightLoader wl = write(c, "nvfp4", 48, 48, 128);  // a and b: different weight_scale_2
+    const Part a{"a.weight", {48, 128}}, b{"b.weight", {48, 128}};
+    expect_same_experts(wl, {{a, b}, {b, a}}, "nvfp4 gate|up per expert");
+    expect_same_experts(wl, {{Part{"a.weight", {48, 128}, 1, 32, 64}}, {Part{"b.weight", {48, 128}, 1, 64, 64}}},
+                        "nvfp4 column shards");
+  }
+  {
+    TmpCkpt c("exp_channel");
+    models::WeightLoader wl = write(c, "channel", 48, 48, 96);
+    expect_same_experts(wl, {{Part{"a.weight", {48, 96}}}, {Part{"b.weight", {48, 96}}}}, "channel");
+  }
 }

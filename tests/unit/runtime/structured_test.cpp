@@ -280,6 +280,56 @@ TEST(Structured, TriggeredGrammarWithoutRepeatEndsAfterOneCall) {
   EXPECT_TRUE(c->grammar_done());
 }
 
+// trigger_at_start (llama3 tool calls): the grammar starts only when the output's first bytes
+// (after whitespace) are the trigger, which is the grammar's first byte; any other start leaves
+// the whole output free, even if the trigger appears later.
+std::shared_ptr<LogitsConstraints> triggered_at_start() {
+  auto s = std::make_shared<StructuredRequest>(*structured(grammar::choice_grammar({"{A}", "{BB}"})));
+  s->trigger = "{";
+  s->trigger_at_start = s->trigger_in_grammar = true;
+  s->trigger_repeat = false;
+  GenerateParams p;
+  p.structured = s;
+  return LogitsConstraints::make(p, {kStop});
+}
+
+TEST(Structured, TriggerAtStartEntersTheGrammarWithTheTriggerByte) {
+  auto c = triggered_at_start();
+  EXPECT_EQ(allowed_after(*c), kV);
+  feed(*c, " \n");                    // leading whitespace: still at the start
+  EXPECT_EQ(allowed_after(*c), kV);
+  feed(*c, "{");                      // the trigger, fed to the grammar: 'A' or 'B' next
+  EXPECT_EQ(allowed_after(*c), 2);
+  feed(*c, "BB}");
+  auto l = flat_logits();
+  c->apply(l.data(), kV, 0);
+  EXPECT_EQ(allowed(l), 1);
+  EXPECT_NE(l[kStop], -INFINITY);     // then only the end
+  c->accept(kStop);
+  EXPECT_TRUE(c->grammar_done());
+  EXPECT_FALSE(c->failed());
+}
+
+TEST(Structured, TriggerAtStartElsewhereIsFreeText) {
+  auto c = triggered_at_start();
+  feed(*c, "Sure: {");  // the trigger later in the text: free text to the end
+  EXPECT_EQ(allowed_after(*c), kV);
+  feed(*c, "not a call} {");
+  EXPECT_EQ(allowed_after(*c), kV);
+  EXPECT_FALSE(c->failed());
+  // A speculative walk from the start enters the grammar and rolls back to the start.
+  auto d = triggered_at_start();
+  d->spec_begin();
+  EXPECT_TRUE(d->spec_advance('{'));
+  auto l = flat_logits();
+  d->spec_apply(l.data(), kV, 0);
+  EXPECT_EQ(allowed(l), 2);
+  d->spec_end();
+  EXPECT_EQ(allowed_after(*d), kV);  // back at the start: free until the first byte
+  feed(*d, "{A");
+  EXPECT_EQ(allowed_after(*d), 1);   // '}'
+}
+
 // The speculative walk (spec_begin .. spec_end) masks each position with the state after the
 // drafts before it, stops where a triggered match ends, and leaves no trace.
 TEST(Structured, SpecWalkMasksAndRollsBack) {

@@ -12,21 +12,16 @@
 #include <thread>
 
 #include "server/http_server.h"
+#include "byte_backend.h"
 
 using namespace ts;
 using namespace ts::server;
 using namespace std::chrono_literals;
 
-#if __has_include("chat/jinja.h")
-#define NEED_JINJA() (void)0
-#else
-#define NEED_JINJA() GTEST_SKIP() << "no Jinja engine in this build"
-#endif
-
 namespace {
 
 // Tokens are bytes + 1; answers `reply` in 4-byte events and records the last prompt.
-class ScriptedBackend : public Backend {
+class ScriptedBackend : public fake::ByteBackend {
  public:
   std::string reply;
   ~ScriptedBackend() override {
@@ -62,18 +57,7 @@ class ScriptedBackend : public Backend {
     return last_prompt_;
   }
   EngineMetrics metrics() const override { return EngineMetrics(); }
-  std::vector<int32_t> encode(const std::string& text, bool) const override {
-    std::vector<int32_t> ids;
-    for (unsigned char c : text) ids.push_back(c + 1);
-    return ids;
-  }
-  std::string decode(const std::vector<int32_t>& ids, bool) const override {
-    std::string s;
-    for (int32_t id : ids) s += static_cast<char>(id - 1);
-    return s;
-  }
   int64_t context_length() const override { return 4096; }
-  int64_t vocab_size() const override { return 257; }
 
  private:
   std::mutex mu_;
@@ -178,22 +162,67 @@ TEST_F(ApiFixture, MessagesToolUse) {
   ASSERT_GE(ev.size(), 8u) << r->body;
   EXPECT_EQ(ev.front().first, "message_start");
   EXPECT_EQ(ev.back().first, "message_stop");
-  bool tool_start = false, json_delta = false;
-  std::string text;
+  bool tool_start = false;
+  int json_deltas = 0, tool_index = -1;
+  std::string text, partial;
   for (auto& [name, d] : ev) {
     EXPECT_EQ(d["type"], name);  // Anthropic repeats the event name as "type"
-    if (name == "content_block_start" && d["content_block"]["type"] == "tool_use") tool_start = true;
+    if (name == "content_block_start" && d["content_block"]["type"] == "tool_use") {
+      tool_start = true;
+      tool_index = d["index"];
+    }
     if (name == "content_block_delta" && d["delta"]["type"] == "input_json_delta") {
-      json_delta = true;
-      EXPECT_EQ(J(d["delta"]["partial_json"].get<std::string>()), J(R"({"city": "Paris"})"));
+      ++json_deltas;
+      EXPECT_EQ(d["index"], tool_index);
+      partial += d["delta"]["partial_json"].get<std::string>();
     }
     if (name == "content_block_delta" && d["delta"]["type"] == "text_delta") text += d["delta"]["text"].get<std::string>();
     if (name == "message_delta") {
       EXPECT_EQ(d["delta"]["stop_reason"], "tool_use");
     }
   }
-  EXPECT_TRUE(tool_start && json_delta);
+  EXPECT_TRUE(tool_start);
+  // The arguments stream as they are generated (4-byte events): several fragments that
+  // concatenate to the input object.
+  EXPECT_GT(json_deltas, 1) << r->body;
+  EXPECT_EQ(J(partial), J(R"({"city": "Paris"})")) << partial;
   EXPECT_EQ(text, "Checking. ");
+}
+
+// A call whose keys come in another order (or string-encoded arguments) cannot stream: it
+// arrives complete, as one delta holding the whole input object; text after a streamed call
+// opens a new block after the tool_use block is closed.
+TEST_F(ApiFixture, MessagesToolUseCompleteAndTextAfter) {
+  NEED_JINJA();
+  backend->reply = std::string(R"(<tool_call>{"arguments": "{\"city\": \"Oslo\"}", "name": "get_weather"}</tool_call>)") +
+                   kCall + " Done.";
+  start();
+  std::string body = std::string(R"({"stream": true, "max_tokens": 400, "tools": )") + kTools +
+                     R"(, "messages": [{"role": "user", "content": "Weather?"}]})";
+  auto r = post("/v1/messages", body);
+  ASSERT_EQ(r->status, 200) << r->body;
+  std::vector<std::string> inputs;  // per tool_use block, its concatenated partial_json
+  std::vector<std::string> order;   // block types in order
+  int open = -1;
+  for (auto& [name, d] : events(r->body)) {
+    if (name == "content_block_start") {
+      EXPECT_EQ(open, -1) << "a block opened before the previous one stopped";
+      open = d["index"];
+      order.push_back(d["content_block"]["type"]);
+      if (order.back() == "tool_use") inputs.emplace_back();
+    }
+    if (name == "content_block_stop") {
+      EXPECT_EQ(d["index"], open);
+      open = -1;
+    }
+    if (name == "content_block_delta" && d["delta"]["type"] == "input_json_delta") {
+      EXPECT_EQ(order.back(), "tool_use");
+      inputs.back() += d["delta"]["partial_json"].get<std::string>();
+    }
+  }
+  ASSERT_EQ(order, (std::vector<std::string>{"tool_use", "tool_use", "text"})) << r->body;
+  EXPECT_EQ(J(inputs[0]), J(R"({"city": "Oslo"})"));
+  EXPECT_EQ(J(inputs[1]), J(R"({"city": "Paris"})"));
 }
 
 TEST_F(ApiFixture, ResponsesFunctionCallRoundTrip) {
@@ -236,6 +265,19 @@ TEST_F(ApiFixture, ResponsesFunctionCallRoundTrip) {
   EXPECT_LT(at("response.output_text.done"), at("response.function_call_arguments.delta"));
   EXPECT_LT(at("response.function_call_arguments.delta"), at("response.function_call_arguments.done"));
   for (size_t i = 0; i < ev.size(); ++i) EXPECT_EQ(ev[i].second["sequence_number"], int(i));
+  // The arguments stream in fragments (4-byte events) that concatenate to the done arguments.
+  int arg_deltas = 0;
+  std::string args;
+  for (auto& [name, d] : ev)
+    if (name == "response.function_call_arguments.delta") {
+      ++arg_deltas;
+      args += d["delta"].get<std::string>();
+    } else if (name == "response.function_call_arguments.done") {
+      EXPECT_EQ(d["arguments"].get<std::string>(), args);
+      EXPECT_EQ(d["name"], "get_weather");
+    }
+  EXPECT_GT(arg_deltas, 1) << r->body;
+  EXPECT_EQ(J(args), J(R"({"city": "Paris"})"));
   const Json& done = ev.back().second["response"];
   ASSERT_EQ(done["output"].size(), 2u);
   EXPECT_EQ(done["output"][0]["content"][0]["text"], "Sure. ");

@@ -10,23 +10,17 @@
 #include <thread>
 
 #include "server/http_server.h"
+#include "byte_backend.h"
 
 using namespace ts;
 using namespace ts::server;
 using namespace std::chrono_literals;
 
-// Chat templates need the Jinja engine (src/chat); skip where this build lacks it.
-#if __has_include("chat/jinja.h")
-#define NEED_JINJA() (void)0
-#else
-#define NEED_JINJA() GTEST_SKIP() << "no Jinja engine in this build"
-#endif
-
 namespace {
 
 // Tokens are bytes + 1 (vocab 257); the "model" answers with a canned text, one token per byte,
 // `delay` apart, and honours Stream::cancel().
-class FakeBackend : public Backend {
+class FakeBackend : public fake::ByteBackend {
  public:
   std::string reply = "hello world";
   std::chrono::milliseconds delay{1};
@@ -78,18 +72,7 @@ class FakeBackend : public Backend {
     m.running = running.load();
     return m;
   }
-  std::vector<int32_t> encode(const std::string& text, bool) const override {
-    std::vector<int32_t> ids;
-    for (unsigned char c : text) ids.push_back(c + 1);
-    return ids;
-  }
-  std::string decode(const std::vector<int32_t>& ids, bool) const override {
-    std::string s;
-    for (int32_t id : ids) s += static_cast<char>(id - 1);
-    return s;
-  }
   int64_t context_length() const override { return 256; }
-  int64_t vocab_size() const override { return 257; }
 
  private:
   std::vector<std::thread> threads_;

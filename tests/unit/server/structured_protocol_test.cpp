@@ -187,6 +187,23 @@ TEST(ToolChoiceGrammar, AutoIsTriggeredAtTheStartTag) {
   EXPECT_FALSE(accepts(*s, "\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>\nmore"));  // ends at the tag
 }
 
+// tool_choice auto with the llama3 syntax: the output is the calls (it starts with "{") or free
+// text; the grammar is the required-call grammar entered at that first byte.
+TEST(ToolChoiceGrammar, AutoLlama3IsTriggeredAtTheOutputStart) {
+  Json tools = Json::parse(kTools);
+  auto s = tool_call_triggered(tools, true, ToolCallParser::Kind::llama3);
+  EXPECT_EQ(s->kind, "tool_call_auto");
+  EXPECT_EQ(s->trigger, "{");
+  EXPECT_TRUE(s->trigger_at_start && s->trigger_in_grammar);
+  EXPECT_FALSE(s->trigger_repeat);
+  const std::string w = "{\"name\": \"get_weather\", \"parameters\": {\"city\":\"Rome\",\"unit\":\"f\"}}";
+  EXPECT_TRUE(accepts(*s, w));
+  EXPECT_TRUE(accepts(*s, w + "; {\"name\": \"get_time\", \"parameters\": {}}"));
+  EXPECT_FALSE(accepts(*s, "{\"name\": \"get_date\", \"parameters\": {}}"));
+  EXPECT_FALSE(accepts(*tool_call_triggered(tools, false, ToolCallParser::Kind::llama3), w + "; " + w));
+  EXPECT_NE(s->key, tool_call_structured(tools, "", true, ToolCallParser::Kind::llama3)->key);  // cached apart
+}
+
 TEST(ToolChoiceGrammar, Llama3) {
   Json tools = Json::parse(kTools);
   auto any = tool_call_structured(tools, "", true, ToolCallParser::Kind::llama3);

@@ -1,0 +1,21 @@
+// Batch-invariant split-KV decode attention (#22; the deterministic mode's need): with
+// target > 0 the split-KV decode kernel cuts each sequence's KV by its own length — tiles of 64
+// tokens per split = max(min_tiles, ceil(tiles / target)), at most `target` splits — never by
+// the batch, and merges its partials in a fixed order, so a sequence's output rows are
+// bit-identical alone, in any batch, and under any max_kv_len bound (CUDA graph buckets).
+// target 0: the default split count (one wave of blocks for this batch: fastest at a given
+// batch, but it changes with the batch). `tokenspeed bench --attention-lab` times both.
+#pragma once
+#include "ops/cuda/cuda_ops.h"
+
+namespace ts::ops::cuda {
+
+struct SplitKvOptions {
+  int target = 0;
+  int min_tiles = 0;
+};
+
+void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttnMeta& meta, float scale,
+                     Tensor& out, const KernelPolicy& policy, const SplitKvOptions& split);
+
+}  // namespace ts::ops::cuda
