@@ -21,6 +21,8 @@ void device_copy(void* dst, Device dd, const void* src, Device sd, size_t bytes)
   cuda::copy(dst, dd == Device::cuda, src, sd == Device::cuda, bytes);
 }
 bool cuda_available() { return cuda::device_count() > 0; }
+DeviceMemoryStats device_memory_stats() { return cuda::memory_stats(); }
+size_t device_empty_cache() { return cuda::empty_cache(); }
 
 StagedUpload::StagedUpload() = default;
 StagedUpload::~StagedUpload() {
@@ -31,7 +33,7 @@ void StagedUpload::upload(void* dst, const void* src, size_t bytes) {
   if (event_) cuda::event_synchronize(event_);  // the previous copy has read the staging buffer
   else event_ = cuda::event_create();
   if (bytes > cap_) {
-    cap_ = std::max(bytes, cap_ * 2);
+    cap_ = std::max({bytes, cap_ * 2, size_t(64) << 10});  // a few growths at most, then none
     pinned_ = cuda::alloc_host(cap_);
   }
   std::memcpy(pinned_.get(), src, bytes);
@@ -52,6 +54,8 @@ void device_copy(void* dst, Device dd, const void* src, Device sd, size_t bytes)
   if (bytes) std::memcpy(dst, src, bytes);
 }
 bool cuda_available() { return false; }
+DeviceMemoryStats device_memory_stats() { return {}; }
+size_t device_empty_cache() { return 0; }
 StagedUpload::StagedUpload() = default;
 StagedUpload::~StagedUpload() = default;
 void StagedUpload::upload(void*, const void*, size_t) { fail("this build has no CUDA backend"); }

@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <memory>
 
+#include "core/caching_allocator.h"
 #include "core/tensor.h"
 
 namespace ts {
@@ -10,6 +11,10 @@ std::shared_ptr<void> device_alloc(size_t bytes);
 void device_memset(void* p, int value, size_t bytes);
 void device_copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
 bool cuda_available();  // a CUDA device is present and usable
+// The device caching allocator (core/cuda/runtime.h alloc): its counters summed over devices
+// (zeros without the CUDA backend), and every cached block back to the driver (bytes freed).
+DeviceMemoryStats device_memory_stats();
+size_t device_empty_cache();
 
 // Small host->device uploads (per-step batch metadata) without a host stall: the bytes go
 // through a pinned staging buffer and an asynchronous copy on the backend's stream, ordered

@@ -339,6 +339,7 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
     } else {
 #ifdef TS_WITH_CUDA
       double frac = o.mem_fraction_static > 0 ? o.mem_fraction_static : 0.85;
+      device_empty_cache();  // blocks cached during loading count as free memory here
       size_t total = cuda::total_memory(), free = cuda::free_memory();
       size_t reserve = size_t((1.0 - frac) * double(total));
       TS_CHECK(free > reserve + (256ull << 20), "not enough GPU memory for a KV pool: {} MiB free, {} MiB reserved", free >> 20, reserve >> 20);

@@ -129,7 +129,10 @@ void BatchBuilder::build(const std::vector<SeqChunk>& chunks, int bs, Device dev
   if (dev == Device::cpu) {
     base_ = Tensor::from_blob(host_.data(), {int64_t(n)}, DType::i32, Device::cpu);
   } else {
-    if (!dev_.data || dev_.numel() < int64_t(n)) dev_ = Tensor::empty({int64_t(std::max(n, opt.reserve))}, DType::i32, dev);
+    // Grows geometrically (from 64k entries): block tables widen as contexts grow, and each
+    // growth is an allocation inside the step.
+    if (!dev_.data || dev_.numel() < int64_t(n))
+      dev_ = Tensor::empty({int64_t(std::max({n + n / 2, opt.reserve, size_t(1) << 16}))}, DType::i32, dev);
     if (!up_) up_ = std::make_unique<StagedUpload>();
     up_->upload(dev_.data, host_.data(), n * sizeof(int32_t));
     base_ = dev_;
@@ -229,7 +232,7 @@ bool ModelRunner::run_greedy(const std::vector<SeqChunk>& chunks, std::vector<in
   for (const SeqChunk& c : chunks)
     n += c.logits == SeqChunk::Logits::none ? 0 : c.logits == SeqChunk::Logits::last ? 1 : c.num_tokens;
   if (!greedy_ids_.data || greedy_ids_.numel() < n) {
-    greedy_ids_ = Tensor::zeros({std::max<int64_t>(n, 8)}, DType::i32, model_->device());
+    greedy_ids_ = Tensor::zeros({std::max<int64_t>(n + n / 2, 256)}, DType::i32, model_->device());
     if (!greedy_scratch_.data) greedy_scratch_ = Tensor::zeros({ops::kLmArgmaxScratch}, DType::i64, model_->device());
   }
   auto t0 = std::chrono::steady_clock::now();

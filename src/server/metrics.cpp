@@ -3,6 +3,8 @@
 #include <cmath>
 #include <fmt/format.h>
 
+#include "core/device_memory.h"
+
 namespace ts::server {
 
 namespace {
@@ -177,6 +179,24 @@ std::string render_prometheus(const EngineMetrics* e, ServerMetrics& s, const st
     metric(out, "tokenspeed_device_idle_between_steps_us", "gauge",
            "Mean device idle time between consecutive engine steps (microseconds, moving average).", l,
            e->device_idle_us_mean);
+    {
+      // The device caching allocator (core/caching_allocator.h): in steady state the cudaMalloc
+      // and cudaFree counters stand still.
+      const DeviceMemoryStats dm = device_memory_stats();
+      metric(out, "tokenspeed_device_malloc_calls_total", "counter",
+             "cudaMalloc calls made by the caching device allocator (cache misses).", l, static_cast<double>(dm.malloc_calls));
+      metric(out, "tokenspeed_device_free_calls_total", "counter",
+             "cudaFree calls made by the caching device allocator (empty_cache, graph-capture blocks).", l,
+             static_cast<double>(dm.free_calls));
+      metric(out, "tokenspeed_device_alloc_cache_hits_total", "counter", "Device allocations served from the cache.", l,
+             static_cast<double>(dm.cache_hits));
+      metric(out, "tokenspeed_device_memory_in_use_bytes", "gauge", "Device memory held by live tensors (allocator blocks).",
+             l, static_cast<double>(dm.bytes_in_use));
+      metric(out, "tokenspeed_device_memory_cached_bytes", "gauge", "Device memory kept in the allocator's free lists.", l,
+             static_cast<double>(dm.bytes_cached));
+      metric(out, "tokenspeed_host_pinned_alloc_calls_total", "counter", "cudaMallocHost calls (pinned staging buffers).", l,
+             static_cast<double>(dm.pinned_alloc_calls));
+    }
     metric(out, "tokenspeed_retractions_total", "counter", "Requests preempted (retracted) for lack of KV blocks.", l,
            static_cast<double>(e->retractions));
     render_kvstore(out, *e, l);

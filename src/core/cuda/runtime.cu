@@ -17,27 +17,97 @@ int device_count() {
   return n;
 }
 
-std::shared_ptr<void> alloc(size_t bytes) {
-  void* p = nullptr;
-  if (bytes) TS_CUDA_CHECK(cudaMalloc(&p, bytes));
-  // Freed on the device that owns it (the last reference may drop on another GPU's thread).
-  const int dev = current_device();
-  return std::shared_ptr<void>(p, [dev](void* q) {
-    if (!q) return;
-    int cur = -1;
-    if (cudaGetDevice(&cur) == cudaSuccess && cur != dev) {
-      cudaSetDevice(dev);
-      cudaFree(q);
-      cudaSetDevice(cur);
-    } else {
-      cudaFree(q);
+namespace {
+constexpr int kMaxAllocDevices = 16;
+
+// cudaMalloc / cudaFree on one device, whatever device the calling thread drives.
+class CudaBlockSource final : public BlockSource {
+ public:
+  int dev = 0;
+  void* raw_alloc(size_t bytes) override {
+    DeviceGuard g(dev);
+    void* p = nullptr;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // not sticky: clear it, the caller empties its cache and retries
+      return nullptr;
     }
-  });
+    TS_CUDA_CHECK(e);
+    return p;
+  }
+  void raw_free(void* p, size_t) override {
+    DeviceGuard g(dev);
+    cudaFree(p);
+  }
+
+ private:
+  struct DeviceGuard {
+    int prev = -1;
+    explicit DeviceGuard(int d) {
+      if (cudaGetDevice(&prev) == cudaSuccess && prev != d) cudaSetDevice(d);
+      else prev = -1;
+    }
+    ~DeviceGuard() {
+      if (prev >= 0) cudaSetDevice(prev);
+    }
+  };
+};
+
+struct DeviceCaches {
+  CudaBlockSource src[kMaxAllocDevices];
+  CachingAllocator cache[kMaxAllocDevices];
+  DeviceCaches() {
+    for (int d = 0; d < kMaxAllocDevices; ++d) {
+      src[d].dev = d;
+      cache[d].set_source(&src[d]);
+    }
+  }
+};
+// Never destroyed: tensors held by other statics (workspaces, retired buffers) give their blocks
+// back during exit, after function-local statics constructed later are gone.
+DeviceCaches& caches() {
+  static DeviceCaches* c = new DeviceCaches();
+  return *c;
+}
+std::atomic<uint64_t> g_pinned_allocs{0};
+}  // namespace
+
+std::shared_ptr<void> alloc(size_t bytes) {
+  if (!bytes) return std::shared_ptr<void>(nullptr, [](void*) {});
+  const int dev = current_device();
+  TS_CHECK(dev < kMaxAllocDevices, "cuda::alloc: device {} (at most {})", dev, kMaxAllocDevices);
+  const bool cached = !stream_capturing();
+  CachingAllocator& cache = caches().cache[dev];
+  const CachingAllocator::Block b = cache.allocate(bytes, cached);
+  if (!b.ptr) {
+    const DeviceMemoryStats s = cache.stats();
+    size_t free = 0, total = 0;
+    cudaMemGetInfo(&free, &total);
+    cudaGetLastError();
+    fail("CUDA out of memory on device {}: {} bytes requested; {:.1f} MiB in use by tensors, {:.1f} MiB free of {:.1f} MiB",
+         dev, bytes, double(s.bytes_in_use) / (1 << 20), double(free) / (1 << 20), double(total) / (1 << 20));
+  }
+  // Back to the owning device's cache (the last reference may drop on another GPU's thread).
+  return std::shared_ptr<void>(b.ptr, [dev, b, cached](void*) { caches().cache[dev].release(b, cached); });
+}
+
+size_t empty_cache() {
+  size_t freed = 0;
+  for (auto& c : caches().cache) freed += c.empty_cache();
+  return freed;
+}
+
+DeviceMemoryStats memory_stats() {
+  DeviceMemoryStats s;
+  for (auto& c : caches().cache) s += c.stats();
+  s.pinned_alloc_calls = g_pinned_allocs.load(std::memory_order_relaxed);
+  return s;
 }
 
 std::shared_ptr<void> alloc_host(size_t bytes) {
   void* p = nullptr;
   if (bytes) TS_CUDA_CHECK(cudaMallocHost(&p, bytes));
+  if (bytes) g_pinned_allocs.fetch_add(1, std::memory_order_relaxed);
   return std::shared_ptr<void>(p, [](void* q) {
     if (q) cudaFreeHost(q);
   });
@@ -220,6 +290,18 @@ Workspace& workspace(int which) {
   static Workspace ws[kMaxDevices][4];
   TS_CHECK(which >= 0 && which < 4, "workspace index {}", which);
   return ws[current_device()][which];
+}
+
+HostStaging& host_staging() {
+  static HostStaging hs[kMaxDevices];
+  return hs[current_device()];
+}
+
+void* HostStaging::get(size_t bytes) {
+  if (bytes <= size) return ptr.get();
+  size = std::max(bytes + bytes / 2, size_t(64) << 10);
+  ptr = alloc_host(size);
+  return ptr.get();
 }
 
 bool once_per_device(std::atomic<uint32_t>& mask) {

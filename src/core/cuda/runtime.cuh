@@ -32,6 +32,15 @@ struct Workspace {
   void* get(size_t bytes);
 };
 Workspace& workspace(int which);  // per device; 0: attention, 1: sampling, 2-3: spare
+// A grow-only pinned host buffer per device, for ops that stage a few bytes to and from the
+// device and synchronise before they return (so the next call may reuse it): a fresh pageable
+// vector per call is a heap allocation plus a staged copy each way.
+struct HostStaging {
+  std::shared_ptr<void> ptr;
+  size_t size = 0;
+  void* get(size_t bytes);
+};
+HostStaging& host_staging();
 // True the first time it is called for the current device with this mask (one bit per device):
 // for per-device one-time setup such as cudaFuncSetAttribute.
 bool once_per_device(std::atomic<uint32_t>& mask);

@@ -7,6 +7,8 @@
 #include <memory>
 #include <string>
 
+#include "core/caching_allocator.h"
+
 namespace ts::cuda {
 int device_count();                                  // 0 when no driver/GPU
 // The GPU the calling thread drives (thread-local; a thread that never called set_device
@@ -14,8 +16,23 @@ int device_count();                                  // 0 when no driver/GPU
 // runtime's current device for this thread and resets this thread's stream to that GPU's.
 int current_device();
 void set_device(int dev);
-std::shared_ptr<void> alloc(size_t bytes);           // cudaMalloc, freed on last reference
+// Device memory from the current device's caching allocator (core/caching_allocator.h): the
+// block goes back to that device's cache on the last reference (whatever thread drops it) and
+// is reused by a later alloc, so the steady state makes no cudaMalloc/cudaFree calls. Reuse is
+// safe because every op of a device runs on its one compute stream (stream() below; the
+// synchronous copies' legacy default stream waits for it): the next user of a block is queued
+// after the kernels that still read it. Memory used on another stream (copy_stream_create) must
+// stay referenced until that stream's work is known done. While stream() is being captured into
+// a CUDA graph, blocks bypass the cache (cudaMalloc, and cudaFree when dropped), so memory a graph
+// may keep is never handed to anyone else. Out of memory: the cache is emptied and the
+// allocation retried once, then an error naming the sizes.
+std::shared_ptr<void> alloc(size_t bytes);
 std::shared_ptr<void> alloc_host(size_t bytes);      // cudaMallocHost (pinned), freed on last reference
+// Every device's cached blocks back to the driver (before free memory is measured, e.g. to size
+// the KV pool). Returns the bytes freed.
+size_t empty_cache();
+// The caching allocators' counters, summed over devices (plus the pinned host allocations).
+DeviceMemoryStats memory_stats();
 void memset(void* p, int value, size_t bytes);
 void copy(void* dst, bool dst_dev, const void* src, bool src_dev, size_t bytes);
 void synchronize();

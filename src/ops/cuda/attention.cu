@@ -592,6 +592,9 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
     // blocks whose split starts past their sequence's real length exit, the merge skips them.
     const int64_t tiles = std::max<int64_t>(1, ceil_div(meta.max_kv_len, kDTile));
     int64_t splits;
+    // The split count this batch shape reaches at any context: the scratch is sized for it at
+    // once, so decode steps do not grow (allocate) it as their contexts lengthen.
+    int64_t ws_splits = 1;
     if (policy.attn_splits <= 0 && split.target > 0) {
       // Batch-invariant splits: each sequence's split length comes from its own kv_len on the
       // device (seq_split_len), never from the batch; the grid covers the most any sequence up to
@@ -612,6 +615,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
       // Round down: base * splits stays within one wave of resident blocks (no 1.2-wave tails).
       splits = std::clamp<int64_t>(target / base, 1,
                                    std::max<int64_t>(1, std::min<int64_t>(tiles / kDecodeMinSplitTiles, kDecodeMaxSplits)));
+      ws_splits = std::clamp<int64_t>(target / base, 1, kDecodeMaxSplits);
     }
     if (p.split_target == 0) {
       const int64_t split_len = ceil_div(tiles, splits) * kDTile;
@@ -623,7 +627,8 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
     if (splits > 1) {
       const size_t n_o = size_t(splits) * size_t(T) * size_t(nh) * size_t(hd_v);
       const size_t n_ml = size_t(splits) * size_t(T) * size_t(nh) * 2;
-      float* ws = static_cast<float*>(workspace(0).get((n_o + n_ml) * sizeof(float)));
+      const size_t cap = size_t(std::max(splits, ws_splits)) * size_t(T) * size_t(nh) * size_t(hd_v + 2);
+      float* ws = static_cast<float*>(workspace(0).get(std::max(n_o + n_ml, cap) * sizeof(float)));
       p.part_o = ws;
       p.part_ml = ws + n_o;
     }
@@ -675,6 +680,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   TS_CHECK(chunks <= 0x7fffffff, "paged_attention: too many rows");
   const int64_t max_kv = std::max(meta.max_kv_len, 1);
   int splits = 1;
+  int64_t ws_splits = 1;  // the most splits this shape reaches at any context (scratch size)
   if (policy.attn_splits > 0) {
     splits = policy.attn_splits;
   } else if (decode_like) {
@@ -682,6 +688,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
     const int64_t target = 2 * int64_t(sm_count());
     const int64_t by_len = ceil_div(max_kv, 256);  // at least 256 tokens per split
     splits = int(std::clamp<int64_t>(ceil_div(target, base), 1, std::min<int64_t>(by_len, 64)));
+    ws_splits = std::clamp<int64_t>(ceil_div(target, base), 1, 64);
   }
   int64_t split_len = ceil_div(ceil_div(max_kv, splits), kGN) * kGN;
   splits = int(ceil_div(max_kv, split_len));
@@ -691,7 +698,8 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   if (splits > 1) {
     const size_t n_o = size_t(splits) * size_t(T) * size_t(nh) * size_t(hd_v);
     const size_t n_ml = size_t(splits) * size_t(T) * size_t(nh) * 2;
-    float* ws = static_cast<float*>(workspace(0).get((n_o + n_ml) * sizeof(float)));
+    const size_t cap = size_t(std::max<int64_t>(splits, ws_splits)) * size_t(T) * size_t(nh) * size_t(hd_v + 2);
+    float* ws = static_cast<float*>(workspace(0).get(std::max(n_o + n_ml, cap) * sizeof(float)));
     p.part_o = ws;
     p.part_ml = ws + n_o;
   }

@@ -6,6 +6,7 @@
 // Every "prefix of the sorted order" is found without sorting: a radix select over the 64-bit key
 // (prob bits << 32 | ~id), which orders exactly like the CPU comparator, with per-digit
 // histograms of count and mass. One block per row.
+#include <algorithm>
 #include <cmath>
 
 #include "ops/cuda/common.cuh"
@@ -318,8 +319,10 @@ void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, std::vec
   if (B == 0) return;
   // One staging buffer: params (8-byte fields first), ids, then probs.
   const size_t b = size_t(B);
-  std::vector<unsigned char> host(b * (8 + 8 + 4 + 4 + 4 + 4));
-  auto* seed = reinterpret_cast<uint64_t*>(host.data());
+  // Pinned staging (reused; this call synchronises before returning): params, then the ids.
+  const size_t host_bytes = b * (8 + 8 + 4 + 4 + 4 + 4);
+  auto* host = static_cast<unsigned char*>(host_staging().get(host_bytes + b * 4));
+  auto* seed = reinterpret_cast<uint64_t*>(host);
   auto* counter = seed + b;
   auto* temperature = reinterpret_cast<float*>(counter + b);
   auto* top_k = reinterpret_cast<int32_t*>(temperature + b);
@@ -333,11 +336,11 @@ void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, std::vec
     top_p[i] = rows[i].top_p;
     min_p[i] = rows[i].min_p;
   }
-  const size_t param_bytes = (host.size() + 255) / 256 * 256;
+  const size_t param_bytes = (host_bytes + 255) / 256 * 256;
   const size_t id_bytes = (b * 4 + 255) / 256 * 256;
   const size_t probs_bytes = b * size_t(V) * sizeof(float);
   auto* ws = static_cast<unsigned char*>(workspace(1).get(param_bytes + id_bytes + probs_bytes));
-  TS_CUDA_CHECK(cudaMemcpyAsync(ws, host.data(), host.size(), cudaMemcpyHostToDevice, stream()));
+  TS_CUDA_CHECK(cudaMemcpyAsync(ws, host, host_bytes, cudaMemcpyHostToDevice, stream()));
   ParamPtrs prm;
   prm.seed = reinterpret_cast<const uint64_t*>(ws);
   prm.counter = prm.seed + b;
@@ -348,8 +351,10 @@ void sample(const Tensor& logits, const std::vector<SamplingRow>& rows, std::vec
   int32_t* ids = reinterpret_cast<int32_t*>(ws + param_bytes);
   float* probs = reinterpret_cast<float*>(ws + param_bytes + id_bytes);
   launch_sample(logits, prm, probs, ids);
-  TS_CUDA_CHECK(cudaMemcpyAsync(out.data(), ids, b * 4, cudaMemcpyDeviceToHost, stream()));
+  int32_t* host_ids = reinterpret_cast<int32_t*>(host + host_bytes);
+  TS_CUDA_CHECK(cudaMemcpyAsync(host_ids, ids, b * 4, cudaMemcpyDeviceToHost, stream()));
   TS_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  std::copy(host_ids, host_ids + b, out.begin());
 }
 
 void sample_device(const Tensor& logits, const DeviceSamplingParams& p, Tensor& out_ids) {
