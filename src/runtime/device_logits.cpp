@@ -8,6 +8,10 @@
 #include "ops/cuda/logits_proc.h"  // a plain C++ header; its functions exist only in CUDA builds
 #include "runtime/structured.h"
 
+#ifdef TS_WITH_CUDA
+#include "core/cuda/runtime.h"
+#endif
+
 namespace ts {
 
 namespace {
@@ -17,7 +21,7 @@ bool has_penalties(const GenerateParams& p) {
 }  // namespace
 
 DeviceLogits::DeviceLogits(int slots, int64_t vocab, int64_t rows_cap, Device device)
-    : pool_(slots), vocab_(vocab), rows_cap_(rows_cap), device_(device) {
+    : pool_(slots), pending_(size_t(std::max(slots, 0)), 0), vocab_(vocab), rows_cap_(rows_cap), device_(device) {
   TS_CHECK(slots > 0 && vocab > 0 && rows_cap > 0, "DeviceLogits: slots {} vocab {} rows {}", slots, vocab, rows_cap);
   if (device_ == Device::cuda) {
 #ifdef TS_WITH_CUDA
@@ -71,13 +75,58 @@ std::vector<int32_t> DeviceLogits::slot_info(const Request& r) {
 bool DeviceLogits::acquire(Request& r) {
   if (r.logits_slot) return true;
   if (!supported(r)) return false;
-  // Seeding reads the whole history: futures (overlap) would be missing from the counts.
-  for (int32_t t : r.tokens)
-    if (t < 0) return false;
   if (pool_.available() == 0) return false;
   r.logits_slot = pool_.take();
-  seed(*r.logits_slot, r);
+  pending_[size_t(*r.logits_slot)] = 1;
   return true;
+}
+
+bool DeviceLogits::stage_seed(const Request& r, LogitsSeeds& out) {
+  if (!r.logits_slot || !pending(*r.logits_slot)) return false;
+  const int slot = *r.logits_slot;
+  pending_[size_t(slot)] = 0;
+  LogitsSeeds::Item it;
+  it.slot = slot;
+  it.prompt_len = r.prompt_len;
+  it.first = out.tokens.size();
+  it.count = r.tokens.size();
+  out.tokens.insert(out.tokens.end(), r.tokens.begin(), r.tokens.end());
+  const std::vector<int32_t> info = slot_info(r);
+  out.info.insert(out.info.end(), info.begin(), info.end());
+  out.items.push_back(it);
+  return true;
+}
+
+void DeviceLogits::run_seeds(const LogitsSeeds& s) {
+  if (s.empty()) return;
+  for (int32_t t : s.tokens) TS_CHECK(t >= 0, "DeviceLogits::run_seeds: unresolved future id {}", t);
+  const LogitsSeeds::Item& last = s.items.back();
+  seed_.slot = last.slot;
+  seed_.prompt_len = last.prompt_len;
+  seed_.tokens.assign(s.tokens.begin() + long(last.first), s.tokens.begin() + long(last.first + last.count));
+  seed_.info.assign(s.info.end() - ops::kLogitsSlotInfo, s.info.end());
+  n_seeds_ += int64_t(s.items.size());
+  if (device_ != Device::cuda) return;
+#ifdef TS_WITH_CUDA
+  // One upload: every history, then every info row; then per item an info-row copy and the seed
+  // kernel, all on the stream, after the steps launched before this one.
+  const int64_t n = int64_t(s.tokens.size() + s.info.size());
+  if (!tok_buf_.data || tok_buf_.numel() < n)
+    tok_buf_ = Tensor::empty({std::max<int64_t>(n + n / 2, 4096)}, DType::i32, Device::cuda);
+  seed_host_.assign(s.tokens.begin(), s.tokens.end());
+  seed_host_.insert(seed_host_.end(), s.info.begin(), s.info.end());
+  if (!up_seed_) up_seed_ = std::make_unique<StagedUpload>();
+  up_seed_->upload(tok_buf_.data, seed_host_.data(), seed_host_.size() * 4);
+  const int32_t* dev = tok_buf_.ptr<int32_t>();
+  for (size_t i = 0; i < s.items.size(); ++i) {
+    const LogitsSeeds::Item& it = s.items[i];
+    const int64_t info_at = int64_t(s.tokens.size()) + int64_t(i) * ops::kLogitsSlotInfo;
+    cuda::copy_async(st_->info.ptr<int32_t>() + int64_t(it.slot) * ops::kLogitsSlotInfo, dev + info_at,
+                     size_t(ops::kLogitsSlotInfo) * 4);
+    ops::cuda::logits_seed(*st_, it.slot, tok_buf_.narrow(0, int64_t(it.first), std::max<int64_t>(int64_t(it.count), 1)),
+                           int64_t(it.count), it.prompt_len);
+  }
+#endif
 }
 
 ops::LogitsProcRow DeviceLogits::row(const Request& r) const {
@@ -93,24 +142,6 @@ ops::LogitsProcRow DeviceLogits::row(const Request& r) const {
   return row;
 }
 
-void DeviceLogits::seed(int slot, const Request& r) {
-  seed_.slot = slot;
-  seed_.prompt_len = r.prompt_len;
-  seed_.tokens.assign(r.tokens.begin(), r.tokens.end());
-  seed_.info = slot_info(r);
-  ++n_seeds_;
-  if (device_ != Device::cuda) return;
-#ifdef TS_WITH_CUDA
-  const int64_t n = int64_t(seed_.tokens.size());
-  if (!tok_buf_.data || tok_buf_.numel() < n)
-    tok_buf_ = Tensor::empty({std::max<int64_t>(n + n / 2, 1024)}, DType::i32, Device::cuda);
-  device_copy(tok_buf_.data, Device::cuda, seed_.tokens.data(), Device::cpu, size_t(n) * 4);
-  device_copy(st_->info.ptr<int32_t>() + int64_t(slot) * ops::kLogitsSlotInfo, Device::cuda, seed_.info.data(),
-              Device::cpu, seed_.info.size() * 4);
-  ops::cuda::logits_seed(*st_, slot, tok_buf_, n, r.prompt_len);
-#endif
-}
-
 void DeviceLogits::upload(const std::vector<ops::LogitsProcRow>& rows, int64_t pad_to) {
   int64_t live = 0;
   for (size_t i = 0; i < rows.size(); ++i)
@@ -122,7 +153,8 @@ void DeviceLogits::upload(const std::vector<ops::LogitsProcRow>& rows, int64_t p
   TS_CHECK(st_, "DeviceLogits::upload: no device state");
   row_host_.assign(rows.begin(), rows.end());
   row_host_.resize(size_t(n));  // padding rows and rows of the previous upload: slot -1
-  device_copy(st_->rows.data, Device::cuda, row_host_.data(), Device::cpu, size_t(n) * sizeof(ops::LogitsProcRow));
+  if (!up_rows_) up_rows_ = std::make_unique<StagedUpload>();
+  up_rows_->upload(st_->rows.data, row_host_.data(), size_t(n) * sizeof(ops::LogitsProcRow));
   dirty_rows_ = live;
 }
 
@@ -140,7 +172,8 @@ void DeviceLogits::count(const std::vector<int32_t>& ids) {
 #ifdef TS_WITH_CUDA
   if (ids.empty()) return;
   TS_CHECK(int64_t(ids.size()) <= rows_cap_, "DeviceLogits::count: {} ids, capacity {}", ids.size(), rows_cap_);
-  device_copy(st_->ids.data, Device::cuda, ids.data(), Device::cpu, ids.size() * 4);
+  if (!up_ids_) up_ids_ = std::make_unique<StagedUpload>();
+  up_ids_->upload(st_->ids.data, ids.data(), ids.size() * 4);
   Tensor view = st_->ids.narrow(0, 0, int64_t(ids.size()));
   ops::cuda::logits_count(view, *st_);
 #else

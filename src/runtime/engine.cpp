@@ -703,12 +703,21 @@ void EngineImpl::step() {
 
 bool EngineImpl::overlap_ok() {
   // Steps of requests that need host logits (penalties read the history) run in the simple
-  // loop; so does everything once such a request is running or waiting.
+  // loop; so does everything once such a request is running or waiting. A request that will
+  // take a device logits slot when planned (apply_plan) overlaps, if every such request finds
+  // a free slot.
+  int want_slots = 0;
+  auto ok = [&](const Request& r) {
+    if (r.terminal() || PlainWorker::can_overlap(r)) return true;
+    if (r.logits_slot || !DeviceLogits::supported(r) || !runner->logits_proc_if_any()) return false;
+    ++want_slots;
+    return true;
+  };
   for (auto& r : sched->running())
-    if (!r->terminal() && !PlainWorker::can_overlap(*r)) return false;
+    if (!ok(*r)) return false;
   for (auto& r : sched->waiting())
-    if (!r->terminal() && !PlainWorker::can_overlap(*r)) return false;
-  return true;
+    if (!ok(*r)) return false;
+  return want_slots == 0 || want_slots <= runner->logits_proc_if_any()->free_slots();
 }
 
 void EngineImpl::step_sync() {
@@ -885,7 +894,7 @@ void EngineImpl::apply_plan(StepPlan& plan) {
     if (runner->has_state() && !r.state_slot) r.state_slot = runner->take_state_slot();
     if (spec && !r.spec_slot) r.spec_slot = worker->acquire_slot();
     // Penalties / logit_bias / min_tokens on the device (runtime/device_logits.h; CUDA plain
-    // worker): the slot is seeded from r.tokens here, before the step that first samples it.
+    // worker): the slot is seeded from r.tokens with the step that first samples it.
     if (plain && !r.logits_slot && DeviceLogits::supported(r))
       if (DeviceLogits* dl = runner->logits_proc()) dl->acquire(r);
   }

@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "runtime/structured.h"
+
 namespace ts {
 
 void PlainWorker::execute(const StepPlan& plan, StepResult& out) {
@@ -21,6 +23,7 @@ void PlainWorker::stage(const StepPlan& plan, StagedStep& s) const {
   s.logprobs.clear();
   s.proc.clear();
   s.proc_any = false;
+  s.seeds.clear();
   s.host = false;
   s.masked = false;
   s.greedy = true;
@@ -45,6 +48,7 @@ void PlainWorker::stage(const StepPlan& plan, StagedStep& s) const {
                      last ? SeqChunk::Logits::last : SeqChunk::Logits::none, r.state_slot ? *r.state_slot : -1});
     if (last) {
       const ops::LogitsProcRow row = proc ? proc->row(r) : ops::LogitsProcRow{};
+      if (row.slot >= 0) proc->stage_seed(r, s.seeds);  // a slot taken since its last step
       s.proc_any = s.proc_any || row.slot >= 0;
       s.proc.push_back(row);
       s.sample_row.push_back(k);
@@ -52,25 +56,39 @@ void PlainWorker::stage(const StepPlan& plan, StagedStep& s) const {
       s.logprobs.push_back(r.params.logprobs);
       s.reqs.push_back(&r);
       s.host = s.host || needs_host_logits(r);
-      s.masked = s.masked || needs_mask(r);  // structured outputs: sample_batch applies the masks
+      s.masked = s.masked || needs_step_mask(r);  // structured outputs: sample_batch applies the masks
       s.greedy = s.greedy && greedy_without_logits(r);
     }
   }
   s.greedy = s.greedy && !s.sampling.empty();
 }
 
-void PlainWorker::run_staged(StagedStep& s, const StepResult* prev, StepResult& out) {
-  TS_CHECK(s.live || (!s.host && !s.masked), "a step that needs host logits or masks cannot run overlapped");
-  out.clear(s.rows);
-  // Futures: the previous step's sampled ids (host copies, as that step returned them).
-  for (int32_t& t : s.ids) {
+bool PlainWorker::needs_step_mask(const Request& r) {
+  return needs_mask(r) && (r.constraints->has_grammar() || !r.logits_slot);
+}
+
+void PlainWorker::resolve_futures(std::vector<int32_t>& ids, const StepResult* prev) {
+  for (int32_t& t : ids) {
     if (t >= 0) continue;
-    const size_t k = size_t(-(t + 1));
+    const size_t k = size_t(-(int64_t(t) + 1));
     TS_CHECK(prev && k < prev->rows.size() && prev->rows[k].count > 0,
              "step input holds future id {} the previous step did not produce", t);
     t = prev->tokens[size_t(prev->rows[k].first)];
   }
+}
+
+void PlainWorker::run_staged(StagedStep& s, const StepResult* prev, StepResult& out) {
+  TS_CHECK(s.live || (!s.host && !s.masked), "a step that needs host logits or masks cannot run overlapped");
+  out.clear(s.rows);
+  // Futures: the previous step's sampled ids (host copies, as that step returned them).
+  resolve_futures(s.ids, prev);
   auto f0 = std::chrono::steady_clock::now();
+  if (!s.seeds.empty()) {
+    // Slots taken since their requests' last step, seeded after every step launched before
+    // this one (a reused slot's previous owner may still have had a row in the last one).
+    resolve_futures(s.seeds.tokens, prev);
+    runner_.logits_proc_if_any()->run_seeds(s.seeds);
+  }
   // Pure decode steps sample inside the decode CUDA graph when one fits.
   bool sampled = false;
   // All greedy, nothing to process: the LM head may write the ids without logits.

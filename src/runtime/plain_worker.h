@@ -37,6 +37,7 @@ struct StagedStep {
   // none); proc_any: some row has a slot.
   std::vector<ops::LogitsProcRow> proc;
   bool proc_any = false;
+  LogitsSeeds seeds;                         // slots to seed before the forward (may hold futures)
   bool host = false;                         // some sampled row needs host logits
   bool masked = false;                       // some sampled row has logits constraints (grammar)
   bool greedy = false;                       // every sampled row is greedy_without_logits (and there is one)
@@ -51,11 +52,18 @@ class PlainWorker final : public Worker {
   void execute(const StepPlan& plan, StepResult& out) override;
   std::shared_ptr<const int> acquire_slot() override { return nullptr; }
   // Whether a request's steps may be staged ahead of the previous step's ids (no host logits:
-  // penalties read the token history, which then still holds futures; no constraints: the
+  // host penalties read the token history, which then still holds futures; no constraints: the
   // grammar's mask for step N+1 depends on the token step N samples).
-  // Device-processed requests (runtime/device_logits.h) keep the simple loop too: a slot is
-  // seeded from the whole token history, which must hold no futures.
-  static bool can_overlap(const Request& r) { return !needs_host_logits(r) && !needs_mask(r) && !DeviceLogits::wants(r); }
+  // Requests holding a device logits slot (runtime/device_logits.h) overlap: their counts are
+  // updated on the device from each sampled id, and a slot is seeded with the step that first
+  // samples it, from a history whose futures that step resolves (StagedStep::seeds).
+  static bool can_overlap(const Request& r) { return !needs_host_logits(r) && !needs_step_mask(r); }
+  // r's logits need a grammar mask, or constraints only the host sampler applies (logit_bias /
+  // min_tokens of a request without a device logits slot); a slot applies them on the device.
+  static bool needs_step_mask(const Request& r);
+  // Replaces futures (-(k+1): the id row k of `prev` sampled) in `ids` by the ids; an error
+  // when `prev` did not sample that row.
+  static void resolve_futures(std::vector<int32_t>& ids, const StepResult* prev);
   // Copies the plan into `s` (engine thread). Row ids the previous step has not produced yet
   // must already be futures in the requests' tokens (the engine's pre-apply).
   void stage(const StepPlan& plan, StagedStep& s) const;

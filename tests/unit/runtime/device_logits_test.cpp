@@ -77,6 +77,13 @@ TEST(DeviceLogits, AcquireSeedsFromTheWholeHistory) {
   auto r = make_req(1, p, {4, 5, 6}, 2);
   ASSERT_TRUE(dl.acquire(*r));
   ASSERT_TRUE(r->logits_slot);
+  EXPECT_TRUE(dl.pending(*r->logits_slot));
+  EXPECT_EQ(dl.seeds(), 0) << "seeded with the step that first samples it, not when planned";
+  LogitsSeeds staged;
+  ASSERT_TRUE(dl.stage_seed(*r, staged));
+  EXPECT_FALSE(dl.pending(*r->logits_slot));
+  EXPECT_FALSE(dl.stage_seed(*r, staged)) << "staged once";
+  dl.run_seeds(staged);
   EXPECT_EQ(dl.seeds(), 1);
   const DeviceLogits::Seed& s = dl.last_seed();
   EXPECT_EQ(s.slot, *r->logits_slot);
@@ -96,7 +103,9 @@ TEST(DeviceLogits, AcquireSeedsFromTheWholeHistory) {
   const int slot = *r->logits_slot;
   EXPECT_TRUE(dl.acquire(*r));
   EXPECT_EQ(*r->logits_slot, slot);
-  EXPECT_EQ(dl.seeds(), 1);
+  LogitsSeeds again;
+  EXPECT_FALSE(dl.stage_seed(*r, again));
+  EXPECT_TRUE(again.empty());
   // Rows: the parameters, and the min_tokens ban until 3 tokens are generated.
   ops::LogitsProcRow row = dl.row(*r);
   EXPECT_EQ(row.slot, slot);
@@ -106,13 +115,14 @@ TEST(DeviceLogits, AcquireSeedsFromTheWholeHistory) {
   EXPECT_EQ(row.ban_stop, 1);  // 2 generated < 3
   r->tokens.push_back(42);
   EXPECT_EQ(dl.row(*r).ban_stop, 0);
-  // Bound requests no longer need host logits; they still keep the simple loop.
+  // Bound requests no longer need host logits, and overlap (counts live on the device).
   EXPECT_FALSE(needs_host_logits(*r));
-  EXPECT_FALSE(PlainWorker::can_overlap(*r));
+  EXPECT_TRUE(PlainWorker::can_overlap(*r));
   // A request without a slot: row slot -1, host logits as before.
   auto q = make_req(2, pen(1.1f), {1});
   EXPECT_EQ(dl.row(*q).slot, -1);
   EXPECT_TRUE(needs_host_logits(*q));
+  EXPECT_FALSE(PlainWorker::can_overlap(*q));
 }
 
 TEST(DeviceLogits, SlotsGoBackWhenRequestsEndAndAreNeverShared) {
@@ -131,17 +141,58 @@ TEST(DeviceLogits, SlotsGoBackWhenRequestsEndAndAreNeverShared) {
   EXPECT_EQ(dl.free_slots(), 1);
   ASSERT_TRUE(dl.acquire(*c));
   EXPECT_EQ(*c->logits_slot, freed);
+  EXPECT_TRUE(dl.pending(freed)) << "a reused slot is reseeded";
+  LogitsSeeds st;
+  ASSERT_TRUE(dl.stage_seed(*c, st));
+  dl.run_seeds(st);
   EXPECT_EQ(dl.last_seed().tokens, (std::vector<int32_t>{4}));  // reseeded with c's tokens only
-  // Futures (overlap placeholders) in the history: no slot, nothing seeded.
-  auto f = make_req(4, pen(1.2f), {5});
-  f->tokens.push_back(-1);
-  c.reset();
-  EXPECT_FALSE(dl.acquire(*f));
-  EXPECT_EQ(dl.free_slots(), 1);
+  EXPECT_EQ(dl.last_seed().slot, freed);
   // Unsupported requests never take a slot.
+  c.reset();
   auto g = make_req(5, GenerateParams{}, {5});
   EXPECT_FALSE(dl.acquire(*g));
   EXPECT_EQ(dl.free_slots(), 1);
+}
+
+TEST(DeviceLogits, SeedsWithFuturesResolveWithTheirStep) {
+  // Overlap scheduling: a request retracted while its step was in flight is readmitted with a
+  // future at the end of its history (the id that step samples). It takes a slot anyway; the
+  // seed is staged with the future and resolved by the step that runs it, from the previous
+  // step's result (PlainWorker::resolve_futures), before the slot is seeded.
+  DeviceLogits dl(4, 1000, 8, Device::cpu);
+  auto a = make_req(1, pen(1.2f), {7, 8}, 1);  // prompt 7 8, output 100
+  auto b = make_req(2, pen(1.0f, 0.5f), {9});
+  a->tokens.push_back(-2);  // row 1 of the step in flight
+  b->tokens.push_back(-1);  // row 0
+  ASSERT_TRUE(dl.acquire(*a));
+  ASSERT_TRUE(dl.acquire(*b));
+  LogitsSeeds st;
+  ASSERT_TRUE(dl.stage_seed(*a, st));
+  ASSERT_TRUE(dl.stage_seed(*b, st));
+  ASSERT_EQ(st.items.size(), 2u);
+  EXPECT_EQ(st.tokens, (std::vector<int32_t>{7, 8, 100, -2, 9, -1}));
+  EXPECT_EQ(st.info.size(), size_t(2 * ops::kLogitsSlotInfo));
+  EXPECT_THROW(dl.run_seeds(st), Error) << "futures must be resolved first";
+  StepResult prev;
+  prev.rows.resize(2);
+  prev.rows[0] = {0, 1};
+  prev.rows[1] = {1, 1};
+  prev.tokens = {555, 444};
+  PlainWorker::resolve_futures(st.tokens, &prev);
+  EXPECT_EQ(st.tokens, (std::vector<int32_t>{7, 8, 100, 444, 9, 555}));
+  dl.run_seeds(st);
+  EXPECT_EQ(dl.seeds(), 2);
+  EXPECT_EQ(dl.last_seed().slot, *b->logits_slot);
+  EXPECT_EQ(dl.last_seed().tokens, (std::vector<int32_t>{9, 555}));
+  EXPECT_EQ(dl.last_seed().prompt_len, 1);
+  // A future the previous step did not produce (a prefill row samples nothing) is an error.
+  std::vector<int32_t> bad = {1, -3};
+  EXPECT_THROW(PlainWorker::resolve_futures(bad, &prev), Error);
+  prev.rows[0].count = 0;
+  bad = {-1};
+  EXPECT_THROW(PlainWorker::resolve_futures(bad, &prev), Error);
+  std::vector<int32_t> none = {-1};
+  EXPECT_THROW(PlainWorker::resolve_futures(none, nullptr), Error);
 }
 
 TEST(DeviceLogits, SchedulerDropsTheSlotOnRetractionAndEnd) {
