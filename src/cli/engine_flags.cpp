@@ -36,7 +36,10 @@ void add_engine_flags(CLI::App& app, EngineOptions& o) {
                "while requests decode, cap each step's prefill tokens at --mixed-prefill-tokens (decodes never wait "
                "behind a long prefill chunk)");
   app.add_option("--mixed-prefill-tokens", o.mixed_prefill_tokens,
-                 "prefill tokens per step while requests decode, with --enable-mixed-batch (default 512)");
+                 "prefill tokens per step while requests decode, with --enable-mixed-batch; 0 (default): automatic, "
+                 "from the measured step costs (see --mixed-step-factor) and the prefill backlog");
+  app.add_option("--mixed-step-factor", o.mixed_step_factor,
+                 "automatic mixed budget: a step with decodes may take this many times a decode-only step (default 2.5)");
   app.add_option("--context-length", o.context_length, "max tokens per request (default: model's max_position_embeddings)");
   app.add_option("--speculative-algorithm", o.speculative_algorithm, "EAGLE3 to enable speculative decoding");
   app.add_option("--speculative-draft-model-path", o.speculative_draft_model_path, "EAGLE3 draft checkpoint directory");

@@ -233,6 +233,12 @@ class EngineImpl {
   FinishReason stop_reason(const Request& r, int32_t t, size_t pos) const;
   void observe_token_time(Request& r, StreamEvent& ev, Clock::time_point now);
   void observe_idle(const StepResult& res);
+  // The automatic mixed budget's cost model learns from steps with decodes (their device time:
+  // forward + sampling, up to the ids on the host).
+  void observe_cost(const StepPlan& plan, const StepResult& res) {
+    if (mixed_budget_ && plan.decode_rows > 0) mixed_budget_->observe(plan.decode_rows, plan.prefill_tokens, res.forward_s);
+  }
+  std::unique_ptr<MixedBudget> mixed_budget_;  // --enable-mixed-batch, automatic (null: fixed or off)
   // Appends one generated token at time `now`; returns why the request stops on it (none: it
   // goes on). Inter-token latencies go to itl_ (observed once per step, one lock).
   FinishReason push_token(Request& r, int32_t t, const TokenLogprob* lp, StreamEvent& ev, Clock::time_point now);
@@ -385,8 +391,19 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   so.token_budget = std::max(o.chunked_prefill_size, 1);
   so.max_num_seqs = max_seqs;
   if (o.enable_mixed_batch) {
-    TS_CHECK(o.mixed_prefill_tokens >= 1, "--mixed-prefill-tokens must be at least 1 (got {})", o.mixed_prefill_tokens);
+    TS_CHECK(o.mixed_prefill_tokens >= 0, "--mixed-prefill-tokens must be 0 (automatic) or positive (got {})",
+             o.mixed_prefill_tokens);
+    TS_CHECK(o.mixed_step_factor > 1.0 && o.mixed_step_factor <= 100.0, "--mixed-step-factor must be in (1, 100] (got {})",
+             o.mixed_step_factor);
     so.mixed_prefill_tokens = o.mixed_prefill_tokens;
+    if (o.mixed_prefill_tokens == 0) {
+      MixedBudgetOptions mo;
+      mo.factor = o.mixed_step_factor;
+      mo.max_tokens = so.token_budget;
+      mo.min_tokens = std::min(64, so.token_budget);
+      mo.initial = std::min(512, so.token_budget);
+      mixed_budget_ = std::make_unique<MixedBudget>(mo);
+    }
   }
   if (!o.speculative_algorithm.empty()) {
     spec = std::make_unique<SpecWorker>(o, *runner);
@@ -398,10 +415,14 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   }
   start_kvstore(o);
   sched = std::make_unique<Scheduler>(*kv, so);
+  sched->set_mixed_budget(mixed_budget_.get());
   start_graphs(o, so);
   // Overlap scheduling for the plain worker; the EAGLE3 worker keeps the simple loop (its
   // drafts and acceptance need the previous step's ids on the host before it is planned).
   overlap_ = !o.disable_overlap_schedule && plain;
+  // Device logits processing state now (graphs made it already): created lazily it would appear
+  // while the device thread reads it.
+  if (plain && device == Device::cuda) runner->logits_proc();
   if (device == Device::cuda) sync_clock_.use_device_events();
   if (overlap_) thread_steps_ = std::make_unique<StepThread>(*plain, device == Device::cuda);
   context_len = o.context_length > 0 ? std::min(o.context_length, cfg.max_position_embeddings) : cfg.max_position_embeddings;
@@ -753,6 +774,7 @@ void EngineImpl::step_sync() {
   part_us_[1] = std::max(0.0, secs(t2 - t1) * 1e6 - fwd_us);
   part_us_[2] = secs(t3 - t2) * 1e6;
   observe_idle(result_);
+  observe_cost(plan_, result_);
   update_metrics(secs(t3 - t0) * 1e6 - fwd_us);
 }
 
@@ -766,6 +788,7 @@ bool EngineImpl::drain() {
   sched->reap();
   refresh_gauges();
   observe_idle(thread_steps_->result[s]);
+  observe_cost(plans_[s], thread_steps_->result[s]);
   return true;
 }
 
@@ -806,6 +829,7 @@ void EngineImpl::step_overlap() {
     keep_[prev].clear();
     const StepResult& res = thread_steps_->result[prev];
     observe_idle(res);
+    observe_cost(plans_[prev], res);
     part_us_[1] = 0;  // the worker's host share runs on its own thread
     std::lock_guard<std::mutex> lk(metrics_mu_);
     ++metrics_.overlap_steps;

@@ -132,9 +132,12 @@ struct EngineOptions {
   // (step N+1 is planned and launched before step N's results are applied).
   bool disable_overlap_schedule = false;
   // Mixed batches: while requests decode, a step's prefill chunks take at most
-  // mixed_prefill_tokens of the chunked_prefill_size budget (off: up to the whole budget).
+  // mixed_prefill_tokens of the chunked_prefill_size budget (off: up to the whole budget);
+  // 0: automatic (runtime/mixed_budget.h: the chunk that keeps a mixed step within
+  // mixed_step_factor x a measured decode-only step, more while a prefill backlog builds).
   bool enable_mixed_batch = false;
-  int mixed_prefill_tokens = 512;
+  int mixed_prefill_tokens = 0;
+  double mixed_step_factor = 2.5;
   // Host-memory KV tier (KvStore): on with the prefix cache unless disabled; its size is
   // kvstore_size_gb GiB when > 0, else kvstore_ratio x the device pool (capped at half the
   // host memory available at start).

@@ -42,9 +42,11 @@ void Scheduler::plan(StepPlan& plan) {
   const int64_t avail0 = kv_.available_blocks();
   int budget = opts_.token_budget;
   // 1. Decodes, oldest first. A decode that cannot get a block retracts the newest request.
+  int64_t remaining = 0;  // decode steps the planned decodes still need (mixed budget horizon)
   for (size_t i = 0; i < running_.size(); ++i) {
     Request& r = *running_[i];
     if (!r.is<state::Decoding>() || r.finishing) continue;  // finishing: ends with the step in flight
+    remaining += std::max(1, r.params.max_tokens - r.num_generated());
     int n = std::min(r.remaining_to_compute(), opts_.decode_tokens);
     int64_t need = int64_t(r.num_computed) + opts_.decode_tokens + opts_.extra_decode_slots;
     bool self_retracted = false;
@@ -59,8 +61,18 @@ void Scheduler::plan(StepPlan& plan) {
     out.push_back({&r, n});
     budget -= opts_.decode_tokens;
   }
+  plan.decode_rows = int(out.size());
   // Mixed batches: decodes were planned, so the prefill share is capped.
-  if (opts_.mixed_prefill_tokens > 0 && !out.empty()) budget = std::min(budget, opts_.mixed_prefill_tokens);
+  if (!out.empty()) {
+    if (mixed_ && mixed_->automatic()) {
+      const MixedBudgetOptions& mo = mixed_->options();
+      const int64_t backlog = prefill_backlog(int64_t(mo.max_tokens) * mo.horizon);
+      budget = std::min(budget, mixed_->tokens(int(out.size()), backlog, remaining / int64_t(out.size())));
+    } else if (opts_.mixed_prefill_tokens > 0) {
+      budget = std::min(budget, opts_.mixed_prefill_tokens);
+    }
+  }
+  const int budget_prefill = std::max(budget, 0);
   // 2. Prefills in progress.
   for (auto& rp : running_) {
     Request& r = *rp;
@@ -101,8 +113,21 @@ void Scheduler::plan(StepPlan& plan) {
     out.push_back({&r, n});
     budget -= n;
   }
+  plan.prefill_tokens = budget_prefill - std::max(budget, 0);
   plan.blocks_allocated = avail0 - kv_.available_blocks();  // net of blocks retractions freed
   kv_.take_ops(plan.kv_ops);
+}
+
+int64_t Scheduler::prefill_backlog(int64_t cap, int64_t* requests) const {
+  int64_t n = 0, k = 0;
+  for (const auto& r : running_)
+    if (r->is<state::Prefilling>()) n += r->remaining_to_compute(), ++k;
+  for (const auto& r : waiting_) {
+    if (n >= cap) break;
+    if (!r->terminal()) n += int64_t(r->tokens.size()) - r->num_computed, ++k;
+  }
+  if (requests) *requests = k;
+  return n;
 }
 
 void Scheduler::reap() {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "runtime/kv_cache.h"
+#include "runtime/mixed_budget.h"
 #include "runtime/request.h"
 #include "runtime/step.h"
 
@@ -24,9 +25,9 @@ struct SchedulerOptions {
   int max_num_seqs = 256;
   int decode_tokens = 1;  // tokens a decoding request needs per step (spec: num_draft_tokens)
   int extra_decode_slots = 0;  // additional KV slots reserved per decode (spec lookahead)
-  // --enable-mixed-batch: while decodes run, a step's prefill chunks take at most this many
-  // tokens (0: the whole remaining budget), so a decode step never carries a long prefill
-  // chunk (its inter-token latency stays near a pure decode step's).
+  // --enable-mixed-batch with a fixed --mixed-prefill-tokens: while decodes run, a step's prefill
+  // chunks take at most this many tokens (0: the whole remaining budget, or the MixedBudget set
+  // with set_mixed_budget), so a decode step never carries a long prefill chunk.
   int mixed_prefill_tokens = 0;
 };
 
@@ -45,6 +46,12 @@ class Scheduler {
   std::vector<std::shared_ptr<Request>>& running() { return running_; }
   std::deque<std::shared_ptr<Request>>& waiting() { return waiting_; }
   int64_t retractions() const { return retractions_; }
+  // Automatic mixed-batch budget (runtime/mixed_budget.h; not owned; null: none): asked once per
+  // step that has decodes, with the decode rows and the prompt tokens waiting to be prefilled.
+  void set_mixed_budget(const MixedBudget* b) { mixed_ = b; }
+  // Prompt tokens still to prefill (prefilling + waiting requests), counted up to `cap` (also
+  // the requests counted, into *requests when given).
+  int64_t prefill_backlog(int64_t cap, int64_t* requests = nullptr) const;
   bool idle() const { return running_.empty() && waiting_.empty(); }
 
  private:
@@ -58,6 +65,7 @@ class Scheduler {
   std::vector<std::shared_ptr<Request>> running_;  // admission order
   std::deque<std::shared_ptr<Request>> waiting_;
   int64_t retractions_ = 0;
+  const MixedBudget* mixed_ = nullptr;
 };
 
 // The FSM transitions a plan implies (retracted: -> Retracted -> Waiting; admitted: Waiting ->

@@ -51,6 +51,9 @@ struct StepPlan {
   // device-side work for them): net blocks taken from the pool (prefix matches, growth, minus
   // the blocks retractions gave back).
   int64_t blocks_allocated = 0;
+  // The plan's shape: decode rows (spec verify rows count once) and prefill tokens (the mixed
+  // budget's cost model pairs them with the step's device time).
+  int decode_rows = 0, prefill_tokens = 0;
   // Host-tier copies (KvStore): evicted cached blocks written back, host prefix hits loaded into
   // the device blocks this plan's admissions hold. The engine runs them (KvStore::execute)
   // before the forward, also when the plan has no rows.
@@ -62,6 +65,7 @@ struct StepPlan {
     admitted.clear();
     retracted.clear();
     blocks_allocated = 0;
+    decode_rows = prefill_tokens = 0;
     kv_ops.clear();
   }
 };
