@@ -146,6 +146,7 @@ struct CudaGraphRunner::Impl {
   ops::cuda::DeviceSamplingParams samp;
   Tensor samp_ids;
   std::vector<unsigned char> samp_host;
+  StagedUpload samp_up;  // pinned, asynchronous: a pageable copy per step stalled the host
   int samp_cap = 0;
 
   void init_sampling(int cap) {
@@ -180,7 +181,7 @@ struct CudaGraphRunner::Impl {
       float one = 1.0f;
       std::memcpy(h + 24 * n + 4 * i, &one, 4);
     }
-    device_copy(samp_buf.data, Device::cuda, h, Device::cpu, samp_host.size());
+    samp_up.upload(samp_buf.data, h, samp_host.size());
   }
 
   // The sampling tail of a decode graph: logits processing, sampling, count update.
