@@ -39,7 +39,11 @@ TEST(Metrics, Exposition) {
         "tokenspeed_spec_decode_accepted_length{model_name=\"pycoder\"} 2.5\n", "tokenspeed_prompt_tokens_total",
         "tokenspeed_generation_tokens_total", "tokenspeed_cached_prompt_tokens_total", "tokenspeed_prefix_cache_hit_rate",
         "tokenspeed_engine_step_host_time_us", "tokenspeed_time_to_first_token_seconds_bucket{le=\"0.01\"} 1",
-        "tokenspeed_inter_token_latency_seconds_count 0", "tokenspeed_http_requests_total{code=\"200\"} 1"})
+        "tokenspeed_inter_token_latency_seconds_count 0", "tokenspeed_http_requests_total{code=\"200\"} 1",
+        // the caching device allocator (core/caching_allocator.h)
+        "tokenspeed_device_malloc_calls_total{", "tokenspeed_device_free_calls_total{",
+        "tokenspeed_device_alloc_cache_hits_total{", "tokenspeed_device_memory_in_use_bytes{",
+        "tokenspeed_device_memory_cached_bytes{", "tokenspeed_host_pinned_alloc_calls_total{"})
     EXPECT_NE(out.find(needle), std::string::npos) << needle;
   // The engine's histograms win when it keeps them (cumulative counts).
   EngineMetrics h;
