@@ -241,6 +241,12 @@ class EngineImpl {
   // in flight is replaced (that step's row for r becomes void). Returns stop when a forced token
   // is a stop id (the run is cut there).
   FinishReason jump(Request& r, StreamEvent& ev);
+  // apply()'s last move for a request that goes on: emit its event, or, when it may jump
+  // forward, keep it for apply_jumps() -- which runs after every row was accepted, so the mask
+  // threads decide all forced runs of the step in parallel while the engine waits for the first.
+  void emit_or_jump(Request& r, StreamEvent& ev);
+  void apply_jumps();
+  std::vector<std::pair<Request*, StreamEvent>> jumps_;  // reused
   // Every live request's constraints closed (a failed step: mask waiters must not hang).
   void close_constraints();
   std::vector<int32_t> forced_;  // jump() scratch
@@ -897,8 +903,7 @@ void EngineImpl::apply_overlapped(int slot) {
     StreamEvent ev;
     observe_token_time(r, ev, now);
     ev.tokens.push_back(t);
-    FinishReason why = stop_reason(r, t, p);
-    if (why == FinishReason::none) why = jump(r, ev);
+    const FinishReason why = stop_reason(r, t, p);
     if (why != FinishReason::none) {
       if (r.has_future()) r.tokens.pop_back();  // the next step's future: it will not be applied
       finish(r, why, ev);  // (its blocks are committed when it is reaped, as in the simple loop)
@@ -906,12 +911,28 @@ void EngineImpl::apply_overlapped(int slot) {
     }
     // Positions below num_computed hold known ids now (the next future, if any, is at num_computed).
     if (!r.is<state::Waiting>()) kv->commit(r.tokens.data(), r.num_computed, r.block_table, r.block_hashes);
-    emit(r, ev);
+    emit_or_jump(r, ev);
   }
+  apply_jumps();
   if (!itl_.empty()) {
     std::lock_guard<std::mutex> lk(metrics_mu_);
     for (double v : itl_) metrics_.itl_s.observe(v);
   }
+}
+
+void EngineImpl::emit_or_jump(Request& r, StreamEvent& ev) {
+  if (!r.constraints || !r.constraints->jumps()) return emit(r, ev);
+  jumps_.emplace_back(&r, std::move(ev));
+  ev = StreamEvent{};
+}
+
+void EngineImpl::apply_jumps() {
+  for (auto& [r, ev] : jumps_) {
+    const FinishReason why = jump(*r, ev);
+    if (why != FinishReason::none) finish(*r, why, ev);
+    else emit(*r, ev);
+  }
+  jumps_.clear();
 }
 
 void EngineImpl::observe_idle(const StepResult& res) {
@@ -963,7 +984,6 @@ void EngineImpl::apply(StepPlan& plan, const StepResult& res) {
       why = push_token(r, res.tokens[size_t(row.first + kept)], lp, ev, now);
       ++kept;
     }
-    if (why == FinishReason::none && row.accepted < 0) why = jump(r, ev);
     if (row.accepted >= 0) {
       // A verify row: the ids are the accepted drafts, then the bonus. Drafts after a stop
       // do not count; the verify wrote K/V for the last context token and the kept drafts.
@@ -978,12 +998,14 @@ void EngineImpl::apply(StepPlan& plan, const StepResult& res) {
       kv->commit(r.tokens.data(), r.num_computed, r.block_table, r.block_hashes);
     }
     if (why != FinishReason::none) finish(r, why, ev);
+    else if (row.accepted < 0) emit_or_jump(r, ev);
     else emit(r, ev);
     if (spec) {
       if (r.terminal()) r.spec_slot.reset();
       else r.spec_next = row.spec_next;
     }
   }
+  apply_jumps();
   if (!itl_.empty()) {
     std::lock_guard<std::mutex> lk(metrics_mu_);
     for (double v : itl_) metrics_.itl_s.observe(v);
