@@ -1051,8 +1051,8 @@ FinishReason EngineImpl::jump(Request& r, StreamEvent& ev) {
   r.constraints->take_forced(forced_);
   if (forced_.empty()) return FinishReason::none;
   if (r.has_future()) {
-    // The step in flight samples after r's last token: its id is replaced by the forced run
-    // (whose first token the grammar fixed anyway), its K/V of that token is kept.
+    // The step in flight samples after r's last token: the forced run takes the place of the id
+    // it samples (dropped when it is applied); the K/V it computes for r's last token is kept.
     r.tokens.pop_back();
     r.future_voided = true;
   }
