@@ -361,15 +361,16 @@ void LogitsConstraints::apply_with(float* l, int64_t vocab, int n_generated, con
 }
 
 void LogitsConstraints::accept(int32_t t) {
-  if (!matcher_ || failed_) {
+  // The job of the previous state first: until it is done the matcher (and the phase) are its.
+  if (has_grammar_) {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return !pending_; });
+  }
+  if (!has_grammar_ || failed_) {
     std::lock_guard<std::mutex> lk(mu_);
     ++accepted_;
     applies_ = false;
     return;
-  }
-  {
-    std::unique_lock<std::mutex> lk(mu_);
-    cv_.wait(lk, [&] { return !pending_; });
   }
   advance(t);
   done_ = matcher_->is_terminated();
