@@ -89,13 +89,9 @@ void add_parallel_flags(CLI::App& app, parallel::ParallelOptions& p) {
 }
 
 void apply_parallel_options(const parallel::ParallelOptions& p, EngineOptions& o) {
-  const parallel::Mapping m = parallel::Mapping::resolve(p, 0);  // the sizes' arithmetic, for every flag
-  auto later = [](const std::string& what) {
-    fail("{}: the parallel mapping is valid, but the engine does not run it yet (parallel layers for every model, "
-         "issue #20: integration phase)", what);
-  };
-  if (m.attn_dp > 1) later(fmt::format("--data-parallel-size {}", m.attn_dp));
-  if (m.dense_tp != m.attn_tp) later(fmt::format("--dense-tp-size {}", m.dense_tp));
+  // The sizes' arithmetic, for every flag; what the engine cannot run on the chosen device or
+  // model is checked when it starts (runtime/engine.cpp).
+  const parallel::Mapping m = parallel::Mapping::resolve(p, 0);
   o.tp_size = m.attn_tp;
   o.ep_size = m.moe_ep;
   o.replicate_embedding = p.replicate_embedding;
