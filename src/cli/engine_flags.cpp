@@ -70,9 +70,11 @@ void add_parallel_flags(CLI::App& app, parallel::ParallelOptions& p) {
                  "when fewer than ranks)");
   app.add_option("--attn-tp-size", p.attn_tp_size, "same as --tp-size (the reference system's name)");
   app.add_option("--data-parallel-size,--dp-size", p.dp_size,
-                 "attention data parallelism: groups of --tp-size ranks with their own requests (MLA models); world "
-                 "size = tp x dp");
-  app.add_option("--dense-tp-size", p.dense_tp_size, "TP size of dense MLP layers (default: the attention TP size)");
+                 "attention data parallelism: groups of --tp-size ranks with their own requests and KV cache, MoE "
+                 "layers over all of them (MLA models; CPU ranks so far); world size = tp x dp");
+  app.add_option("--dense-tp-size", p.dense_tp_size,
+                 "TP size of dense MLP layers (default: the attention TP size; smaller: inside each attention group, "
+                 "larger: over several DP groups, tokens gathered)");
   app.add_option("--moe-tp-size", p.moe_tp_size,
                  "TP size of MoE experts (intermediate dim split; default: the world size, or 1 with --ep-size)");
   app.add_option("--ep-size,--expert-parallel-size", p.ep_size,
