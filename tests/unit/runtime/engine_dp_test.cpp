@@ -5,7 +5,12 @@
 // groups' tokens gathered) or as EP (dispatch / combine), and with attention TP inside the groups.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "engine_test_util.h"
+#include "io/config.h"
+#include "runtime/model_runner.h"
+#include "runtime/tp_workers.h"
 
 using namespace ts;
 using namespace ts::test;
@@ -100,4 +105,51 @@ TEST(EngineDp, UnsupportedCombinationsAreStartupErrors) {
   } catch (const std::exception& ex) {
     EXPECT_NE(std::string(ex.what()).find("recurrent state"), std::string::npos) << ex.what();
   }
+}
+
+// The runner's DP step directly: chunks of both groups in one step, in an order that interleaves
+// them (group 1, group 0, group 1), each rank running only its group's chunks on its own pool
+// (block ids minus the group's first id); the returned logits are every chunk's rows in chunk
+// order and equal one rank's. A later step where group 0 has nothing runs it as a zero-token
+// forward beside group 1's decode (MoE EP dispatch needs both ranks).
+TEST(ModelRunnerDp, ChunksOfBothGroupsInOneStepEqualOneRank) {
+  const io::ModelConfig cfg = io::load_config(fixture());
+  models::LoadOptions lo;
+  lo.device = Device::cpu;
+  ModelRunner one(models::create_model(cfg, lo), 16, 16);
+  parallel::ParallelOptions p;
+  p.dp_size = 2;
+  p.ep_size = 2;
+  TpModels tpm = load_tp_models(cfg, lo, p);
+  std::unique_ptr<ModelRunner> dp = make_tp_runner(tpm, /*num_blocks=*/8, /*block_size=*/16);
+  ASSERT_EQ(dp->dp_groups(), 2);
+  std::vector<int32_t> a = {5, 17, 3, 99, 42, 7, 8, 250, 11, 64}, b = {1, 2, 3, 4, 5}, c = {300, 301, 302};
+  // One rank: each prompt alone in its own blocks.
+  std::vector<int32_t> ta1 = {0}, tb1 = {1}, tc1 = {2};
+  auto rows = [](const Tensor& t) { return t.to_f32(); };
+  Tensor ra = rows(one.run({SeqChunk{a.data(), int(a.size()), 0, &ta1, SeqChunk::Logits::all}}));
+  Tensor rb = rows(one.run({SeqChunk{b.data(), int(b.size()), 0, &tb1, SeqChunk::Logits::last}}));
+  Tensor rc = rows(one.run({SeqChunk{c.data(), int(c.size()), 0, &tc1, SeqChunk::Logits::last}}));
+  // DP: a and c in group 1 (global ids 8..15), b in group 0.
+  std::vector<int32_t> ta = {8}, tb = {0}, tc = {9};
+  Tensor got = rows(dp->run({SeqChunk{a.data(), int(a.size()), 0, &ta, SeqChunk::Logits::all},
+                             SeqChunk{b.data(), int(b.size()), 0, &tb, SeqChunk::Logits::last},
+                             SeqChunk{c.data(), int(c.size()), 0, &tc, SeqChunk::Logits::last}}));
+  ASSERT_EQ(got.size(0), int64_t(a.size()) + 2);
+  auto max_diff = [](const Tensor& x, int64_t xr, const Tensor& y, int64_t yr, int64_t n) {
+    float m = 0;
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t i = 0; i < x.size(1); ++i)
+        m = std::max(m, std::fabs(x.ptr<float>()[(xr + r) * x.size(1) + i] - y.ptr<float>()[(yr + r) * y.size(1) + i]));
+    return m;
+  };
+  EXPECT_LT(max_diff(got, 0, ra, 0, int64_t(a.size())), 1e-4f) << "group 1's prefill, every row";
+  EXPECT_LT(max_diff(got, int64_t(a.size()), rb, 0, 1), 1e-4f) << "group 0's prefill";
+  EXPECT_LT(max_diff(got, int64_t(a.size()) + 1, rc, 0, 1), 1e-4f) << "group 1's second prefill";
+  // Group 1 decodes one token of c alone; group 0 runs a zero-token forward.
+  int32_t next = 7;
+  Tensor rc2 = rows(one.run({SeqChunk{&next, 1, int(c.size()), &tc1, SeqChunk::Logits::last}}));
+  Tensor got2 = rows(dp->run({SeqChunk{&next, 1, int(c.size()), &tc, SeqChunk::Logits::last}}));
+  ASSERT_EQ(got2.size(0), 1);
+  EXPECT_LT(max_diff(got2, 0, rc2, 0, 1), 1e-4f) << "group 1's decode beside an empty group 0";
 }
