@@ -36,6 +36,10 @@ check_same "$DATA/deepseek_v3" --data-parallel-size 2
 check_same "$DATA/deepseek_v3" --data-parallel-size 2 --ep-size 2
 check_same "$DATA/deepseek_v3" --tp-size 2 --data-parallel-size 2 --ep-size 4
 check_same "$DATA/deepseek_v3" --tp-size 2 --data-parallel-size 2 --dense-tp-size 4
+# EAGLE3 on a TP 2 target (the draft on rank 0 rebuilds a replicated table from the vocab-parallel
+# target's) gives the TP 1 tokens without EAGLE3.
+check_same "$DATA/../../models/pycoder" --tp-size 2 --speculative-algorithm EAGLE3 \
+  --speculative-draft-model-path "$DATA/../../models/pycoder-eagle3"
 
 expect_error() {  # expect_error "pattern" cmd...
   local pat=$1; shift
