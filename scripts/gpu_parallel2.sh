@@ -16,7 +16,7 @@
 # in ${OUT:-/tmp}/gpu_parallel2*.log; prints one ok/FAIL line per check and exits non-zero on any
 # FAIL. Whole run: well under 4 minutes.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 B=${1:-build}
 OUT=${OUT:-/tmp}
 D=tests/data
