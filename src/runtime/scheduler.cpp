@@ -47,8 +47,11 @@ void Scheduler::plan(StepPlan& plan) {
   for (size_t i = 0; i < running_.size(); ++i) {
     Request& r = *running_[i];
     if (!r.is<state::Decoding>() || r.finishing) continue;  // finishing: ends with the step in flight
-    int n = std::min(r.remaining_to_compute(), opts_.decode_tokens);
-    int64_t need = int64_t(r.num_computed) + opts_.decode_tokens + opts_.extra_decode_slots;
+    // One token (or the verify width), or, after a jump-forward appended tokens the grammar
+    // forced (plain decoding only), all of them as one chunk that samples after the last.
+    int n = opts_.decode_tokens == 1 ? std::max(r.remaining_to_compute(), 1)
+                                     : std::min(r.remaining_to_compute(), opts_.decode_tokens);
+    int64_t need = int64_t(r.num_computed) + std::max(n, opts_.decode_tokens) + opts_.extra_decode_slots;
     const int group = kv_.groups() > 1 && !r.block_table.empty() ? kv_.group_of(r.block_table[0]) : -1;
     bool self_retracted = false;
     while (!kv_.ensure(r.block_table, need)) {
@@ -64,7 +67,7 @@ void Scheduler::plan(StepPlan& plan) {
       continue;
     }
     out.push_back({&r, n});
-    budget -= opts_.decode_tokens;
+    budget -= std::max(n, opts_.decode_tokens);
   }
   // Mixed batches: decodes were planned, so the prefill share is capped.
   if (opts_.mixed_prefill_tokens > 0 && !out.empty()) budget = std::min(budget, opts_.mixed_prefill_tokens);
