@@ -18,22 +18,24 @@ foreach(fixture llama3_fp8 qwen3_moe_fp8 deepseek_v3_fp8 llama3_fp8ch qwen3_fp8c
   set_tests_properties(golden_${fixture} PROPERTIES LABELS "golden;quant")
 endforeach()
 # Parallel layers on CPU ranks (threads over the CPU Comm backend, the engine's TP worker path):
-# each fixture at TP 2 must match its golden like TP 1 does.
-set(TS_TP2_FIXTURES llama3 llama2_mha qwen3 llama3_fp8 llama3_fp8ch qwen3_fp8ch llama3_nvfp4 qwen3_moe qwen3_moe_fp8
-  qwen3_moe_nvfp4 deepseek_v3 deepseek_v3_fp8 minimax_m3 qwen3_5)
-foreach(fixture ${TS_TP2_FIXTURES})
-  add_test(NAME golden_tp2_${fixture} COMMAND $<TARGET_FILE:tokenspeed> verify-golden ${CMAKE_SOURCE_DIR}/tests/data/${fixture}
-    --device cpu --tp-size 2)
-  set_tests_properties(golden_tp2_${fixture} PROPERTIES LABELS "golden;parallel")
+# every golden fixture in tests/data (found here, so a new fixture is covered by itself) under
+# every mapping valid for it — TP 2, dense TP 1, attention DP 2 (MoE TP over the groups), TP 2 x
+# DP 2 with dense TP 4, and for MoE fixtures attention TP 2 + EP 2, TP 4 + MoE TP 2, DP 2 + EP 2,
+# TP 2 x DP 2 + EP 4 (tests/cli/parallel_matrix_test.sh) — must match its golden like TP 1 does.
+file(GLOB TS_GOLDEN_FIXTURES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/data/*/golden.json)
+foreach(golden ${TS_GOLDEN_FIXTURES})
+  get_filename_component(fixture_dir ${golden} DIRECTORY)
+  get_filename_component(fixture ${fixture_dir} NAME)
+  add_test(NAME parallel_matrix_${fixture} COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/parallel_matrix_test.sh
+    $<TARGET_FILE:tokenspeed> ${fixture_dir})
+  set_tests_properties(parallel_matrix_${fixture} PROPERTIES LABELS "golden;parallel" TIMEOUT 300)
 endforeach()
 add_test(NAME golden_tp4_llama3 COMMAND $<TARGET_FILE:tokenspeed> verify-golden ${CMAKE_SOURCE_DIR}/tests/data/llama3
   --device cpu --tp-size 4)
 set_tests_properties(golden_tp4_llama3 PROPERTIES LABELS "golden;parallel")
-# MoE mappings: EP over the attention group (attn-TP 2 + MoE-EP 2), EP inside a larger attention
-# group (TP 4, EP 2: exact combine, then the EP group's sum), the whole world (TP 4, EP 4), MoE TP
-# over a sub-group (TP 4, MoE TP 2), and a quantized checkpoint under EP.
-foreach(spec "tp2_ep2:--tp-size;2;--ep-size;2" "tp4_ep2:--tp-size;4;--ep-size;2"
-        "tp4_ep4:--attn-tp-size;4;--enable-expert-parallel" "tp4_moetp2:--tp-size;4;--moe-tp-size;2")
+# MoE mappings past the matrix: EP inside a larger attention group (TP 4, EP 2: exact combine,
+# then the EP group's sum) and EP over a world of 4.
+foreach(spec "tp4_ep2:--tp-size;4;--ep-size;2" "tp4_ep4:--attn-tp-size;4;--enable-expert-parallel")
   string(REPLACE ":" ";" parts "${spec}")
   list(GET parts 0 name)
   list(REMOVE_AT parts 0)
@@ -42,7 +44,7 @@ foreach(spec "tp2_ep2:--tp-size;2;--ep-size;2" "tp4_ep2:--tp-size;4;--ep-size;2"
   set_tests_properties(golden_${name}_qwen3_moe PROPERTIES LABELS "golden;parallel")
 endforeach()
 # MLA (DeepSeek-V3): heads split, latent path replicated; shared experts whole under EP.
-foreach(spec "tp2_ep2:--tp-size;2;--ep-size;2" "tp4_ep4:--tp-size;4;--ep-size;4" "tp4_moetp2:--tp-size;4;--moe-tp-size;2")
+foreach(spec "tp4_ep4:--tp-size;4;--ep-size;4")
   string(REPLACE ":" ";" parts "${spec}")
   list(GET parts 0 name)
   list(REMOVE_AT parts 0)
@@ -52,8 +54,7 @@ foreach(spec "tp2_ep2:--tp-size;2;--ep-size;2" "tp4_ep4:--tp-size;4;--ep-size;4"
 endforeach()
 # MiniMax-M3: replicated embedding (the seed), KV and index heads replicated past their count at
 # TP 4, fused 3-D experts sharded; the seed's flagship attn_tp4_moe_ep4.
-foreach(spec "tp2_ep2:--tp-size;2;--ep-size;2" "tp4:--tp-size;4"
-        "attn_tp4_moe_ep4:--attn-tp-size;4;--ep-size;4")
+foreach(spec "tp4:--tp-size;4" "attn_tp4_moe_ep4:--attn-tp-size;4;--ep-size;4")
   string(REPLACE ":" ";" parts "${spec}")
   list(GET parts 0 name)
   list(REMOVE_AT parts 0)
@@ -65,9 +66,6 @@ endforeach()
 add_test(NAME golden_tp4_qwen3_5 COMMAND $<TARGET_FILE:tokenspeed> verify-golden ${CMAKE_SOURCE_DIR}/tests/data/qwen3_5
   --device cpu --tp-size 4)
 set_tests_properties(golden_tp4_qwen3_5 PROPERTIES LABELS "golden;parallel")
-add_test(NAME golden_tp2_ep2_qwen3_moe_fp8 COMMAND $<TARGET_FILE:tokenspeed> verify-golden
-  ${CMAKE_SOURCE_DIR}/tests/data/qwen3_moe_fp8 --device cpu --tp-size 2 --ep-size 2)
-set_tests_properties(golden_tp2_ep2_qwen3_moe_fp8 PROPERTIES LABELS "golden;parallel;quant")
 add_test(NAME cli_parallel COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/parallel_test.sh $<TARGET_FILE:tokenspeed>
   ${CMAKE_SOURCE_DIR}/tests/data)
 set_tests_properties(cli_parallel PROPERTIES LABELS "cli;parallel")

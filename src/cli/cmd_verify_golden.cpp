@@ -75,8 +75,11 @@ int cmd_verify_golden(int argc, char** argv) {
     if (!selected.empty() && std::find(selected.begin(), selected.end(), int32_t(i)) == selected.end()) continue;
     auto prompt = g.prompt(i);
     auto want = g.greedy(i);
+    // Attention DP (--data-parallel-size D): prompt i runs in DP group i % D (block ids of that
+    // group's pools); the other groups run zero-token forwards beside it (their MoE collectives).
+    const int64_t first_block = int64_t(i % size_t(runner.dp_groups())) * blocks;
     std::vector<int32_t> table;
-    for (int64_t b = 0; b < blocks; ++b) table.push_back(int32_t(b));
+    for (int64_t b = 0; b < blocks; ++b) table.push_back(int32_t(first_block + b));
     // Hybrid models: one recurrent-state row per prompt (reset by the model at position 0).
     std::shared_ptr<const int> state = runner.has_state() ? runner.take_state_slot() : nullptr;
     const int slot = state ? *state : -1;

@@ -76,9 +76,11 @@ void add_parallel_flags(CLI::App& app, parallel::ParallelOptions& p) {
                  "when fewer than ranks)");
   app.add_option("--attn-tp-size", p.attn_tp_size, "same as --tp-size (the reference system's name)");
   app.add_option("--data-parallel-size,--dp-size", p.dp_size,
-                 "attention data parallelism: groups of --tp-size ranks with their own requests (MLA models); world "
-                 "size = tp x dp");
-  app.add_option("--dense-tp-size", p.dense_tp_size, "TP size of dense MLP layers (default: the attention TP size)");
+                 "attention data parallelism: groups of --tp-size ranks with their own requests and KV cache, MoE "
+                 "layers over all of them (MLA models; CPU ranks so far); world size = tp x dp");
+  app.add_option("--dense-tp-size", p.dense_tp_size,
+                 "TP size of dense MLP layers (default: the attention TP size; smaller: inside each attention group, "
+                 "larger: over several DP groups, tokens gathered)");
   app.add_option("--moe-tp-size", p.moe_tp_size,
                  "TP size of MoE experts (intermediate dim split; default: the world size, or 1 with --ep-size)");
   app.add_option("--ep-size,--expert-parallel-size", p.ep_size,
@@ -95,13 +97,9 @@ void add_parallel_flags(CLI::App& app, parallel::ParallelOptions& p) {
 }
 
 void apply_parallel_options(const parallel::ParallelOptions& p, EngineOptions& o) {
-  const parallel::Mapping m = parallel::Mapping::resolve(p, 0);  // the sizes' arithmetic, for every flag
-  auto later = [](const std::string& what) {
-    fail("{}: the parallel mapping is valid, but the engine does not run it yet (parallel layers for every model, "
-         "issue #20: integration phase)", what);
-  };
-  if (m.attn_dp > 1) later(fmt::format("--data-parallel-size {}", m.attn_dp));
-  if (m.dense_tp != m.attn_tp) later(fmt::format("--dense-tp-size {}", m.dense_tp));
+  // The sizes' arithmetic, for every flag; what the engine cannot run on the chosen device or
+  // model is checked when it starts (runtime/engine.cpp).
+  const parallel::Mapping m = parallel::Mapping::resolve(p, 0);
   o.tp_size = m.attn_tp;
   o.ep_size = m.moe_ep;
   o.replicate_embedding = p.replicate_embedding;

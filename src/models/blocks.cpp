@@ -8,10 +8,8 @@ namespace ts::models {
 
 void check_sharded_load(const io::ModelConfig& cfg, const LoadOptions& opts) {
   const parallel::Mapping& m = opts.mapping;
-  TS_CHECK(m.tp_size == 1 || (opts.groups && opts.comm && opts.comm->size() == m.tp_size),
+  TS_CHECK(m.world == 1 || (opts.groups && opts.comm && opts.comm->size() == m.tp_size),
            "{}: communicators do not match {}", cfg.path, m.str());
-  TS_CHECK(m.dense_tp == m.attn_tp, "{}: --dense-tp-size {} other than the attention TP size {} is not implemented for {}",
-           cfg.path, m.dense_tp, m.attn_tp, cfg.architecture);
 }
 
 

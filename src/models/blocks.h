@@ -10,16 +10,18 @@
 #include "ops/ops.h"
 #include "models/weights.h"
 #include "parallel/comm.h"
+#include "parallel/layers.h"
 #include "parallel/mapping.h"
+#include "parallel/world.h"
 
 namespace ts::models {
 
-// [T, heads * hd] (possibly a column slice of a wider buffer) viewed as [T, heads, hd].
-// The load-time checks of a model file on the parallel layers: at TP > 1 the rank has its groups
-// and a communicator of the mapping's size, and dense TP equals attention TP (the one layout the
-// model files implement). Errors name the checkpoint and the mapping.
+// The load-time checks of a model file on the parallel layers: in a world of several ranks the
+// rank has its groups and an attention communicator of the mapping's size. Errors name the
+// checkpoint and the mapping.
 void check_sharded_load(const io::ModelConfig& cfg, const LoadOptions& opts);
 
+// [T, heads * hd] (possibly a column slice of a wider buffer) viewed as [T, heads, hd].
 Tensor as_heads(const Tensor& x, int64_t heads, int64_t hd);
 
 struct AttentionWeights {
@@ -48,6 +50,22 @@ struct MlpWeights {
 };
 // h [T, H] -> out [T, H]
 void mlp_block(const Tensor& h, const MlpWeights& w, Workspace& ws, Tensor& out);
+
+// A dense MLP layer on this rank: f(x_in, y_out) runs the rank's shard (the dense TP group's
+// columns: load_mlp_shard with even_shard(inter, dense_tp, dense_tp_rank)). g null: one rank,
+// y = f(x). Otherwise the dense TP group may equal, lie inside or span several attention groups
+// (--dense-tp-size; parallel::group_sharded_forward). Returns true when y is a partial sum over
+// the attention group (decoder_forward fuses its all-reduce into the next add + norm), false
+// when complete. span: the model's host scratch for the spanning case.
+template <class F>
+bool dense_mlp(const parallel::ParallelGroups* g, parallel::SpanGather& span, const Tensor& x, Tensor& y,
+               Workspace& ws, F&& f) {
+  if (!g) {
+    f(x, y);
+    return true;
+  }
+  return parallel::group_sharded_forward(*g->dense_tp, *g->attn_tp, span, x, y, ws, f);
+}
 
 // The residual-stream forms for decode (#22): the sub-layer reads the residual stream, applies
 // its input norm inside the first GEMV's prologue and adds its output into the residual inside

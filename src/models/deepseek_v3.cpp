@@ -114,7 +114,7 @@ class DeepseekV3 final : public DecoderModel {
     const parallel::Range mr = p_.experts > 0 ? parallel::even_shard(p_.moe_inter, mapping_.moe_tp, mapping_.moe_tp_rank,
                                                                      "moe_intermediate_size")
                                               : parallel::Range{};
-    if (tp > 1 && p_.experts > 0)
+    if (mapping_.world > 1 && p_.experts > 0)
       moe_par_ = std::make_unique<parallel::MoeParallel>(p_.experts, mapping_.moe_ep, mapping_.moe_ep_rank);
     embed_tp_ = resolve_embed(mapping_, opts.replicate_embedding);
     EmbedHead eh = load_embed_head(wl, p_.vocab, H, p_.tied, tp, rank, embed_tp_);
@@ -190,8 +190,10 @@ class DeepseekV3 final : public DecoderModel {
         [&](int64_t l, Tensor& x, Tensor& y) {
           // true: y is a partial sum over the attention TP group (reduced with the next norm).
           DeepseekLayer& L = layers_[size_t(l)];
-          if (!L.sparse) mlp_block(x, L.mlp, ws_, y);
-          else if (!moe_par_) moe_block(x, L.moe, moe_shape_, ws_, y);
+          if (!L.sparse)
+            return dense_mlp(groups_.get(), span_, x, y, ws_,
+                             [&](const Tensor& in, Tensor& out) { mlp_block(in, L.mlp, ws_, out); });
+          if (!moe_par_) moe_block(x, L.moe, moe_shape_, ws_, y);
           else return moe_block_parallel(x, L.moe, moe_shape_, *groups_, *moe_par_, ws_, y);
           return true;
         },
@@ -258,7 +260,8 @@ class DeepseekV3 final : public DecoderModel {
   int64_t nh_ = 0;  // this rank's heads (all at tp 1)
   std::shared_ptr<parallel::Comm> comm_;
   std::shared_ptr<const parallel::ParallelGroups> groups_;
-  std::unique_ptr<parallel::MoeParallel> moe_par_;  // tp > 1 with experts: this rank's experts
+  std::unique_ptr<parallel::MoeParallel> moe_par_;  // world > 1 with experts: this rank's experts
+  parallel::SpanGather span_;                        // dense TP spanning attention groups
   int embed_tp_ = 1;
   int64_t embed_start_ = 0;
   std::vector<DeepseekLayer> layers_;

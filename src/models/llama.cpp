@@ -51,17 +51,17 @@ class Llama final : public DecoderModel {
     capture_layers_ = opts.capture_layers;
     mapping_ = opts.mapping;
     comm_ = opts.comm;
+    groups_ = opts.groups;
     const int tp = mapping_.tp_size, rank = mapping_.tp_rank;
     TS_CHECK(tp == 1 || (comm_ && comm_->size() == tp && comm_->rank() == rank), "{}: communicator does not match {}",
              cfg.path, mapping_.str());
+    check_sharded_load(cfg, opts);
     WeightLoader wl(io::Checkpoint::open(cfg.dir), opts.device);
     device_ = opts.device;
     dtype_ = wl.dtype();
     const int64_t H = p_.hidden, hd = p_.head_dim;
     // This rank's shard (the whole model at tp 1): q/kv heads, MLP columns, vocabulary rows.
     const parallel::HeadShard hs = parallel::shard_heads(p_.heads, p_.kv_heads, mapping_.attn_tp, rank);
-    TS_CHECK(mapping_.dense_tp == mapping_.attn_tp, "{}: --dense-tp-size {} other than the attention TP size {} is not "
-             "implemented for {}", cfg.path, mapping_.dense_tp, mapping_.attn_tp, cfg.architecture);
     const parallel::Range ir = parallel::even_shard(p_.inter, mapping_.dense_tp, mapping_.dense_tp_rank, "intermediate_size");
     embed_tp_ = resolve_embed(mapping_, opts.replicate_embedding);
     EmbedHead eh = load_embed_head(wl, p_.vocab, H, p_.tied, tp, rank, embed_tp_);
@@ -109,7 +109,7 @@ class Llama final : public DecoderModel {
   // One forward at every TP size: at tp > 1 the o_proj / down_proj outputs are partial sums,
   // reduced with the next residual add + norm inside decoder_forward (DecoderTp).
   Tensor forward(ForwardBatch& b, KvPool& kv) override {
-    if (mapping_.tp_size == 1 && plain_weights_ && ops::fuses_norm_gemv(device_, b.num_tokens))  // decode rows (#22)
+    if (mapping_.world == 1 && plain_weights_ && ops::fuses_norm_gemv(device_, b.num_tokens))  // decode rows (#22)
       return dense_decoder_forward_fused(*this, b, ws_, {p_.layers, p_.hidden, p_.eps, dtype_}, embed_, norm_, head_,
                                          [&](int64_t l, Tensor& residual) {
                                            LlamaLayer& L = layers_[size_t(l)];
@@ -123,13 +123,18 @@ class Llama final : public DecoderModel {
         [&](int64_t l, Tensor& h, Tensor& x) {
           attention_block(h, layers_[size_t(l)].attn, shape_, rope_, b, kv.k[size_t(l)], kv.v[size_t(l)], ws_, x);
         },
-        [&](int64_t l, Tensor& x, Tensor& y) { mlp_block(x, layers_[size_t(l)].mlp, ws_, y); },
+        [&](int64_t l, Tensor& x, Tensor& y) {
+          return dense_mlp(groups_.get(), span_, x, y, ws_,
+                           [&](const Tensor& in, Tensor& out) { mlp_block(in, layers_[size_t(l)].mlp, ws_, out); });
+        },
         DecoderTp{comm_.get(), embed_tp_, embed_start_, mapping_.tp_size, p_.vocab});
   }
 
  private:
   LlamaParams p_;
   std::shared_ptr<parallel::Comm> comm_;
+  std::shared_ptr<const parallel::ParallelGroups> groups_;  // null in a world of one
+  parallel::SpanGather span_;                               // dense TP spanning attention groups
   int embed_tp_ = 1;
   int64_t embed_start_ = 0;
   std::vector<LlamaLayer> layers_;

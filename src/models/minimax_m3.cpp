@@ -136,7 +136,7 @@ class MiniMaxM3 final : public DecoderModel {
                                    ? parallel::even_shard(p_.shared_inter, mapping_.moe_tp, mapping_.moe_tp_rank,
                                                           "shared_intermediate_size")
                                    : parallel::Range{0, p_.shared_inter};
-    if (tp > 1) moe_par_ = std::make_unique<parallel::MoeParallel>(p_.experts, mapping_.moe_ep, mapping_.moe_ep_rank);
+    if (mapping_.world > 1) moe_par_ = std::make_unique<parallel::MoeParallel>(p_.experts, mapping_.moe_ep, mapping_.moe_ep_rank);
     const int64_t q0 = hs.q.start * hd, qn = hs.q.count * hd, k0 = hs.kv.start * hd, kn = hs.kv.count * hd;
     using Part = WeightLoader::Part;
     // Text-only checkpoints use model.*; the full VL checkpoint nests it in model.language_model.*.
@@ -220,8 +220,11 @@ class MiniMaxM3 final : public DecoderModel {
         },
         [&](int64_t l, Tensor& x, Tensor& y) {
           // true: y is a partial sum over the attention TP group (reduced with the next norm).
-          if (!p_.sparse_mlp[size_t(l)]) glu_mlp_block(x, layers_[size_t(l)].mlp, p_.act, ws_, y);
-          else if (!moe_par_) moe_block(x, layers_[size_t(l)].moe, moe_shape_, ws_, y);
+          if (!p_.sparse_mlp[size_t(l)])
+            return dense_mlp(groups_.get(), span_, x, y, ws_, [&](const Tensor& in, Tensor& out) {
+              glu_mlp_block(in, layers_[size_t(l)].mlp, p_.act, ws_, out);
+            });
+          if (!moe_par_) moe_block(x, layers_[size_t(l)].moe, moe_shape_, ws_, y);
           else return moe_block_parallel(x, layers_[size_t(l)].moe, moe_shape_, *groups_, *moe_par_, ws_, y);
           return true;
         },
@@ -296,7 +299,8 @@ class MiniMaxM3 final : public DecoderModel {
   int64_t idx_heads_ = 0;  // this rank's index heads (all at tp 1)
   std::shared_ptr<parallel::Comm> comm_;
   std::shared_ptr<const parallel::ParallelGroups> groups_;
-  std::unique_ptr<parallel::MoeParallel> moe_par_;  // tp > 1: this rank's experts
+  std::unique_ptr<parallel::MoeParallel> moe_par_;  // world > 1: this rank's experts
+  parallel::SpanGather span_;                        // dense TP spanning attention groups
   int embed_tp_ = 1;
   int64_t embed_start_ = 0;
   std::vector<MiniMaxM3Layer> layers_;

@@ -94,10 +94,10 @@ class Qwen35 final : public DecoderModel {
              cfg.architecture);
     mapping_ = opts.mapping;
     comm_ = opts.comm;
+    groups_ = opts.groups;
     const int tp = mapping_.tp_size, rank = mapping_.tp_rank;
     TS_CHECK(tp == 1 || (comm_ && comm_->size() == tp), "{}: communicator does not match {}", cfg.path, mapping_.str());
-    TS_CHECK(mapping_.dense_tp == mapping_.attn_tp, "{}: --dense-tp-size {} other than the attention TP size {} is not "
-             "implemented for {}", cfg.path, mapping_.dense_tp, mapping_.attn_tp, cfg.architecture);
+    check_sharded_load(cfg, opts);
     WeightLoader wl(io::Checkpoint::open(cfg.dir), opts.device);
     device_ = opts.device;
     dtype_ = wl.dtype();
@@ -217,7 +217,10 @@ class Qwen35 final : public DecoderModel {
             attention_block(h, L.attn, shape_, rope_, b, kv.k[size_t(L.kv_index)], kv.v[size_t(L.kv_index)], ws_, x);
           }
         },
-        [&](int64_t l, Tensor& x, Tensor& y) { mlp_block(x, layers_[size_t(l)].mlp, ws_, y); },
+        [&](int64_t l, Tensor& x, Tensor& y) {
+          return dense_mlp(groups_.get(), span_, x, y, ws_,
+                           [&](const Tensor& in, Tensor& out) { mlp_block(in, layers_[size_t(l)].mlp, ws_, out); });
+        },
         DecoderTp{comm_.get(), embed_tp_, embed_start_, mapping_.tp_size, p_.vocab});
   }
   EmbedLayout embed_layout() const override { return {embed_tp_, embed_start_, embed_.size(0)}; }
@@ -254,6 +257,8 @@ class Qwen35 final : public DecoderModel {
   Qwen35Params p_;
   int64_t nk_ = 0, nv_ = 0;  // this rank's linear-attention key / value heads
   std::shared_ptr<parallel::Comm> comm_;
+  std::shared_ptr<const parallel::ParallelGroups> groups_;  // null in a world of one
+  parallel::SpanGather span_;                               // dense TP spanning attention groups
   int embed_tp_ = 1;
   int64_t embed_start_ = 0;
   std::vector<Qwen35Layer> layers_;

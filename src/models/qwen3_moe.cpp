@@ -80,7 +80,7 @@ class Qwen3Moe final : public DecoderModel {
     const parallel::Range er = parallel::expert_range(p_.experts, mapping_.moe_ep, mapping_.moe_ep_rank);
     const parallel::Range mr = parallel::even_shard(p_.moe_inter, mapping_.moe_tp, mapping_.moe_tp_rank,
                                                     "moe_intermediate_size");
-    if (tp > 1) moe_par_ = std::make_unique<parallel::MoeParallel>(p_.experts, mapping_.moe_ep, mapping_.moe_ep_rank);
+    if (mapping_.world > 1) moe_par_ = std::make_unique<parallel::MoeParallel>(p_.experts, mapping_.moe_ep, mapping_.moe_ep_rank);
     embed_tp_ = resolve_embed(mapping_, opts.replicate_embedding);
     EmbedHead eh = load_embed_head(wl, p_.vocab, H, p_.tied, tp, rank, embed_tp_);
     embed_ = eh.embed;
@@ -131,10 +131,9 @@ class Qwen3Moe final : public DecoderModel {
         },
         [&](int64_t l, Tensor& x, Tensor& y) {
           // true: y is a partial sum over the attention TP group (reduced with the next norm).
-          if (!p_.sparse[size_t(l)]) {
-            mlp_block(x, layers_[size_t(l)].mlp, ws_, y);
-            return true;
-          }
+          if (!p_.sparse[size_t(l)])
+            return dense_mlp(groups_.get(), span_, x, y, ws_,
+                             [&](const Tensor& in, Tensor& out) { mlp_block(in, layers_[size_t(l)].mlp, ws_, out); });
           if (!moe_par_) {
             moe_block(x, layers_[size_t(l)].moe, moe_shape_, ws_, y);
             return true;
@@ -150,7 +149,8 @@ class Qwen3Moe final : public DecoderModel {
   Qwen3MoeParams p_;
   std::shared_ptr<parallel::Comm> comm_;
   std::shared_ptr<const parallel::ParallelGroups> groups_;
-  std::unique_ptr<parallel::MoeParallel> moe_par_;  // tp > 1: this rank's experts
+  std::unique_ptr<parallel::MoeParallel> moe_par_;  // world > 1: this rank's experts
+  parallel::SpanGather span_;                        // dense TP spanning attention groups
   int embed_tp_ = 1;
   int64_t embed_start_ = 0;
   std::vector<Qwen3MoeLayer> layers_;

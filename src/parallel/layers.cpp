@@ -1,5 +1,6 @@
 #include "parallel/layers.h"
 
+#include "core/device_memory.h"
 #include "core/error.h"
 #include "ops/ops.h"
 
@@ -115,6 +116,39 @@ Tensor lm_head_logits(const Tensor& rows, const LmHead& head, Comm& comm, Worksp
     }
   ws.release(mark);  // logits (allocated before the mark) stay
   return logits;
+}
+
+void SpanGather::plan(Comm& g, int attn_tp, int attn_rank, int64_t T, Workspace& ws) {
+  TS_CHECK(g.size() % attn_tp == 0, "SpanGather: a group of {} ranks is not made of attention groups of {}", g.size(),
+           attn_tp);
+  slice_ = token_slice(T, attn_tp, attn_rank);
+  WorkspaceScope scope(ws);
+  Tensor mine = ws.alloc({1}, DType::i32), all = ws.alloc({int64_t(g.size())}, DType::i32);
+  host_.assign(1, int32_t(slice_.count));
+  device_copy(mine.data, mine.device, host_.data(), Device::cpu, sizeof(int32_t));
+  g.all_gather(mine, all);
+  host_.resize(size_t(g.size()));
+  device_copy(host_.data(), Device::cpu, all.data, all.device, all.nbytes());
+  rows_.assign(host_.begin(), host_.end());
+  // This rank's attention group: the attn_tp adjacent ranks of g starting at `first`.
+  const int first = g.rank() / attn_tp * attn_tp;
+  total_ = mine_start_ = rows_mine_ = 0;
+  for (int p = 0; p < g.size(); ++p) {
+    if (p < first) mine_start_ += rows_[size_t(p)];
+    else if (p < first + attn_tp) rows_mine_ += rows_[size_t(p)];
+    total_ += rows_[size_t(p)];
+  }
+  TS_CHECK(rows_mine_ == T, "SpanGather: the attention group's slices hold {} rows, this rank has {}", rows_mine_, T);
+}
+
+void SpanGather::gather(Comm& g, const Tensor& x, Tensor& out) const {
+  g.all_gather_v(x.narrow(0, slice_.start, slice_.count), rows_, out);
+}
+
+void SpanGather::take_mine(const Tensor& full, Tensor& out) const {
+  if (rows_mine_ == 0) return;
+  Tensor dst = out.narrow(0, 0, rows_mine_);
+  ops::copy_rows(full.narrow(0, mine_start_, rows_mine_), dst);
 }
 
 }  // namespace ts::parallel

@@ -10,6 +10,7 @@
 // vocab-parallel embedding / LM head, dense TP for dense MLPs); see ParallelGroups (world.h).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 #include "core/workspace.h"
@@ -103,6 +104,45 @@ struct LmHead {
 // the full logits. Scratch (and the returned tensor) from ws.
 Tensor lm_head_logits(const Tensor& rows, const LmHead& head, Comm& comm, Workspace& ws);
 
+// --- layers over a group wider than the attention group (attention data parallelism) ------
+
+// Dense TP or MoE TP over a group g made of whole attention groups (--dense-tp-size / MoE TP
+// larger than the attention TP size, under --data-parallel-size > 1): the attention groups hold
+// different tokens, so g first gathers them. Every rank contributes its token_slice of its
+// attention group's T rows (the group's ranks hold the same rows), so the gathered [N, W] holds
+// each attention group's rows exactly once, in token order, attention groups in rank order;
+// after the sharded layer and g's all-reduce every rank takes back its attention group's T rows.
+// Precondition: g is contiguous in ranks, tensor-parallel innermost (ParallelGroups' splits), so
+// an attention group's ranks are adjacent in g. Host scratch keeps its capacity.
+class SpanGather {
+ public:
+  // Collective over g: exchanges the row counts (one small device-to-host copy on a GPU: call it
+  // in an eager region). attn_tp / attn_rank: this rank's attention TP size and rank; T: its rows.
+  void plan(Comm& g, int attn_tp, int attn_rank, int64_t T, Workspace& ws);
+  int64_t total() const { return total_; }
+  // out [total(), W] = every rank's slice of its rows of x [T, W], rank-major.
+  void gather(Comm& g, const Tensor& x, Tensor& out) const;
+  // out [T, W] = this rank's attention group's rows of full [total(), W].
+  void take_mine(const Tensor& full, Tensor& out) const;
+
+ private:
+  std::vector<int64_t> rows_;  // per rank of g
+  std::vector<int32_t> host_;
+  Range slice_;
+  int64_t total_ = 0, mine_start_ = 0, rows_mine_ = 0;
+};
+
+// A layer sharded over group g run for this rank's rows x [T, H] (replicated over its attention
+// group `attn`): f(x_in, y_out) writes this rank's partial sum over g for x_in's rows (y_out
+// [rows(x_in), H]). Groups nest (Mapping::resolve checks it), so exactly one of:
+//  - g is the attention group (same size): y = f(x), a partial sum; returns true (the caller
+//    fuses its all-reduce into the next residual add + norm);
+//  - g lies inside the attention group (smaller): y = all_reduce over g of f(x); returns false;
+//  - g is made of whole attention groups (larger): SpanGather, f on the gathered rows, g's
+//    all-reduce, this rank's rows back (an eager region under CUDA graphs); returns false.
+template <class F>
+bool group_sharded_forward(Comm& g, Comm& attn, SpanGather& span, const Tensor& x, Tensor& y, Workspace& ws, F&& f);
+
 // --- eager regions -------------------------------------------------------------------------
 
 // Runs f eagerly even inside a breakable CUDA graph (ops/graph_hooks.h): the segment before is
@@ -134,4 +174,29 @@ void ts::parallel::run_eager(F&& f) {
   }
   ops::graph_hooks() = h;
   h->after_break();
+}
+
+template <class F>
+bool ts::parallel::group_sharded_forward(Comm& g, Comm& attn, SpanGather& span, const Tensor& x, Tensor& y,
+                                         Workspace& ws, F&& f) {
+  if (g.size() == attn.size()) {
+    f(x, y);
+    return true;
+  }
+  if (g.size() < attn.size()) {
+    f(x, y);
+    if (g.size() > 1) g.all_reduce(y);
+    return false;
+  }
+  run_eager([&] {
+    WorkspaceScope scope(ws);
+    span.plan(g, attn.size(), attn.rank(), x.rows(), ws);
+    Tensor xs = ws.alloc({span.total(), x.size(-1)}, x.dtype);
+    span.gather(g, x, xs);
+    Tensor ys = ws.alloc({span.total(), y.size(-1)}, y.dtype);
+    f(xs, ys);
+    g.all_reduce(ys);
+    span.take_mine(ys, y);
+  });
+  return false;
 }

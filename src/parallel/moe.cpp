@@ -212,9 +212,25 @@ MoeOut moe_forward(const ParallelGroups& g, MoeParallel& moe, const Tensor& x, c
                    const ExpertsRef& experts, const SharedRef& shared, EpCombine combine, Tensor& out, Workspace& ws) {
   const Mapping& m = g.mapping;
   if (m.moe_ep == 1) {
-    TS_CHECK(m.moe_tokens_replicated(), "MoE TP {} across attention data-parallel groups (attention TP {}) is not "
-             "implemented: use --ep-size for attention DP", m.moe_tp, m.attn_tp);
-    return moe_tp_forward(x, ids, weights, experts, shared, *g.moe_tp, out, ws);
+    if (m.moe_tokens_replicated()) return moe_tp_forward(x, ids, weights, experts, shared, *g.moe_tp, out, ws);
+    // MoE TP over whole attention groups: their tokens and routing gathered, the experts' shard
+    // on all of them, the group's sum, this rank's rows back.
+    TS_CHECK(out.is_contiguous(), "moe_forward: out must be contiguous ({})", out.shape_str());
+    Comm& tp = *g.moe_tp;
+    run_eager([&] {
+      WorkspaceScope scope(ws);
+      SpanGather& span = moe.span_;
+      span.plan(tp, m.attn_tp, m.attn_tp_rank, x.rows(), ws);
+      const int64_t N = span.total(), H = x.size(-1), k = ids.size(-1);
+      Tensor xs = ws.alloc({N, H}, x.dtype), is = ws.alloc({N, k}, ids.dtype), wsg = ws.alloc({N, k}, weights.dtype);
+      span.gather(tp, x, xs);
+      span.gather(tp, ids, is);
+      span.gather(tp, weights, wsg);
+      Tensor os = ws.alloc({N, out.size(-1)}, out.dtype);
+      if (moe_tp_forward(xs, is, wsg, experts, shared, tp, os, ws) == MoeOut::partial) tp.all_reduce(os);
+      span.take_mine(os, out);
+    });
+    return MoeOut::complete;
   }
   if (m.moe_tokens_replicated())
     return moe.forward_replicated(x, ids, weights, experts, shared, combine, *g.moe_ep, out, ws);

@@ -25,7 +25,10 @@
 //  replicated-partial flow — TP-sharded over the EP group (their partial joins the all-reduce).
 //
 // MoE TP: every rank runs all experts on its intermediate shard for all tokens; the output is a
-// partial sum for the group's all-reduce, like a dense row-parallel MLP.
+// partial sum for the group's all-reduce, like a dense row-parallel MLP. A MoE TP group made of
+// several attention groups (attention DP without --ep-size: the default MoE TP is the world)
+// first gathers the groups' tokens with their routing (SpanGather, layers.h), all-reduces the
+// gathered output and keeps its own rows: complete.
 //
 // Scratch comes from the caller's Workspace (released on return) and member vectors that keep
 // their capacity: after the first call of a given size the host side allocates nothing.
@@ -39,6 +42,7 @@
 #include "ops/ops.h"
 #include "ops/linear_weight.h"
 #include "parallel/comm.h"
+#include "parallel/layers.h"
 #include "parallel/world.h"
 
 namespace ts::parallel {
@@ -122,6 +126,7 @@ class MoeParallel {
   // Host scratch that keeps its capacity across calls.
   std::vector<int64_t> send_rows_, recv_rows_, send_slots_, recv_slots_, gather_rows_, slice_rows_;
   std::vector<int32_t> counts_host_, xchg_host_, xchg_back_;
+  SpanGather span_;  // MoE TP over whole attention groups (attention DP)
 };
 
 // MoE TP: all experts on this rank's intermediate shard; out is a partial sum (shared experts

@@ -340,6 +340,16 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   lo.replicate_embedding = o.replicate_embedding;
   TS_CHECK(o.tp_size >= 1, "--tp-size must be at least 1 (got {})", o.tp_size);
   const parallel::ParallelOptions po = engine_parallel_options(o);  // tp_workers.h
+  if (po.dp_size > 1) {
+    // Attention DP: one scheduler, requests placed in a DP group at admission, the KV cache
+    // partitioned per group (kv_cache.h, model_runner.h). Built and tested on CPU ranks.
+    TS_CHECK(device == Device::cpu, "--data-parallel-size {} runs on CPU ranks only so far (--device cpu)", po.dp_size);
+    TS_CHECK(o.speculative_algorithm.empty(), "--data-parallel-size {}: --speculative-algorithm is not supported with "
+             "attention data parallelism yet", po.dp_size);
+    TS_CHECK(!models::has_recurrent_layers(cfg), "--data-parallel-size {}: {} keeps recurrent state per request, which "
+             "attention data parallelism does not place per group yet", po.dp_size, cfg.architecture);
+    TS_CHECK(po.nnodes == 1, "--data-parallel-size {}: not supported with --nnodes {} yet", po.dp_size, po.nnodes);
+  }
   TpModels tpm;
   if (po.world_size() > 1) {  // one shard per rank (GPUs or CPU threads), tp_workers.h
     tpm = load_tp_models(cfg, lo, po);
@@ -402,7 +412,9 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   if (hybrid)
     spdlog::info("recurrent state: {} slots, {:.1f} MiB", runner->state_pool().size(),
                  double(runner->state_bytes()) / (1 << 20));
-  kv = std::make_unique<KvCache>(blocks, bs, prefix_cache);
+  // Attention DP: every rank's pool has `blocks` blocks of its group; the cache hands out ids of
+  // all groups (a request's context still fits in one group's blocks).
+  kv = std::make_unique<KvCache>(blocks * po.dp_size, bs, prefix_cache, po.dp_size);
   SchedulerOptions so;
   so.token_budget = std::max(o.chunked_prefill_size, 1);
   so.max_num_seqs = max_seqs;
@@ -450,7 +462,7 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   for (auto id : cfg.eos_token_ids) eos.insert(id);
   for (auto id : gc.eos_token_ids) eos.insert(id);
   if (auto e = tokenizer->eos_id()) eos.insert(*e);
-  metrics_.kv_total_blocks = blocks;
+  metrics_.kv_total_blocks = kv->num_blocks();
   metrics_.ttft_s = Histogram({0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60});
   metrics_.itl_s = Histogram({0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1});
   metrics_.e2e_s = Histogram({0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300});
@@ -473,6 +485,11 @@ void EngineImpl::start_kvstore(const EngineOptions& o) {
   const int ranks = runner->tp_size();
   if (nnodes > 1) {
     spdlog::warn("kvstore: the host KV tier does not support --nnodes {} yet; running without it", nnodes);
+    return;
+  }
+  if (kv->groups() > 1) {
+    spdlog::warn("kvstore: the host KV tier does not support --data-parallel-size {} yet; running without it",
+                 kv->groups());
     return;
   }
   if (ranks > 1 && device != Device::cpu) {
@@ -984,7 +1001,7 @@ void EngineImpl::apply_plan(StepPlan& plan) {
   apply_plan_transitions(plan);
   for (auto& r : plan.rejected)
     fail_request(*r, fmt::format("request needs {} tokens of KV cache; the pool holds {}", r->tokens.size(),
-                                 kv->num_blocks() * kv->block_size()));
+                                 kv->group_blocks() * kv->block_size()));
   // Worker-side handles, taken when a request first runs: its recurrent-state row (hybrid
   // models) and its worker slot (the EAGLE3 draft-state row).
   for (auto& c : plan.chunks) {

@@ -6,25 +6,38 @@
 
 namespace ts {
 
-KvCache::KvCache(int64_t num_blocks, int block_size, bool enable_prefix_cache)
+KvCache::KvCache(int64_t num_blocks, int block_size, bool enable_prefix_cache, int groups)
     : block_size_(block_size), prefix_(enable_prefix_cache), blocks_(size_t(num_blocks)) {
   TS_CHECK(num_blocks > 0 && block_size > 0, "KvCache: bad pool {} x {}", num_blocks, block_size);
-  free_.reserve(size_t(num_blocks));
-  for (int64_t i = num_blocks - 1; i >= 0; --i) free_.push_back(int32_t(i));  // pop_back gives 0 first
+  TS_CHECK(groups >= 1 && num_blocks % groups == 0, "KvCache: {} blocks do not split into {} groups", num_blocks, groups);
+  parts_.resize(size_t(groups));
+  const int64_t per = num_blocks / groups;
+  for (int g = 0; g < groups; ++g) {
+    std::vector<int32_t>& f = parts_[size_t(g)].free;
+    f.reserve(size_t(per));
+    for (int64_t i = (g + 1) * per - 1; i >= g * per; --i) f.push_back(int32_t(i));  // pop_back gives the lowest first
+  }
+}
+
+int64_t KvCache::available_blocks() const {
+  int64_t n = 0;
+  for (const Part& p : parts_) n += int64_t(p.free.size() + p.lru.size());
+  return n;
 }
 
 uint64_t KvCache::hash_block(const int32_t* tokens, int n, uint64_t parent) {
   return XXH64(tokens, size_t(n) * sizeof(int32_t), parent);
 }
 
-int32_t KvCache::take_block() {
+int32_t KvCache::take_block(int group) {
+  Part& part = parts_[size_t(group)];
   int32_t id;
-  if (!free_.empty()) {
-    id = free_.back();
-    free_.pop_back();
+  if (!part.free.empty()) {
+    id = part.free.back();
+    part.free.pop_back();
   } else {
-    id = lru_.front();  // evict the least recently used cached block
-    lru_.pop_front();
+    id = part.lru.front();  // evict the least recently used cached block
+    part.lru.pop_front();
     Block& b = blocks_[size_t(id)];
     b.in_lru = false;
     if (b.hashed) {
@@ -48,18 +61,20 @@ void KvCache::unref(int32_t id) {
   // A second release of the same reference would put the block on the free list twice.
   TS_CHECK(b.ref > 0, "KvCache: block {} released with no reference held (double free)", id);
   if (--b.ref > 0) return;
+  Part& part = parts_[size_t(group_of(id))];
   if (b.hashed && prefix_) {
-    b.lru_it = lru_.insert(lru_.end(), id);
+    b.lru_it = part.lru.insert(part.lru.end(), id);
     b.in_lru = true;
   } else {
     b.hashed = false;
-    free_.push_back(id);
+    part.free.push_back(id);
   }
 }
 
 void KvCache::set_store(KvStore* store) {
   TS_CHECK(!store || store->block_size() == block_size_, "KvCache: host tier block size {} != {}",
            store ? store->block_size() : 0, block_size_);
+  TS_CHECK(!store || groups() == 1, "KvCache: the host tier does not support {} data-parallel groups", groups());
   store_ = store;
   if (store_ && events_on_) store_->set_events(&events_);
 }
@@ -99,11 +114,38 @@ void KvCache::index_block(int32_t id, uint64_t h, size_t pos, const int32_t* blo
   }
 }
 
+int KvCache::cached_tokens(const int32_t* tokens, int max_tokens, int group) const {
+  if (!prefix_) return 0;
+  uint64_t h = group_seed(group);
+  int n = 0;
+  for (; n + block_size_ <= max_tokens; n += block_size_) {
+    h = hash_block(tokens + n, block_size_, h);
+    if (!by_hash_.count(h)) break;
+  }
+  return n;
+}
+
+int KvCache::pick_group(const int32_t* tokens, int max_tokens) const {
+  if (groups() == 1) return 0;
+  int best = 0, best_tokens = -1;
+  int64_t best_avail = -1;
+  for (int g = 0; g < groups(); ++g) {
+    const int n = cached_tokens(tokens, max_tokens, g);
+    const int64_t a = available_blocks(g);
+    if (n > best_tokens || (n == best_tokens && a > best_avail)) {
+      best = g;
+      best_tokens = n;
+      best_avail = a;
+    }
+  }
+  return best;
+}
+
 int KvCache::match_prefix(const int32_t* tokens, int max_tokens, std::vector<int32_t>& table,
-                          std::vector<uint64_t>& hashes) {
+                          std::vector<uint64_t>& hashes, int group) {
   last_host_tokens_ = 0;
   if (!prefix_) return 0;
-  uint64_t h = 0;
+  uint64_t h = group_seed(group);
   int n = 0;
   while (n + block_size_ <= max_tokens) {
     h = hash_block(tokens + n, block_size_, h);
@@ -111,10 +153,10 @@ int KvCache::match_prefix(const int32_t* tokens, int max_tokens, std::vector<int
     if (it == by_hash_.end()) {
       // The host tier continues the chain: each hit gets a fresh device block and a load op.
       // (Taking the block may evict another cached device block: that one is written back.)
-      if (!store_ || available_blocks() == 0) break;
+      if (!store_ || available_blocks(group) == 0) break;
       int32_t host = store_->find(h);
       if (host < 0) break;
-      int32_t id = take_block();
+      int32_t id = take_block(group);
       hashes.push_back(h);
       table.push_back(id);
       index_block(id, h, hashes.size() - 1, tokens + n, hashes);
@@ -126,7 +168,7 @@ int KvCache::match_prefix(const int32_t* tokens, int max_tokens, std::vector<int
     }
     Block& b = blocks_[size_t(it->second)];
     if (b.in_lru) {
-      lru_.erase(b.lru_it);
+      parts_[size_t(group_of(it->second))].lru.erase(b.lru_it);
       b.in_lru = false;
     }
     ++b.ref;
@@ -142,10 +184,11 @@ int64_t KvCache::blocks_needed(const std::vector<int32_t>& table, int64_t num_to
   return std::max<int64_t>(0, need - int64_t(table.size()));
 }
 
-bool KvCache::ensure(std::vector<int32_t>& table, int64_t num_tokens) {
+bool KvCache::ensure(std::vector<int32_t>& table, int64_t num_tokens, int group) {
+  if (!table.empty()) group = group_of(table[0]);
   int64_t extra = blocks_needed(table, num_tokens);
-  if (extra > available_blocks()) return false;
-  for (int64_t i = 0; i < extra; ++i) table.push_back(take_block());
+  if (extra > available_blocks(group)) return false;
+  for (int64_t i = 0; i < extra; ++i) table.push_back(take_block(group));
   return true;
 }
 
@@ -155,7 +198,7 @@ void KvCache::commit(const int32_t* tokens, int64_t computed, const std::vector<
   int64_t full = std::min<int64_t>(computed / block_size_, int64_t(table.size()));
   while (int64_t(hashes.size()) < full) {
     size_t i = hashes.size();
-    uint64_t parent = i ? hashes[i - 1] : 0;
+    uint64_t parent = i ? hashes[i - 1] : group_seed(group_of(table[0]));
     uint64_t h = hash_block(tokens + i * size_t(block_size_), block_size_, parent);
     hashes.push_back(h);
     index_block(table[i], h, i, tokens + i * size_t(block_size_), hashes);
@@ -181,13 +224,17 @@ void KvCache::truncate(std::vector<int32_t>& table, std::vector<uint64_t>& hashe
 
 void KvCache::check() const {
   std::vector<int> seen(blocks_.size(), 0);
-  for (int32_t id : free_) {
-    TS_CHECK(blocks_[size_t(id)].ref == 0 && !blocks_[size_t(id)].in_lru, "KvCache: free block {} is in use", id);
-    ++seen[size_t(id)];
-  }
-  for (int32_t id : lru_) {
-    TS_CHECK(blocks_[size_t(id)].ref == 0 && blocks_[size_t(id)].in_lru, "KvCache: cached block {} is in use", id);
-    ++seen[size_t(id)];
+  for (size_t g = 0; g < parts_.size(); ++g) {
+    for (int32_t id : parts_[g].free) {
+      TS_CHECK(blocks_[size_t(id)].ref == 0 && !blocks_[size_t(id)].in_lru, "KvCache: free block {} is in use", id);
+      TS_CHECK(group_of(id) == int(g), "KvCache: block {} is on group {}'s free list", id, g);
+      ++seen[size_t(id)];
+    }
+    for (int32_t id : parts_[g].lru) {
+      TS_CHECK(blocks_[size_t(id)].ref == 0 && blocks_[size_t(id)].in_lru, "KvCache: cached block {} is in use", id);
+      TS_CHECK(group_of(id) == int(g), "KvCache: block {} is on group {}'s cached list", id, g);
+      ++seen[size_t(id)];
+    }
   }
   for (size_t i = 0; i < blocks_.size(); ++i) {
     TS_CHECK(blocks_[i].ref >= 0, "KvCache: block {} has {} references", i, blocks_[i].ref);

@@ -6,6 +6,12 @@
 // With a host tier (KvStore, set_store) an evicted hashed block is offered to the host tier
 // (a writeback op) and a prefix lookup that runs out of device blocks continues in the host
 // tier (load ops into fresh device blocks); the ops go into the step plan (take_ops).
+// Attention data parallelism (--data-parallel-size D): the block ids are D equal partitions of
+// consecutive ids, group g = [g * group_blocks(), (g + 1) * group_blocks()), one per DP group's
+// KV pools (each rank's pool holds group_blocks() blocks; the runner subtracts the group's first
+// id). A sequence takes all its blocks from one group — the group of its first block, or the
+// group passed in for an empty table — and prefix hashes are seeded per group, so a lookup only
+// finds blocks that its group's ranks hold. With one group everything is as without DP.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -19,22 +25,34 @@ namespace ts {
 
 class KvCache {
  public:
-  KvCache(int64_t num_blocks, int block_size, bool enable_prefix_cache);
+  // groups: DP groups (num_blocks must be a multiple of it).
+  KvCache(int64_t num_blocks, int block_size, bool enable_prefix_cache, int groups = 1);
 
   int block_size() const { return block_size_; }
   int64_t num_blocks() const { return int64_t(blocks_.size()); }
-  // Blocks that can be handed out now (free + cached-but-unreferenced).
-  int64_t available_blocks() const { return int64_t(free_.size() + lru_.size()); }
+  int groups() const { return int(parts_.size()); }
+  int64_t group_blocks() const { return num_blocks() / groups(); }  // the most one sequence can hold
+  int group_of(int32_t block) const { return int(block / group_blocks()); }
+  // Blocks that can be handed out now (free + cached-but-unreferenced), in all groups or in one.
+  int64_t available_blocks() const;
+  int64_t available_blocks(int group) const {
+    return int64_t(parts_[size_t(group)].free.size() + parts_[size_t(group)].lru.size());
+  }
+  // The group an admission should use for `tokens` (at most max_tokens of them): the one with
+  // the longest cached prefix, ties to the most available blocks, then the lowest index. Takes
+  // no reference; 0 with one group.
+  int pick_group(const int32_t* tokens, int max_tokens) const;
   int64_t used_blocks() const { return num_blocks() - available_blocks(); }
   bool prefix_cache_enabled() const { return prefix_; }
 
   // Looks up the longest cached run of full blocks for `tokens` (at most `max_tokens` tokens),
   // takes a reference on each, appends them to `table` (which must be empty) and their hashes
-  // to `hashes`. Returns the number of tokens covered.
-  int match_prefix(const int32_t* tokens, int max_tokens, std::vector<int32_t>& table, std::vector<uint64_t>& hashes);
-  // Grows `table` to cover `num_tokens` tokens. Returns false (and changes nothing) when the
-  // pool cannot supply the blocks.
-  bool ensure(std::vector<int32_t>& table, int64_t num_tokens);
+  // to `hashes`. Returns the number of tokens covered. group: the DP group (see above).
+  int match_prefix(const int32_t* tokens, int max_tokens, std::vector<int32_t>& table, std::vector<uint64_t>& hashes,
+                   int group = 0);
+  // Grows `table` to cover `num_tokens` tokens (blocks of the table's group; an empty table:
+  // of `group`). Returns false (and changes nothing) when the group cannot supply the blocks.
+  bool ensure(std::vector<int32_t>& table, int64_t num_tokens, int group = 0);
   int64_t blocks_needed(const std::vector<int32_t>& table, int64_t num_tokens) const;
   // Registers the hashes of blocks that became full with computed tokens [0, computed).
   void commit(const int32_t* tokens, int64_t computed, const std::vector<int32_t>& table, std::vector<uint64_t>& hashes);
@@ -86,15 +104,22 @@ class KvCache {
     std::list<int32_t>::iterator lru_it;
     bool in_lru = false;
   };
-  int32_t take_block();
+  int32_t take_block(int group);
   void unref(int32_t id);
+  // The hash chain's seed of a group's sequences (0 for group 0: hashes as without DP).
+  static uint64_t group_seed(int group) { return group == 0 ? 0 : 0x9E3779B97F4A7C15ull * uint64_t(group); }
+  // Tokens of the longest run of full blocks of `tokens` cached in the device tier of `group`.
+  int cached_tokens(const int32_t* tokens, int max_tokens, int group) const;
   void index_block(int32_t id, uint64_t h, size_t pos, const int32_t* block_tokens, const std::vector<uint64_t>& hashes);
 
   int block_size_;
   bool prefix_;
   std::vector<Block> blocks_;
-  std::vector<int32_t> free_;
-  std::list<int32_t> lru_;  // front = least recently used
+  struct Part {
+    std::vector<int32_t> free;
+    std::list<int32_t> lru;  // front = least recently used
+  };
+  std::vector<Part> parts_;  // per DP group
   std::unordered_map<uint64_t, int32_t> by_hash_;
   KvStore* store_ = nullptr;
   // Tokens of each hashed block (block id * block_size), kept for host-tier writebacks' and

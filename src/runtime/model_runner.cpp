@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "core/device_memory.h"
 #include "ops/lm_head.h"
@@ -105,12 +106,13 @@ void BatchBuilder::build(const std::vector<SeqChunk>& chunks, int bs, Device dev
         lrows[nl++] = t;
       ids[t] = c.tokens[i];
       pos[t] = p;
-      slots[t] = table[size_t(p / bs)] * bs + p % bs;
+      slots[t] = (table[size_t(p / bs)] - block_base_) * bs + p % bs;
     }
     cu[b + 1] = t;
     kvl[b] = end;
     sslots[b] = c.state_slot;
-    std::copy(table.begin(), table.end(), tab + size_t(b) * size_t(W));
+    int32_t* row = tab + size_t(b) * size_t(W);
+    for (size_t j = 0; j < table.size(); ++j) row[j] = table[j] - block_base_;
     max_q = std::max(max_q, c.num_tokens);
     max_kv = std::max(max_kv, end);
   }
@@ -183,6 +185,17 @@ void ModelRunner::attach_tp(std::shared_ptr<TpWorkers> workers, std::vector<std:
   }
   tp_ = std::move(workers);
   peers_ = std::move(peers);
+  const parallel::Mapping& m = model_->mapping();
+  if (m.attn_dp > 1) {
+    TS_CHECK(m.nnodes == 1 && tp_->size() == m.world, "attention data parallelism runs on one node (a world of {} "
+             "ranks, {} here)", m.world, tp_->size());
+    dp_groups_ = m.attn_dp;
+    dp_attn_tp_ = m.attn_tp;
+    for (int r = 0; r < tp_->size(); ++r) {
+      ModelRunner* p = peer(r);
+      p->builder_.set_block_base(int32_t(p->model().mapping().attn_dp_rank * num_blocks()));
+    }
+  }
 }
 
 int ModelRunner::tp_size() const { return tp_ ? tp_->size() : 1; }
@@ -277,6 +290,7 @@ Tensor ModelRunner::aux_buffer(int64_t rows) {
 const Tensor& ModelRunner::run(const std::vector<SeqChunk>& chunks, bool capture_aux, bool host_logits) {
   if (channel_) channel_->send_step(chunks, capture_aux);  // the worker nodes run the same step
   if (!tp_) return run_local(chunks, capture_aux, host_logits);
+  if (dp_groups_ > 1) return run_dp(chunks, capture_aux);
   // All ranks run the same step; only rank 0's logits are returned (all ranks hold them).
   tp_->run([&](int r) {
     if (r == 0) run_local(chunks, capture_aux, host_logits);
@@ -302,6 +316,52 @@ const Tensor& ModelRunner::run_local(const std::vector<SeqChunk>& chunks, bool c
     logits_ = model_->forward(batch_, kv_);
   }
   if (host_logits && logits_.device != Device::cpu) logits_ = to_host(logits_);
+  return logits_;
+}
+
+const Tensor& ModelRunner::run_dp(const std::vector<SeqChunk>& chunks, bool capture_aux) {
+  auto group_of = [&](const SeqChunk& c) {
+    TS_CHECK(c.block_table && !c.block_table->empty(), "data parallel step: a chunk without blocks");
+    const int64_t g = (*c.block_table)[0] / num_blocks();
+    TS_CHECK(g >= 0 && g < dp_groups_, "data parallel step: block {} outside {} groups of {} blocks",
+             (*c.block_table)[0], dp_groups_, num_blocks());
+    return int(g);
+  };
+  tp_->run([&](int r) {
+    ModelRunner& me = *peer(r);
+    const int g = me.model().mapping().attn_dp_rank;
+    me.dp_chunks_.clear();
+    for (const SeqChunk& c : chunks)
+      if (group_of(c) == g) me.dp_chunks_.push_back(c);
+    me.run_local(me.dp_chunks_, capture_aux, true);
+  });
+  // Every chunk's logits rows, in chunk order, from its group's first rank (rows in that
+  // rank's chunk order, which keeps the step's order).
+  auto rows_of = [](const SeqChunk& c) -> int64_t {
+    return c.logits == SeqChunk::Logits::none ? 0 : c.logits == SeqChunk::Logits::last ? 1 : c.num_tokens;
+  };
+  int64_t n = 0;
+  for (const SeqChunk& c : chunks) n += rows_of(c);
+  const int64_t V = model_->config().vocab_size;
+  if (!dp_logits_.data || dp_logits_.size(0) < n)
+    dp_logits_ = Tensor::empty({std::max<int64_t>(n + n / 4, 16), V}, DType::f32, Device::cpu);
+  dp_cursor_.assign(size_t(dp_groups_), 0);
+  int64_t row = 0;
+  for (const SeqChunk& c : chunks) {
+    const int g = group_of(c);
+    const int64_t k = rows_of(c);
+    if (k == 0) continue;
+    const Tensor& src = peer(g * dp_attn_tp_)->logits_;
+    TS_CHECK(src.device == Device::cpu && src.dtype == DType::f32 && src.size(-1) == V && src.is_contiguous(),
+             "data parallel step: group {} logits {} ({})", g, src.shape_str(), dtype_name(src.dtype));
+    const int64_t at = dp_cursor_[size_t(g)];
+    TS_CHECK(at + k <= src.size(0), "data parallel step: group {} returned {} logits rows, needs {}", g, src.size(0),
+             at + k);
+    std::memcpy(dp_logits_.ptr<float>() + row * V, src.ptr<float>() + at * V, size_t(k * V) * sizeof(float));
+    dp_cursor_[size_t(g)] = at + k;
+    row += k;
+  }
+  logits_ = dp_logits_.slice_rows(0, n);
   return logits_;
 }
 

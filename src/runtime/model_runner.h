@@ -47,8 +47,12 @@ class BatchBuilder {
   // i32 elements of one step's metadata buffer for T tokens, S sequences, table width W
   // (device buffers reserved for CUDA graphs must hold the largest bucket's).
   static size_t buffer_elems(size_t T, size_t S, size_t W) { return 4 * T + 3 * S + 1 + S * W; }
+  // Attention data parallelism: the chunks' block ids are global (KvCache's DP partitions); this
+  // rank's pool holds the ids from `base` on, so every id is written as id - base.
+  void set_block_base(int32_t base) { block_base_ = base; }
 
  private:
+  int32_t block_base_ = 0;
   std::vector<int32_t> host_, cu_rows_;
   Tensor dev_, base_;
   std::unique_ptr<StagedUpload> up_;  // CUDA: asynchronous pinned upload
@@ -130,8 +134,15 @@ class ModelRunner {
   // thread); peers[r] (r >= 1, each built on worker r's thread) hold the other shards. run()
   // and enable_graphs() then drive every rank at once (same chunks, each rank building its own
   // batch on its GPU) and return rank 0's results.
+  // Attention data parallelism (the shards' mapping has attn_dp > 1; one node, CPU ranks): every
+  // rank's pool holds num_blocks() blocks of its DP group, the chunks' block ids are global
+  // (KvCache with dp_groups() groups of num_blocks() blocks) and say each chunk's group; run()
+  // gives every rank its group's chunks (a group without any runs a zero-token forward: the MoE
+  // collectives need every rank) and returns the logits of all chunks in chunk order, each from
+  // its group's first rank. last_aux() is rank 0's: group 0's rows only.
   void attach_tp(std::shared_ptr<TpWorkers> workers, std::vector<std::unique_ptr<ModelRunner>> peers);
   int tp_size() const;
+  int dp_groups() const { return dp_groups_; }
   ModelRunner* peer(int rank) { return rank == 0 ? this : peers_.at(size_t(rank)).get(); }
   const std::shared_ptr<TpWorkers>& tp_workers() const { return tp_; }
   // Multi-node, node 0 (node_link.h): every run() first sends its chunks to the worker nodes.
@@ -157,6 +168,11 @@ class ModelRunner {
   std::vector<std::unique_ptr<ModelRunner>> peers_;  // index = rank; [0] empty
   std::shared_ptr<StepChannel> channel_;             // multi-node node 0 (null: one node)
   const Tensor& run_local(const std::vector<SeqChunk>& chunks, bool capture_aux, bool host_logits);
+  const Tensor& run_dp(const std::vector<SeqChunk>& chunks, bool capture_aux);
+  int dp_groups_ = 1, dp_attn_tp_ = 1;
+  std::vector<SeqChunk> dp_chunks_;  // this rank's group's chunks of the step (reused)
+  std::vector<int64_t> dp_cursor_;   // rank 0: next logits row of each group's first rank
+  Tensor dp_logits_;                 // rank 0: host logits of every group, grow-only
   void enable_graphs_local(const GraphOptions& o);
   Tensor to_host(const Tensor& logits);
 };

@@ -25,9 +25,11 @@ void Scheduler::retract_at(size_t idx, StepPlan& plan) {
   ++retractions_;
 }
 
-bool Scheduler::retract_newest(size_t after, StepPlan& plan) {
+bool Scheduler::retract_newest(size_t after, StepPlan& plan, int group) {
   for (size_t j = running_.size(); j-- > after + 1;) {
     if (running_[j]->terminal()) continue;
+    const std::vector<int32_t>& t = running_[j]->block_table;
+    if (group >= 0 && (t.empty() || kv_.group_of(t[0]) != group)) continue;
     retract_at(j, plan);
     return true;
   }
@@ -52,15 +54,20 @@ void Scheduler::plan(StepPlan& plan) {
     int n = opts_.decode_tokens == 1 ? std::max(r.remaining_to_compute(), 1)
                                      : std::min(r.remaining_to_compute(), opts_.decode_tokens);
     int64_t need = int64_t(r.num_computed) + std::max(n, opts_.decode_tokens) + opts_.extra_decode_slots;
+    const int group = kv_.groups() > 1 && !r.block_table.empty() ? kv_.group_of(r.block_table[0]) : -1;
     bool self_retracted = false;
     while (!kv_.ensure(r.block_table, need)) {
-      if (!retract_newest(i, plan)) {  // nothing newer to preempt: r itself waits
+      if (!retract_newest(i, plan, group)) {  // nothing newer to preempt: r itself waits
         retract_at(i, plan);
         self_retracted = true;
         break;
       }
     }
-    if (self_retracted) break;  // r was the newest; everything older is already scheduled
+    if (self_retracted) {
+      if (group < 0) break;  // r was the newest; everything older is already scheduled
+      --i;  // DP: r left running_ (the next request is at i now); other groups' decodes still run
+      continue;
+    }
     out.push_back({&r, n});
     budget -= std::max(n, opts_.decode_tokens);
   }
@@ -90,15 +97,16 @@ void Scheduler::plan(StepPlan& plan) {
     std::shared_ptr<Request> rp = waiting_.front();
     Request& r = *rp;
     int64_t total_need = kv_.blocks_needed({}, int64_t(r.tokens.size()) + opts_.decode_tokens + opts_.extra_decode_slots);
-    if (total_need > kv_.num_blocks()) {
+    if (total_need > kv_.group_blocks()) {
       waiting_.pop_front();
       rejected.push_back(rp);
       continue;
     }
     // Reuse cached full blocks; the last token is always computed (its logits are needed).
-    int cached = kv_.match_prefix(r.tokens.data(), int(r.tokens.size()) - 1, r.block_table, r.block_hashes);
+    const int group = kv_.pick_group(r.tokens.data(), int(r.tokens.size()) - 1);
+    int cached = kv_.match_prefix(r.tokens.data(), int(r.tokens.size()) - 1, r.block_table, r.block_hashes, group);
     int n = std::min(int(r.tokens.size()) - cached, budget);
-    if (!kv_.ensure(r.block_table, cached + n)) {
+    if (!kv_.ensure(r.block_table, cached + n, group)) {
       kv_.release(r.block_table, r.block_hashes);
       break;  // wait for blocks (FIFO: do not let later requests overtake)
     }

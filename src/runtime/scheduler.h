@@ -8,7 +8,11 @@
 //  3. Waiting requests are admitted in FIFO order (prefix matched first) while budget,
 //     `max_num_seqs` and blocks allow. A prompt larger than the budget is chunked.
 // Decodes and prefill chunks share one step (mixed batches); with mixed_prefill_tokens the
-// prefill share of a step that has decodes is capped. Engine-thread only.
+// prefill share of a step that has decodes is capped. Attention data parallelism (a KvCache of
+// several groups): an admission picks the request's group (KvCache::pick_group: longest cached
+// prefix, then most free blocks) and takes every block from it; a decode that runs out of
+// blocks retracts the newest request of its own group (others would free nothing it can use).
+// Engine-thread only.
 #pragma once
 #include <deque>
 #include <memory>
@@ -56,8 +60,9 @@ class Scheduler {
   bool idle() const { return running_.empty() && waiting_.empty(); }
 
  private:
-  // Retracts the newest running request admitted after index `after` (none: returns false).
-  bool retract_newest(size_t after, StepPlan& plan);
+  // Retracts the newest running request admitted after index `after` (none: returns false);
+  // group >= 0: only a request whose blocks are in that DP group.
+  bool retract_newest(size_t after, StepPlan& plan, int group = -1);
   void retract_at(size_t idx, StepPlan& plan);
   void commit(Request& r);
 

@@ -199,3 +199,61 @@ TEST(ParallelLmHead, VocabParallelLogitsEqualTheFullHead) {
     });
   }
 }
+
+// A dense MLP sharded over a group g, run through group_sharded_forward for each attention
+// group's own tokens, equals the full MLP on those tokens in all three nestings: g = the
+// attention group (partial sums: returns true), g inside it (reduced over g), g spanning two
+// attention groups of different token counts (SpanGather; one group may have none).
+TEST(ParallelSpan, ShardedMlpOverAnyNestingEqualsTheFullMlp) {
+  const int64_t H = 16, I = 24;
+  Tensor gate = rand_f32({I, H}, 21), up = rand_f32({I, H}, 22), down = rand_f32({H, I}, 23);
+  Tensor gu_full = stack_rows({gate, up});
+  auto full_mlp = [&](const Tensor& x) {
+    Tensor gu = Tensor::empty({x.rows(), 2 * I}, DType::f32), a = Tensor::empty({x.rows(), I}, DType::f32),
+           y = Tensor::empty({x.rows(), H}, DType::f32);
+    ops::linear(x, gu_full, gu);
+    ops::silu_mul(gu, a);
+    ops::linear(a, down, y);
+    return y;
+  };
+  struct Case {
+    int attn_tp, g_size;
+    std::vector<int64_t> tokens;  // per attention group
+  };
+  for (const Case& cs : {Case{4, 4, {5}}, Case{4, 2, {5}}, Case{2, 4, {5, 3}}, Case{1, 4, {2, 0, 7, 1}},
+                         Case{2, 4, {0, 4}}}) {
+    SCOPED_TRACE(testing::Message() << "attention tp " << cs.attn_tp << ", group " << cs.g_size);
+    std::vector<Tensor> xs, refs;
+    for (size_t a = 0; a < cs.tokens.size(); ++a) {
+      xs.push_back(rand_f32({cs.tokens[a], H}, uint32_t(30 + a)));
+      refs.push_back(full_mlp(xs.back()));
+    }
+    run_ranks(4, [&](int r, Comm& world) {
+      auto attn = world.split(r / cs.attn_tp, r % cs.attn_tp);
+      auto g = world.split(r / cs.g_size, r % cs.g_size);
+      const GateUpShard s = shard_gate_up(I, cs.g_size, g->rank());
+      Tensor w_gu = stack_rows({rows_of(gate, s.gate), rows_of(up, s.gate)}), w_down = cols_of(down, s.gate);
+      auto shard = [&](const Tensor& x, Tensor& y) {
+        Tensor gu = Tensor::empty({x.rows(), 2 * s.gate.count}, DType::f32),
+               a = Tensor::empty({x.rows(), s.gate.count}, DType::f32);
+        ops::linear(x, w_gu, gu);
+        ops::silu_mul(gu, a);
+        ops::linear(a, w_down, y);
+      };
+      const Tensor& x = xs[size_t(r / cs.attn_tp)];
+      Tensor y = Tensor::empty({x.rows(), H}, DType::f32);
+      Workspace ws;
+      SpanGather span;
+      const bool partial = group_sharded_forward(*g, *attn, span, x, y, ws, shard);
+      EXPECT_EQ(partial, cs.g_size == cs.attn_tp);
+      if (partial) attn->all_reduce(y);  // what decoder_forward fuses into the next norm
+      EXPECT_LT(max_abs_diff(y, refs[size_t(r / cs.attn_tp)]), 1e-4f) << "rank " << r;
+      if (cs.g_size > cs.attn_tp) {
+        int64_t all = 0;
+        for (size_t a = size_t(r / cs.g_size * cs.g_size / cs.attn_tp); a < size_t((r / cs.g_size + 1) * cs.g_size / cs.attn_tp); ++a)
+          all += cs.tokens[a];
+        EXPECT_EQ(span.total(), all) << "every token of the group's attention groups, once";
+      }
+    });
+  }
+}

@@ -122,6 +122,56 @@ TEST(KvCache, DoubleReleaseIsCaught) {
   EXPECT_THROW(kv.release(copy, h), Error);
 }
 
+// Attention data parallelism: two groups of two blocks. Tables take blocks of one group only,
+// prefix hashes are per group (a prefix cached in group 0 is not found from group 1), and an
+// admission picks the group holding the prefix, else the one with the most free blocks.
+TEST(KvCache, DataParallelGroupsKeepBlocksAndPrefixesApart) {
+  KvCache kv(4, 2, true, 2);
+  EXPECT_EQ(kv.groups(), 2);
+  EXPECT_EQ(kv.group_blocks(), 2);
+  std::vector<int32_t> toks = {1, 2, 3, 4, 5};
+  std::vector<int32_t> ta;
+  std::vector<uint64_t> ha;
+  EXPECT_EQ(kv.pick_group(toks.data(), 4), 0);  // nothing cached, equal room: the lowest group
+  ASSERT_TRUE(kv.ensure(ta, 4, 0));
+  EXPECT_EQ(kv.group_of(ta[0]), 0);
+  EXPECT_EQ(kv.group_of(ta[1]), 0);
+  EXPECT_FALSE(kv.ensure(ta, 5));  // group 0 is full although group 1 has two free blocks
+  EXPECT_EQ(kv.available_blocks(0), 0);
+  EXPECT_EQ(kv.available_blocks(1), 2);
+  kv.commit(toks.data(), 4, ta, ha);
+  // The prefix lives in group 0 only: group 1 does not find it, pick_group sends it to group 0.
+  std::vector<int32_t> tb;
+  std::vector<uint64_t> hb;
+  EXPECT_EQ(kv.match_prefix(toks.data(), 4, tb, hb, 1), 0);
+  EXPECT_TRUE(tb.empty());
+  EXPECT_EQ(kv.pick_group(toks.data(), 4), 0);
+  EXPECT_EQ(kv.match_prefix(toks.data(), 4, tb, hb, 0), 4);
+  EXPECT_EQ(tb, ta);
+  kv.release(tb, hb);
+  // An unrelated prompt goes to the group with room.
+  std::vector<int32_t> other = {9, 9, 9, 9};
+  EXPECT_EQ(kv.pick_group(other.data(), 4), 1);
+  std::vector<int32_t> tc;
+  ASSERT_TRUE(kv.ensure(tc, 3, 1));
+  EXPECT_EQ(kv.group_of(tc[0]), 1);
+  EXPECT_EQ(kv.group_of(tc[1]), 1);
+  std::vector<uint64_t> hc;
+  kv.commit(other.data(), 3, tc, hc);  // hashed with group 1's seed
+  kv.release(tc, hc);
+  kv.release(ta, ha);
+  kv.check();
+  // Cached in both groups now: each group finds only its own prefix.
+  std::vector<int32_t> td;
+  std::vector<uint64_t> hd;
+  EXPECT_EQ(kv.match_prefix(other.data(), 2, td, hd, 0), 0);
+  EXPECT_EQ(kv.match_prefix(other.data(), 2, td, hd, 1), 2);
+  EXPECT_EQ(kv.group_of(td[0]), 1);
+  kv.release(td, hd);
+  kv.check();
+  EXPECT_EQ(kv.available_blocks(), 4);
+}
+
 // --- Scheduler ----------------------------------------------------------------------------
 
 std::shared_ptr<Request> make_req(int64_t id, std::vector<int32_t> prompt, int max_tokens) {
@@ -244,6 +294,51 @@ TEST(Scheduler, RetractsTheNewestWhenBlocksRunOutAndRejectsTheImpossible) {
   EXPECT_EQ(s.waiting().front()->id, 2);
 }
 
+// Two DP groups: requests spread over both, every table stays in one group, and a decode short
+// of blocks retracts the newest request of its own group — not the newest overall, whose blocks
+// would not help — then the other group's decodes of the same step still run.
+TEST(Scheduler, DataParallelSpreadsRequestsAndRetractsWithinTheGroup) {
+  KvCache kv(8, 4, false, 2);  // two groups of 4 blocks (16 tokens each)
+  SchedulerOptions so;
+  so.token_budget = 64;
+  Scheduler s(kv, so);
+  s.add(make_req(1, std::vector<int32_t>(11, 1), 40));  // 3 blocks: group 0
+  s.add(make_req(2, std::vector<int32_t>(3, 2), 40));   // group 1 (4 free vs 1)
+  s.add(make_req(3, std::vector<int32_t>(3, 3), 40));   // group 1 (3 free vs 1)
+  s.add(make_req(4, std::vector<int32_t>(20, 4), 1));   // more than one group's 16 tokens: rejected
+  StepPlan p;
+  std::mt19937 rng(2);
+  s.plan(p);
+  apply_plan_transitions(p);
+  ASSERT_EQ(p.rejected.size(), 1u);
+  EXPECT_EQ(p.rejected[0]->id, 4);
+  ASSERT_EQ(s.running().size(), 3u);
+  auto group = [&](const Request& r) { return kv.group_of(r.block_table[0]); };
+  EXPECT_EQ(group(*s.running()[0]), 0);
+  EXPECT_EQ(group(*s.running()[1]), 1);
+  EXPECT_EQ(group(*s.running()[2]), 1);
+  fake_apply(p, kv, rng);
+  std::vector<int64_t> retracted, planned;
+  for (int step = 0; step < 12 && retracted.empty(); ++step) {
+    s.plan(p);
+    apply_plan_transitions(p);
+    for (Request* r : p.retracted) retracted.push_back(r->id);
+    planned.clear();
+    for (auto& c : p.chunks) planned.push_back(c.req->id);
+    for (auto& r : s.running())
+      for (int32_t b : r->block_table) EXPECT_EQ(kv.group_of(b), group(*r)) << "request " << r->id;
+    fake_apply(p, kv, rng);
+    s.reap();
+  }
+  // Both groups run dry in the same step (request 1 at 17 tokens, requests 2 and 3 at 9 each):
+  // request 1 has no newer request in group 0 and waits itself (retracting 3 and 2 of group 1
+  // would free nothing it can use); request 2 then takes the blocks of group 1's newest, 3.
+  EXPECT_EQ(retracted, (std::vector<int64_t>{1, 3}));
+  ASSERT_FALSE(planned.empty());
+  EXPECT_EQ(planned[0], 2) << "group 1's decode runs in the step group 0 retracted in";
+  kv.check();
+}
+
 // --- The randomized simulation --------------------------------------------------------------
 
 struct SimConfig {
@@ -251,10 +346,11 @@ struct SimConfig {
   int block_size, budget, max_seqs, decode_tokens, extra_slots;
   bool prefix;
   uint32_t seed;
+  int groups = 1;  // attention DP groups (blocks split evenly)
 };
 
 void simulate(const SimConfig& cfg) {
-  KvCache kv(cfg.blocks, cfg.block_size, cfg.prefix);
+  KvCache kv(cfg.blocks, cfg.block_size, cfg.prefix, cfg.groups);
   SchedulerOptions so;
   so.token_budget = cfg.budget;
   so.max_num_seqs = cfg.max_seqs;
@@ -269,7 +365,7 @@ void simulate(const SimConfig& cfg) {
     for (auto& t : p) t = int32_t(rng() % 50);
     prefixes.push_back(p);
   }
-  const int64_t pool_tokens = cfg.blocks * cfg.block_size;
+  const int64_t pool_tokens = cfg.blocks / cfg.groups * cfg.block_size;  // what one request can hold
   std::vector<std::shared_ptr<Request>> all;
   int64_t next_id = 1, finished = 0, aborted = 0, rejected = 0, cached = 0;
   const int arrivals = 3000;
@@ -332,7 +428,10 @@ void simulate(const SimConfig& cfg) {
     kv.check();
     std::set<int32_t> live;
     for (auto& r : s.running())
-      for (int32_t b : r->block_table) live.insert(b);
+      for (int32_t b : r->block_table) {
+        live.insert(b);
+        ASSERT_EQ(kv.group_of(b), kv.group_of(r->block_table[0])) << "request " << r->id << " spans DP groups";
+      }
     for (auto& r : s.waiting()) ASSERT_TRUE(r->block_table.empty()) << "waiting request " << r->id << " holds blocks";
     ASSERT_EQ(int64_t(live.size()), kv.used_blocks()) << "step " << steps;
     ASSERT_LE(int(s.running().size()), cfg.max_seqs);
@@ -408,6 +507,7 @@ TEST(SchedulerHostTime, PlanAndApplyAt64And160Running) {
 TEST(SchedulerSimulation, PlainDecodeTinyPool) { simulate({24, 4, 32, 16, 1, 0, true, 11}); }
 TEST(SchedulerSimulation, SpeculativeWidthAndLookahead) { simulate({32, 4, 48, 12, 4, 1, true, 12}); }
 TEST(SchedulerSimulation, NoPrefixCacheOneBlockSeqs) { simulate({20, 8, 16, 32, 1, 0, false, 13}); }
+TEST(SchedulerSimulation, DataParallelTwoGroups) { simulate({48, 4, 32, 16, 1, 0, true, 14, 2}); }
 
 }  // namespace
 }  // namespace ts
