@@ -5,7 +5,10 @@
 //     the front of the waiting queue, to be recomputed later).
 //  2. Running requests in the middle of a chunked prefill continue.
 //  3. Waiting requests are admitted in FIFO order (prefix matched first) while budget,
-//     `max_num_seqs` and blocks allow. A prompt larger than the budget is chunked.
+//     `max_num_seqs` and blocks allow. A prompt larger than the budget is chunked. A request
+//     whose prefix comes back from the host tier (KvStore) is admitted with its blocks but
+//     runs its first chunk only in a plan after its load batch completed (staged loads: the
+//     other requests' rows run meanwhile; KvCache::loaded, an event query, never a wait).
 // Decodes and prefill chunks share one step (mixed batches); with mixed_prefill_tokens the
 // prefill share of a step that has decodes is capped. Engine-thread only.
 #pragma once
@@ -45,7 +48,9 @@ class Scheduler {
   std::vector<std::shared_ptr<Request>>& running() { return running_; }
   std::deque<std::shared_ptr<Request>>& waiting() { return waiting_; }
   int64_t retractions() const { return retractions_; }
-  bool idle() const { return running_.empty() && waiting_.empty(); }
+  // Nothing to run and no host-tier load in flight (a load whose request is gone still holds
+  // its blocks: planning goes on until it has been polled complete and they are back).
+  bool idle() const { return running_.empty() && waiting_.empty() && kv_.loads_in_flight() == 0; }
 
  private:
   // Retracts the newest running request admitted after index `after` (none: returns false).

@@ -52,9 +52,12 @@ struct StepPlan {
   // the blocks retractions gave back).
   int64_t blocks_allocated = 0;
   // Host-tier copies (KvStore): evicted cached blocks written back, host prefix hits loaded into
-  // the device blocks this plan's admissions hold. The engine runs them (KvStore::execute)
-  // before the forward, also when the plan has no rows.
+  // the device blocks this plan's admissions hold. The engine issues them (KvStore::execute)
+  // before the forward, also when the plan has no rows; the loads complete asynchronously.
   KvBlockOps kv_ops;
+  // Admitted requests whose prefix blocks are still being loaded from the host tier (running,
+  // holding their blocks, but no row in this plan): the rows above ran beside their loads.
+  int kv_loading = 0;
   bool empty() const { return chunks.empty(); }
   void clear() {
     chunks.clear();
@@ -63,6 +66,7 @@ struct StepPlan {
     retracted.clear();
     blocks_allocated = 0;
     kv_ops.clear();
+    kv_loading = 0;
   }
 };
 
