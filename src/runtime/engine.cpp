@@ -449,14 +449,18 @@ void EngineImpl::start_kvstore(const EngineOptions& o) {
   if (spec) store->attach(spec->draft_kv(), 0);
   if (ranks > 1) store->set_rank_runner([w = runner->tp_workers()](const std::function<void(int)>& fn) { w->run(fn); });
   store->set_load_delay_polls(o.kvstore_test_load_delay_polls);
+  TS_CHECK(o.kvstore_write_policy == "write_through" || o.kvstore_write_policy == "write_back",
+           "--kvstore-write-policy: write_through or write_back (got {})", o.kvstore_write_policy);
+  store->set_write_through(o.kvstore_write_policy == "write_through");
   kv->set_store(store.get());
   int64_t want = o.kvstore_size_gb > 0 ? int64_t(o.kvstore_size_gb * double(1ull << 30) / double(per_block))
                                        : int64_t(o.kvstore_ratio * double(kv->num_blocks()));
-  spdlog::info("kvstore: host KV tier {} blocks x {} tokens ({:.1f} MiB{}, {:.2f}x the device pool{}); {:.1f} GiB host "
-               "memory available",
+  spdlog::info("kvstore: host KV tier {} blocks x {} tokens ({:.1f} MiB{}, {:.2f}x the device pool{}, {}); {:.1f} GiB "
+               "host memory available",
                n, kv->block_size(), double(store->host_bytes()) / (1 << 20),
                ranks > 1 ? fmt::format(", {} rank shards", ranks) : std::string(), double(n) / double(kv->num_blocks()),
-               n < want ? ", capped at half the available memory" : "", double(avail) / double(1ull << 30));
+               n < want ? ", capped at half the available memory" : "", o.kvstore_write_policy,
+               double(avail) / double(1ull << 30));
 }
 
 void EngineImpl::publish_kv_events() {
@@ -770,10 +774,12 @@ void EngineImpl::step_overlap() {
   sched->plan(plan);
   apply_plan(plan);
   if (store && !plan.kv_ops.empty()) {
-    // Host-tier copies read and write device blocks: they are issued once the step in flight
-    // is done (its writes land first, as in the simple loop; a block it wrote may be one a
-    // load now fills), before this plan is launched. The loads then run beside the steps.
-    if (inflight_ >= 0) thread_steps_->wait(inflight_);
+    // Evictions' writebacks and loads touch device blocks the step in flight may still write
+    // (a block freed by an abort meanwhile): they are issued once it is done (its writes land
+    // first, as in the simple loop), before this plan is launched; the loads then run beside
+    // the steps. Write-throughs read committed blocks, which no step writes: no wait, except
+    // under TP, where the copies are issued on the ranks' threads, busy with the step in flight.
+    if (inflight_ >= 0 && (plan.kv_ops.needs_drain() || store->ranks() > 1)) thread_steps_->wait(inflight_);
     store->execute(plan.kv_ops);
   }
   publish_kv_events();

@@ -141,6 +141,9 @@ struct EngineOptions {
   bool disable_kvstore = false;
   double kvstore_ratio = 2.0;
   double kvstore_size_gb = 0;
+  // When a device block reaches the host tier: "write_through" (once computed, in the
+  // background) or "write_back" (when the device LRU evicts it; the step waits for the copy).
+  std::string kvstore_write_policy = "write_through";
   // Tests only (no flag): host-tier loads complete only after this many more plans, and on the
   // CPU backend their copies land only then (KvStore::set_load_delay_polls), so the staged
   // "admitted, still loading" state is exercised.

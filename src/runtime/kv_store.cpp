@@ -64,6 +64,15 @@ void KvStore::for_ranks(const std::function<void(int)>& fn) {
 }
 
 void KvStore::begin_plan() {
+#ifdef TS_WITH_CUDA
+  // Writebacks: the last round's event reached on every rank means every round has (FIFO).
+  if (device_ == Device::cuda && wb_done_ < wb_issued_) {
+    bool done = true;
+    for (const Rank& k : ranks_)
+      if (k.ev_wb && !cuda::event_query(k.ev_wb)) done = false;
+    if (done) wb_done_ = wb_issued_;
+  }
+#endif
   // Batches complete in seq order (one load stream per rank, FIFO); an unissued one (taken,
   // execute() not called yet) stops the walk.
   while (!batches_.empty() && batches_.front().issued && complete(batches_.front())) {
@@ -143,35 +152,80 @@ int32_t KvStore::victim() {
   return -1;
 }
 
-void KvStore::offer(int32_t device_block, uint64_t hash, uint64_t parent, bool has_parent, const int32_t* tokens) {
-  auto it = by_hash_.find(hash);
-  if (it != by_hash_.end()) {  // already held (written back before, or loaded from here): no copy
-    lru_.splice(lru_.end(), lru_, blocks_[size_t(it->second)].lru_it);
-    ++stats_.writeback_skipped;
-    return;
-  }
+int32_t KvStore::store_block(uint64_t hash, uint64_t parent, bool has_parent, const int32_t* tokens) {
   int32_t id = victim();
   if (id < 0) {
     ++stats_.dropped_blocks;
-    return;
+    return -1;
   }
   Block& b = blocks_[size_t(id)];
   b.hash = hash;
   b.hashed = true;
+  b.wb_seq = wb_issued_ + 1;  // the round the next execute() issues
+  b.through_dev = -1;
+  ++b.gen;  // a deferred write-through into its previous content is void
   b.lru_it = lru_.insert(lru_.end(), id);
   by_hash_.emplace(hash, id);
-  ops_.writeback.push_back({device_block, id});
   ++stats_.writeback_blocks;
   if (events_) {
     KvCacheEvent ev{KvCacheEvent::Kind::stored, KvCacheEvent::Medium::cpu, hash, parent, has_parent, {}};
     if (tokens) ev.tokens.assign(tokens, tokens + block_size_);
     events_->push_back(std::move(ev));
   }
+  return id;
+}
+
+void KvStore::offer(int32_t device_block, uint64_t hash, uint64_t parent, bool has_parent, const int32_t* tokens) {
+  auto it = by_hash_.find(hash);
+  if (it != by_hash_.end()) {  // already held (written back before, or loaded from here): no copy
+    Block& b = blocks_[size_t(it->second)];
+    lru_.splice(lru_.end(), lru_, b.lru_it);
+    if (b.through_dev == device_block) {
+      // Its write-through is still deferred: copy it now, as the writeback of this eviction
+      // (issued before the forward that reuses the block, after the step in flight).
+      b.through_dev = -1;
+      ++b.gen;
+      b.wb_seq = wb_issued_ + 1;
+      ops_.writeback.push_back({device_block, it->second});
+      return;
+    }
+    ++stats_.writeback_skipped;
+    // Written through from this device block, maybe still copying: the forward that
+    // overwrites the block must wait for that round.
+    if (b.wb_seq > wb_done_) ops_.wait_writebacks = true;
+    return;
+  }
+  int32_t id = store_block(hash, parent, has_parent, tokens);
+  if (id >= 0) ops_.writeback.push_back({device_block, id});
+}
+
+void KvStore::offer_through(int32_t device_block, uint64_t hash, uint64_t parent, bool has_parent,
+                            const int32_t* tokens) {
+  auto it = by_hash_.find(hash);
+  if (it != by_hash_.end()) {  // held (e.g. the block was loaded from here): the copy is there
+    lru_.splice(lru_.end(), lru_, blocks_[size_t(it->second)].lru_it);
+    return;
+  }
+  int32_t id = store_block(hash, parent, has_parent, tokens);
+  if (id < 0) return;
+  blocks_[size_t(id)].through_dev = device_block;
+  fresh_.push_back({device_block, id, blocks_[size_t(id)].gen});
+  ++stats_.through_blocks;
 }
 
 void KvStore::take_ops(KvBlockOps& out) {
   out.clear();
   std::swap(out, ops_);
+  // Write-throughs committed before the previous take_ops: their steps have completed.
+  for (const Through& t : aged_) {
+    Block& b = blocks_[size_t(t.host)];
+    if (b.gen != t.gen || b.through_dev != t.dev) continue;  // reassigned, or already copied
+    b.through_dev = -1;
+    b.wb_seq = wb_issued_ + 1;
+    out.through.push_back({t.dev, t.host});
+  }
+  aged_.clear();
+  std::swap(aged_, fresh_);
   if (out.load.empty()) return;
   // The batch: a retired one's storage when there is one (its vectors and events are reused).
   if (spare_.empty()) {
@@ -259,18 +313,22 @@ void KvStore::issue_rank(int r, const KvBlockOps& ops, Batch* b) {
     // Both kinds start after the compute work already enqueued on this GPU (the evicted blocks'
     // K/V is written; a block a load fills is no longer read or written by it).
     cuda::event_record_on(k.ev_compute, nullptr);
-    if (!ops.writeback.empty()) {
-      // The next forward overwrites the evicted blocks: it waits for their writeback.
+    if (!ops.writeback.empty() || !ops.through.empty()) {
       cuda::stream_wait_event(k.wb_stream, k.ev_compute);
       copy(k, ops.writeback, true, k.wb_stream);
+      copy(k, ops.through, true, k.wb_stream);
       cuda::event_record_on(k.ev_wb, k.wb_stream);
-      cuda::stream_wait_event(nullptr, k.ev_wb);
     }
+    // The next forward overwrites the evicted blocks: it waits for their writeback (this
+    // round's, or an earlier write-through's; the stream is FIFO, ev_wb marks its last round).
+    // Write-throughs alone are waited for by nobody.
+    if (!ops.writeback.empty() || ops.wait_writebacks) cuda::stream_wait_event(nullptr, k.ev_wb);
     if (b) {
-      // A load may fill a block this plan's writebacks read: after them. Nobody waits on the
-      // host; the scheduler polls b's end events.
+      // A load may fill a block a writeback reads, or read a host block a writeback fills:
+      // after every round issued so far. Nobody waits on the host; the scheduler polls b's
+      // end events.
       cuda::stream_wait_event(k.ld_stream, k.ev_compute);
-      if (!ops.writeback.empty()) cuda::stream_wait_event(k.ld_stream, k.ev_wb);
+      if (wb_issued_ > 0) cuda::stream_wait_event(k.ld_stream, k.ev_wb);
       if (!b->start[size_t(r)]) {
         b->start[size_t(r)] = cuda::event_create_timed();
         b->end[size_t(r)] = cuda::event_create_timed();
@@ -283,6 +341,7 @@ void KvStore::issue_rank(int r, const KvBlockOps& ops, Batch* b) {
   }
 #endif
   copy(k, ops.writeback, true, nullptr);
+  copy(k, ops.through, true, nullptr);
   if (b && delay_polls_ == 0) copy(k, ops.load, false, nullptr);
 }
 
@@ -302,13 +361,17 @@ void KvStore::execute(const KvBlockOps& ops) {
     ++stats_.load_batches;
     stats_.bytes_loaded += int64_t(ops.load.size() * bytes_per_block_);
   }
-  stats_.bytes_written += int64_t(ops.writeback.size() * bytes_per_block_);
+  stats_.bytes_written += int64_t((ops.writeback.size() + ops.through.size()) * bytes_per_block_);
+  const bool round = !ops.writeback.empty() || !ops.through.empty();
+  if (round) ++wb_issued_;  // the round store_block() numbered its blocks with
   if (ranks_.empty()) {  // bookkeeping only (tests without pools): nothing to copy
     if (b) b->landed = true;
+    wb_done_ = wb_issued_;
     return;
   }
   auto t0 = std::chrono::steady_clock::now();
   for_ranks([&](int r) { issue_rank(r, ops, b); });
+  if (device_ != Device::cuda) wb_done_ = wb_issued_;  // memcpys: done
   if (b && device_ != Device::cuda && delay_polls_ == 0) {
     // CPU: the copies ran here (writebacks included: they come first and are small next to
     // the loads they make room for).

@@ -5,7 +5,13 @@
 //   writeback  device block -> host block: a hashed device block the device LRU evicts (its
 //              hash is not in the host tier yet; if it is, the host copy is only touched);
 //   load       host block -> device block: a prefix hit in the host tier, loaded into a fresh
-//              device block.
+//              device block;
+//   through    (write-through policy, --kvstore-write-policy write_through) device -> host
+//              shortly after a block is committed (full and hashed), in the background while
+//              its request runs, so evicting it later costs no copy on the critical path. A
+//              commit may name positions the step in flight still computes (overlap loop), so
+//              a write-through is issued only at the second take_ops after its commit; a block
+//              evicted before then has it turned into an ordinary writeback.
 // The host tier is inclusive (a loaded block stays in host memory) and has its own LRU.
 //
 // Staged loads: the loads of one plan are a batch numbered `seq` (plan order). They are issued
@@ -44,14 +50,23 @@ struct KvBlockOp {
 };
 
 // The ops of one plan, issued in this order before its forward: every writeback (reads device
-// blocks being reused by this plan; done before the forward), then every load (writes device
-// blocks; asynchronous, after the writebacks).
+// blocks being reused by this plan; done before the forward), every write-through (blocks that
+// were just committed, copied in the background: nothing waits for them), then every load
+// (writes device blocks; asynchronous, after the writebacks).
 struct KvBlockOps {
-  std::vector<KvBlockOp> writeback, load;
-  bool empty() const { return writeback.empty() && load.empty(); }
+  std::vector<KvBlockOp> writeback, through, load;
+  // This plan reuses a device block whose write-through may still be copying: its forward
+  // waits for the writebacks issued so far.
+  bool wait_writebacks = false;
+  bool empty() const { return writeback.empty() && through.empty() && load.empty() && !wait_writebacks; }
+  // Whether the ops touch device blocks a step still in flight may write (overlap loop: issue
+  // them after it): evicted blocks' writebacks and loads into fresh blocks.
+  bool needs_drain() const { return !writeback.empty() || !load.empty(); }
   void clear() {
     writeback.clear();
+    through.clear();
     load.clear();
+    wait_writebacks = false;
   }
 };
 
@@ -66,7 +81,8 @@ struct KvCacheEvent {
 
 struct KvStoreStats {
   int64_t hit_blocks = 0;        // prefix blocks found in the host tier (loaded back)
-  int64_t writeback_blocks = 0;  // device blocks copied to the host tier
+  int64_t writeback_blocks = 0;  // device blocks copied to the host tier (at eviction or written through)
+  int64_t through_blocks = 0;    // of those, written through when committed
   int64_t writeback_skipped = 0; // evicted device blocks whose hash the host tier already held
   int64_t dropped_blocks = 0;    // evicted blocks the host tier had no room for (all pinned)
   int64_t evicted_blocks = 0;    // host blocks reused for another hash
@@ -102,6 +118,11 @@ class KvStore {
   // least recently used one that no load reads), or only touches the host copy when the hash
   // is already held. parent/tokens are for the cache events.
   void offer(int32_t device_block, uint64_t hash, uint64_t parent, bool has_parent, const int32_t* tokens);
+  // Write-through: device block `device_block` was just committed with `hash`; unless the host
+  // tier holds it already, queue its background copy into a host block.
+  void set_write_through(bool on) { write_through_ = on; }
+  bool write_through() const { return write_through_; }
+  void offer_through(int32_t device_block, uint64_t hash, uint64_t parent, bool has_parent, const int32_t* tokens);
   // A load of host block `host` into device block `dev`, queued for this plan (batch plan_seq()).
   void queue_load(int32_t host, int32_t dev) { ops_.load.push_back({dev, host}); }
   // The batch number this plan's loads complete under (> every earlier batch's).
@@ -156,7 +177,14 @@ class KvStore {
     bool hashed = false;
     uint32_t pin_epoch = 0;  // == epoch_: read by this plan's loads
     int32_t pins = 0;        // load batches in flight that read it
+    uint64_t wb_seq = 0;     // the writeback issue that fills it (> wb_done_: maybe still copying)
+    int32_t through_dev = -1;  // a deferred write-through from this device block, not issued yet
+    uint32_t gen = 0;          // bumped when the block is reassigned or its deferred copy moves
     std::list<int32_t>::iterator lru_it;
+  };
+  struct Through {  // a deferred write-through; void unless blocks_[host].gen == gen
+    int32_t dev, host;
+    uint32_t gen;
   };
   struct Mirror {
     Tensor dev;                 // the device tensor [num_blocks, ...]
@@ -179,6 +207,8 @@ class KvStore {
     std::vector<void*> start, end;
   };
   int32_t victim();
+  // Indexes `hash` in a victim host block and reports it (-1: no room); the caller queues the copy.
+  int32_t store_block(uint64_t hash, uint64_t parent, bool has_parent, const int32_t* tokens);
   void for_ranks(const std::function<void(int)>& fn);
   void copy(Rank& k, const std::vector<KvBlockOp>& v, bool to_host, void* stream);
   void issue_rank(int r, const KvBlockOps& ops, Batch* b);
@@ -195,6 +225,13 @@ class KvStore {
   std::deque<Batch> batches_;  // taken, in seq order; issued ones first
   std::vector<Batch> spare_;   // retired batches (their vectors and events are reused)
   uint64_t next_seq_ = 1, done_seq_ = 0;
+  // Writebacks (eviction + through) are issued in numbered rounds on one stream per rank;
+  // wb_done_: every round up to it has completed (a poll of the last round's event).
+  uint64_t wb_issued_ = 0, wb_done_ = 0;
+  bool write_through_ = false;
+  // Deferred write-throughs: committed since the last take_ops (fresh_), and since the one
+  // before (aged_: issued by the next take_ops).
+  std::vector<Through> fresh_, aged_;
   std::vector<int32_t> retired_;
   int delay_polls_ = 0;
   std::vector<Rank> ranks_;

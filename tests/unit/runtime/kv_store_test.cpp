@@ -142,6 +142,62 @@ TEST(KvStoreTiers, HostLruDropsTheOldestAndNeverReusesABlockThisPlanLoads) {
   store.check();
 }
 
+// Write-through: a committed block is copied to the host tier in the background (a copy
+// nobody waits for) at the second plan after its commit (the step in flight may still write
+// it), so evicting it later needs no copy. Evicted before then, the copy becomes the eviction's
+// writeback; evicted while its copy may still run, the forward waits (wait_writebacks).
+TEST(KvStoreTiers, WriteThroughCopiesCommittedBlocksSoEvictionsNeedNoCopy) {
+  KvCache kv(4, 4, true);
+  KvStore store(16, 4);
+  store.set_write_through(true);
+  kv.set_store(&store);
+  KvBlockOps ops, ops2;
+  auto plan = [&](const std::vector<int32_t>* s, bool execute = true) {
+    kv.begin_plan();
+    if (s) run_seq(kv, *s);
+    kv.take_ops(ops);
+    if (execute) store.execute(ops);
+  };
+  auto a = seq(12, 100), b = seq(16, 500), c = seq(16, 900), d = seq(16, 1300);
+  plan(&a);  // 3 committed blocks: their write-throughs wait one plan
+  EXPECT_TRUE(ops.through.empty());
+  plan(nullptr);
+  EXPECT_EQ(ops.through.size(), 3u);
+  EXPECT_TRUE(ops.writeback.empty());
+  EXPECT_FALSE(ops.wait_writebacks);
+  EXPECT_FALSE(ops.needs_drain());
+  plan(&b);  // evicts a's 3 blocks: the host holds them already, their copy is done
+  EXPECT_TRUE(ops.writeback.empty());
+  EXPECT_FALSE(ops.wait_writebacks);
+  EXPECT_EQ(store.stats().writeback_skipped, 3);
+  plan(&c);  // evicts b's 4 blocks before their write-through: they are written back now
+  EXPECT_EQ(ops.writeback.size(), 4u);
+  EXPECT_TRUE(ops.through.empty());  // b's deferred copies were void
+  EXPECT_TRUE(ops.needs_drain());
+  plan(nullptr, false);  // c's write-throughs are issued (not executed yet) ...
+  EXPECT_EQ(ops.through.size(), 4u);
+  kv.begin_plan();
+  run_seq(kv, d);  // ... when d evicts c's blocks: its forward waits for the writebacks
+  kv.take_ops(ops2);
+  EXPECT_TRUE(ops2.wait_writebacks);
+  EXPECT_TRUE(ops2.writeback.empty());
+  store.execute(ops);
+  store.execute(ops2);
+  // a comes back from the host tier.
+  kv.begin_plan();
+  std::vector<int32_t> table;
+  std::vector<uint64_t> hashes;
+  EXPECT_EQ(kv.match_prefix(a.data(), 12, table, hashes), 12);
+  EXPECT_EQ(kv.last_host_tokens(), 12);
+  kv.take_ops(ops);
+  EXPECT_EQ(ops.load.size(), 3u);
+  store.execute(ops);
+  kv.release(table, hashes);
+  kv.check();
+  store.check();
+  EXPECT_EQ(store.stats().through_blocks, 3 + 4 + 4 + 4);
+}
+
 TEST(KvStoreTiers, EventsReportBothTiersInOrder) {
   KvCache kv(1, 4, true);
   KvStore store(4, 4);
@@ -362,8 +418,11 @@ TEST(KvStoreEngine, AbortsLeaveTheTierConsistent) {
 // outputs still equal the run without the tier, under retraction and aborts, and steps ran
 // other requests' rows while loads were in flight.
 TEST(KvStoreEngine, SlowStagedLoadsGreedyIdenticalUnderRetractionAndAborts) {
+ for (const char* policy : {"write_back", "write_through"}) {
+  SCOPED_TRACE(policy);
   EngineOptions ow = tiny(true);
   ow.kvstore_test_load_delay_polls = 4;
+  ow.kvstore_write_policy = policy;
   Engine with(ow), without(tiny(false));
   with.start();
   without.start();
@@ -390,6 +449,7 @@ TEST(KvStoreEngine, SlowStagedLoadsGreedyIdenticalUnderRetractionAndAborts) {
   EXPECT_GT(m.prefix_host_hit_blocks, 0);
   EXPECT_GT(m.kvstore_staged_steps, 0);
   EXPECT_EQ(m.kvstore_loaded_bytes_done, m.kvstore_bytes_loaded);  // every issued load completed
+ }
 }
 
 // While a request's prefix is loaded back from the host tier, another request keeps decoding:

@@ -410,6 +410,7 @@ struct SimConfig {
   // forward writes the known ids of each row).
   int64_t host_blocks = 0;
   int max_load_delay = 0;
+  bool write_through = false;
 };
 
 void simulate(const SimConfig& cfg) {
@@ -420,6 +421,7 @@ void simulate(const SimConfig& cfg) {
   if (tier) {
     store = std::make_unique<KvStore>(cfg.host_blocks, cfg.block_size);
     store->attach(fkv.pool);
+    store->set_write_through(cfg.write_through);
     kv.set_store(store.get());
   }
   int64_t host_hits = 0, loading_plans = 0, loading_rows = 0;
@@ -617,6 +619,7 @@ TEST(SchedulerSimulation, NoPrefixCacheOneBlockSeqs) { simulate({20, 8, 16, 32, 
 TEST(SchedulerSimulation, HostTierImmediateLoads) { simulate({24, 4, 32, 16, 1, 0, true, 14, 64, 0}); }
 TEST(SchedulerSimulation, HostTierSlowLoadsAbortsAndRetractions) { simulate({24, 4, 32, 16, 1, 0, true, 15, 48, 4}); }
 TEST(SchedulerSimulation, HostTierSmallerThanTheDevicePool) { simulate({32, 4, 24, 8, 1, 0, true, 16, 12, 2}); }
+TEST(SchedulerSimulation, HostTierWriteThroughSlowLoads) { simulate({24, 4, 32, 16, 1, 0, true, 17, 48, 3, true}); }
 
 }  // namespace
 }  // namespace ts
