@@ -15,8 +15,9 @@
 #     requests that loaded from the host tier; vllm:request_{queue,prefill}_time_seconds for all
 #     requests of the run without the tier). "service ratio" = (load + prefill) / re-prefill:
 #     the TTFT ratio without the queueing both runs share.
-# Usage: scripts/gpu_kvstore.sh [BIN_DIR]   (default .device/bin; logs in $OUT, default /tmp/out)
-# Env: CTX ("8192 32768"), CONVS (4), MODEL (/tmp/l8b, made once), KVSTORE_GB (48).
+# Usage: scripts/gpu_kvstore.sh [BIN_DIR]   (default .device/bin; every log in $OUT/kvstore_logs.tgz,
+# OUT default /tmp/out). Env: CTX ("8192 32768"), CONVS (4), MODEL (/tmp/l8b, made once),
+# KVSTORE_GB (48), BUDGET_S (260: later server runs are skipped, and reported, past it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-${BIN_DIR:-.device/bin}}
@@ -24,25 +25,29 @@ export LD_LIBRARY_PATH=$PWD/.device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:
 [ -d "$B" ] || { [ -f .device/bin.tar.xz ] && tar -C .device -xJf .device/bin.tar.xz; }
 OUT=${OUT:-/tmp/out}
 MODEL=${MODEL:-/tmp/l8b}
-mkdir -p "$OUT"
+LOGS=/tmp/kvstore_logs  # tarred into $OUT at the end (few files come back from a device run)
+rm -rf "$LOGS"; mkdir -p "$LOGS" "$OUT"
 PORT=30013
 FAILS=0
+START=$(date +%s)
+left() { [ $(( $(date +%s) - START )) -lt "${BUDGET_S:-260}" ]; }
+export NCCL_NVLS_ENABLE=0
 verdict() {  # name, ok(0/1), detail
   if [ "$2" = 1 ]; then echo "PASS $1: $3"; else echo "FAIL $1: $3"; FAILS=$((FAILS + 1)); fi
 }
 
 echo "== 1. KvStoreCuda (copy streams, 32k-token 8B-shape load bandwidth, staged load)"
-timeout 240 "$B"/test_cuda --gtest_filter='KvStoreCuda*' > "$OUT/kvstore_cuda.log" 2>&1
+timeout 240 "$B"/test_cuda --gtest_filter='KvStoreCuda*' > "$LOGS/kvstore_cuda.log" 2>&1
 rc=$?
-grep -E "kvstore (load|staged)|OK \]|FAILED|SKIPPED" "$OUT/kvstore_cuda.log"
+grep -E "kvstore (load|staged)|OK \]|FAILED|SKIPPED" "$LOGS/kvstore_cuda.log"
 verdict "KvStoreCuda tests" $([ $rc = 0 ] && echo 1 || echo 0) "rc=$rc"
-gbs=$(grep -oE "scattered blocks: [0-9.]+ ms, [0-9.]+ GB/s" "$OUT/kvstore_cuda.log" | awk '{print $5}')
+gbs=$(grep -oE "scattered blocks: [0-9.]+ ms, [0-9.]+ GB/s" "$LOGS/kvstore_cuda.log" | awk '{print $5}')
 verdict "32k-token prefix load >= 20 GB/s (scattered blocks)" \
   $(awk -v g="${gbs:-0}" 'BEGIN {print (g >= 20) ? 1 : 0}') "${gbs:-none} GB/s"
 
 echo "== 2. bench agentic, random Llama-3.1-8B, 4 conversations over a pool of 2, tier on / off"
 [ -f "$MODEL/config.json" ] || { timeout 300 "$B"/tokenspeed make-random-model --preset llama-3.1-8b --out "$MODEL" \
-  > "$OUT/make8b.log" 2>&1 || { echo "FAIL make-random-model"; exit 1; }; }
+  > "$LOGS/make8b.log" 2>&1 || { echo "FAIL make-random-model"; exit 1; }; }
 wait_ready() {
   for _ in $(seq 600); do
     curl -sf -o /dev/null "http://127.0.0.1:$PORT/health" 2>/dev/null && return 0
@@ -64,19 +69,20 @@ for ctx in ${CTX:-8192 32768}; do
     [ $tier = off ] && flags+=(--disable-kvstore)
     [ $tier = wb ] && flags+=(--kvstore-write-policy write_back)
     name=ctx${ctx}_tier_$tier
-    "$B"/tokenspeed serve "$MODEL" --port $PORT --device cuda "${flags[@]}" > "$OUT/serve_$name.log" 2>&1 &
+    if ! left; then echo "FAIL $name: skipped, past the time budget"; FAILS=$((FAILS + 1)); continue; fi
+    "$B"/tokenspeed serve "$MODEL" --port $PORT --device cuda "${flags[@]}" > "$LOGS/serve_$name.log" 2>&1 &
     pid=$!
-    if ! wait_ready; then echo "FAIL server $name did not start"; tail -5 "$OUT/serve_$name.log"; kill $pid; FAILS=$((FAILS + 1)); continue; fi
-    grep -E "kvstore:" "$OUT/serve_$name.log" | sed 's/^.*\] //'
-    timeout 600 "$B"/tokenspeed bench agentic --base-url http://127.0.0.1:$PORT --out "$OUT/$name" \
+    if ! wait_ready; then echo "FAIL server $name did not start"; tail -5 "$LOGS/serve_$name.log"; kill $pid; FAILS=$((FAILS + 1)); continue; fi
+    grep -E "kvstore:" "$LOGS/serve_$name.log" | sed 's/^.*\] //'
+    timeout 600 "$B"/tokenspeed bench agentic --base-url http://127.0.0.1:$PORT --out "$LOGS/$name" \
       --concurrency $CONVS --conversations $CONVS --turns 4 --first-turn-tokens $ctx --turn-tokens 256 \
-      --max-tokens 32 --warmup 0 --ignore-eos --no-progress > "$OUT/bench_$name.log" 2>&1
-    curl -s "http://127.0.0.1:$PORT/metrics" > "$OUT/metrics_$name.txt"
+      --max-tokens 32 --warmup 0 --ignore-eos --no-progress > "$LOGS/bench_$name.log" 2>&1
+    curl -s "http://127.0.0.1:$PORT/metrics" > "$LOGS/metrics_$name.txt"
     kill $pid; wait $pid 2>/dev/null
   done
 done
 
-python3 - "$OUT" ${CTX:-8192 32768} <<'PY'
+python3 - "$LOGS" ${CTX:-8192 32768} <<'PY'
 import json, re, sys
 out, ctxs = sys.argv[1], sys.argv[2:]
 def metrics(name):
@@ -145,5 +151,6 @@ sys.exit(1 if fails else 0)
 PY
 py=$?
 [ $py = 0 ] || FAILS=$((FAILS + 1))
-echo "== summary: $FAILS failing check(s); logs in $OUT"
+tar -C /tmp -czf "$OUT/kvstore_logs.tgz" kvstore_logs 2>/dev/null
+echo "== summary: $FAILS failing check(s), $(( $(date +%s) - START )) s; logs in $OUT/kvstore_logs.tgz"
 [ $FAILS = 0 ]

@@ -104,12 +104,13 @@ void KvCache::index_block(int32_t id, uint64_t h, size_t pos, const int32_t* blo
   b.parent = pos > 0 ? hashes[pos - 1] : 0;
   // A duplicate block (same prefix computed twice) simply is not indexed.
   if (!by_hash_.emplace(h, id).second) return;
-  if (store_ && store_->write_through()) store_->offer_through(id, h, b.parent, b.has_parent, block_tokens);
   if (events_on_) {
     std::copy(block_tokens, block_tokens + block_size_, block_tokens_.begin() + long(size_t(id) * size_t(block_size_)));
     events_.push_back({KvCacheEvent::Kind::stored, KvCacheEvent::Medium::gpu, h, b.parent, b.has_parent,
                        std::vector<int32_t>(block_tokens, block_tokens + block_size_)});
   }
+  // Write-through: after the device tier's event, so a router sees GPU before CPU.
+  if (store_ && store_->write_through()) store_->offer_through(id, h, b.parent, b.has_parent, block_tokens);
 }
 
 int KvCache::match_prefix(const int32_t* tokens, int max_tokens, std::vector<int32_t>& table,

@@ -99,10 +99,9 @@ bool KvStore::complete(Batch& b) {
   if (device_ == Device::cuda) {
     for (void* e : b.end)
       if (e && !cuda::event_query(e)) return false;
-    double ms = 0;
-    for (size_t r = 0; r < b.end.size(); ++r)
-      if (b.end[r]) ms = std::max<double>(ms, cuda::event_elapsed_ms(b.start[r], b.end[r]));
-    stats_.load_seconds += ms * 1e-3;
+    // Rank 0's copy time (the shards are the same size; its events are on this thread's GPU,
+    // as cudaEventElapsedTime wants).
+    if (!b.end.empty() && b.end[0]) stats_.load_seconds += cuda::event_elapsed_ms(b.start[0], b.end[0]) * 1e-3;
     stats_.loaded_bytes_done += int64_t(b.loads.size() * bytes_per_block_);
     return true;
   }

@@ -87,7 +87,7 @@ struct KvStoreStats {
   int64_t dropped_blocks = 0;    // evicted blocks the host tier had no room for (all pinned)
   int64_t evicted_blocks = 0;    // host blocks reused for another hash
   int64_t bytes_written = 0, bytes_loaded = 0;
-  double load_seconds = 0;       // copy time of completed loads (CUDA: device time, the slowest rank)
+  double load_seconds = 0;       // copy time of completed loads (CUDA: device time on rank 0)
   int64_t load_batches = 0;      // plans with at least one load (issued)
   int64_t loaded_bytes_done = 0; // bytes of completed loads (over load_seconds: the load GB/s)
 };

@@ -90,7 +90,7 @@ void render_kvstore(std::string& out, const EngineMetrics& e, const std::string&
   metric(out, "tokenspeed_kvstore_loaded_bytes_total", "counter", "Bytes copied host tier -> device.", l,
          static_cast<double>(e.kvstore_bytes_loaded));
   metric(out, "tokenspeed_kvstore_load_seconds_total", "counter",
-         "Copy seconds of completed host-tier loads (CUDA: device time on the load stream, slowest rank).", l,
+         "Copy seconds of completed host-tier loads (CUDA: device time on rank 0's load stream).", l,
          e.kvstore_load_seconds);
   metric(out, "tokenspeed_kvstore_load_completed_bytes_total", "counter",
          "Bytes of completed host-tier loads (over tokenspeed_kvstore_load_seconds_total: the load GB/s).", l,
