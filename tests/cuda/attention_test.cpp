@@ -254,7 +254,9 @@ TEST(CudaAttention, DecodeSplitKVBatchInvariant) {
     for (int ctx : {1, 17, 1024, 8192, 32768}) {
       const int64_t nkv = ctx >= 8192 ? 2 : 8;  // the CPU oracle's time at 32k
       check_attention({{1, ctx}}, nkv, 4, 128, 64, 3, 0, 0, 0, 0, target, min_tiles);
-      check_attention({{1, ctx}, {1, std::max(1, ctx / 3)}, {4, ctx}}, nkv, 4, 128, 16, 3, 0, 2, 0, 0, target, min_tiles);
+      // (a 4-token query needs at least 4 tokens of KV: kv_len counts the query's own tokens)
+      check_attention({{1, ctx}, {1, std::max(1, ctx / 3)}, {4, std::max(4, ctx)}}, nkv, 4, 128, 16, 3, 0, 2, 0, 0,
+                      target, min_tiles);
       if (ctx <= 1024) check_attention({{1, ctx}, {1, 5}}, 8, 4, 64, 64, 3, 0, 0, 0, 4 * ctx + 100, target, min_tiles);
     }
 }

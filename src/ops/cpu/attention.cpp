@@ -57,8 +57,14 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   const int32_t* bt = m.block_tables.ptr<int32_t>();
   // (row, head) work items, each independent.
   std::vector<int32_t> row_seq(size_t(t_n), -1);
-  for (int b = 0; b < m.num_seqs; ++b)
+  for (int b = 0; b < m.num_seqs; ++b) {
+    // Checked here, before the parallel region (an exception cannot leave it): a query's rows
+    // attend to kv_len - q_len + i + 1 keys, so kv_len below q_len is malformed metadata.
+    TS_CHECK(cu[b] <= cu[b + 1] && cu[b + 1] <= t_n && kv_len[b] >= cu[b + 1] - cu[b],
+             "paged_attention: sequence {} has {} query rows (from row {}) but kv_len {}", b, cu[b + 1] - cu[b], cu[b],
+             kv_len[b]);
     for (int32_t r = cu[b]; r < cu[b + 1]; ++r) row_seq[size_t(r)] = b;
+  }
   int64_t items = t_n * nh;
   const bool fp8 = k_cache.dtype == DType::f8_e4m3;
   TS_CHECK(v_cache.dtype == k_cache.dtype, "paged_attention: k cache {} vs v cache {}", dtype_name(k_cache.dtype),
