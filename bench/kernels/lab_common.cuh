@@ -104,6 +104,17 @@ inline double copy_ceiling_gbs() {
   return gbs;
 }
 
+// bf16 GEMM ceiling in TFLOP/s: our cuBLASLt linear at 8192^3 on random data.
+inline double gemm_ceiling_tflops() {
+  const int64_t n = 8192;
+  Tensor a = rand_dev({n, n}), b = rand_dev({n, n});
+  Tensor c = Tensor::empty({n, n}, DType::bf16, Device::cuda);
+  const double us = time_us([&] { ts::ops::cuda::linear(a, b, c, nullptr, {}); }, 10, 3);
+  const double tf = 2.0 * double(n) * double(n) * double(n) / (us * 1e6);
+  std::printf("bf16 GEMM ceiling: %.1f TFLOP/s (8192^3)\n", tf);
+  return tf;
+}
+
 inline bool have_gpu() {
   if (!ts::cuda_available()) {
     std::printf("no CUDA device: lab skipped\n");

@@ -36,6 +36,14 @@ int cmd_bench_serving(int argc, char** argv) {
   app.add_option("--json-schema", schema,
                  "constrain every request by this JSON Schema (inline JSON, or @FILE) as structured_outputs.json, "
                  "to measure the grammar's cost against the same run without it");
+  std::string tools;
+  app.add_option("--tools", tools,
+                 "JSON array of OpenAI function tools (inline, or @FILE): the load goes to /v1/chat/completions with "
+                 "random-word prompts and these tools, to measure tool calling (tool_choice auto: a grammar triggered "
+                 "when the model opens a call) against the same load without");
+  app.add_option("--tool-choice", o.tool_choice, "tool_choice with --tools: auto | required | none")
+      ->check(CLI::IsMember({"auto", "required", "none"}))
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -50,8 +58,21 @@ int cmd_bench_serving(int argc, char** argv) {
     schema.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
   }
   o.json_schema = schema;
+  if (!tools.empty() && tools[0] == '@') {
+    std::ifstream f(tools.substr(1), std::ios::binary);
+    if (!f) {
+      std::fprintf(stderr, "bench serving: cannot read %s\n", tools.c_str() + 1);
+      return 2;
+    }
+    tools.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  o.tools = tools;
+  if (!o.tools.empty() && !o.json_schema.empty()) {
+    std::fprintf(stderr, "bench serving: --tools and --json-schema are separate loads (one at a time)\n");
+    return 2;
+  }
   std::fprintf(stderr, "bench serving: %s, prompt %d tokens, %d output tokens per request%s\n", o.base_url.c_str(),
-               o.prompt_tokens, o.max_tokens, schema.empty() ? "" : " (JSON-schema constrained: up to)");
+               o.prompt_tokens, o.max_tokens, !schema.empty() ? " (JSON-schema constrained: up to)" : !tools.empty() ? " (chat with tools: up to)" : "");
   auto results = ts::server::run_bench_serving(o);
   std::fputs(ts::server::format_bench_table(results).c_str(), stdout);
   for (auto& r : results)

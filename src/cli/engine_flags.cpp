@@ -37,6 +37,9 @@ void add_engine_flags(CLI::App& app, EngineOptions& o) {
   app.add_flag("--enable-cache-report")->description("accepted for compatibility: cached tokens are always reported");
   app.add_flag("--disable-overlap-schedule", o.disable_overlap_schedule,
                "plan, run and apply each step in turn (default: plan and launch step N+1 while step N runs)");
+  app.add_flag("--disable-jump-forward", o.disable_jump_forward,
+               "sample every token of grammar-constrained requests (default: bytes the grammar forces, e.g. "
+               "{\"name\":\", are appended as tokens without sampling and computed as one chunk)");
   app.add_flag("--enable-mixed-batch", o.enable_mixed_batch,
                "while requests decode, cap each step's prefill tokens at --mixed-prefill-tokens (decodes never wait "
                "behind a long prefill chunk)");

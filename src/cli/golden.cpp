@@ -26,6 +26,12 @@ std::vector<int64_t> Golden::logit_rows(size_t i) const {
 
 Tensor Golden::logits(size_t i) const { return tensors_.get("logits." + std::to_string(i)).to_f32(); }
 
+double Golden::w8a8_simulated_diff(size_t i) const {
+  const auto it = json_.find("w8a8_simulated_max_abs_diff");
+  if (it == json_.end() || !it->is_array() || i >= it->size() || !(*it)[i].is_number()) return 0.0;
+  return (*it)[i].get<double>();
+}
+
 int64_t Golden::max_prompt_len() const {
   int64_t n = 0;
   for (auto& p : json_["prompts"]) n = std::max<int64_t>(n, int64_t(p.size()));

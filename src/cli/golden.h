@@ -19,6 +19,9 @@ class Golden {
   std::vector<int64_t> logit_rows(size_t i) const;
   Tensor logits(size_t i) const;  // [rows, V] f32, host
   int64_t max_prompt_len() const;
+  // golden.json's `w8a8_simulated_max_abs_diff[i]` (quantized fixtures: the logit difference that
+  // per-token x 128-channel e4m3 activation quantization alone gives in fp32), or 0 when absent.
+  double w8a8_simulated_diff(size_t i) const;
 
  private:
   nlohmann::json json_;

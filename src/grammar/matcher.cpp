@@ -47,6 +47,15 @@ Vocab::Vocab(std::vector<std::string> token_bytes, std::vector<bool> excluded, s
 
 bool Vocab::is_stop(int32_t id) const { return std::find(stop_.begin(), stop_.end(), id) != stop_.end(); }
 
+bool Vocab::extendable(int32_t id) const {
+  if (id < 0 || id >= size()) return false;
+  const std::string& p = bytes_[size_t(id)];
+  // Sorted by bytes, the tokens that start with p follow p (and its equals) directly.
+  auto it = std::upper_bound(sorted_.begin(), sorted_.end(), p,
+                             [&](const std::string& a, int32_t b) { return a < bytes_[size_t(b)]; });
+  return it != sorted_.end() && std::string_view(bytes_[size_t(*it)]).starts_with(p);
+}
+
 // ------------------------------------------------------------------------------------------
 // Lowering the IR to the flat grammar
 

@@ -56,6 +56,9 @@ class Vocab {
   // Normal (not excluded, non-empty) ids sorted by bytes, and lcp[i] = common prefix of sorted[i-1], sorted[i].
   const std::vector<int32_t>& sorted() const { return sorted_; }
   const std::vector<uint16_t>& lcp() const { return lcp_; }
+  // Some other normal token's bytes start with this token's (and are longer): text that follows
+  // this token could merge with it into one token.
+  bool extendable(int32_t id) const;
 
  private:
   std::vector<std::string> bytes_;

@@ -176,6 +176,7 @@ QuantConfig parse_quant_config(const nlohmann::json& q, const std::string& path)
     std::string act = str_or(q, "activation_scheme", "dynamic");
     TS_CHECK(act == "dynamic" || act == "static", "{}: fp8 activation_scheme '{}' is not supported (supported: dynamic, static)",
              path, act);
+    c.act_dynamic = act == "dynamic";
     if (q.contains("weight_block_size") && !q["weight_block_size"].is_null())
       parse_block(q["weight_block_size"], c.block_n, c.block_k, path, "weight_block_size");
     std::string sf = str_or(q, "scale_fmt", "");

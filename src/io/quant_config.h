@@ -38,6 +38,7 @@ struct QuantConfig {
   std::string source;  // the file the config came from (for errors)
   int64_t block_n = 0, block_k = 0;  // fp8 weight_block_size (0: per-tensor)
   bool ue8m0_scales = false;         // fp8 scale_fmt ue8m0 (power-of-two scales; same dequant)
+  bool act_dynamic = true;           // fp8 activation_scheme dynamic (W8A8 with per-token scales allowed)
   int64_t nvfp4_group = 16;
   std::vector<std::string> ignore;   // compressed-tensors: exact names or "re:" patterns
   std::vector<std::string> exclude;  // modelopt: globs ('*' any run of characters)

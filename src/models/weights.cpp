@@ -333,6 +333,8 @@ std::optional<ops::LinearWeight> WeightLoader::stored_linear(const std::vector<P
   }
   ops::LinearWeight w(data);
   w.quant.scale = scale;
+  // DeepSeek-V3/R1, Qwen3-FP8 and the like are made for dynamic FP8 activations (W8A8 prefill).
+  w.quant.act_fp8 = quant_.method == "fp8" && quant_.act_dynamic && !fp4;
   w.quant.block_n_log2 = qs[0].bn;
   w.quant.block_k_log2 = bk;
   w.quant.format = qs[0].format;

@@ -23,6 +23,10 @@ struct QuantScales {
   const char* format = "";  // what the checkpoint stored (io::weight_format_name), for logs
   bool nvfp4 = false;
   Tensor scale2;
+  // The checkpoint declares dynamic FP8 activations (quant_method fp8 activation_scheme dynamic,
+  // compressed-tensors dynamic per-token): prefill may quantize activations (W8A8), as the
+  // checkpoint was made to be served; otherwise linears stay weight-only.
+  bool act_fp8 = false;
 };
 
 struct LinearWeight : Tensor {

@@ -7,6 +7,7 @@
 #include "ops/graph_hooks.h"
 #include "ops/lm_head.h"
 #include "runtime/device_logits.h"
+#include "runtime/token_mask.h"
 
 #ifdef TS_WITH_CUDA
 #include "core/device_memory.h"
@@ -127,7 +128,8 @@ struct CudaGraphRunner::Impl {
   BuildOptions reserve_opts;
   int width = 1;  // block-table row length of every graph batch
   struct Decode {
-    std::unique_ptr<cuda::Graph> graph;
+    std::unique_ptr<cuda::Graph> graph;  // the forward: logits [bs, V] into `logits`
+    std::unique_ptr<cuda::Graph> tail;   // mask, processing, sampling of `logits` into samp_ids
     Tensor logits;
   };
   std::map<std::pair<int, int>, Decode> decode;  // (kv bound, bs) -> graph
@@ -183,8 +185,14 @@ struct CudaGraphRunner::Impl {
     device_copy(samp_buf.data, Device::cuda, h, Device::cpu, samp_host.size());
   }
 
-  // The sampling tail of a decode graph: logits processing, sampling, count update.
-  void process(DeviceLogits* proc, Tensor& logits, Tensor& ids) {
+  // The sampling tail of a decode graph: grammar bitmask (all-ones rows are skipped by the
+  // kernel), logits processing, sampling, count update. A row has a mask or processing, never
+  // both (DeviceLogits::supported excludes grammars).
+  void process(DeviceLogits* proc, TokenMaskBuffer* mask, Tensor& logits, Tensor& ids) {
+    if (mask) {
+      Tensor m = mask->rows(logits.size(0));
+      ops::cuda::apply_token_bitmask(logits, m);
+    }
     if (proc) ops::cuda::logits_process(logits, proc->state());
     ops::cuda::sample_device(logits, samp, ids);
     if (proc) ops::cuda::logits_count(ids, proc->state());
@@ -282,6 +290,10 @@ void CudaGraphRunner::capture_all() {
   // requests with penalties, logit_bias or min_tokens replay the same graphs.
   DeviceLogits* proc = I.runner.logits_proc();
   if (proc) proc->upload({}, proc->rows_cap());
+  // Grammar masks too: every decode graph reads rows [0, bs) of the runner's mask buffer
+  // (all-ones unless a step uploaded masks), which is never reallocated from here on.
+  TokenMaskBuffer* mask = dec.empty() ? nullptr : I.runner.token_mask(dec.back());
+  if (mask) mask->clear();
   size_t done = 0;
   for (auto it = dec.rbegin(); it != dec.rend(); ++it) {
     int bs = *it;
@@ -291,22 +303,26 @@ void CudaGraphRunner::capture_all() {
       {
         Tensor warm = m.forward(batch, I.runner.kv());  // warm-up: GEMM algorithms, kernel workspaces
         Tensor ids = I.samp_ids.narrow(0, 0, bs);
-        I.process(proc, warm, ids);
+        I.process(proc, mask, warm, ids);
       }
       cuda::synchronize();
-      auto g = std::make_unique<cuda::Graph>();
-      g->begin_capture();
+      auto g = std::make_unique<cuda::Graph>(), tail = std::make_unique<cuda::Graph>();
       Tensor logits;
+      cuda::Graph* open = g.get();
       try {
+        g->begin_capture();
         logits = m.forward(batch, I.runner.kv());
+        g->end_capture();
+        open = tail.get();
+        tail->begin_capture();
         Tensor ids = I.samp_ids.narrow(0, 0, bs);
-        I.process(proc, logits, ids);
+        I.process(proc, mask, logits, ids);
+        tail->end_capture();
       } catch (...) {
-        try { g->end_capture(); } catch (...) {}
+        try { open->end_capture(); } catch (...) {}
         throw;
       }
-      g->end_capture();
-      I.decode[{kvb, bs}] = {std::move(g), logits};
+      I.decode[{kvb, bs}] = {std::move(g), std::move(tail), logits};
     } catch (const std::exception& e) {
       spdlog::warn("decode graph bs={} context<={} not captured ({}); it runs eagerly", bs, kvb, e.what());
     }
@@ -393,9 +409,7 @@ bool CudaGraphRunner::try_run(const std::vector<SeqChunk>& chunks, bool capture_
     if (it == I.decode.end() || it->first.first != *kv) return false;
     I.builder.build(chunks, I.runner.block_size(), Device::cuda, batch, I.decode_opts(it->first.second, *kv));
     I.no_aux(batch);
-    // The graph's processing and count kernels must not touch any slot: the caller samples
-    // (and processes) these logits itself.
-    if (DeviceLogits* proc = I.runner.logits_proc_if_any()) proc->upload({}, it->first.second);
+    // The forward only: the caller samples (and processes) these logits itself.
     it->second.graph->replay();
     logits = it->second.logits.slice_rows(0, int64_t(chunks.size()));
     return true;
@@ -413,7 +427,7 @@ bool CudaGraphRunner::try_run(const std::vector<SeqChunk>& chunks, bool capture_
 
 bool CudaGraphRunner::try_run_sampled(const std::vector<SeqChunk>& chunks, const std::vector<ops::SamplingRow>& rows,
                                       ForwardBatch& batch, std::vector<int32_t>& ids,
-                                      const std::vector<ops::LogitsProcRow>* proc) {
+                                      const std::vector<ops::LogitsProcRow>* proc, const StepMasks* masks) {
   Impl& I = *impl_;
   if (chunks.empty() || rows.size() != chunks.size() || int(chunks.size()) > I.samp_cap) return false;
   DeviceLogits* dl = I.runner.logits_proc_if_any();
@@ -429,9 +443,18 @@ bool CudaGraphRunner::try_run_sampled(const std::vector<SeqChunk>& chunks, const
   if (it == I.decode.end() || it->first.first != *kv) return false;
   I.builder.build(chunks, I.runner.block_size(), Device::cuda, batch, I.decode_opts(it->first.second, *kv));
   I.no_aux(batch);
+  TokenMaskBuffer* mask = I.runner.token_mask_if_any();
+  if (masks && masks->any && (!mask || masks->cons.size() != chunks.size())) return false;
   I.upload_sampling(rows);
   if (dl) dl->upload(proc ? *proc : std::vector<ops::LogitsProcRow>{}, it->first.second);
   it->second.graph->replay();
+  // The forward is queued; now wait for the masks (overlap: the engine thread is still applying
+  // the previous step, whose tokens they follow), then the tail samples under them.
+  if (mask) {
+    if (masks && masks->any) mask->upload(*masks);
+    else mask->clear();
+  }
+  it->second.tail->replay();
   ids.resize(chunks.size());
   device_copy(ids.data(), Device::cpu, I.samp_ids.data, Device::cuda, ids.size() * sizeof(int32_t));
   return true;
@@ -472,7 +495,7 @@ CudaGraphRunner::~CudaGraphRunner() = default;
 void CudaGraphRunner::capture_all() {}
 bool CudaGraphRunner::try_run(const std::vector<SeqChunk>&, bool, ForwardBatch&, Tensor&) { return false; }
 bool CudaGraphRunner::try_run_sampled(const std::vector<SeqChunk>&, const std::vector<ops::SamplingRow>&, ForwardBatch&,
-                                      std::vector<int32_t>&, const std::vector<ops::LogitsProcRow>*) {
+                                      std::vector<int32_t>&, const std::vector<ops::LogitsProcRow>*, const StepMasks*) {
   return false;
 }
 bool CudaGraphRunner::try_run_greedy(const std::vector<SeqChunk>&, ForwardBatch&, std::vector<int32_t>&) { return false; }

@@ -1,8 +1,9 @@
 // CudaGraphRunner: CUDA graphs for the ModelRunner.
-//  - Decode: one graph per batch-size bucket (1, 2, 4, 8, then steps of 8 up to max_bs), the
-//    whole forward captured, inputs in the BatchBuilder's fixed buffers, batches padded with
-//    dummy sequences, attention sized for the longest context (kernels read real lengths
-//    from device memory).
+//  - Decode: one graph per batch-size bucket (1, 2, 4, 8, then steps of 8 up to max_bs) and
+//    context bucket, the whole forward captured, inputs in the BatchBuilder's fixed buffers,
+//    batches padded with dummy sequences, attention sized for the longest context (kernels read
+//    real lengths from device memory); beside it a small graph of its sampling tail (grammar
+//    bitmask from the runner's TokenMaskBuffer, logits processing, sampler).
 //  - Prefill: "breakable" graphs per total-token bucket (16, then steps of the largest power
 //    of two <= size/8, capped at 512, up to max_prefill_tokens). The forward is captured as
 //    segments; attention and KV writes run eagerly between segment replays (ops/graph_hooks.h),
@@ -47,8 +48,13 @@ class CudaGraphRunner {
   // false (nothing done) when no decode graph fits.
   // proc: the rows' device logits processing (runtime/device_logits.h), applied inside the graph
   // before sampling, the counts updated after it (null: none).
+  // masks: the rows' grammar masks (runtime/token_mask.h; null: none). Each decode bucket is two
+  // graphs, the forward and its sampling tail (token bitmask, logits processing, sampler, counts):
+  // the masks are uploaded between the two replays, so the forward is on the device before the
+  // host waits for a mask that depends on the previous step's token.
   bool try_run_sampled(const std::vector<SeqChunk>& chunks, const std::vector<ops::SamplingRow>& rows, ForwardBatch& batch,
-                       std::vector<int32_t>& ids, const std::vector<ops::LogitsProcRow>* proc = nullptr);
+                       std::vector<int32_t>& ids, const std::vector<ops::LogitsProcRow>* proc = nullptr,
+                       const StepMasks* masks = nullptr);
   // Greedy decode without logits (ModelRunner::run_greedy): graphs whose LM head writes the
   // argmax ids (captured for the batch sizes where ops::lm_head_argmax fuses). False (nothing
   // done) when none fits.

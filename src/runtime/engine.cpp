@@ -236,6 +236,22 @@ class EngineImpl {
   // Appends one generated token at time `now`; returns why the request stops on it (none: it
   // goes on). Inter-token latencies go to itl_ (observed once per step, one lock).
   FinishReason push_token(Request& r, int32_t t, const TokenLogprob* lp, StreamEvent& ev, Clock::time_point now);
+  // Jump-forward (runtime/structured.h): appends the tokens r's grammar forced after its last
+  // token (waiting for the mask thread's decision), adds them to `ev`; a future id of the step
+  // in flight is replaced (that step's row for r becomes void). Returns stop when a forced token
+  // is a stop id (the run is cut there).
+  FinishReason jump(Request& r, StreamEvent& ev);
+  // apply()'s last move for a request that goes on: emit its event, or, when it may jump
+  // forward, keep it for apply_jumps() -- which runs after every row was accepted, so the mask
+  // threads decide all forced runs of the step in parallel while the engine waits for the first.
+  void emit_or_jump(Request& r, StreamEvent& ev);
+  void apply_jumps();
+  std::vector<std::pair<Request*, StreamEvent>> jumps_;  // reused
+  // Every live request's constraints closed (a failed step: mask waiters must not hang).
+  void close_constraints();
+  std::vector<int32_t> forced_;  // jump() scratch
+  // New requests whose first forced run (before any token) is not decided yet: admitted once it is.
+  std::vector<std::shared_ptr<Request>> jump_wait_;
   void finish(Request& r, FinishReason why, StreamEvent& ev);
   void emit(Request& r, StreamEvent& ev);
   void fail_request(Request& r, const std::string& msg);
@@ -398,6 +414,9 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   }
   start_kvstore(o);
   sched = std::make_unique<Scheduler>(*kv, so);
+  // Grammar mask rows (runtime/token_mask.h): one per request that can sample in a step, made
+  // before the decode graphs capture the buffer.
+  if (plain) runner->token_mask(max_seqs);
   start_graphs(o, so);
   // Overlap scheduling for the plain worker; the EAGLE3 worker keeps the simple loop (its
   // drafts and acceptance need the previous step's ids on the host before it is planned).
@@ -536,6 +555,9 @@ std::shared_ptr<Stream> EngineImpl::submit(GenerateParams p) {
   // Structured outputs / logit_bias / min_tokens (runtime/structured.h) also hold under EAGLE3:
   // the speculative worker masks each verify position with the grammar state after the drafts
   // before it (SpecWorker::accept; requests with constraints accept on the host).
+  // Jump-forward: not under EAGLE3 (its verify rows are one token per step and position), nor
+  // with --disable-jump-forward.
+  if (spec || opts.disable_jump_forward) p.jump_forward = false;
   auto r = std::make_shared<Request>();
   r->constraints = LogitsConstraints::make(p, std::vector<int32_t>(eos.begin(), eos.end()));
   r->stream = std::make_shared<Stream>();
@@ -558,7 +580,7 @@ void EngineImpl::intake() {
   std::vector<std::function<void(bool)>> passes;
   {
     std::unique_lock<std::mutex> lk(mu_);
-    if (incoming_.empty() && passes_.empty() && sched->idle() && inflight_ < 0 && !stopping_) {
+    if (incoming_.empty() && passes_.empty() && jump_wait_.empty() && sched->idle() && inflight_ < 0 && !stopping_) {
       cv_.wait_for(lk, std::chrono::milliseconds(100));
       was_idle_ = true;
     }
@@ -569,10 +591,30 @@ void EngineImpl::intake() {
   // pool: never while an overlapped step is in flight.
   if (!passes.empty()) drain();
   for (auto& run : passes) run(true);
-  for (auto& r : in) {
-    sched->add(r);
+  if (!in.empty()) {
     std::lock_guard<std::mutex> lk(metrics_mu_);
-    ++metrics_.requests_total;
+    metrics_.requests_total += int64_t(in.size());
+  }
+  // Jump-forward before the first token: a grammar that forces its first bytes (`{"name":"`)
+  // has them in the request before it is admitted, so its prefill computes them. The decision
+  // is a mask-thread job; a request waits here (not admitted) while it is not made, unless the
+  // engine has nothing else to do.
+  in.insert(in.begin(), jump_wait_.begin(), jump_wait_.end());
+  jump_wait_.clear();
+  for (auto& r : in) {
+    if (r->constraints && r->constraints->jumps() && !r->stream->cancelled()) {
+      if (!r->constraints->forced_ready() && !(sched->idle() && inflight_ < 0)) {
+        jump_wait_.push_back(r);
+        continue;
+      }
+      StreamEvent ev;
+      if (jump(*r, ev) != FinishReason::none) {  // a stop id among the forced tokens: done
+        finish(*r, FinishReason::stop, ev);
+        continue;
+      }
+      emit(*r, ev);
+    }
+    sched->add(r);
   }
   // Clients that went away: abort wherever the request is. Clients that matched a stop
   // string themselves: finish it as stopped.
@@ -632,6 +674,7 @@ void EngineImpl::loop() {
     } catch (const std::exception& e) {
       // A failed step fails the requests in it; the engine keeps serving.
       spdlog::error("engine step failed: {}", e.what());
+      close_constraints();  // the step in flight may wait for masks that never come
       if (inflight_ >= 0) {
         try {
           thread_steps_->wait(inflight_);
@@ -650,6 +693,8 @@ void EngineImpl::loop() {
   }
   for (auto& r : sched->running()) fail_request(*r, "server shutting down");
   for (auto& r : sched->waiting()) fail_request(*r, "server shutting down");
+  for (auto& r : jump_wait_) fail_request(*r, "server shutting down");
+  jump_wait_.clear();
   std::lock_guard<std::mutex> lk(mu_);
   for (auto& run : passes_) run(false);
   passes_.clear();
@@ -690,6 +735,14 @@ PromptPassResult EngineImpl::prompt_pass(PromptPassRequest req) {
   }
   cv_.notify_one();
   return fut.get();
+}
+
+void EngineImpl::close_constraints() {
+  for (auto* list : {&keep_[0], &keep_[1], &sched->running()})
+    for (auto& r : *list)
+      if (r->constraints) r->constraints->close();
+  for (auto& r : sched->waiting())
+    if (r->constraints) r->constraints->close();
 }
 
 void EngineImpl::fail_request(Request& r, const std::string& msg) {
@@ -850,6 +903,11 @@ void EngineImpl::apply_overlapped(int slot) {
       kv->commit(r.tokens.data(), r.num_computed, r.block_table, r.block_hashes);
       continue;
     }
+    if (r.future_voided) {  // jump-forward replaced this row's token: only its KV stays
+      r.future_voided = false;
+      if (!r.is<state::Waiting>()) kv->commit(r.tokens.data(), r.num_computed, r.block_table, r.block_hashes);
+      continue;
+    }
     const size_t p = pos[k];
     TS_CHECK(p < r.tokens.size() && r.tokens[p] == -int32_t(k + 1), "request {}: future id of row {} lost", r.id, k);
     const int32_t t = res.tokens[size_t(row.first)];
@@ -859,18 +917,34 @@ void EngineImpl::apply_overlapped(int slot) {
     ev.tokens.push_back(t);
     const FinishReason why = stop_reason(r, t, p);
     if (why != FinishReason::none) {
-      r.tokens.resize(p + 1);  // drops the next step's future: it will not be applied
-      finish(r, why, ev);      // (its blocks are committed when it is reaped, as in the simple loop)
+      if (r.has_future()) r.tokens.pop_back();  // the next step's future: it will not be applied
+      finish(r, why, ev);  // (its blocks are committed when it is reaped, as in the simple loop)
       continue;
     }
     // Positions below num_computed hold known ids now (the next future, if any, is at num_computed).
     if (!r.is<state::Waiting>()) kv->commit(r.tokens.data(), r.num_computed, r.block_table, r.block_hashes);
-    emit(r, ev);
+    emit_or_jump(r, ev);
   }
+  apply_jumps();
   if (!itl_.empty()) {
     std::lock_guard<std::mutex> lk(metrics_mu_);
     for (double v : itl_) metrics_.itl_s.observe(v);
   }
+}
+
+void EngineImpl::emit_or_jump(Request& r, StreamEvent& ev) {
+  if (!r.constraints || !r.constraints->jumps()) return emit(r, ev);
+  jumps_.emplace_back(&r, std::move(ev));
+  ev = StreamEvent{};
+}
+
+void EngineImpl::apply_jumps() {
+  for (auto& [r, ev] : jumps_) {
+    const FinishReason why = jump(*r, ev);
+    if (why != FinishReason::none) finish(*r, why, ev);
+    else emit(*r, ev);
+  }
+  jumps_.clear();
 }
 
 void EngineImpl::observe_idle(const StepResult& res) {
@@ -936,12 +1010,14 @@ void EngineImpl::apply(StepPlan& plan, const StepResult& res) {
       kv->commit(r.tokens.data(), r.num_computed, r.block_table, r.block_hashes);
     }
     if (why != FinishReason::none) finish(r, why, ev);
+    else if (row.accepted < 0) emit_or_jump(r, ev);
     else emit(r, ev);
     if (spec) {
       if (r.terminal()) r.spec_slot.reset();
       else r.spec_next = row.spec_next;
     }
   }
+  apply_jumps();
   if (!itl_.empty()) {
     std::lock_guard<std::mutex> lk(metrics_mu_);
     for (double v : itl_) metrics_.itl_s.observe(v);
@@ -982,7 +1058,29 @@ FinishReason EngineImpl::push_token(Request& r, int32_t t, const TokenLogprob* l
   return stop_reason(r, t, r.tokens.size() - 1);
 }
 
+FinishReason EngineImpl::jump(Request& r, StreamEvent& ev) {
+  if (!r.constraints || !r.constraints->jumps()) return FinishReason::none;
+  r.constraints->take_forced(forced_);
+  if (forced_.empty()) return FinishReason::none;
+  if (r.has_future()) {
+    // The step in flight samples after r's last token: the forced run takes the place of the id
+    // it samples (dropped when it is applied); the K/V it computes for r's last token is kept.
+    r.tokens.pop_back();
+    r.future_voided = true;
+  }
+  const GenerateParams& p = r.params;
+  for (int32_t t : forced_) {
+    r.tokens.push_back(t);
+    ev.tokens.push_back(t);
+    if ((!p.ignore_eos && eos.count(t)) ||
+        std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), t) != p.stop_token_ids.end())
+      return FinishReason::stop;
+  }
+  return FinishReason::none;
+}
+
 void EngineImpl::finish(Request& r, FinishReason why, StreamEvent& ev) {
+  if (r.constraints) r.constraints->close();  // nothing waits for its masks any more
   if (r.has_future()) {
     // Overlap: the id of the step in flight will not be applied. KV is claimed only for
     // known ids' positions below the last one, as the simple loop leaves it.

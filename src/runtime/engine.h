@@ -53,6 +53,10 @@ struct GenerateParams {
   std::shared_ptr<const StructuredRequest> structured;
   std::vector<std::pair<int32_t, float>> logit_bias;
   int min_tokens = 0;
+  // Jump-forward decoding for a grammar (runtime/structured.h): bytes the grammar forces are
+  // appended as tokens without sampling them. The engine turns it off under EAGLE3, with
+  // EngineOptions::disable_jump_forward, and for requests with logprobs.
+  bool jump_forward = true;
 };
 
 struct TokenLogprob {
@@ -135,6 +139,9 @@ struct EngineOptions {
   // mixed_prefill_tokens of the chunked_prefill_size budget (off: up to the whole budget).
   bool enable_mixed_batch = false;
   int mixed_prefill_tokens = 512;
+  // No jump-forward decoding for grammar-constrained requests (SGLang's --disable-jump-forward):
+  // every token is sampled, also where the grammar forces the next bytes.
+  bool disable_jump_forward = false;
   // Host-memory KV tier (KvStore): on with the prefix cache unless disabled; its size is
   // kvstore_size_gb GiB when > 0, else kvstore_ratio x the device pool (capped at half the
   // host memory available at start).

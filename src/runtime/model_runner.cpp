@@ -8,6 +8,7 @@
 #include "ops/lm_head.h"
 #include "runtime/cuda_graph_runner.h"
 #include "runtime/device_logits.h"
+#include "runtime/token_mask.h"
 #include "runtime/tp_workers.h"
 
 namespace ts {
@@ -209,12 +210,23 @@ DeviceLogits* ModelRunner::logits_proc() {
 }
 
 bool ModelRunner::run_sampled(const std::vector<SeqChunk>& chunks, const std::vector<ops::SamplingRow>& rows,
-                              std::vector<int32_t>& ids, const std::vector<ops::LogitsProcRow>* proc) {
+                              std::vector<int32_t>& ids, const std::vector<ops::LogitsProcRow>* proc,
+                              const StepMasks* masks) {
   build_s_ = 0;
   // Under tensor parallelism every rank must replay its graph (the collectives inside wait for
   // all of them): such steps go through run(), which drives every rank, and sample after it.
   if (tp_) return false;
-  return graphs_ && graphs_->try_run_sampled(chunks, rows, batch_, ids, proc);
+  return graphs_ && graphs_->try_run_sampled(chunks, rows, batch_, ids, proc, masks);
+}
+
+TokenMaskBuffer* ModelRunner::token_mask(int64_t rows) {
+  const int64_t want = std::max<int64_t>(rows, 256);
+  if (!token_mask_ || (!token_mask_frozen_ && token_mask_->rows_cap() < rows)) {
+    const int64_t cap = token_mask_ ? std::max(want, token_mask_->rows_cap()) : want;
+    token_mask_ = std::make_unique<TokenMaskBuffer>(cap, model_->config().vocab_size, model_->device());
+  }
+  if (graphs_) token_mask_frozen_ = true;
+  return token_mask_.get();
 }
 
 bool ModelRunner::run_greedy(const std::vector<SeqChunk>& chunks, std::vector<int32_t>& ids) {

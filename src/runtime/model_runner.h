@@ -56,6 +56,8 @@ class BatchBuilder {
 
 class CudaGraphRunner;
 class DeviceLogits;
+class TokenMaskBuffer;
+struct StepMasks;
 struct GraphOptions;
 class TpWorkers;
 class StepChannel;
@@ -95,8 +97,15 @@ class ModelRunner {
   // Decode step with sampling inside the CUDA graph (rows[i] samples chunk i); false when no
   // graph applies (then call run() and sample).
   // proc: device logits processing of the rows (runtime/device_logits.h; null: none).
+  // masks: the rows' grammar masks (runtime/token_mask.h; null: none), uploaded after the
+  // forward was launched and applied before the sampler.
   bool run_sampled(const std::vector<SeqChunk>& chunks, const std::vector<ops::SamplingRow>& rows, std::vector<int32_t>& ids,
-                   const std::vector<ops::LogitsProcRow>* proc = nullptr);
+                   const std::vector<ops::LogitsProcRow>* proc = nullptr, const StepMasks* masks = nullptr);
+  // The grammar mask rows of a step (runtime/token_mask.h): created on first use with at least
+  // `rows` rows (the engine asks for --max-num-seqs before the decode graphs capture it); it
+  // grows only until the graphs captured it.
+  TokenMaskBuffer* token_mask(int64_t rows = 0);
+  TokenMaskBuffer* token_mask_if_any() { return token_mask_.get(); }
   // Device logits processing (penalties, logit_bias, min_tokens) for a CUDA model: created on
   // first use, or before the decode graphs are captured (they replay its kernels); null on the CPU.
   DeviceLogits* logits_proc();
@@ -142,6 +151,8 @@ class ModelRunner {
   double build_s_ = 0;
   std::unique_ptr<CudaGraphRunner> graphs_;
   std::unique_ptr<DeviceLogits> logits_proc_;
+  std::unique_ptr<TokenMaskBuffer> token_mask_;
+  bool token_mask_frozen_ = false;  // captured by decode graphs: never reallocated
   std::shared_ptr<TpWorkers> tp_;
   std::vector<std::unique_ptr<ModelRunner>> peers_;  // index = rank; [0] empty
   std::shared_ptr<StepChannel> channel_;             // multi-node node 0 (null: one node)

@@ -1,5 +1,7 @@
 #include "runtime/plain_worker.h"
 
+#include "runtime/structured.h"
+
 #include <chrono>
 
 namespace ts {
@@ -22,7 +24,7 @@ void PlainWorker::stage(const StepPlan& plan, StagedStep& s) const {
   s.proc.clear();
   s.proc_any = false;
   s.host = false;
-  s.masked = false;
+  s.masks.clear();
   s.greedy = true;
   s.live = false;
   if (s.tables.size() < n) s.tables.resize(n);
@@ -51,8 +53,12 @@ void PlainWorker::stage(const StepPlan& plan, StagedStep& s) const {
       s.sampling.push_back(sampling_row(r));
       s.logprobs.push_back(r.params.logprobs);
       s.reqs.push_back(&r);
-      s.host = s.host || needs_host_logits(r);
-      s.masked = s.masked || needs_mask(r);  // structured outputs: sample_batch applies the masks
+      const bool host = needs_host_logits(r);  // host rows: sample_batch applies their constraints
+      s.host = s.host || host;
+      const bool grammar = !host && r.constraints && r.constraints->has_grammar();
+      s.masks.cons.push_back(grammar ? r.constraints : nullptr);
+      s.masks.after.push_back(r.num_generated());  // a future id counts: its token comes first
+      s.masks.any = s.masks.any || grammar;
       s.greedy = s.greedy && greedy_without_logits(r);
     }
   }
@@ -60,7 +66,7 @@ void PlainWorker::stage(const StepPlan& plan, StagedStep& s) const {
 }
 
 void PlainWorker::run_staged(StagedStep& s, const StepResult* prev, StepResult& out) {
-  TS_CHECK(s.live || (!s.host && !s.masked), "a step that needs host logits or masks cannot run overlapped");
+  TS_CHECK(s.live || !s.host, "a step that needs host logits cannot run overlapped");
   out.clear(s.rows);
   // Futures: the previous step's sampled ids (host copies, as that step returned them).
   for (int32_t& t : s.ids) {
@@ -75,8 +81,8 @@ void PlainWorker::run_staged(StagedStep& s, const StepResult* prev, StepResult& 
   bool sampled = false;
   // All greedy, nothing to process: the LM head may write the ids without logits.
   if (s.greedy && !s.proc_any) sampled = runner_.run_greedy(s.seq, ids_);
-  if (!sampled && !s.host && !s.masked && s.sample_row.size() == s.seq.size())
-    sampled = runner_.run_sampled(s.seq, s.sampling, ids_, s.proc_any ? &s.proc : nullptr);
+  if (!sampled && !s.host && s.sample_row.size() == s.seq.size())
+    sampled = runner_.run_sampled(s.seq, s.sampling, ids_, s.proc_any ? &s.proc : nullptr, s.masks.any ? &s.masks : nullptr);
   if (sampled) {
     samples_.resize(ids_.size());
     for (size_t i = 0; i < ids_.size(); ++i) samples_[i].token = ids_[i];
@@ -85,9 +91,16 @@ void PlainWorker::run_staged(StagedStep& s, const StepResult* prev, StepResult& 
     DeviceLogits* proc = s.proc_any ? runner_.logits_proc_if_any() : nullptr;
     if (proc) proc->upload(s.proc);
     if (proc && !s.host) proc->apply(logits);  // host logits: sample_batch applies the CPU's
+    if (!s.host && s.masks.any) {
+      // The forward is queued (or, on the CPU, done): wait for the masks, then mask on the device.
+      TokenMaskBuffer* tm = runner_.token_mask(int64_t(s.masks.cons.size()));
+      tm->upload(s.masks);
+      Tensor m = tm->rows(int64_t(s.masks.cons.size()));
+      ops::apply_token_bitmask(logits, m);
+    }
     // The device work (forward + sampling) completes inside the copy of the ids: it counts as
     // device time, not host time.
-    if (s.live) {
+    if (s.host) {
       sample_batch(logits, s.reqs, samples_);
     } else if (!s.sampling.empty()) {
       ops::sample(logits, s.sampling, ids_);

@@ -1,6 +1,9 @@
 // PlainWorker: the non-speculative step. One forward over every row of the plan (decodes and
 // prefill chunks in one batch), then sampling of the rows that end their sequence — inside the
-// decode CUDA graph when the step is pure decode, one fits and no request needs host logits.
+// decode CUDA graphs when the step is pure decode, one fits and no request needs host logits.
+// Grammar rows (runtime/token_mask.h) are masked on the device before the sampler, in the graphs
+// too; their masks are waited for after the forward was launched, so in the overlap loop a
+// constrained request's step N+1 runs its forward while step N's token is still being applied.
 //
 // A step is two halves so the overlap loop can run the second on its own thread:
 //  - stage() (engine thread) copies everything the step reads from its requests (input ids,
@@ -18,6 +21,7 @@
 #include "runtime/model_runner.h"
 #include "runtime/sampler.h"
 #include "runtime/step.h"
+#include "runtime/token_mask.h"
 
 namespace ts {
 
@@ -38,7 +42,9 @@ struct StagedStep {
   std::vector<ops::LogitsProcRow> proc;
   bool proc_any = false;
   bool host = false;                         // some sampled row needs host logits
-  bool masked = false;                       // some sampled row has logits constraints (grammar)
+  // Per sampled row: its grammar (device-maskable rows; null otherwise) and the tokens it must
+  // have accepted first. Held by shared_ptr: an overlapped step may outlive its requests' turn.
+  StepMasks masks;
   bool greedy = false;                       // every sampled row is greedy_without_logits (and there is one)
   bool live = false;
   size_t rows = 0;
@@ -51,11 +57,12 @@ class PlainWorker final : public Worker {
   void execute(const StepPlan& plan, StepResult& out) override;
   std::shared_ptr<const int> acquire_slot() override { return nullptr; }
   // Whether a request's steps may be staged ahead of the previous step's ids (no host logits:
-  // penalties read the token history, which then still holds futures; no constraints: the
-  // grammar's mask for step N+1 depends on the token step N samples).
+  // penalties read the token history, which then still holds futures). A grammar alone is fine:
+  // the mask of step N+1 depends on the token step N samples, so the device thread waits for it
+  // (LogitsConstraints::mask_after) after launching N+1's forward, before N+1's sampling.
   // Device-processed requests (runtime/device_logits.h) keep the simple loop too: a slot is
   // seeded from the whole token history, which must hold no futures.
-  static bool can_overlap(const Request& r) { return !needs_host_logits(r) && !needs_mask(r) && !DeviceLogits::wants(r); }
+  static bool can_overlap(const Request& r) { return !needs_host_logits(r) && !DeviceLogits::wants(r); }
   // Copies the plan into `s` (engine thread). Row ids the previous step has not produced yet
   // must already be futures in the requests' tokens (the engine's pre-apply).
   void stage(const StepPlan& plan, StagedStep& s) const;

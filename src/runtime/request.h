@@ -96,6 +96,9 @@ struct Request {
   // PlainWorker: the id the step in flight samples), resolved when that step is applied.
   bool finishing = false;
   bool has_future() const { return !tokens.empty() && tokens.back() < 0; }
+  // Overlap loop, jump-forward: tokens the grammar forced replaced the future id of the step in
+  // flight, whose row for this request is then void (applied as nothing but its KV).
+  bool future_voided = false;
 
   Clock::time_point submitted, first_token, last_token;
   Clock::time_point scheduled;  // first admission (queue time = scheduled - submitted)

@@ -25,7 +25,7 @@ bool needs_host_logits(const Request& r);
 // no logprobs, no penalties, no logits constraints (logit_bias, min_tokens, grammar). Steps
 // whose sampled rows all are may skip the logits (ModelRunner::run_greedy).
 bool greedy_without_logits(const Request& r);
-// Whether a request's logits need a grammar mask (never sampled inside a decode graph yet).
+// Whether a request has logits constraints (a grammar, logit_bias, min_tokens).
 inline bool needs_mask(const Request& r) { return r.constraints != nullptr; }
 // logits: f32 [N, V] (host, modified in place by penalties; or on the device when no request
 // needs host logits); reqs[i] owns row i.

@@ -46,8 +46,11 @@ void Scheduler::plan(StepPlan& plan) {
   for (size_t i = 0; i < running_.size(); ++i) {
     Request& r = *running_[i];
     if (!r.is<state::Decoding>() || r.finishing) continue;  // finishing: ends with the step in flight
-    int n = std::min(r.remaining_to_compute(), opts_.decode_tokens);
-    int64_t need = int64_t(r.num_computed) + opts_.decode_tokens + opts_.extra_decode_slots;
+    // One token (or the verify width), or, after a jump-forward appended tokens the grammar
+    // forced (plain decoding only), all of them as one chunk that samples after the last.
+    int n = opts_.decode_tokens == 1 ? std::max(r.remaining_to_compute(), 1)
+                                     : std::min(r.remaining_to_compute(), opts_.decode_tokens);
+    int64_t need = int64_t(r.num_computed) + std::max(n, opts_.decode_tokens) + opts_.extra_decode_slots;
     bool self_retracted = false;
     while (!kv_.ensure(r.block_table, need)) {
       if (!retract_newest(i, plan)) {  // nothing newer to preempt: r itself waits
@@ -58,7 +61,7 @@ void Scheduler::plan(StepPlan& plan) {
     }
     if (self_retracted) break;  // r was the newest; everything older is already scheduled
     out.push_back({&r, n});
-    budget -= opts_.decode_tokens;
+    budget -= std::max(n, opts_.decode_tokens);
   }
   // Mixed batches: decodes were planned, so the prefill share is capped.
   if (opts_.mixed_prefill_tokens > 0 && !out.empty()) budget = std::min(budget, opts_.mixed_prefill_tokens);

@@ -1,6 +1,7 @@
 // Scheduler: decides what runs in the next step, under a token budget.
 //  1. Every running request that is decoding gets its next token(s) (`decode_tokens` each:
-//     1, or the speculative verify width). When blocks run out, the newest running request is
+//     1, or the speculative verify width; with 1, every token not computed yet, i.e. the run a
+//     grammar's jump-forward appended, in one chunk). When blocks run out, the newest running request is
 //     retracted (its blocks released — full ones stay in the prefix cache — and it goes back to
 //     the front of the waiting queue, to be recomputed later).
 //  2. Running requests in the middle of a chunked prefill continue.

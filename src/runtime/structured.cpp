@@ -27,10 +27,11 @@ class MaskPool {
     cv_.notify_all();
     for (auto& t : threads_) t.join();
   }
-  void run(std::function<void()> job) {
+  void run(std::function<void()> job, bool urgent) {
     {
       std::lock_guard<std::mutex> lk(mu_);
-      q_.push_back(std::move(job));
+      if (urgent) q_.push_front(std::move(job));
+      else q_.push_back(std::move(job));
     }
     cv_.notify_one();
   }
@@ -57,9 +58,33 @@ class MaskPool {
 };
 }  // namespace
 
-void mask_pool_run(std::function<void()> job) {
+void mask_pool_run(std::function<void()> job, bool urgent) {
   static MaskPool pool;
-  pool.run(std::move(job));
+  pool.run(std::move(job), urgent);
+}
+
+std::vector<int32_t> forced_tokens(const tok::Tokenizer& tok, const grammar::Vocab& vocab, std::string_view bytes) {
+  // Whole UTF-8 characters only: a forced run may stop inside one (enum values that share a
+  // lead byte), and the tokenizer takes text.
+  size_t end = bytes.size(), k = end;
+  while (k > 0 && end - k < 4 && (uint8_t(bytes[k - 1]) & 0xC0) == 0x80) --k;  // continuation bytes
+  if (k > 0) {
+    const uint8_t lead = uint8_t(bytes[k - 1]);
+    const size_t len = lead < 0x80 ? 1 : (lead >> 5) == 0x6 ? 2 : (lead >> 4) == 0xE ? 3 : (lead >> 3) == 0x1E ? 4 : 1;
+    if (k - 1 + len > end) end = k - 1;  // the last character is cut: leave it to the sampler
+  }
+  if (end == 0) return {};
+  std::vector<int32_t> ids = tok.encode(bytes.substr(0, end), false);
+  // Keep the last token back when a longer token starts with its bytes: the bytes after the run
+  // are the sampler's, and they may belong to that longer token (`"ap` + `ple"` -> `"apple"`).
+  // Byte-level BPE never merges across a pre-tokenizer split (the GPT-2 / Llama-3 / Qwen splits
+  // cut at every change between letters, digits, spaces and punctuation), so the following bytes
+  // can only re-tokenize the run's last piece, and in the runs a grammar forces (JSON punctuation
+  // and key names, both closed by the next split) that piece's earlier tokens stay as they are
+  // when its last token cannot grow. Whatever happens, every token still passes the matcher:
+  // this rule is about staying close to the model's own tokenization, not about validity.
+  if (!ids.empty() && vocab.extendable(ids.back())) ids.pop_back();
+  return ids;
 }
 
 // --- GrammarCache ----------------------------------------------------------------------------
@@ -109,6 +134,7 @@ std::shared_ptr<const StructuredRequest> GrammarCache::prepare(const StructuredR
     }
     out->compiled = std::move(cg);
   }
+  out->tokenizer = tok_;
   if (out->reasoning != StructuredRequest::Reasoning::none) {
     auto s = tok_->token_to_id("<think>"), e = tok_->token_to_id("</think>");
     if (s && e) {
@@ -152,7 +178,11 @@ LogitsConstraints::LogitsConstraints(const GenerateParams& p, const std::vector<
       default: phase_ = trigger_.empty() ? Phase::active : Phase::free;
     }
     mask_.assign(size_t(matcher_->grammar().vocab().mask_words()), 0);
-    start_mask();
+    has_grammar_ = true;
+    tok_ = p.structured->tokenizer;
+    jump_ = p.jump_forward && tok_ && p.logprobs < 0;
+    max_tokens_ = p.max_tokens;
+    start_mask(false);
   }
 }
 
@@ -167,14 +197,68 @@ bool LogitsConstraints::grammar_applies() const {
   return phase_ == Phase::active || (phase_ == Phase::first_optional_think && trigger_.empty());
 }
 
-void LogitsConstraints::start_mask() {
-  mask_valid_ = false;
-  if (!grammar_applies()) return;
+void LogitsConstraints::start_mask(bool counted) {
+  const bool applies = grammar_applies();
+  // Forced runs only inside the grammar proper (not the optional <think> position).
+  const bool jump = applies && jump_ && phase_ == Phase::active;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    pending_ = true;
+    if (counted) ++accepted_;
+    applies_ = applies;
+    mask_valid_ = false;
+    pending_ = applies;
+    forced_.clear();
+    forced_ready_ = !jump;
   }
-  mask_pool_run([this] { compute_mask(); });
+  cv_.notify_all();
+  if (!applies) return;
+  if (jump) {
+    mask_pool_run(
+        [this] {
+          compute_forced();
+          mask_pool_run([this] { compute_mask(); });
+        },
+        true);
+  } else {
+    mask_pool_run([this] { compute_mask(); });
+  }
+}
+
+void LogitsConstraints::compute_forced() {
+  std::vector<int32_t> ids;
+  int64_t budget;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    budget = max_tokens_ - accepted_ - 1;  // one token is left to sample after the run
+  }
+  const std::string bytes = budget > 0 ? matcher_->jump_forward() : std::string();
+  if (!bytes.empty()) {
+    ids = forced_tokens(*tok_, compiled_->vocab(), bytes);
+    if (int64_t(ids.size()) > budget) ids.resize(size_t(budget));
+    // Accepted as advance() accepts sampled tokens, except that a token the grammar refuses
+    // (a tokenizer that normalizes, an added token) ends the run before it instead of failing.
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (!matcher_->accept_token(ids[i])) {
+        ids.resize(i);
+        break;
+      }
+      // A triggered match whose end tag was forced: free text again (as in advance()).
+      if (!trigger_.empty() && trigger_repeat_ && matcher_->can_terminate()) {
+        enter_free_text();
+        matcher_ = std::make_unique<grammar::Matcher>(compiled_);
+        ids.resize(i + 1);
+        break;
+      }
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    forced_ = std::move(ids);
+    accepted_ += int64_t(forced_.size());
+    applies_ = grammar_applies();
+    forced_ready_ = true;
+  }
+  cv_.notify_all();
 }
 
 void LogitsConstraints::fill_mask(uint32_t* row) {
@@ -184,24 +268,60 @@ void LogitsConstraints::fill_mask(uint32_t* row) {
 }
 
 void LogitsConstraints::compute_mask() {
-  fill_mask(mask_.data());
+  bool applies;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    applies = applies_;
+  }
+  if (applies) fill_mask(mask_.data());
   std::lock_guard<std::mutex> lk(mu_);
-  mask_valid_ = true;
+  mask_valid_ = applies;
   pending_ = false;
   cv_.notify_all();
 }
 
 const uint32_t* LogitsConstraints::wait_mask() {
-  // A finished grammar allows nothing: its request is done, its row is left alone.
-  if (!grammar_applies()) return nullptr;
   std::unique_lock<std::mutex> lk(mu_);
-  if (!pending_ && !mask_valid_) {  // never scheduled (cannot happen today): compute inline
-    lk.unlock();
-    compute_mask();
-    lk.lock();
-  }
   cv_.wait(lk, [&] { return !pending_; });
-  return mask_.data();
+  // A finished grammar allows nothing: its request is done, its row is left alone.
+  return applies_ && mask_valid_ ? mask_.data() : nullptr;
+}
+
+int64_t LogitsConstraints::accepted() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return accepted_;
+}
+
+bool LogitsConstraints::mask_after(int64_t after, uint32_t* row, int64_t words) {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return closed_ || (accepted_ >= after && !pending_); });
+  if (closed_ || !applies_ || !mask_valid_) return false;
+  const int64_t n = std::min<int64_t>(words, int64_t(mask_.size()));
+  std::copy(mask_.begin(), mask_.begin() + n, row);
+  std::fill(row + n, row + words, 0u);  // ids past the tokenizer's vocabulary (a padded embedding)
+  return true;
+}
+
+void LogitsConstraints::close() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    closed_ = true;
+  }
+  cv_.notify_all();
+}
+
+void LogitsConstraints::take_forced(std::vector<int32_t>& out) {
+  out.clear();
+  if (!jump_) return;
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return forced_ready_ || closed_; });
+  out.swap(forced_);
+  forced_.clear();
+}
+
+bool LogitsConstraints::forced_ready() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return forced_ready_;
 }
 
 void LogitsConstraints::apply(float* l, int64_t vocab, int n_generated) {
@@ -241,13 +361,20 @@ void LogitsConstraints::apply_with(float* l, int64_t vocab, int n_generated, con
 }
 
 void LogitsConstraints::accept(int32_t t) {
-  if (!matcher_ || failed_) return;
-  {
+  // The job of the previous state first: until it is done the matcher (and the phase) are its.
+  if (has_grammar_) {
     std::unique_lock<std::mutex> lk(mu_);
     cv_.wait(lk, [&] { return !pending_; });
   }
+  if (!has_grammar_ || failed_) {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++accepted_;
+    applies_ = false;
+    return;
+  }
   advance(t);
-  if (!matcher_->is_terminated()) start_mask();
+  done_ = matcher_->is_terminated();
+  start_mask(true);
 }
 
 void LogitsConstraints::enter_free_text() {
@@ -373,7 +500,5 @@ void LogitsConstraints::spec_end() {
   spec_ = false;
   spec_steps_ = matcher_steps_ = 0;
 }
-
-bool LogitsConstraints::grammar_done() const { return matcher_ && matcher_->is_terminated(); }
 
 }  // namespace ts

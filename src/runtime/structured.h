@@ -10,6 +10,17 @@
 // only if it is not ready yet. After a token is chosen the engine calls accept(); a grammar that
 // has accepted a stop id (allowed only where the grammar can end) finishes the request.
 //
+// Threading: accept(), take_forced(), close() and the spec_* walk run on the engine thread;
+// mask_after() also runs on the overlap loop's device thread, which samples step N+1 while the
+// engine thread is still applying step N: it waits until the token it depends on was accepted
+// (a count, not a flag) and its mask computed, or the request was closed. The matcher is touched
+// by one thread at a time: the engine thread between jobs, a mask thread during one.
+//
+// Jump-forward (SGLang's name; llguidance's fast-forward tokens): where the grammar admits exactly
+// one continuation for the next bytes (`{"name":"`, a key of a strict schema), the mask job first
+// tokenizes those bytes and accepts the tokens itself; the engine appends them to the request
+// (take_forced) and computes them as one multi-token chunk before it samples again.
+//
 // Reasoning models: with a reasoning parser the grammar starts after the reasoning block. qwen3:
 // the first token may also be <think> (then the grammar waits for </think>); deepseek-r1: the
 // output starts inside the reasoning, the grammar waits for </think>. Both need <think>/</think>
@@ -17,10 +28,12 @@
 #pragma once
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -55,6 +68,9 @@ struct StructuredRequest {
   // end (llama3 tool calls: the whole output is the calls or none is). trigger_in_grammar: the
   // trigger's bytes are the grammar's first bytes too (llama3's "{" opens the call object).
   bool trigger_at_start = false, trigger_in_grammar = false;
+  // Set by GrammarCache::prepare: the served tokenizer, which jump-forward needs to tokenize forced
+  // bytes (null: no jump-forward).
+  std::shared_ptr<const tok::Tokenizer> tokenizer;
 };
 
 // Compiled grammars by key (LRU, `capacity` entries) over one tokenizer's vocabulary; the vocab
@@ -96,12 +112,30 @@ class LogitsConstraints {
   // The chosen token (after the engine appended it); starts the next mask in the background.
   void accept(int32_t token);
   // A stop id was accepted by the grammar: the output is complete.
-  bool grammar_done() const;
+  bool grammar_done() const { return done_; }
   // The grammar rejected a token (a bug or a client-forced token): the request should end.
   bool failed() const { return failed_; }
-  bool has_grammar() const { return matcher_ != nullptr; }
+  bool has_grammar() const { return has_grammar_; }
   // Only a grammar (no logit_bias / min_tokens): the mask can be applied on device logits.
-  bool device_maskable() const { return matcher_ && bias_.empty() && min_tokens_ == 0; }
+  bool device_maskable() const { return has_grammar_ && bias_.empty() && min_tokens_ == 0; }
+  // Tokens accept()ed so far plus the forced tokens the mask jobs accepted (= the request's
+  // generated tokens once the engine took every forced run).
+  int64_t accepted() const;
+  // The mask of the state after `after` accepted tokens, into row[words] (zeros past the
+  // grammar's vocabulary): blocks until that many tokens were accepted and the mask is computed
+  // (a later state's after a jump-forward: the row is then void anyway), or the request was
+  // closed. false, row untouched: no mask applies there (free text, reasoning, ended, closed).
+  bool mask_after(int64_t after, uint32_t* row, int64_t words);
+  // The request ended (or its step failed): wake and release every mask_after() waiter for good.
+  void close();
+
+  // Jump-forward. jumps(): enabled for this request (a tokenizer, GenerateParams::jump_forward,
+  // no logprobs). take_forced(): the tokens the grammar forced after the last accept (already
+  // accepted: accepted() counts them), moved into `out` (cleared; empty: none); blocks only until
+  // the pending job has decided them, never for its mask. forced_ready(): that decision is made.
+  bool jumps() const { return jump_; }
+  void take_forced(std::vector<int32_t>& out);
+  bool forced_ready();
   int64_t mask_words() const { return int64_t(mask_.size()); }
   // What apply() uses besides the grammar (device logits processing: runtime/device_logits.h).
   const std::vector<std::pair<int32_t, float>>& bias() const { return bias_; }
@@ -128,7 +162,11 @@ class LogitsConstraints {
   // replaces active outside a triggered match.
   enum class Phase { first_optional_think, reasoning, free, active };
   bool grammar_applies() const;  // the current state has a mask
-  void start_mask();  // schedules compute_mask on the pool
+  // After a state change (construction: counted = false; accept: true): publishes the new state
+  // under the lock and schedules its job on the pool -- the forced tokens first (jump-forward, at
+  // the front of the queue), then the mask.
+  void start_mask(bool counted);
+  void compute_forced();
   void compute_mask();
   void fill_mask(uint32_t* row);  // the current state's mask (plus <think> when optional)
   // biases, min_tokens, then mask m (null: no grammar at this position)
@@ -152,9 +190,21 @@ class LogitsConstraints {
   bool failed_ = false;
   std::vector<uint32_t> mask_;
   bool mask_valid_ = false;  // mask_ describes the current state
-  std::mutex mu_;
+  bool has_grammar_ = false;
+  bool done_ = false;        // the matcher terminated (set by accept(), read by the engine)
+  mutable std::mutex mu_;
   std::condition_variable cv_;
-  bool pending_ = false;
+  bool pending_ = false;     // a job is running or queued: the matcher is its
+  // Under mu_: tokens accepted so far; whether a mask applies after them; closed.
+  int64_t accepted_ = 0;
+  bool applies_ = false, closed_ = false;
+  // Jump-forward: enabled; the token budget (max_tokens: one token is always left to sample);
+  // the forced run of the last job and whether the job decided it yet.
+  bool jump_ = false;
+  int64_t max_tokens_ = 0;
+  std::shared_ptr<const tok::Tokenizer> tok_;
+  std::vector<int32_t> forced_;
+  bool forced_ready_ = true;
   // spec_begin() .. spec_end(): the saved gate and how many matcher tokens to roll back.
   bool spec_ = false;
   Phase spec_phase_ = Phase::active;
@@ -166,7 +216,13 @@ class LogitsConstraints {
 };
 
 // Host threads that compute next-step masks off the engine thread (process-wide, started on
-// first use; 2 threads). Jobs never block on each other.
-void mask_pool_run(std::function<void()> job);
+// first use; 2 threads). Jobs never block on each other; `urgent` ones (the engine waits for
+// them: jump-forward decisions) run before the queued masks.
+void mask_pool_run(std::function<void()> job, bool urgent = false);
+
+// Jump-forward's tokenization of forced bytes (exposed for tests): the tokenizer's ids for
+// `bytes` cut back to whole UTF-8 characters, without the last id when the vocabulary has a
+// longer token starting with its bytes (the text that follows could merge into it).
+std::vector<int32_t> forced_tokens(const tok::Tokenizer& tok, const grammar::Vocab& vocab, std::string_view bytes);
 
 }  // namespace ts

@@ -45,7 +45,7 @@ std::unique_ptr<httplib::Client> make_client(const std::string& base, double tim
 
 // expect_tokens: the completion length every request must have (< 0: at most -expect_tokens,
 // for grammar-constrained requests that end where the grammar does).
-Sample one_request(httplib::Client& cli, const std::string& body, int expect_tokens) {
+Sample one_request(httplib::Client& cli, const std::string& body, int expect_tokens, const char* path) {
   Sample s;
   auto t0 = Clock::now();
   auto last = t0;
@@ -54,7 +54,7 @@ Sample one_request(httplib::Client& cli, const std::string& body, int expect_tok
   bool done = false;
   httplib::Request req;
   req.method = "POST";
-  req.path = "/v1/completions";
+  req.path = path;
   req.body = body;
   req.set_header("Content-Type", "application/json");
   req.set_header("Accept", "text/event-stream");
@@ -163,13 +163,37 @@ std::vector<BenchServingResult> run_bench_serving(const BenchServingOptions& o) 
     schema = Json::parse(o.json_schema, nullptr, false);
     if (schema.is_discarded()) fail("bench serving: --json-schema is not valid JSON");
   }
-  const int expect = schema.is_null() ? o.max_tokens : -o.max_tokens;
+  Json tools;
+  if (!o.tools.empty()) {
+    tools = Json::parse(o.tools, nullptr, false);
+    if (tools.is_discarded() || !tools.is_array() || tools.empty())
+      fail("bench serving: --tools must be a non-empty JSON array of tools");
+  }
+  const bool chat = !tools.is_null();
+  const char* path = chat ? "/v1/chat/completions" : "/v1/completions";
+  // Tool calls (auto: where the model opens one) and schemas end where their grammar does.
+  const int expect = schema.is_null() && !chat ? o.max_tokens : -o.max_tokens;
+  static const char* kWords[] = {"the",   "data",  "file",  "value", "list",   "parse", "return", "user",
+                                 "time",  "city",  "query", "table", "string", "check", "result", "weather",
+                                 "count", "error", "path",  "name",  "number", "find",  "order",  "price"};
+  std::uniform_int_distribution<size_t> word(0, sizeof(kWords) / sizeof(kWords[0]) - 1);
   auto make_body = [&](std::mt19937_64& r) {
-    Json ids = Json::array();
-    for (int i = 0; i < o.prompt_tokens; ++i) ids.push_back(dist(r));
     Json b = Json::object();
     b["model"] = model;
-    b["prompt"] = std::move(ids);
+    if (chat) {
+      std::string text;
+      for (int i = 0; i < o.prompt_tokens; ++i) {
+        if (i) text += ' ';
+        text += kWords[word(r)];
+      }
+      b["messages"] = Json::array({Json{{"role", "user"}, {"content", text}}});
+      b["tools"] = tools;
+      b["tool_choice"] = o.tool_choice;
+    } else {
+      Json ids = Json::array();
+      for (int i = 0; i < o.prompt_tokens; ++i) ids.push_back(dist(r));
+      b["prompt"] = std::move(ids);
+    }
     b["max_tokens"] = o.max_tokens;
     b["temperature"] = 0;
     b["ignore_eos"] = true;
@@ -180,7 +204,7 @@ std::vector<BenchServingResult> run_bench_serving(const BenchServingOptions& o) 
   };
   {  // warm-up: one short request (not measured)
     auto cli = make_client(base, o.timeout_s);
-    one_request(*cli, make_body(rng), expect);
+    one_request(*cli, make_body(rng), expect, path);
   }
 
   std::vector<BenchServingResult> out;
@@ -196,7 +220,7 @@ std::vector<BenchServingResult> run_bench_serving(const BenchServingOptions& o) 
     for (int t = 0; t < std::min(c, n); ++t) {
       threads.emplace_back([&] {
         auto cli = make_client(base, o.timeout_s);
-        for (int i; (i = next.fetch_add(1)) < n;) samples[i] = one_request(*cli, bodies[i], expect);
+        for (int i; (i = next.fetch_add(1)) < n;) samples[i] = one_request(*cli, bodies[i], expect, path);
       });
     }
     for (auto& t : threads) t.join();

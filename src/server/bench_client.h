@@ -1,7 +1,7 @@
 // `tokenspeed bench serving`: a load generator for any OpenAI-compatible server. Each client
 // thread streams /v1/completions with random token-id prompts (ignore_eos, so every request
-// makes exactly max_tokens tokens, unless a JSON schema constrains it) and records TTFT and the
-// gaps between streamed chunks.
+// makes exactly max_tokens tokens, unless a JSON schema constrains it), or /v1/chat/completions
+// with tools, and records TTFT and the gaps between streamed chunks.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -23,6 +23,12 @@ struct BenchServingOptions {
   // a JSON value), so the same load runs grammar-constrained: its cost is the difference in tok/s
   // and ITL against a run without. Requests then end where the grammar does (<= max_tokens).
   std::string json_schema;
+  // Non-empty (a JSON array of OpenAI function tools): the load goes to /v1/chat/completions
+  // instead, with a prompt of `prompt_tokens` random words, these tools and `tool_choice` (auto:
+  // free text with calls enforced by a triggered grammar once the model opens one; required:
+  // every output is calls). Requests end where a required call ends (<= max_tokens).
+  std::string tools;
+  std::string tool_choice = "auto";
 };
 
 struct BenchServingResult {

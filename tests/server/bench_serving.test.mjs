@@ -45,3 +45,25 @@ test('bench serving --json-schema runs the load constrained', () => {
   const bad = spawnSync(BIN, ['bench', 'serving', '--base-url', srv.url, '--json-schema', '{not json'], { encoding: 'utf8' });
   assert.notEqual(bad.status, 0);
 });
+
+// --tools: chat completions with tools (tool_choice auto: a triggered grammar; required: every
+// output is calls), so tool-calling loads can be measured; bad tools are refused up front.
+test('bench serving --tools runs a chat load with tools', () => {
+  const tools = JSON.stringify([{ type: 'function', function: { name: 'get_weather',
+    parameters: { type: 'object', properties: { city: { type: 'string', maxLength: 8 } }, required: ['city'] } } }]);
+  for (const choice of ['auto', 'required']) {
+    const r = spawnSync(BIN, ['bench', 'serving', '--base-url', srv.url, '--concurrency', '2', '--num-prompts', '4',
+      '--prompt-tokens', '12', '--max-tokens', '48', '--seed', '5', '--tools', tools, '--tool-choice', choice],
+    { encoding: 'utf8', timeout: 300000 });
+    process.stdout.write(r.stdout);
+    process.stderr.write(r.stderr);
+    assert.equal(r.status, 0, choice);
+    const row = r.stdout.trim().split('\n')[1].trim().split(/\s+/);
+    assert.deepEqual(row.slice(0, 3), ['2', '4', '0'], choice);
+    assert.ok(Number(row[5]) > 0, 'output tok/s');
+  }
+  for (const bad of [['--tools', '{}'], ['--tools', '[]'], ['--tools', tools, '--tool-choice', 'sometimes']]) {
+    const r = spawnSync(BIN, ['bench', 'serving', '--base-url', srv.url, ...bad], { encoding: 'utf8' });
+    assert.notEqual(r.status, 0, bad.join(' '));
+  }
+});

@@ -13,7 +13,7 @@ import { generateObject, generateText, tool, jsonSchema } from 'ai';
 import { createOpenAICompatible } from '@ai-sdk/openai-compatible';
 import { ChatOpenAI } from '@langchain/openai';
 import path from 'node:path';
-import { startServer, postJson, ROOT } from './lib.mjs';
+import { startServer, postJson, metrics, ROOT } from './lib.mjs';
 
 let srv;
 let client;
@@ -310,8 +310,51 @@ test('LangChain ChatOpenAI withStructuredOutput (function calling and json_schem
   }
 });
 
+test('jump-forward: forced bytes take fewer engine steps, outputs stay valid, streamed text and usage agree', async () => {
+  // The main server jumps forward (the default); this one samples every token.
+  const plain = await startServer(['--disable-jump-forward']);
+  try {
+    const C = '/v1/completions';
+    const schema = { type: 'object', properties: { name: { type: 'string', maxLength: 8 },
+      kind: { enum: ['def', 'class', 'lambda'] }, n: { type: 'integer', minimum: 0, maximum: 99 } },
+    required: ['name', 'kind', 'n'], additionalProperties: false };
+    const steps = async (url) => (await metrics(url)).values.tokenspeed_engine_steps_total;
+    let jumped = 0, sampled = 0;
+    for (const prompt of ['def f(x):', 'class A:', 'import os']) {
+      const body = { prompt, max_tokens: 64, temperature: 0, guided_json: schema };
+      for (const [url, which] of [[srv.url, 'jump'], [plain.url, 'plain']]) {
+        const s0 = await steps(url);
+        const r = await postJson(url + C, body);
+        const used = (await steps(url)) - s0;
+        if (which === 'jump') jumped += used; else sampled += used;
+        assert.equal(r.status, 200, r.text);
+        const c = r.json.choices[0];
+        assert.equal(c.finish_reason, 'stop', c.text);
+        validate(schema, JSON.parse(c.text));
+        // Streamed: the deltas join to the same text; forced tokens are completion tokens.
+        const st = await fetch(url + C, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+          body: JSON.stringify({ ...body, stream: true, stream_options: { include_usage: true } }) });
+        let text = '', usage = null;
+        for (const line of (await st.text()).split('\n')) {
+          if (!line.startsWith('data: ') || line === 'data: [DONE]') continue;
+          const ev = JSON.parse(line.slice(6));
+          text += ev.choices?.[0]?.text ?? '';
+          usage = ev.usage ?? usage;
+        }
+        assert.equal(text, c.text, which);
+        assert.equal(usage.completion_tokens, r.json.usage.completion_tokens, which);
+      }
+    }
+    assert.ok(jumped < sampled, `engine steps with jump-forward ${jumped}, without ${sampled}`);
+  } finally {
+    await plain.stop();
+  }
+});
+
 test('structured outputs with EAGLE3 speculative decoding: valid, and greedy equals the plain server', async () => {
   const spec = await startServer(['--speculative-algorithm', 'EAGLE3', '--speculative-draft-model-path', path.join(ROOT, 'models/pycoder-eagle3')]);
+  // The reference samples every token, as EAGLE3 does (no jump-forward: forced runs tokenize differently).
+  const ref = await startServer(['--disable-jump-forward']);
   try {
     const C = '/v1/completions';
     const schema = { type: 'object', properties: { n: { type: 'integer', minimum: 0, maximum: 99 }, tag: { enum: ['a', 'b'] } },
@@ -320,7 +363,7 @@ test('structured outputs with EAGLE3 speculative decoding: valid, and greedy equ
       { logit_bias: { 5: 1 } }, { min_tokens: 2 }]) {
       const body = { prompt: 'def f(x):', max_tokens: 48, temperature: 0, ...fields };
       const got = await postJson(spec.url + C, body);
-      const want = await postJson(srv.url + C, body);
+      const want = await postJson(ref.url + C, body);
       assert.equal(got.status, 200, got.text);
       assert.equal(got.json.choices[0].text, want.json.choices[0].text, JSON.stringify(fields));
       if (fields.guided_json) validate(schema, JSON.parse(got.json.choices[0].text));
@@ -330,5 +373,6 @@ test('structured outputs with EAGLE3 speculative decoding: valid, and greedy equ
     for (const c of sampled.json.choices) validate(schema, JSON.parse(c.text));
   } finally {
     await spec.stop();
+    await ref.stop();
   }
 });

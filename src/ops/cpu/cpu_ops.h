@@ -15,6 +15,11 @@ void qk_norm_rope(Tensor& q, Tensor& k, const Tensor& wq, const Tensor& wk, floa
 void rope(Tensor& q, Tensor& k, const Tensor& positions, const Rope& rope);
 void silu_mul(const Tensor& x, Tensor& out);
 void linear(const Tensor& x, const Tensor& w, Tensor& out, const Tensor* bias);
+// Dynamic FP8 activation quantization per token and 128 channels (the W8A8 GEMM's input; the
+// oracle of ops::cuda::quantize_act_fp8): x f32 [M, K], K % 128 == 0; q u8 [M, K] e4m3 codes and
+// scale f32 [M, K/128] (row-major) with scale = amax / 448 of the group (1 where the group is all
+// zero) and q = e4m3(x / scale) rounded to nearest, so q x scale reproduces x within e4m3 rounding.
+void quantize_act_fp8(const Tensor& x, Tensor& q, Tensor& scale);
 void add_inplace(Tensor& y, const Tensor& x);
 void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache, const Tensor& slot_mapping);
 void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor* wq, const Tensor* wk, float eps,

@@ -5,6 +5,10 @@
 // per call (w tiles are the outer, parallel loop) which is what decode needs.
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cmath>
+
+#include "core/fp8.h"
 #include "ops/cpu/cpu_ops.h"
 
 namespace ts::ops::cpu {
@@ -81,6 +85,23 @@ void linear(const Tensor& x, const Tensor& w, Tensor& out, const Tensor* bias) {
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) op[i * os + j] += b[j];
   }
+}
+
+void quantize_act_fp8(const Tensor& x, Tensor& q, Tensor& scale) {
+  const int64_t M = x.rows(), K = x.size(-1), G = K / 128;
+  TS_CHECK(x.dtype == DType::f32 && K % 128 == 0 && q.dtype == DType::u8 && q.numel() == M * K &&
+               scale.dtype == DType::f32 && scale.numel() == M * G,
+           "quantize_act_fp8: x {} q {} scale {}", x.shape_str(), q.shape_str(), scale.shape_str());
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < G; ++g) {
+      const float* v = x.ptr<float>() + m * x.row_stride() + g * 128;
+      float amax = 0.0f;
+      for (int i = 0; i < 128; ++i) amax = std::max(amax, std::fabs(v[i]));
+      const float s = amax > 0.0f ? amax / kE4m3Max : 1.0f;
+      scale.ptr<float>()[m * G + g] = s;
+      uint8_t* o = q.ptr<uint8_t>() + m * K + g * 128;
+      for (int i = 0; i < 128; ++i) o[i] = f32_to_e4m3(v[i] / s);
+    }
 }
 
 }  // namespace ts::ops::cpu

@@ -28,6 +28,23 @@ void linear(const Tensor& x, const Tensor& w, Tensor& out, const Tensor* bias = 
             const KernelPolicy& policy = {});
 void add_inplace(Tensor& y, const Tensor& x);
 
+// W8A8 FP8 GEMM through cuBLASLt's Hopper block scaling (CUDA >= 12.9): out bf16 [M, N] (row
+// stride ldc) = sum_k e4m3(xq[m, k]) x_scale(m, k/128) e4m3(wq[n, k]) w_scale(n/128, k/128)
+// (+ bias bf16 [N]), fp32 accumulation. xq [M, K] contiguous e4m3 (K % 128 == 0), wq [N, K] e4m3
+// with row stride ldw. The scale tensors' element orders (Fp8ScaleOrder; bench/kernels/
+// fp8_gemm_lab.cu checks each against the CPU): x_scale [kb * ld + m] (token-major, ld = M or
+// M rounded up to 4) or [m * K/128 + kb]; w_scale [nb * K/128 + kb] (the checkpoint's grid, as
+// stored) or [kb * ceil(N/128) + nb]. Returns false (nothing launched) where cuBLASLt has no
+// algorithm for the shape: the caller falls back.
+struct Fp8ScaleOrder {
+  bool act_k_major = false;
+  bool act_ld_pad4 = false;
+  bool weight_n_major = false;
+};
+bool fp8_block_matmul(int64_t M, int64_t N, int64_t K, const void* xq, const float* x_scale, const void* wq,
+                      int64_t ldw, const float* w_scale, const void* bias, void* out, int64_t ldc,
+                      const Fp8ScaleOrder& order);
+
 void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
               const Tensor& slot_mapping);
 // Decode fusions (ops/cuda/fused.cu; ops.h describes them).

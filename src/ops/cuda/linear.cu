@@ -123,9 +123,10 @@ int64_t m_bucket(int64_t m) {
 struct AlgoKey {
   int64_t mb, n, k, ldx, ldw, ldc;
   int bias, ax, aw, ac, ab, f32out;
+  int fp8 = 0;  // 0: bf16 operands; else 1 + the FP8 block-scaled GEMM's scale orders
   bool operator<(const AlgoKey& o) const {
-    return std::tie(mb, n, k, ldx, ldw, ldc, bias, ax, aw, ac, ab, f32out) <
-           std::tie(o.mb, o.n, o.k, o.ldx, o.ldw, o.ldc, o.bias, o.ax, o.aw, o.ac, o.ab, o.f32out);
+    return std::tie(mb, n, k, ldx, ldw, ldc, bias, ax, aw, ac, ab, f32out, fp8) <
+           std::tie(o.mb, o.n, o.k, o.ldx, o.ldw, o.ldc, o.bias, o.ax, o.aw, o.ac, o.ab, o.f32out, o.fp8);
   }
 };
 
@@ -135,6 +136,7 @@ struct Lt {
   size_t ws_size = size_t(32) << 20;
   std::mutex mu;
   std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;
+  std::map<AlgoKey, bool> fp8_unsupported;  // block-scaled FP8 shapes the heuristic refused
   Lt() {
     TS_CUBLAS_CHECK(cublasLtCreate(&handle));
     ws = alloc(ws_size);
@@ -233,6 +235,82 @@ void lt_matmul(int64_t M, int64_t N, int64_t K, const void* x, int64_t ldx, cons
 }
 
 }  // namespace
+
+bool fp8_block_matmul(int64_t M, int64_t N, int64_t K, const void* xq, const float* x_scale, const void* wq,
+                      int64_t ldw, const float* w_scale, const void* bias, void* out, int64_t ldc,
+                      const Fp8ScaleOrder& order) {
+  // Row-major out[M,N] = column-major out^T[N,M] = op(A) B, as in lt_matmul: A = the weight (e4m3,
+  // column-major [K,N], TRANSA = T) with one f32 scale per 128x128 block (BLK128x128_32F), B = the
+  // quantized activations (e4m3, column-major [K,M]) with one f32 scale per token and 128 channels
+  // (VEC128_32F). Hopper's FP8 tensor cores take only this TN form.
+  Lt& L = lt();
+  const AlgoKey key{m_bucket(M), N, K, K, ldw, ldc, bias ? 1 : 0, 16, 16, align_bytes(out),
+                    bias ? align_bytes(bias) : 16, 0,
+                    1 + int(order.act_k_major) + 2 * int(order.weight_n_major) + 4 * int(order.act_ld_pad4)};
+  AlgoKey exact = key;  // refusals are remembered per exact M (a bucket's other sizes may work)
+  exact.mb = M;
+  {
+    std::lock_guard<std::mutex> g(L.mu);
+    if (L.fp8_unsupported.count(exact)) return false;
+  }
+  Layouts d;
+  TS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  TS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  TS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  const int32_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  TS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof(a_mode)));
+  TS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof(b_mode)));
+  TS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scale, sizeof(w_scale)));
+  TS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scale, sizeof(x_scale)));
+  if (bias) {
+    const cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
+    const cudaDataType_t bt = CUDA_R_16BF;
+    TS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
+    TS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    TS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
+  }
+  TS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, CUDA_R_8F_E4M3, uint64_t(K), uint64_t(N), ldw));
+  TS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, CUDA_R_8F_E4M3, uint64_t(K), uint64_t(M), K));
+  TS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, CUDA_R_16BF, uint64_t(N), uint64_t(M), ldc));
+  cublasLtMatmulAlgo_t algo;
+  bool have = false;
+  {
+    std::lock_guard<std::mutex> g(L.mu);
+    auto it = L.algos.find(key);
+    if (it != L.algos.end()) algo = it->second, have = true;
+  }
+  auto query = [&]() {
+    cublasLtMatmulPreference_t pref = nullptr;
+    TS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t wsz = L.ws_size;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsz, sizeof(wsz));
+    cublasLtMatmulHeuristicResult_t res[1] = {};
+    int n = 0;
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(L.handle, d.op, d.a, d.b, d.c, d.c, pref, 1, res, &n);
+    cublasLtMatmulPreferenceDestroy(pref);
+    std::lock_guard<std::mutex> g(L.mu);
+    if (st != CUBLAS_STATUS_SUCCESS || n == 0) {
+      L.fp8_unsupported[exact] = true;  // e.g. a cuBLAS without Hopper block scaling: callers fall back
+      return false;
+    }
+    algo = res[0].algo;
+    L.algos[key] = algo;
+    return true;
+  };
+  if (!have && !query()) return false;
+  const float alpha = 1.0f, beta = 0.0f;
+  cublasStatus_t st = cublasLtMatmul(L.handle, d.op, &alpha, wq, d.a, xq, d.b, &beta, out, d.c, out, d.c, &algo,
+                                     L.ws.get(), L.ws_size, stream());
+  if (st != CUBLAS_STATUS_SUCCESS && have) {
+    if (!query()) return false;
+    st = cublasLtMatmul(L.handle, d.op, &alpha, wq, d.a, xq, d.b, &beta, out, d.c, out, d.c, &algo, L.ws.get(),
+                        L.ws_size, stream());
+  }
+  TS_CUBLAS_CHECK(st);
+  return true;
+}
 
 void linear(const Tensor& x, const Tensor& w, Tensor& out, const Tensor* bias, const KernelPolicy& policy) {
   check_dev(x, DType::bf16, "linear x");

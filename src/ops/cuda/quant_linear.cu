@@ -2,6 +2,8 @@
 // tiles + cuBLASLt for prefill (ops/cuda/quant_linear.h).
 // The GEMVs' inner row dot products (and the in-register dequantization) are in quant_dot.cuh,
 // shared with the routed experts kept as stored (moe.cu).
+#include <cuda_fp8.h>
+
 #include <algorithm>
 
 #include "ops/cuda/common.cuh"
@@ -26,6 +28,13 @@ constexpr int kQuantMmaAutoM = 64;   // then mma (k blocks >= 64)
 constexpr int kQuantGemvMaxM = 8;    // else GEMV up to here, then dequantized tiles
 constexpr int kQuantGemvMaxForced = 16;
 constexpr int kQWarps = 8;   // one output feature per warp
+// W8A8 (fp8gemm) from this many rows on, where the weight and checkpoint allow it (see
+// fp8_gemm_applies): the FP8 tensor cores run at twice the bf16 rate and read 1 byte per weight,
+// against the dequantized tiles' extra pass over W per step.
+constexpr int64_t kFp8GemmAutoM = 32;
+// cuBLASLt's scale-tensor orders for BLK128x128 (weights) and VEC128 (activations): checked by
+// bench/kernels/fp8_gemm_lab.cu against the CPU on the H200.
+constexpr Fp8ScaleOrder kFp8Order{};
 constexpr size_t kDequantScratch = size_t(64) << 20;
 
 __device__ __forceinline__ void store_out(__nv_bfloat16* p, float v) { *p = __float2bfloat16(v); }
@@ -323,6 +332,40 @@ __global__ void fp8_dequant_kernel(const uint8_t* __restrict__ w, int64_t w_ld, 
   op[1] = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
+// One warp per (token, 128-channel group), 4 values a lane: amax, scale = amax / 448 (1 for an
+// all-zero group), codes e4m3(x / scale) rounded to nearest and saturated. IEEE division on both
+// sides, so the codes and scales are bit-equal to ops::cpu::quantize_act_fp8.
+// Rows M..rows-1 (padding up to the GEMM's multiple of 4) get zero codes and scale 1.
+__global__ void quant_act_kernel(const __nv_bfloat16* __restrict__ x, int64_t x_ld, int64_t M, int64_t rows, int G,
+                                 uint8_t* __restrict__ q, float* __restrict__ sc, int64_t s_ld, bool k_major) {
+  pdl_wait();
+  const int64_t item = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (item >= rows * G) return;
+  const int64_t m = item / G;
+  const int g = int(item % G);
+  if (m >= M) {
+    if (lane == 0) sc[k_major ? m * G + g : int64_t(g) * s_ld + m] = 1.0f;
+    *reinterpret_cast<uint32_t*>(q + m * int64_t(G) * 128 + g * 128 + lane * 4) = 0u;
+    return;
+  }
+  const uint2 raw = *reinterpret_cast<const uint2*>(x + m * x_ld + g * 128 + lane * 4);
+  const __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
+  const __nv_bfloat162 hi = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
+  const float v[4] = {__low2float(lo), __high2float(lo), __low2float(hi), __high2float(hi)};
+  float a = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+  const float s = a > 0.0f ? __fdiv_rn(a, 448.0f) : 1.0f;
+  pdl_trigger();
+  if (lane == 0) sc[k_major ? m * G + g : int64_t(g) * s_ld + m] = s;
+  uint32_t packed = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    packed |= uint32_t(__nv_cvt_float_to_fp8(__fdiv_rn(v[i], s), __NV_SATFINITE, __NV_E4M3)) << (8 * i);
+  *reinterpret_cast<uint32_t*>(q + m * int64_t(G) * 128 + g * 128 + lane * 4) = packed;
+}
+
 void check_weight(const LinearWeight& w) {
   const QuantScales& q = w.quant;
   const Tensor& s = q.scale;
@@ -352,6 +395,30 @@ void check_weight(const LinearWeight& w) {
 }
 
 }  // namespace
+
+bool fp8_gemm_applies(const LinearWeight& w) {
+  const QuantScales& q = w.quant;
+  return w.quantized() && !q.nvfp4 && q.act_fp8 && q.block_n_log2 == 7 && q.block_k_log2 == 7 && w.ndim == 2 &&
+         w.in_features() % 128 == 0 && w.row_stride() % 16 == 0 && aligned16(w.data);
+}
+
+Fp8ScaleOrder fp8_scale_order() { return kFp8Order; }
+
+void quantize_act_fp8(const Tensor& x, Tensor& q, float* scale, int64_t scale_ld, bool k_major) {
+  check_dev(x, DType::bf16, "quantize_act_fp8 x");
+  const int64_t M = x.rows(), K = x.size(-1);
+  TS_CHECK(K % 128 == 0 && x.row_stride() % 4 == 0 && reinterpret_cast<uintptr_t>(x.data) % 8 == 0,
+           "quantize_act_fp8: K {} must be a multiple of 128 with 8-byte aligned rows", K);
+  TS_CHECK(q.device == Device::cuda && q.dtype == DType::u8 && q.is_contiguous() && q.numel() % K == 0 &&
+               q.numel() >= M * K,
+           "quantize_act_fp8: q {} for x {}", q.shape_str(), x.shape_str());
+  const int64_t rows = q.numel() / K;  // rows past M: padding (zero codes, scale 1)
+  TS_CHECK(k_major || scale_ld >= rows, "quantize_act_fp8: scale ld {} < {} rows", scale_ld, rows);
+  const int64_t items = rows * (K / 128);
+  if (items == 0) return;
+  launch(quant_act_kernel, dim3(unsigned(ceil_div(items * 32, int64_t(256)))), dim3(256), 0, true,
+         x.ptr<__nv_bfloat16>(), x.row_stride(), M, rows, int(K / 128), q.ptr<uint8_t>(), scale, scale_ld, k_major);
+}
 
 void reserve_quant_scratch(size_t bytes) { workspace(3).get(std::max(kDequantScratch, bytes)); }
 
@@ -424,11 +491,54 @@ void quant_linear_kernel(const Tensor& x, const LinearWeight& w, Tensor& out, co
     kernel = QuantKernel::tiles;
   }
   const bool mma_ok = vec_ok && M <= 8 * kMmaMaxTiles && w.quant.block_k_log2 >= 6;
+  const bool fp8_ok = !f32out && fp8_gemm_applies(w) && x.ndim == 2 && out.ndim == 2 && x.row_stride() % 4 == 0 &&
+                      reinterpret_cast<uintptr_t>(x.data) % 8 == 0 && (!bp || aligned16(bp));
   if (kernel == QuantKernel::automatic)
-    kernel = M <= kQuantGemvAutoM && gemv_ok ? QuantKernel::gemv
-             : M <= kQuantMmaAutoM && mma_ok ? QuantKernel::mma
+    kernel = M <= kQuantGemvAutoM && gemv_ok  ? QuantKernel::gemv
+             : M >= kFp8GemmAutoM && fp8_ok   ? QuantKernel::fp8gemm
+             : M <= kQuantMmaAutoM && mma_ok  ? QuantKernel::mma
              : M <= kQuantGemvMaxM && gemv_ok ? QuantKernel::gemv
                                               : QuantKernel::tiles;
+  if (kernel == QuantKernel::fp8gemm && fp8_ok) {
+    // cuBLASLt's block-scaled FP8 GEMM wants M % 4 == 0 (H200: no algorithm at M = 13): the first
+    // M4 rows go straight into out; the last 1-3 rows run as a 4-row GEMM padded with zero rows
+    // into scratch and are copied over. Quantized activations, scales and that scratch live in
+    // workspace(3) (the tiles' scratch, unused on this path; reserved at load, so a prefill graph
+    // capture never grows it).
+    const int64_t G = K / 128, M4 = M / 4 * 4, tail = M - M4;
+    auto up = [](size_t b) { return (b + 255) / 256 * 256; };
+    const size_t q_main = up(size_t(M4 * K)), s_main = up(size_t(G * M4) * 4), q_tail = up(size_t(4 * K)),
+                 s_tail = up(size_t(G) * 16), d_tail = up(size_t(4 * N) * 2);
+    char* ws = static_cast<char*>(
+        workspace(3).get(std::max(kDequantScratch, q_main + s_main + q_tail + s_tail + d_tail)));
+    const float* wsc = w.quant.scale.ptr<float>();
+    bool done = true;
+    if (M4 > 0) {
+      Tensor xq = Tensor::from_blob(ws, {M4, K}, DType::u8, Device::cuda);
+      float* xs = reinterpret_cast<float*>(ws + q_main);
+      quantize_act_fp8(x.slice_rows(0, M4), xq, xs, M4, kFp8Order.act_k_major);
+      done = fp8_block_matmul(M4, N, K, xq.data, xs, w.data, w.row_stride(), wsc, bp, out.data, ldc, kFp8Order);
+    }
+    if (done && tail > 0) {
+      char* t = ws + q_main + s_main;
+      Tensor xq = Tensor::from_blob(t, {4, K}, DType::u8, Device::cuda);
+      float* xs = reinterpret_cast<float*>(t + q_tail);
+      void* d = t + q_tail + s_tail;
+      quantize_act_fp8(x.slice_rows(M4, M), xq, xs, 4, kFp8Order.act_k_major);
+      if (fp8_block_matmul(4, N, K, xq.data, xs, w.data, w.row_stride(), wsc, bp, d, N, kFp8Order)) {
+        for (int64_t r = 0; r < tail; ++r)
+          ::ts::cuda::copy_async(out.ptr<__nv_bfloat16>() + (M4 + r) * ldc, static_cast<__nv_bfloat16*>(d) + r * N,
+                                 size_t(N) * 2);
+        return;
+      }
+      // The tail alone falls back (W8A16 tiles for its rows).
+      Tensor xt = x.slice_rows(M4, M), ot = out.slice_rows(M4, M);
+      quant_linear_kernel(xt, w, ot, bias, QuantKernel::tiles);
+      return;
+    }
+    if (done) return;
+    kernel = QuantKernel::tiles;  // no cuBLASLt algorithm for this shape
+  }
   if (kernel == QuantKernel::gemv && gemv_ok) {
     if (f32out) gemv(int(M), x, w, bp, out.ptr<float>(), ldc);
     else gemv(int(M), x, w, bp, out.ptr<__nv_bfloat16>(), ldc);

@@ -7,6 +7,7 @@
 #pragma once
 #include "ops/kernel_policy.h"
 #include "ops/linear_weight.h"
+#include "ops/cuda/cuda_ops.h"
 #include "ops/ops.h"
 
 namespace ts::ops::cuda {
@@ -17,8 +18,20 @@ void quant_linear(const Tensor& x, const LinearWeight& w, Tensor& out, const Ten
                   const KernelPolicy& policy = {});
 // The kernels, for tests and the lab: gemv (CUDA cores, M <= 16), mma (tensor cores, M <= 64,
 // k blocks >= 64), tiles (dequantize + cuBLASLt); one that does not apply falls back to tiles.
-enum class QuantKernel { automatic, gemv, mma, tiles };
+// fp8gemm: W8A8 — activations quantized per token and 128 channels, then the block-scaled FP8
+// GEMM (cuBLASLt; 128x128 weight blocks of a checkpoint that declares dynamic FP8 activations,
+// K % 128 == 0, bf16 out); automatic from kFp8GemmAutoM rows (quant_linear.cu).
+enum class QuantKernel { automatic, gemv, mma, tiles, fp8gemm };
 void quant_linear_kernel(const Tensor& x, const LinearWeight& w, Tensor& out, const Tensor* bias, QuantKernel kernel);
+// Whether the fp8gemm kernel applies to w (weight-side conditions; M and the device's cuBLASLt
+// decide at the call, falling back to tiles).
+bool fp8_gemm_applies(const LinearWeight& w);
+// The activation side of fp8gemm, for tests and the lab: x bf16 [M, K] (K % 128 == 0, rows 8-byte
+// aligned) -> q u8 [M, K] e4m3 codes (contiguous) and f32 scales at scale[kb * scale_ld + m]
+// (token-major) or scale[m * K/128 + kb] (k_major); bit-equal to ops::cpu::quantize_act_fp8.
+void quantize_act_fp8(const Tensor& x, Tensor& q, float* scale, int64_t scale_ld, bool k_major);
+// The scale orders fp8gemm passes to ops::cuda::fp8_block_matmul (cuda_ops.h).
+Fp8ScaleOrder fp8_scale_order();
 // Allocates the prefill path's scratch (workspace(3)) now (the loader calls it), not during a graph
 // capture: at least `bytes` (the routed experts' dequantized chunk, expert_chunk below).
 void reserve_quant_scratch(size_t bytes = 0);

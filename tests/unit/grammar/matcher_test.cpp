@@ -49,6 +49,59 @@ TEST(Matcher, JumpForward) {
   EXPECT_TRUE(m.can_terminate());
 }
 
+// The forced-bytes query (jump-forward): the bytes every continuation starts with, stopping at a
+// choice, where the grammar may end, inside a free string, and after rollback as before.
+TEST(Matcher, JumpForwardStopsAtEveryChoice) {
+  auto cg = test::compile(json_schema_grammar(nlohmann::ordered_json::parse(
+      R"({"type":"object","properties":{"kind":{"enum":["apple","apricot"]},"n":{"type":"integer"},)"
+      R"("tag":{"const":"on"}},"required":["kind","n","tag"],"additionalProperties":false})"),
+      JsonSchemaOptions{.strict = true, .any_whitespace = false}));
+  Matcher m(cg);
+  EXPECT_EQ(m.jump_forward(), "{\"kind\":\"ap");  // the enum's common prefix, then a choice
+  ASSERT_TRUE(m.accept_bytes("{\"kind\":\"ap"));
+  EXPECT_EQ(m.jump_forward(), "");  // 'p' or 'r'
+  ASSERT_TRUE(m.accept_bytes("r"));
+  EXPECT_EQ(m.jump_forward(), "icot\",\"n\":");
+  ASSERT_TRUE(m.accept_bytes("icot\",\"n\":"));
+  EXPECT_EQ(m.jump_forward(), "");  // a digit or '-'
+  ASSERT_TRUE(m.accept_bytes("7"));
+  EXPECT_EQ(m.jump_forward(), "");  // more digits or ','
+  ASSERT_TRUE(m.accept_bytes(","));
+  // A const: the whole rest of the object.
+  EXPECT_EQ(m.jump_forward(), "\"tag\":\"on\"}");
+  m.rollback(1);
+  EXPECT_EQ(m.jump_forward(), "");
+  ASSERT_TRUE(m.accept_bytes(",\"tag\":\"on\"}"));
+  EXPECT_EQ(m.jump_forward(), "");  // complete: it may end (the stop token) -- no forced bytes
+  EXPECT_TRUE(m.can_terminate());
+}
+
+TEST(Matcher, JumpForwardIsEmptyInsideAFreeString) {
+  auto cg = test::compile(parse_gbnf(R"(root ::= "<" [a-z]+ ">" "!")"));
+  Matcher m(cg);
+  EXPECT_EQ(m.jump_forward(), "<");
+  ASSERT_TRUE(m.accept_bytes("<"));
+  EXPECT_EQ(m.jump_forward(), "");
+  ASSERT_TRUE(m.accept_bytes("ab"));
+  EXPECT_EQ(m.jump_forward(), "");  // another letter or '>'
+  ASSERT_TRUE(m.accept_bytes(">"));
+  EXPECT_EQ(m.jump_forward(), "!");
+}
+
+TEST(Vocab, ExtendableTokens) {
+  std::vector<std::string> b = {"a", "ab", "abc", "b", "\":", "\":\"", "x", "zz"};
+  Vocab v(b, std::vector<bool>(b.size(), false), {});
+  EXPECT_TRUE(v.extendable(0));   // "a" -> "ab"
+  EXPECT_TRUE(v.extendable(1));   // "ab" -> "abc"
+  EXPECT_FALSE(v.extendable(2));  // nothing longer starts with "abc"
+  EXPECT_FALSE(v.extendable(3));
+  EXPECT_TRUE(v.extendable(4));   // '":' -> '":"'
+  EXPECT_FALSE(v.extendable(5));
+  EXPECT_FALSE(v.extendable(7));
+  EXPECT_FALSE(v.extendable(-1));
+  EXPECT_FALSE(v.extendable(99));
+}
+
 // Brute force: token t is allowed iff accept_token(t) succeeds.
 void expect_masks_exact(const tok::Tokenizer& tok, const Grammar& g, const std::string& text, const char* what) {
   auto vocab = Vocab::from_tokenizer(tok);

@@ -3,7 +3,10 @@
 // reasoning gate, and sample_batch using them.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "grammar/ir.h"
@@ -12,6 +15,7 @@
 #include "runtime/request.h"
 #include "runtime/sampler.h"
 #include "runtime/structured.h"
+#include "runtime/token_mask.h"
 
 namespace ts {
 namespace {
@@ -363,6 +367,98 @@ TEST(Structured, SpecWalkMasksAndRollsBack) {
   feed(*c, "A\n</tc>");
   EXPECT_FALSE(c->failed());
   EXPECT_EQ(allowed_after(*c), kV);
+}
+
+// The overlap loop's device thread asks for the mask of the state after N accepted tokens
+// (mask_after) while the engine thread may not have accepted the N-th yet: it waits for it, gets
+// that state's mask, and is released by close() (the request ended) with no mask.
+TEST(Structured, MaskAfterWaitsForTheAcceptedToken) {
+  GenerateParams p;
+  p.structured = structured(grammar::choice_grammar({"yes", "no"}));
+  auto c = LogitsConstraints::make(p, {kStop});
+  const int64_t words = c->mask_words();
+  std::vector<uint32_t> row(size_t(words), 0);
+  ASSERT_TRUE(c->mask_after(0, row.data(), words));  // the first position: 'y' or 'n'
+  auto bits = [&] {
+    int n = 0;
+    for (uint32_t w : row) n += __builtin_popcount(w);
+    return n;
+  };
+  EXPECT_EQ(bits(), 2);
+  std::atomic<bool> done{false};
+  bool got = false;
+  std::thread waiter([&] {
+    got = c->mask_after(1, row.data(), words);
+    done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(done.load());  // token 1 is not accepted yet
+  c->accept('n');
+  waiter.join();
+  EXPECT_TRUE(got);
+  EXPECT_EQ(bits(), 1);  // after "n": only 'o'
+  EXPECT_TRUE((row['o' >> 5] >> ('o' & 31)) & 1u);
+  EXPECT_EQ(c->accepted(), 1);
+  // close(): a waiter for a token that never comes is released without a mask.
+  done = false;
+  std::thread stuck([&] {
+    got = c->mask_after(5, row.data(), words);
+    done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(done.load());
+  c->close();
+  stuck.join();
+  EXPECT_FALSE(got);
+}
+
+TEST(Structured, MaskAfterHasNoMaskInFreeTextOrAfterTheEnd) {
+  auto c = triggered(true);
+  const int64_t words = c->mask_words();
+  std::vector<uint32_t> row(size_t(words), 7);
+  EXPECT_FALSE(c->mask_after(0, row.data(), words));  // free text before the trigger
+  EXPECT_EQ(row[0], 7u);                              // untouched
+  feed(*c, "<tc>\n");
+  EXPECT_TRUE(c->mask_after(c->accepted(), row.data(), words));
+  GenerateParams p;
+  p.structured = structured(grammar::choice_grammar({"a"}));
+  auto d = LogitsConstraints::make(p, {kStop});
+  d->accept('a');
+  d->accept(kStop);
+  EXPECT_TRUE(d->grammar_done());
+  EXPECT_FALSE(d->mask_after(2, row.data(), words));
+}
+
+// The step's mask rows (runtime/token_mask.h) on the CPU backend: grammar rows get their mask
+// (ids past the tokenizer's vocabulary masked), the others all-ones, and rows masked by one step
+// are all-ones again in the next.
+TEST(Structured, TokenMaskBufferRows) {
+  const int64_t V = 300, W = (V + 31) / 32;  // a model vocabulary padded past the tokenizer's
+  TokenMaskBuffer buf(4, V, Device::cpu);
+  EXPECT_EQ(buf.words(), W);
+  GenerateParams p;
+  p.structured = structured(grammar::choice_grammar({"yes", "no"}));
+  StepMasks m;
+  m.cons = {LogitsConstraints::make(p, {kStop}), nullptr, LogitsConstraints::make(p, {kStop})};
+  m.after = {0, 0, 0};
+  m.any = true;
+  buf.upload(m);
+  Tensor t = buf.rows(3);
+  auto bit = [&](int64_t r, int64_t id) { return (t.ptr<uint32_t>()[r * W + (id >> 5)] >> (id & 31)) & 1u; };
+  for (int64_t r : {0, 2}) {
+    int n = 0;
+    for (int64_t id = 0; id < V; ++id) n += bit(r, id);
+    EXPECT_EQ(n, 2) << "row " << r;
+    EXPECT_TRUE(bit(r, 'y') && bit(r, 'n'));
+  }
+  for (int64_t id = 0; id < V; ++id) ASSERT_TRUE(bit(1, id));
+  StepMasks none;
+  none.cons = {nullptr, nullptr, nullptr, nullptr};
+  none.after = {0, 0, 0, 0};
+  buf.upload(none);
+  t = buf.rows(4);
+  for (int64_t r = 0; r < 4; ++r)
+    for (int64_t id = 0; id < V; ++id) ASSERT_TRUE(bit(r, id)) << r << " " << id;
 }
 
 }  // namespace
