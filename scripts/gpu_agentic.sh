@@ -10,6 +10,7 @@
 #     request with tools + tool_choice required and one with tool_choice auto; outputs validated.
 # Usage: scripts/gpu_agentic.sh [BIN_DIR] (default .device/bin: tokenspeed and test_cuda). Logs to
 # $OUT (default /tmp/out). Prints one PASS/FAIL line per check; exit status 1 on any FAIL.
+# SKIP_TEST_CUDA=1: only the server part (when gpu_verify.sh ran every suite in the same command).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-${BIN_DIR:-.device/bin}}
@@ -19,7 +20,9 @@ rc=0
 pass() { echo "PASS $*"; }
 failc() { echo "FAIL $*"; rc=1; }
 
-if [ -x "$B/test_cuda" ]; then
+if [ -n "${SKIP_TEST_CUDA:-}" ]; then
+  echo "test_cuda: skipped (SKIP_TEST_CUDA: the suites ran elsewhere, e.g. scripts/gpu_verify.sh)"
+elif [ -x "$B/test_cuda" ]; then
   F='CudaGrammarGraphs.*:CudaGrammarEngine.*:CudaBitmask.*:CudaGraphs.*:CudaLogitsProcEngine.*:SpecGraphs.*'
   timeout 200 "$B/test_cuda" --gtest_filter="$F" > "$OUT/agentic_test_cuda.log" 2>&1
   r=$?

@@ -20,6 +20,7 @@ OUT=${OUT:-/tmp}
 MODEL=${MODEL:-/tmp/l8b}
 PORT=${PORT:-30017}
 CONC=${CONC:-16,64,256}
+CASES=${CASES:-plain mixed256 mixed512 mixedauto}  # a subset saves device time (plain and mixedauto make the rules)
 mkdir -p "$OUT"
 LOG="$OUT/gpu_core2.log"
 : > "$LOG"
@@ -74,10 +75,15 @@ run_case() {  # name, serve flags...
     | sed "s/^/  $name metrics: /" | tee -a "$LOG"
   kill $pid; wait $pid 2>/dev/null
 }
-run_case plain
-run_case mixed256 --enable-mixed-batch --mixed-prefill-tokens 256
-run_case mixed512 --enable-mixed-batch --mixed-prefill-tokens 512
-run_case mixedauto --enable-mixed-batch
+for c in $CASES; do
+  case $c in
+    plain) run_case plain ;;
+    mixed256) run_case mixed256 --enable-mixed-batch --mixed-prefill-tokens 256 ;;
+    mixed512) run_case mixed512 --enable-mixed-batch --mixed-prefill-tokens 512 ;;
+    mixedauto) run_case mixedauto --enable-mixed-batch ;;
+    *) say "FAIL unknown case $c"; status=1 ;;
+  esac
+done
 
 # Summary: one line per case and concurrency; the rules at concurrency 64.
 say "== summary (concurrency: out tok/s, TTFT p50/p99 ms, ITL p50/p99 ms, p99/p50, dev_idle%)"

@@ -29,6 +29,11 @@ void add_engine_flags(CLI::App& app, EngineOptions& o) {
   app.add_option("--kvstore-ratio", o.kvstore_ratio, "host KV tier size as a multiple of the device KV pool")
       ->capture_default_str();
   app.add_option("--kvstore-size", o.kvstore_size_gb, "host KV tier size in GiB (overrides --kvstore-ratio)");
+  app.add_option("--kvstore-write-policy", o.kvstore_write_policy,
+                 "write_through: copy each prefix block to the host tier in the background once it is computed, so "
+                 "evicting it costs no copy; write_back: copy a block when the device evicts it (the step waits)")
+      ->check(CLI::IsMember({"write_through", "write_back"}))
+      ->capture_default_str();
   app.add_flag("--enable-cache-report")->description("accepted for compatibility: cached tokens are always reported");
   app.add_flag("--disable-overlap-schedule", o.disable_overlap_schedule,
                "plan, run and apply each step in turn (default: plan and launch step N+1 while step N runs)");

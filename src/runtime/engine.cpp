@@ -307,6 +307,7 @@ class EngineImpl {
   double idle_us_ewma_ = 0;
   int64_t idle_counted_ = 0;
   int64_t spec_verify_steps_ = 0, spec_accepted_tokens_ = 0;
+  int64_t staged_steps_ = 0;  // steps with rows while a request waited for its host-tier load
   std::vector<double> itl_;  // this step's inter-token latencies (reused)
   double part_us_[3] = {}, part_ewma_[3] = {};  // plan, worker host, apply (this step; EWMA)
 };
@@ -477,8 +478,8 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
 // The host tier: mirrors of the target pool (and the EAGLE3 draft pool), sized against the
 // host memory free now. Off without the prefix cache (nothing would ever hit). Under TP every
 // rank's pool holds its own KV-head shard under the same block ids, so the one bookkeeping
-// (hashes, host LRU) serves all ranks and each rank's shard gets its own host mirrors
-// (attach_tp_pools). CUDA TP is still off: the copy stream and its events live on one GPU.
+// (hashes, host LRU) serves all ranks; each rank's shard gets its own host mirrors and its
+// copies run on the rank's thread (CUDA: on its GPU's copy streams).
 void EngineImpl::start_kvstore(const EngineOptions& o) {
   if (o.kv_events) kv->enable_events();
   if (o.disable_kvstore || !kv->prefix_cache_enabled()) return;
@@ -492,10 +493,6 @@ void EngineImpl::start_kvstore(const EngineOptions& o) {
                  kv->groups());
     return;
   }
-  if (ranks > 1 && device != Device::cpu) {
-    spdlog::warn("kvstore: the host KV tier does not support --tp-size {} on CUDA yet; running without it", ranks);
-    return;
-  }
   TS_CHECK(o.kvstore_ratio >= 0 && o.kvstore_size_gb >= 0, "--kvstore-ratio and --kvstore-size must not be negative");
   size_t per_block = ModelRunner::kv_bytes_per_token(*model, kv_dtype) * size_t(kv->block_size()) * size_t(ranks);
   if (spec) per_block += spec->draft_kv().k.empty() ? 0 : spec->draft_kv().k[0].nbytes() / size_t(kv->num_blocks()) * 2;
@@ -506,15 +503,22 @@ void EngineImpl::start_kvstore(const EngineOptions& o) {
     return;
   }
   store = std::make_unique<KvStore>(n, kv->block_size());
-  for (int r = 0; r < ranks; ++r) store->attach(runner->peer(r)->kv());  // rank r's KV-head shard
-  if (spec) store->attach(spec->draft_kv());
+  for (int r = 0; r < ranks; ++r) store->attach(runner->peer(r)->kv(), r);  // rank r's KV-head shard
+  if (spec) store->attach(spec->draft_kv(), 0);
+  if (ranks > 1) store->set_rank_runner([w = runner->tp_workers()](const std::function<void(int)>& fn) { w->run(fn); });
+  store->set_load_delay_polls(o.kvstore_test_load_delay_polls);
+  TS_CHECK(o.kvstore_write_policy == "write_through" || o.kvstore_write_policy == "write_back",
+           "--kvstore-write-policy: write_through or write_back (got {})", o.kvstore_write_policy);
+  store->set_write_through(o.kvstore_write_policy == "write_through");
   kv->set_store(store.get());
   int64_t want = o.kvstore_size_gb > 0 ? int64_t(o.kvstore_size_gb * double(1ull << 30) / double(per_block))
                                        : int64_t(o.kvstore_ratio * double(kv->num_blocks()));
-  spdlog::info("kvstore: host KV tier {} blocks x {} tokens ({:.1f} MiB, {:.2f}x the device pool{}); {:.1f} GiB host memory "
-               "available",
-               n, kv->block_size(), double(store->host_bytes()) / (1 << 20), double(n) / double(kv->num_blocks()),
-               n < want ? ", capped at half the available memory" : "", double(avail) / double(1ull << 30));
+  spdlog::info("kvstore: host KV tier {} blocks x {} tokens ({:.1f} MiB{}, {:.2f}x the device pool{}, {}); {:.1f} GiB "
+               "host memory available",
+               n, kv->block_size(), double(store->host_bytes()) / (1 << 20),
+               ranks > 1 ? fmt::format(", {} rank shards", ranks) : std::string(), double(n) / double(kv->num_blocks()),
+               n < want ? ", capped at half the available memory" : "", o.kvstore_write_policy,
+               double(avail) / double(1ull << 30));
 }
 
 void EngineImpl::publish_kv_events() {
@@ -688,6 +692,8 @@ void EngineImpl::refresh_gauges() {
     metrics_.kvstore_bytes_loaded = st.bytes_loaded;
     metrics_.kvstore_load_seconds = st.load_seconds;
     metrics_.kvstore_load_batches = st.load_batches;
+    metrics_.kvstore_loaded_bytes_done = st.loaded_bytes_done;
+    metrics_.kvstore_staged_steps = staged_steps_;
   }
 }
 
@@ -815,14 +821,16 @@ void EngineImpl::step_sync() {
   auto t0 = Clock::now();
   sched->plan(plan_);
   apply_plan(plan_);
-  // Host-tier copies first: writebacks read blocks this step overwrites, loads fill blocks it
-  // reads (an empty plan may still have loaded blocks for an admission that then had to wait).
+  // Host-tier copies first: writebacks read blocks this step overwrites (the forward waits for
+  // them); loads fill blocks of requests this plan does not run (staged: they run once the
+  // load has landed), also when the plan has no rows.
   if (store && !plan_.kv_ops.empty()) store->execute(plan_.kv_ops);
   publish_kv_events();
   if (plan_.empty()) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // e.g. only loads in flight
     return;
   }
+  if (plan_.kv_loading > 0) ++staged_steps_;
   auto t1 = Clock::now();
   sync_clock_.begin();
   const bool fresh = was_idle_;
@@ -869,9 +877,12 @@ void EngineImpl::step_overlap() {
   sched->plan(plan);
   apply_plan(plan);
   if (store && !plan.kv_ops.empty()) {
-    // Host-tier copies read and write device blocks: they run once the step in flight is
-    // done (its writes land first, as in the simple loop), before this plan is launched.
-    if (inflight_ >= 0) thread_steps_->wait(inflight_);
+    // Evictions' writebacks and loads touch device blocks the step in flight may still write
+    // (a block freed by an abort meanwhile): they are issued once it is done (its writes land
+    // first, as in the simple loop), before this plan is launched; the loads then run beside
+    // the steps. Write-throughs read committed blocks, which no step writes: no wait, except
+    // under TP, where the copies are issued on the ranks' threads, busy with the step in flight.
+    if (inflight_ >= 0 && (plan.kv_ops.needs_drain() || store->ranks() > 1)) thread_steps_->wait(inflight_);
     store->execute(plan.kv_ops);
   }
   publish_kv_events();
@@ -880,6 +891,7 @@ void EngineImpl::step_overlap() {
     if (!drain()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     return;
   }
+  if (plan.kv_loading > 0) ++staged_steps_;
   plain->stage(plan, thread_steps_->staged[cur]);
   pre_apply(plan, cur);
   keep_[cur].assign(sched->running().begin(), sched->running().end());
@@ -1140,6 +1152,13 @@ void EngineImpl::finish(Request& r, FinishReason why, StreamEvent& ev) {
     metrics_.prompt_tokens += r.prompt_len;
     metrics_.cached_prompt_tokens += r.cached_tokens;
     metrics_.host_cached_prompt_tokens += r.host_cached_tokens;
+    if (r.host_cached_tokens > 0 && r.has_first_token) {  // the TTFT of a host-tier hit, by phase
+      const double queue = secs(r.scheduled - r.submitted), to_first = secs(r.first_token - r.scheduled);
+      ++metrics_.kvstore_loaded_requests;
+      metrics_.kvstore_loaded_queue_s += queue;
+      metrics_.kvstore_loaded_load_s += std::min(r.kv_load_wait_s, to_first);
+      metrics_.kvstore_loaded_prefill_s += std::max(0.0, to_first - r.kv_load_wait_s);
+    }
     metrics_.generation_tokens += r.num_generated();
     if (r.has_first_token) {
       metrics_.ttft_s.observe(secs(r.first_token - r.submitted));

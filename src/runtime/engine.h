@@ -151,6 +151,13 @@ struct EngineOptions {
   bool disable_kvstore = false;
   double kvstore_ratio = 2.0;
   double kvstore_size_gb = 0;
+  // When a device block reaches the host tier: "write_through" (once computed, in the
+  // background) or "write_back" (when the device LRU evicts it; the step waits for the copy).
+  std::string kvstore_write_policy = "write_through";
+  // Tests only (no flag): host-tier loads complete only after this many more plans, and on the
+  // CPU backend their copies land only then (KvStore::set_load_delay_polls), so the staged
+  // "admitted, still loading" state is exercised.
+  int kvstore_test_load_delay_polls = 0;
   // Collect cache events (stored/removed blocks of both tiers) for Engine::set_kv_event_sink.
   bool kv_events = false;
   int64_t context_length = 0;          // 0: model's max_position_embeddings
@@ -224,8 +231,15 @@ struct EngineMetrics {
   // Host tier (KvStore; 0 blocks: off).
   int64_t kvstore_total_blocks = 0, kvstore_used_blocks = 0;
   int64_t kvstore_writeback_blocks = 0, kvstore_bytes_written = 0, kvstore_bytes_loaded = 0;
-  double kvstore_load_seconds = 0;
+  double kvstore_load_seconds = 0;     // copy time of completed loads (CUDA: device time)
   int64_t kvstore_load_batches = 0;
+  int64_t kvstore_loaded_bytes_done = 0;  // bytes of completed loads (/ load seconds: GB/s)
+  // Staged loads: steps that ran rows while an admitted request waited for its load.
+  int64_t kvstore_staged_steps = 0;
+  // Finished requests with a host-tier hit: how many, and their seconds per phase: queue
+  // (submit -> admission), load (admission -> blocks loaded), prefill (loaded -> first token).
+  int64_t kvstore_loaded_requests = 0;
+  double kvstore_loaded_queue_s = 0, kvstore_loaded_load_s = 0, kvstore_loaded_prefill_s = 0;
   int block_size = 0;
 };
 

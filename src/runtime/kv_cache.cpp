@@ -2,6 +2,8 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace ts {
@@ -90,6 +92,16 @@ void KvCache::drain_events(std::vector<KvCacheEvent>& out) {
   events_.clear();
 }
 
+void KvCache::begin_plan() {
+  if (!store_) return;
+  store_->begin_plan();
+  for (int32_t id : store_->retired_blocks()) {
+    blocks_[size_t(id)].load_seq = 0;
+    unref(id);  // the batch's reference: the block is free or cached now unless a sequence holds it
+  }
+  store_->clear_retired();
+}
+
 void KvCache::take_ops(KvBlockOps& out) {
   if (store_) store_->take_ops(out);
   else out.clear();
@@ -112,6 +124,8 @@ void KvCache::index_block(int32_t id, uint64_t h, size_t pos, const int32_t* blo
     events_.push_back({KvCacheEvent::Kind::stored, KvCacheEvent::Medium::gpu, h, b.parent, b.has_parent,
                        std::vector<int32_t>(block_tokens, block_tokens + block_size_)});
   }
+  // Write-through: after the device tier's event, so a router sees GPU before CPU.
+  if (store_ && store_->write_through()) store_->offer_through(id, h, b.parent, b.has_parent, block_tokens);
 }
 
 int KvCache::cached_tokens(const int32_t* tokens, int max_tokens, int group) const {
@@ -144,6 +158,7 @@ int KvCache::pick_group(const int32_t* tokens, int max_tokens) const {
 int KvCache::match_prefix(const int32_t* tokens, int max_tokens, std::vector<int32_t>& table,
                           std::vector<uint64_t>& hashes, int group) {
   last_host_tokens_ = 0;
+  last_wait_seq_ = 0;
   if (!prefix_) return 0;
   uint64_t h = group_seed(group);
   int n = 0;
@@ -161,6 +176,10 @@ int KvCache::match_prefix(const int32_t* tokens, int max_tokens, std::vector<int
       table.push_back(id);
       index_block(id, h, hashes.size() - 1, tokens + n, hashes);
       store_->queue_load(host, id);
+      Block& nb = blocks_[size_t(id)];
+      nb.load_seq = store_->plan_seq();
+      ++nb.ref;  // the batch's, dropped when the copy has completed
+      last_wait_seq_ = nb.load_seq;
       ++host_hits_;
       last_host_tokens_ += block_size_;
       n += block_size_;
@@ -172,6 +191,7 @@ int KvCache::match_prefix(const int32_t* tokens, int max_tokens, std::vector<int
       b.in_lru = false;
     }
     ++b.ref;
+    last_wait_seq_ = std::max(last_wait_seq_, b.load_seq);  // a block another lookup is loading
     table.push_back(it->second);
     hashes.push_back(h);
     n += block_size_;
@@ -238,6 +258,7 @@ void KvCache::check() const {
   }
   for (size_t i = 0; i < blocks_.size(); ++i) {
     TS_CHECK(blocks_[i].ref >= 0, "KvCache: block {} has {} references", i, blocks_[i].ref);
+    TS_CHECK(blocks_[i].load_seq == 0 || blocks_[i].ref > 0, "KvCache: block {} is being loaded but unreferenced", i);
     if (blocks_[i].ref > 0) ++seen[i];
     TS_CHECK(seen[i] == 1, "KvCache: block {} is on {} of the free/cached/referenced lists", i, seen[i]);
   }

@@ -5,7 +5,11 @@
 // cached on an LRU list and are evicted only when the pool runs dry.
 // With a host tier (KvStore, set_store) an evicted hashed block is offered to the host tier
 // (a writeback op) and a prefix lookup that runs out of device blocks continues in the host
-// tier (load ops into fresh device blocks); the ops go into the step plan (take_ops).
+// tier (load ops into fresh device blocks); the ops go into the step plan (take_ops). A block
+// being loaded carries its load batch (Block::load_seq) and one extra reference, held by the
+// batch until the copy has completed (begin_plan releases it): so it is never handed out or
+// freed while the copy may still write it, and a lookup that finds it on the device learns
+// which batch it must wait for (last_wait_seq).
 // Attention data parallelism (--data-parallel-size D): the block ids are D equal partitions of
 // consecutive ids, group g = [g * group_blocks(), (g + 1) * group_blocks()), one per DP group's
 // KV pools (each rank's pool holds group_blocks() blocks; the runner subtracts the group's first
@@ -66,12 +70,17 @@ class KvCache {
   // The host tier (null: none). Not owned; outlives this cache.
   void set_store(KvStore* store);
   KvStore* store() const { return store_; }
-  // Plan boundaries: begin_plan() before the scheduler's first block op, take_ops() after its
-  // last (the host-tier copies this plan needs; empty without a tier).
-  void begin_plan() {
-    if (store_) store_->begin_plan();
-  }
+  // Plan boundaries: begin_plan() before the scheduler's first block op (it also retires the
+  // load batches that completed: their blocks' batch references are dropped), take_ops() after
+  // its last (the host-tier copies this plan needs; empty without a tier).
+  void begin_plan();
   void take_ops(KvBlockOps& out);
+  // The load batch the blocks of the last match_prefix wait for (0: none; they are all there).
+  uint64_t last_wait_seq() const { return last_wait_seq_; }
+  // Host-tier load batches not yet retired (0 without a tier).
+  int64_t loads_in_flight() const { return store_ ? store_->loads_in_flight() : 0; }
+  // Whether load batch `seq` has completed (as of the last begin_plan; 0 always has).
+  bool loaded(uint64_t seq) const { return seq == 0 || !store_ || store_->loaded(seq); }
   // Cache events (stored/removed blocks of both tiers, in order) for KV-event publishers; off
   // until enabled. drain_events appends them to `out` and clears the list.
   void enable_events();
@@ -103,6 +112,7 @@ class KvCache {
     bool hashed = false, has_parent = false;
     std::list<int32_t>::iterator lru_it;
     bool in_lru = false;
+    uint64_t load_seq = 0;  // the host-tier load batch filling it (0: its contents are there)
   };
   int32_t take_block(int group);
   void unref(int32_t id);
@@ -129,6 +139,7 @@ class KvCache {
   std::vector<KvCacheEvent> events_;
   int64_t host_hits_ = 0, device_hit_tokens_ = 0, host_hit_tokens_ = 0;
   int last_host_tokens_ = 0;
+  uint64_t last_wait_seq_ = 0;
 };
 
 }  // namespace ts

@@ -73,6 +73,11 @@ struct Request {
   int cached_tokens = 0;        // prompt tokens served from the prefix cache (first admission)
   int host_cached_tokens = 0;   // of those, loaded back from the host tier (KvStore)
   bool admitted_once = false;
+  // Host-tier loads (KvStore): the load batch this request's prefix blocks wait for (0: none).
+  // Set at admission; the scheduler plans none of its chunks before the batch completed.
+  uint64_t kv_wait_seq = 0;
+  Clock::time_point kv_wait_since;  // when it started waiting
+  double kv_load_wait_s = 0;        // seconds it waited for loads (all admissions)
   std::vector<int32_t> block_table;
   std::vector<uint64_t> block_hashes;
   // Hybrid models: the row of the ModelRunner's recurrent-state pool this request holds while

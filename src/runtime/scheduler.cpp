@@ -8,7 +8,8 @@ void Scheduler::commit(Request& r) { kv_.commit(r.tokens.data(), r.num_computed,
 
 void Scheduler::release(Request& r) {
   commit(r);
-  kv_.release(r.block_table, r.block_hashes);
+  kv_.release(r.block_table, r.block_hashes);  // blocks still being loaded stay with their batch
+  r.kv_wait_seq = 0;
   r.state_slot.reset();  // a retracted request restarts from position 0, with fresh state
   r.logits_slot.reset();  // its token counts are reseeded from r.tokens when it samples again
 }
@@ -83,10 +84,20 @@ void Scheduler::plan(StepPlan& plan) {
     }
   }
   const int budget_prefill = std::max(budget, 0);
-  // 2. Prefills in progress.
+  // 2. Prefills in progress. A request whose prefix is still being loaded from the host tier
+  // waits (it holds its blocks); its first chunk runs in the first plan after the load.
   for (auto& rp : running_) {
     Request& r = *rp;
-    if (!r.is<state::Prefilling>() || budget <= 0) continue;
+    if (!r.is<state::Prefilling>()) continue;
+    if (r.kv_wait_seq) {
+      if (!kv_.loaded(r.kv_wait_seq)) {
+        ++plan.kv_loading;
+        continue;
+      }
+      r.kv_wait_seq = 0;
+      r.kv_load_wait_s += std::chrono::duration<double>(Clock::now() - r.kv_wait_since).count();
+    }
+    if (budget <= 0) continue;
     int n = std::min(r.remaining_to_compute(), budget);
     if (!kv_.ensure(r.block_table, r.num_computed + n)) continue;
     out.push_back({&r, n});
@@ -121,6 +132,16 @@ void Scheduler::plan(StepPlan& plan) {
     }
     plan.admitted.push_back(&r);  // the engine moves it Waiting -> Prefilling
     running_.push_back(rp);
+    r.kv_wait_seq = kv_.last_wait_seq();
+    if (!kv_.loaded(r.kv_wait_seq)) {
+      // Its prefix comes from the host tier (or is being loaded for another request): the
+      // first chunk (its blocks taken above) runs once the load has landed; the rows of this
+      // plan run meanwhile.
+      r.kv_wait_since = Clock::now();
+      ++plan.kv_loading;
+      continue;
+    }
+    r.kv_wait_seq = 0;
     out.push_back({&r, n});
     budget -= n;
   }

@@ -6,7 +6,10 @@
 //     the front of the waiting queue, to be recomputed later).
 //  2. Running requests in the middle of a chunked prefill continue.
 //  3. Waiting requests are admitted in FIFO order (prefix matched first) while budget,
-//     `max_num_seqs` and blocks allow. A prompt larger than the budget is chunked.
+//     `max_num_seqs` and blocks allow. A prompt larger than the budget is chunked. A request
+//     whose prefix comes back from the host tier (KvStore) is admitted with its blocks but
+//     runs its first chunk only in a plan after its load batch completed (staged loads: the
+//     other requests' rows run meanwhile; KvCache::loaded, an event query, never a wait).
 // Decodes and prefill chunks share one step (mixed batches); with mixed_prefill_tokens the
 // prefill share of a step that has decodes is capped. Attention data parallelism (a KvCache of
 // several groups): an admission picks the request's group (KvCache::pick_group: longest cached
@@ -57,7 +60,9 @@ class Scheduler {
   // Prompt tokens still to prefill (prefilling + waiting requests), counted up to `cap` (also
   // the requests counted, into *requests when given).
   int64_t prefill_backlog(int64_t cap, int64_t* requests = nullptr) const;
-  bool idle() const { return running_.empty() && waiting_.empty(); }
+  // Nothing to run and no host-tier load in flight (a load whose request is gone still holds
+  // its blocks: planning goes on until it has been polled complete and they are back).
+  bool idle() const { return running_.empty() && waiting_.empty() && kv_.loads_in_flight() == 0; }
 
  private:
   // Retracts the newest running request admitted after index `after` (none: returns false);

@@ -55,9 +55,12 @@ struct StepPlan {
   // budget's cost model pairs them with the step's device time).
   int decode_rows = 0, prefill_tokens = 0;
   // Host-tier copies (KvStore): evicted cached blocks written back, host prefix hits loaded into
-  // the device blocks this plan's admissions hold. The engine runs them (KvStore::execute)
-  // before the forward, also when the plan has no rows.
+  // the device blocks this plan's admissions hold. The engine issues them (KvStore::execute)
+  // before the forward, also when the plan has no rows; the loads complete asynchronously.
   KvBlockOps kv_ops;
+  // Admitted requests whose prefix blocks are still being loaded from the host tier (running,
+  // holding their blocks, but no row in this plan): the rows above ran beside their loads.
+  int kv_loading = 0;
   bool empty() const { return chunks.empty(); }
   void clear() {
     chunks.clear();
@@ -67,6 +70,7 @@ struct StepPlan {
     blocks_allocated = 0;
     decode_rows = prefill_tokens = 0;
     kv_ops.clear();
+    kv_loading = 0;
   }
 };
 

@@ -92,10 +92,27 @@ void render_kvstore(std::string& out, const EngineMetrics& e, const std::string&
   metric(out, "tokenspeed_kvstore_loaded_bytes_total", "counter", "Bytes copied host tier -> device.", l,
          static_cast<double>(e.kvstore_bytes_loaded));
   metric(out, "tokenspeed_kvstore_load_seconds_total", "counter",
-         "Host seconds issuing host-tier loads (CPU backend: the copies; CUDA: enqueueing them).", l,
+         "Copy seconds of completed host-tier loads (CUDA: device time on rank 0's load stream).", l,
          e.kvstore_load_seconds);
+  metric(out, "tokenspeed_kvstore_load_completed_bytes_total", "counter",
+         "Bytes of completed host-tier loads (over tokenspeed_kvstore_load_seconds_total: the load GB/s).", l,
+         static_cast<double>(e.kvstore_loaded_bytes_done));
   metric(out, "tokenspeed_kvstore_load_batches_total", "counter", "Engine steps that loaded blocks from the host tier.",
          l, static_cast<double>(e.kvstore_load_batches));
+  metric(out, "tokenspeed_kvstore_staged_steps_total", "counter",
+         "Engine steps that ran other requests' rows while an admitted request waited for its host-tier load.", l,
+         static_cast<double>(e.kvstore_staged_steps));
+  metric(out, "tokenspeed_kvstore_loaded_requests_total", "counter",
+         "Finished requests whose prefix was partly loaded from the host tier.", l,
+         static_cast<double>(e.kvstore_loaded_requests));
+  // {model_name="m"} -> {model_name="m",phase="..."}
+  const std::string lp = l.empty() ? "{phase=\"" : l.substr(0, l.size() - 1) + ",phase=\"";
+  out += "# HELP tokenspeed_kvstore_loaded_request_seconds_total Time to first token of host-tier hits by phase: "
+         "queue (submit -> admission), load (admission -> blocks loaded), prefill (loaded -> first token).\n"
+         "# TYPE tokenspeed_kvstore_loaded_request_seconds_total counter\n";
+  for (auto [ph, v] : {std::pair<const char*, double>{"queue", e.kvstore_loaded_queue_s},
+                       {"load", e.kvstore_loaded_load_s}, {"prefill", e.kvstore_loaded_prefill_s}})
+    out += fmt::format("tokenspeed_kvstore_loaded_request_seconds_total{}{}\"}} {}\n", lp, ph, num(v));
 }
 }  // namespace
 

@@ -106,7 +106,7 @@ DeviceMemoryStats memory_stats() {
 
 std::shared_ptr<void> alloc_host(size_t bytes) {
   void* p = nullptr;
-  if (bytes) TS_CUDA_CHECK(cudaMallocHost(&p, bytes));
+  if (bytes) TS_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocPortable));
   if (bytes) g_pinned_allocs.fetch_add(1, std::memory_order_relaxed);
   return std::shared_ptr<void>(p, [](void* q) {
     if (q) cudaFreeHost(q);
@@ -170,6 +170,23 @@ void event_record_on(void* ev, void* s) { TS_CUDA_CHECK(cudaEventRecord(static_c
 void stream_wait_event(void* s, void* ev) {
   TS_CUDA_CHECK(cudaStreamWaitEvent(stream_or_default(s), static_cast<cudaEvent_t>(ev), 0));
 }
+void* event_create_timed() {
+  cudaEvent_t e;
+  TS_CUDA_CHECK(cudaEventCreate(&e));
+  return e;
+}
+bool event_query(void* ev) {
+  cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(ev));
+  if (e == cudaErrorNotReady) return false;
+  TS_CUDA_CHECK(e);
+  return true;
+}
+float event_elapsed_ms(void* a, void* b) {
+  float ms = 0;
+  TS_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(a), static_cast<cudaEvent_t>(b)));
+  return ms;
+}
+void stream_synchronize_on(void* s) { TS_CUDA_CHECK(cudaStreamSynchronize(stream_or_default(s))); }
 
 StreamMarks::StreamMarks(int n) : n_(n) {
   TS_CHECK(n >= 1 && n <= 8, "StreamMarks: 1..8 markers (got {})", n);

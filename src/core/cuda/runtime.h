@@ -27,7 +27,9 @@ void set_device(int dev);
 // may keep is never handed to anyone else. Out of memory: the cache is emptied and the
 // allocation retried once, then an error naming the sizes.
 std::shared_ptr<void> alloc(size_t bytes);
-std::shared_ptr<void> alloc_host(size_t bytes);      // cudaMallocHost (pinned), freed on last reference
+// Pinned host memory (portable: pinned for every GPU of the process, so TP ranks' copy streams
+// run at full rate from it), freed on last reference.
+std::shared_ptr<void> alloc_host(size_t bytes);
 // Every device's cached blocks back to the driver (before free memory is measured, e.g. to size
 // the KV pool). Returns the bytes freed.
 size_t empty_cache();
@@ -53,6 +55,13 @@ void stream_destroy(void* s);
 void copy_async_on(void* dst, const void* src, size_t bytes, void* stream);
 void event_record_on(void* ev, void* stream);
 void stream_wait_event(void* stream, void* ev);
+// Copy completion without a host wait: a timing event (event_create_timed) recorded on a copy
+// stream; event_query is true once the GPU has passed it (also for an event of another GPU:
+// the engine thread polls every TP rank's copy events). elapsed_ms: both events reached.
+void* event_create_timed();
+bool event_query(void* ev);
+float event_elapsed_ms(void* start, void* end);
+void stream_synchronize_on(void* stream);
 
 // Median milliseconds per call of fn() (work enqueued on stream()), each call timed with CUDA
 // events after `warmup` untimed calls. For benchmarks and kernel labs.

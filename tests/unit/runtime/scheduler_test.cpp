@@ -2,7 +2,10 @@
 // that samples pseudo-random ids, and applied with the engine's rules (append, advance, commit,
 // stop at max_tokens). The randomized simulation drives thousands of arrivals, aborts,
 // retractions and prefix hits through a tiny pool and checks after every step that no block
-// leaks or is freed twice and that the scheduler never stalls.
+// leaks or is freed twice and that the scheduler never stalls; with a host tier (KvStore) it
+// also moves real bytes: a fake forward writes each token into a CPU KV pool and checks that
+// every row reads its whole prefix back (loaded blocks included, with slow loads that land
+// late), so a row scheduled before its load landed, or a block reused while copied, fails.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +17,7 @@
 #include <utility>
 
 #include "runtime/kv_cache.h"
+#include "runtime/kv_store.h"
 #include "runtime/request.h"
 #include "runtime/scheduler.h"
 
@@ -339,6 +343,156 @@ TEST(Scheduler, DataParallelSpreadsRequestsAndRetractsWithinTheGroup) {
   kv.check();
 }
 
+// The fake forward's KV: pool[block][slot] = token id + 1 (0: never written).
+struct FakeKv {
+  KvPool pool;
+  FakeKv(int64_t blocks, int bs) {
+    pool.block_size = bs;
+    pool.num_blocks = blocks;
+    pool.k.push_back(Tensor::zeros({blocks, bs}, DType::f32));
+    pool.v.push_back(Tensor());
+    pool.aux.push_back(Tensor());
+  }
+  float& at(const Request& r, int64_t pos) {
+    const int bs = pool.block_size;
+    return pool.k[0].ptr<float>()[size_t(r.block_table[size_t(pos / bs)]) * size_t(bs) + size_t(pos % bs)];
+  }
+  // A row: reads positions [0, num_computed) (attention over the prefix), writes its own.
+  ::testing::AssertionResult row(Request& r, int n) {
+    for (int64_t p = 0; p < r.num_computed; ++p)
+      if (at(r, p) != float(r.tokens[size_t(p)] + 1))
+        return ::testing::AssertionFailure() << "request " << r.id << " reads position " << p << " of "
+                                             << r.num_computed << ": " << at(r, p) - 1 << " instead of "
+                                             << r.tokens[size_t(p)] << " (wait seq " << r.kv_wait_seq << ")";
+    for (int64_t p = r.num_computed; p < r.num_computed + n; ++p) at(r, p) = float(r.tokens[size_t(p)] + 1);
+    return ::testing::AssertionSuccess();
+  }
+};
+
+// --- Staged host-tier loads ---------------------------------------------------------------
+
+// A 6-block device pool (block 4) with a 16-block host tier whose loads take 3 more plans and
+// land late. X (12 tokens) is run, then Y (20 tokens) evicts X's last two blocks to the host.
+struct StagedLoads {
+  KvCache kv{6, 4, true};
+  KvStore store{16, 4};
+  FakeKv fkv{6, 4};
+  Scheduler s{kv, SchedulerOptions{}};
+  StepPlan plan;
+  std::mt19937 rng{7};
+  std::vector<int32_t> x = seq(12, 1), y = seq(20, 100);
+  static std::vector<int32_t> seq(int n, int base) {
+    std::vector<int32_t> v(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) v[size_t(i)] = base + i;
+    return v;
+  }
+  StagedLoads() {
+    store.attach(fkv.pool);
+    kv.set_store(&store);
+    store.set_load_delay_polls(3);
+    for (auto* p : {&x, &y}) {
+      s.add(make_req(p == &x ? 1 : 2, *p, 1));
+      step();
+    }
+  }
+  // One engine step: plan, issue the copies, run the rows on the fake KV, apply, reap.
+  void step() {
+    s.plan(plan);
+    apply_plan_transitions(plan);
+    store.execute(plan.kv_ops);
+    for (auto& c : plan.chunks) ASSERT_TRUE(fkv.row(*c.req, c.req->is<Decoding>() ? 1 : c.num_tokens));
+    fake_apply(plan, kv, rng);
+    s.reap();
+    kv.check();
+    store.check();
+  }
+  static bool has(const StepPlan& p, const Request& r) {
+    for (auto& c : p.chunks)
+      if (c.req.get() == &r) return true;
+    return false;
+  }
+};
+
+TEST(Scheduler, AHostTierHitWaitsForItsLoadWhileOthersDecode) {
+  StagedLoads t;
+  EXPECT_EQ(t.store.cached_blocks(), 2);  // X's blocks 1 and 2 (the LRU evicts a tail first)
+  auto a = make_req(3, StagedLoads::seq(4, 200), 10);
+  std::vector<int32_t> bp = t.x;
+  bp.push_back(60);
+  bp.push_back(61);
+  auto b = make_req(4, bp, 2);
+  t.s.add(b);
+  t.s.add(a);
+  t.step();
+  // Both admitted; B found block 0 on the device and blocks 1-2 in the host tier: it holds its
+  // 4 blocks but has no row until the loads land. A prefilled beside it.
+  ASSERT_TRUE(b->is<Prefilling>());
+  EXPECT_EQ(b->num_computed, 12);
+  EXPECT_EQ(b->host_cached_tokens, 8);
+  EXPECT_EQ(b->block_table.size(), 4u);
+  EXPECT_NE(b->kv_wait_seq, 0u);
+  EXPECT_EQ(t.plan.kv_ops.load.size(), 2u);
+  EXPECT_EQ(t.plan.kv_loading, 1);
+  EXPECT_TRUE(StagedLoads::has(t.plan, *a));
+  EXPECT_FALSE(StagedLoads::has(t.plan, *b));
+  EXPECT_EQ(t.kv.refs(b->block_table[1]), 2);  // B's reference and the load batch's
+  int decodes_beside = 0;
+  while (!StagedLoads::has(t.plan, *b)) {
+    // The slow copy has not landed: the loaded blocks still hold Y's tokens.
+    EXPECT_NE(t.fkv.at(*b, 4), float(t.x[4] + 1));
+    t.step();
+    if (!StagedLoads::has(t.plan, *b)) {
+      EXPECT_EQ(t.plan.kv_loading, 1);
+      EXPECT_TRUE(StagedLoads::has(t.plan, *a)) << "A must keep decoding during B's load";
+      ++decodes_beside;
+    }
+    ASSERT_LT(decodes_beside, 10) << "B never ran";
+  }
+  EXPECT_EQ(decodes_beside, 3);  // the load took 3 more plans; A decoded in each
+  EXPECT_GT(b->kv_load_wait_s, 0.0);
+  // B's first chunk ran on the loaded blocks (FakeKv::row checked positions 0..11) and the
+  // batch's references are gone.
+  EXPECT_EQ(t.kv.refs(b->block_table[1]), 1);
+  EXPECT_EQ(t.store.loads_in_flight(), 0);
+}
+
+TEST(Scheduler, AbortDuringALoadFreesTheBlocksOnlyAfterTheCopy) {
+  StagedLoads t;
+  std::vector<int32_t> bp = t.x;
+  bp.push_back(60);
+  auto b = make_req(4, bp, 2);
+  t.s.add(b);
+  t.step();
+  ASSERT_NE(b->kv_wait_seq, 0u);
+  std::vector<int32_t> loading = {b->block_table[1], b->block_table[2]};
+  const int64_t avail_before = t.kv.available_blocks();
+  b->abort("client gone");
+  t.s.reap();  // B's references go; the batch's stay until the copy has landed
+  EXPECT_EQ(t.kv.available_blocks(), avail_before + 2);  // block 0 (cached) and B's last block
+  for (int32_t id : loading) EXPECT_EQ(t.kv.refs(id), 1);
+  for (int i = 0; i < 3; ++i) {
+    t.kv.begin_plan();
+    KvBlockOps none;
+    t.kv.take_ops(none);
+    EXPECT_EQ(t.store.loads_in_flight(), 1) << "poll " << i;
+  }
+  t.kv.begin_plan();  // completes: the copy lands, the blocks go back as cached blocks
+  KvBlockOps none;
+  t.kv.take_ops(none);
+  EXPECT_EQ(t.store.loads_in_flight(), 0);
+  EXPECT_EQ(t.kv.available_blocks(), avail_before + 4);
+  t.kv.check();
+  // ... holding X's tokens: X again finds all three blocks on the device.
+  std::vector<int32_t> table;
+  std::vector<uint64_t> hashes;
+  EXPECT_EQ(t.kv.match_prefix(t.x.data(), 12, table, hashes), 12);
+  EXPECT_EQ(t.kv.last_host_tokens(), 0);
+  EXPECT_EQ(t.kv.last_wait_seq(), 0u);
+  for (int p = 0; p < 12; ++p)
+    EXPECT_EQ(t.fkv.pool.k[0].ptr<float>()[size_t(table[size_t(p / 4)]) * 4 + size_t(p % 4)], float(t.x[size_t(p)] + 1));
+  t.kv.release(table, hashes);
+}
+
 // --- The randomized simulation --------------------------------------------------------------
 
 struct SimConfig {
@@ -346,11 +500,27 @@ struct SimConfig {
   int block_size, budget, max_seqs, decode_tokens, extra_slots;
   bool prefix;
   uint32_t seed;
+  // Host tier: its blocks (0: none) and the most plans a load batch takes (each batch draws
+  // 0..max_load_delay; its copy lands when it completes). Needs decode_tokens 1 (the fake
+  // forward writes the known ids of each row).
   int groups = 1;  // attention DP groups (blocks split evenly)
+  int64_t host_blocks = 0;
+  int max_load_delay = 0;
+  bool write_through = false;
 };
 
 void simulate(const SimConfig& cfg) {
   KvCache kv(cfg.blocks, cfg.block_size, cfg.prefix, cfg.groups);
+  const bool tier = cfg.host_blocks > 0;
+  std::unique_ptr<KvStore> store;
+  FakeKv fkv(cfg.blocks, cfg.block_size);
+  if (tier) {
+    store = std::make_unique<KvStore>(cfg.host_blocks, cfg.block_size);
+    store->attach(fkv.pool);
+    store->set_write_through(cfg.write_through);
+    kv.set_store(store.get());
+  }
+  int64_t host_hits = 0, loading_plans = 0, loading_rows = 0;
   SchedulerOptions so;
   so.token_budget = cfg.budget;
   so.max_num_seqs = cfg.max_seqs;
@@ -396,8 +566,17 @@ void simulate(const SimConfig& cfg) {
     }
     s.reap();
     if (s.idle() && next_id > arrivals) break;
+    if (tier) store->set_load_delay_polls(int(rng() % uint32_t(cfg.max_load_delay + 1)));
     s.plan(plan);
     apply_plan_transitions(plan);
+    if (tier) {
+      host_hits += int64_t(plan.kv_ops.load.size());
+      store->execute(plan.kv_ops);  // what the engine does before the forward
+      if (plan.kv_loading > 0) {
+        ++loading_plans;
+        loading_rows += int64_t(plan.chunks.size());
+      }
+    }
     for (auto& r : plan.rejected) {
       r->abort("too long");
       ++rejected;
@@ -405,8 +584,9 @@ void simulate(const SimConfig& cfg) {
     }
     for (Request* r : plan.admitted) cached += r->num_computed;
     // No stall: with requests to serve, every plan runs something (or rejects something).
+    // (or loads are in flight: a request waits for its blocks, or for blocks a load holds).
     if (!s.running().empty() || !s.waiting().empty()) {
-      ASSERT_TRUE(!plan.chunks.empty() || !plan.rejected.empty())
+      ASSERT_TRUE(!plan.chunks.empty() || !plan.rejected.empty() || (tier && store->loads_in_flight() > 0))
           << "stall at step " << steps << ": " << s.running().size() << " running, " << s.waiting().size()
           << " waiting, " << kv.available_blocks() << " blocks available";
     }
@@ -417,7 +597,11 @@ void simulate(const SimConfig& cfg) {
       ASSERT_TRUE(seen.insert(c.req.get()).second) << "request planned twice";
       ASSERT_FALSE(c.req->terminal());
       ASSERT_GE(int64_t(c.req->block_table.size()) * cfg.block_size, c.req->num_computed + c.num_tokens);
+      ASSERT_EQ(c.req->kv_wait_seq, 0u) << "request " << c.req->id << " planned while its blocks load";
       budget_used += c.req->is<Decoding>() ? cfg.decode_tokens : c.num_tokens;
+      if (tier) {
+        ASSERT_TRUE(fkv.row(*c.req, c.req->is<Decoding>() ? 1 : c.num_tokens)) << "step " << steps;
+      }
     }
     ASSERT_LE(budget_used, cfg.budget + cfg.max_seqs * cfg.decode_tokens);
     fake_apply(plan, kv, rng, cfg.decode_tokens);
@@ -432,11 +616,30 @@ void simulate(const SimConfig& cfg) {
         live.insert(b);
         ASSERT_EQ(kv.group_of(b), kv.group_of(r->block_table[0])) << "request " << r->id << " spans DP groups";
       }
+    if (tier) {  // blocks a load batch still holds (their request may be gone)
+      store->check();
+      std::vector<int32_t> pending;
+      store->pending_device_blocks(pending);
+      live.insert(pending.begin(), pending.end());
+    }
     for (auto& r : s.waiting()) ASSERT_TRUE(r->block_table.empty()) << "waiting request " << r->id << " holds blocks";
     ASSERT_EQ(int64_t(live.size()), kv.used_blocks()) << "step " << steps;
     ASSERT_LE(int(s.running().size()), cfg.max_seqs);
   }
   ASSERT_TRUE(s.idle()) << "did not drain in " << steps << " steps";
+  for (int i = 0; tier && i < 4 * (cfg.max_load_delay + 1) && store->loads_in_flight() > 0; ++i) {
+    kv.begin_plan();  // the last batches complete; their blocks go back to the pool
+    KvBlockOps none;
+    kv.take_ops(none);
+  }
+  if (tier) {
+    EXPECT_EQ(store->loads_in_flight(), 0);
+    store->check();
+    EXPECT_GT(host_hits, 0) << "no host-tier hits";
+    if (cfg.max_load_delay > 0) {
+      EXPECT_GT(loading_rows, 0) << "no rows ran beside a load";
+    }
+  }
   EXPECT_EQ(kv.used_blocks(), 0);
   EXPECT_EQ(kv.available_blocks(), cfg.blocks);
   kv.check();
@@ -449,6 +652,10 @@ void simulate(const SimConfig& cfg) {
   std::printf("  %lld finished, %lld aborted, %lld rejected, %lld retractions, %lld cached tokens, %d steps\n",
               static_cast<long long>(finished), static_cast<long long>(aborted), static_cast<long long>(rejected),
               static_cast<long long>(s.retractions()), static_cast<long long>(cached), steps);
+  if (tier)
+    std::printf("  host tier: %lld blocks loaded, %lld plans with loads in flight (%lld rows ran beside them)\n",
+                static_cast<long long>(host_hits), static_cast<long long>(loading_plans),
+                static_cast<long long>(loading_rows));
 }
 
 // Host cost of the scheduling half of a step with n running decodes (no model): plan, its
@@ -508,6 +715,11 @@ TEST(SchedulerSimulation, PlainDecodeTinyPool) { simulate({24, 4, 32, 16, 1, 0, 
 TEST(SchedulerSimulation, SpeculativeWidthAndLookahead) { simulate({32, 4, 48, 12, 4, 1, true, 12}); }
 TEST(SchedulerSimulation, NoPrefixCacheOneBlockSeqs) { simulate({20, 8, 16, 32, 1, 0, false, 13}); }
 TEST(SchedulerSimulation, DataParallelTwoGroups) { simulate({48, 4, 32, 16, 1, 0, true, 14, 2}); }
+// The host tier: evicted prefixes come back as staged loads, some landing only plans later.
+TEST(SchedulerSimulation, HostTierImmediateLoads) { simulate({24, 4, 32, 16, 1, 0, true, 14, 1, 64, 0}); }
+TEST(SchedulerSimulation, HostTierSlowLoadsAbortsAndRetractions) { simulate({24, 4, 32, 16, 1, 0, true, 15, 1, 48, 4}); }
+TEST(SchedulerSimulation, HostTierSmallerThanTheDevicePool) { simulate({32, 4, 24, 8, 1, 0, true, 16, 1, 12, 2}); }
+TEST(SchedulerSimulation, HostTierWriteThroughSlowLoads) { simulate({24, 4, 32, 16, 1, 0, true, 17, 1, 48, 3, true}); }
 
 }  // namespace
 }  // namespace ts
