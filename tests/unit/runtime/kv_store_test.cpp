@@ -4,6 +4,7 @@
 // loads), other requests decoding while a load is in flight, and a multi-turn workload that
 // overflows the device pool reusing every later turn's whole history. (Staged loads in the
 // scheduler and the randomized simulation with the tier: scheduler_test.cpp.)
+#include <cstdio>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -496,6 +497,7 @@ TEST(KvStoreEngine, OtherRequestsDecodeWhileALoadIsInFlight) {
 struct TurnStats {
   double later_ttft = 0;
   int later_turns = 0, min_slack = 1 << 30;  // min over later turns of cached - (history - block)
+  int64_t later_prefilled = 0;               // prompt tokens later turns computed (not cached)
 };
 
 TurnStats multi_turn(bool tier) {
@@ -531,6 +533,7 @@ TurnStats multi_turn(bool tier) {
         ts.later_ttft += ttft;
         ++ts.later_turns;
         ts.min_slack = std::min(ts.min_slack, r.cached_tokens - (int(history) - o.block_size));
+        ts.later_prefilled += int64_t(conv[c].size()) - r.cached_tokens;
       }
       conv[c].insert(conv[c].end(), r.tokens.begin(), r.tokens.end());
     }
@@ -539,13 +542,20 @@ TurnStats multi_turn(bool tier) {
   return ts;
 }
 
-TEST(KvStoreEngine, OverflowingMultiTurnReusesWholeHistoryAndCutsTtft) {
+// The TTFT it buys is printed, not asserted: wall-clock ratios flake on a loaded 2-core CI
+// machine (ctest -j); the prefill work later turns skip is what the TTFT follows, and it is exact.
+// (The TTFT target is checked on the GPU: scripts/gpu_kvstore.sh.)
+TEST(KvStoreEngine, OverflowingMultiTurnReusesWholeHistoryAndCutsPrefill) {
   TurnStats with = multi_turn(true), without = multi_turn(false);
   // Every later turn: all of its history but at most one block came from a cache tier.
   EXPECT_GE(with.min_slack, 0);
   EXPECT_LT(without.min_slack, 0);  // the workload does overflow the device pool
-  EXPECT_LE(with.later_ttft, 0.6 * without.later_ttft)
-      << "later-turn TTFT " << with.later_ttft * 1e3 << " ms with the tier, " << without.later_ttft * 1e3 << " ms without";
+  EXPECT_LE(double(with.later_prefilled), 0.3 * double(without.later_prefilled))
+      << with.later_prefilled << " prompt tokens prefilled by later turns with the tier, " << without.later_prefilled
+      << " without";
+  std::printf("later turns: %lld vs %lld prompt tokens prefilled, TTFT %.1f vs %.1f ms (tier on vs off)\n",
+              static_cast<long long>(with.later_prefilled), static_cast<long long>(without.later_prefilled),
+              with.later_ttft * 1e3, without.later_ttft * 1e3);
 }
 
 }  // namespace
