@@ -542,20 +542,24 @@ TurnStats multi_turn(bool tier) {
   return ts;
 }
 
-// The TTFT it buys is printed, not asserted: wall-clock ratios flake on a loaded 2-core CI
-// machine (ctest -j); the prefill work later turns skip is what the TTFT follows, and it is exact.
-// (The TTFT target is checked on the GPU: scripts/gpu_kvstore.sh.)
-TEST(KvStoreEngine, OverflowingMultiTurnReusesWholeHistoryAndCutsPrefill) {
-  TurnStats with = multi_turn(true), without = multi_turn(false);
-  // Every later turn: all of its history but at most one block came from a cache tier.
-  EXPECT_GE(with.min_slack, 0);
-  EXPECT_LT(without.min_slack, 0);  // the workload does overflow the device pool
-  EXPECT_LE(double(with.later_prefilled), 0.3 * double(without.later_prefilled))
-      << with.later_prefilled << " prompt tokens prefilled by later turns with the tier, " << without.later_prefilled
-      << " without";
-  std::printf("later turns: %lld vs %lld prompt tokens prefilled, TTFT %.1f vs %.1f ms (tier on vs off)\n",
-              static_cast<long long>(with.later_prefilled), static_cast<long long>(without.later_prefilled),
-              with.later_ttft * 1e3, without.later_ttft * 1e3);
+// The prefill work later turns skip is exact and asserted on one run. The TTFT it buys (the
+// issue's CPU target: <= 0.6x without the tier) is a wall-clock ratio: a loaded 2-core CI machine
+// (ctest -j) once gave 234 vs 163 ms, so the pair is measured up to three times and the target
+// must hold in one of them (a tier that does not cut TTFT fails all three).
+TEST(KvStoreEngine, OverflowingMultiTurnReusesWholeHistoryAndCutsTtft) {
+  bool ttft_ok = false;
+  for (int attempt = 0; attempt < 3 && !ttft_ok; ++attempt) {
+    TurnStats with = multi_turn(true), without = multi_turn(false);
+    std::printf("later turns: %lld vs %lld prompt tokens prefilled, TTFT %.1f vs %.1f ms (tier on vs off)\n",
+                static_cast<long long>(with.later_prefilled), static_cast<long long>(without.later_prefilled),
+                with.later_ttft * 1e3, without.later_ttft * 1e3);
+    // Every later turn: all of its history but at most one block came from a cache tier.
+    ASSERT_GE(with.min_slack, 0);
+    ASSERT_LT(without.min_slack, 0);  // the workload does overflow the device pool
+    ASSERT_LE(double(with.later_prefilled), 0.3 * double(without.later_prefilled));
+    ttft_ok = with.later_ttft <= 0.6 * without.later_ttft;
+  }
+  EXPECT_TRUE(ttft_ok) << "later-turn TTFT with the tier above 0.6x the run without it in 3 attempts";
 }
 
 }  // namespace
