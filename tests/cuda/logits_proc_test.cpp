@@ -71,6 +71,16 @@ int64_t first_diff(const float* a, const float* b, int64_t n) {
   return -1;
 }
 
+// The engine's protocol for a slot: acquire() when r is planned, stage_seed() with the step that
+// first samples r, run_seeds() on the thread that runs that step, before its forward. Before
+// run_seeds the slot holds nothing of r (its counts and prompt mask are seeded there).
+bool take_slot(DeviceLogits& dl, Request& r) {
+  if (!dl.acquire(r)) return false;
+  LogitsSeeds seeds;
+  if (dl.stage_seed(r, seeds)) dl.run_seeds(seeds);
+  return true;
+}
+
 struct Batch {
   std::vector<std::unique_ptr<Request>> reqs;
   std::vector<ops::LogitsProcRow> rows(const DeviceLogits& dl) const {
@@ -106,7 +116,7 @@ TEST(CudaLogitsProc, EachParameterMatchesCpu) {
     for (int kind = 0; kind < 10; ++kind) b.reqs.push_back(make_req(kind, V, 12 + kind, 3 * kind, uint64_t(kind)));
     for (auto& r : b.reqs) {
       const bool want = DeviceLogits::wants(*r);
-      EXPECT_EQ(dl.acquire(*r), want);
+      EXPECT_EQ(take_slot(dl, *r), want);
       EXPECT_EQ(bool(r->logits_slot), want);
       EXPECT_FALSE(want && needs_host_logits(*r));
     }
@@ -130,7 +140,7 @@ TEST(CudaLogitsProc, MixedBatchOverStepsMatchesCpu) {
     if (i % 3 == 1) r->params.temperature = 0.8f, r->params.top_k = 50;
     b.reqs.push_back(std::move(r));
   }
-  for (auto& r : b.reqs) ASSERT_EQ(dl.acquire(*r), DeviceLogits::wants(*r));
+  for (auto& r : b.reqs) ASSERT_EQ(take_slot(dl, *r), DeviceLogits::wants(*r));
   for (int step = 0; step < 6; ++step) {
     Tensor l = rand_logits(int64_t(b.reqs.size()), V, 2.0f);
     // Make repeated ids likely winners, so penalties decide the draw.
@@ -157,16 +167,16 @@ TEST(CudaLogitsProc, SlotReuseStartsClean) {
   const int64_t V = 1000;
   DeviceLogits dl(1, V, 4, Device::cuda);
   auto a = make_req(8, V, 30, 25, 1);
-  ASSERT_TRUE(dl.acquire(*a));
+  ASSERT_TRUE(take_slot(dl, *a));
   for (int step = 0; step < 3; ++step) {
     dl.upload({dl.row(*a)});
     dl.count({int32_t(step)});
   }
   auto c = make_req(1, V, 4, 0, 2);
-  EXPECT_FALSE(dl.acquire(*c));  // the only slot is held
+  EXPECT_FALSE(take_slot(dl, *c));  // the only slot is held
   EXPECT_TRUE(needs_host_logits(*c));
   a.reset();  // the request ended: its handle goes back to the pool
-  ASSERT_TRUE(dl.acquire(*c));
+  ASSERT_TRUE(take_slot(dl, *c));
   Batch b;
   b.reqs.push_back(std::move(c));
   Tensor l = rand_logits(1, V, 2.0f);
@@ -182,7 +192,7 @@ TEST(CudaLogitsProc, GraphReplayMatchesCpu) {
   Batch b;
   for (int i = 0; i < B; ++i) b.reqs.push_back(make_req((i * 3) % 10, V, 16, 2 + i, uint64_t(300 + i)));
   b.reqs[5]->params.temperature = 0.7f;
-  for (auto& r : b.reqs) dl.acquire(*r);
+  for (auto& r : b.reqs) take_slot(dl, *r);
   Tensor logits = Tensor::zeros({B, V}, DType::f32, Device::cuda);
   Tensor temp = Tensor::zeros({B}, DType::f32, Device::cuda), tk = Tensor::zeros({B}, DType::i32, Device::cuda),
          tp = Tensor::zeros({B}, DType::f32, Device::cuda), mp = Tensor::zeros({B}, DType::f32, Device::cuda),

@@ -32,6 +32,8 @@ constexpr int kQWarps = 8;   // one output feature per warp
 // fp8_gemm_applies): the FP8 tensor cores run at twice the bf16 rate and read 1 byte per weight,
 // against the dequantized tiles' extra pass over W per step.
 constexpr int64_t kFp8GemmAutoM = 32;
+// See fp8_gemm_automatic() in quant_linear.h: off until the in-model failure is understood.
+constexpr bool kFp8GemmAuto = false;
 // cuBLASLt's scale-tensor orders for BLK128x128 (weights) and VEC128 (activations): checked by
 // bench/kernels/fp8_gemm_lab.cu against the CPU on the H200.
 constexpr Fp8ScaleOrder kFp8Order{};
@@ -403,6 +405,7 @@ bool fp8_gemm_applies(const LinearWeight& w) {
 }
 
 Fp8ScaleOrder fp8_scale_order() { return kFp8Order; }
+bool fp8_gemm_automatic() { return kFp8GemmAuto; }
 
 void quantize_act_fp8(const Tensor& x, Tensor& q, float* scale, int64_t scale_ld, bool k_major) {
   check_dev(x, DType::bf16, "quantize_act_fp8 x");
@@ -495,7 +498,7 @@ void quant_linear_kernel(const Tensor& x, const LinearWeight& w, Tensor& out, co
                       reinterpret_cast<uintptr_t>(x.data) % 8 == 0 && (!bp || aligned16(bp));
   if (kernel == QuantKernel::automatic)
     kernel = M <= kQuantGemvAutoM && gemv_ok  ? QuantKernel::gemv
-             : M >= kFp8GemmAutoM && fp8_ok   ? QuantKernel::fp8gemm
+             : kFp8GemmAuto && M >= kFp8GemmAutoM && fp8_ok ? QuantKernel::fp8gemm
              : M <= kQuantMmaAutoM && mma_ok  ? QuantKernel::mma
              : M <= kQuantGemvMaxM && gemv_ok ? QuantKernel::gemv
                                               : QuantKernel::tiles;

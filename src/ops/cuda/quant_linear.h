@@ -26,6 +26,12 @@ void quant_linear_kernel(const Tensor& x, const LinearWeight& w, Tensor& out, co
 // Whether the fp8gemm kernel applies to w (weight-side conditions; M and the device's cuBLASLt
 // decide at the call, falling back to tiles).
 bool fp8_gemm_applies(const LinearWeight& w);
+// Whether QuantKernel::automatic picks fp8gemm (W8A8) for weights it applies to. Off: on the H200
+// the kernel matches the CPU W8A8 oracle in tests/cuda/fp8_gemm_test.cpp, but verify-golden
+// llama3_fp8 --device cuda (qkv/o_proj of K 256 taking W8A8 from 32 prompt tokens) gave logit
+// diffs of 6.09 and garbage greedy ids, cause not found yet; until it is, the model path stays
+// W8A16 and W8A8 runs only where asked for (tests, the lab).
+bool fp8_gemm_automatic();
 // The activation side of fp8gemm, for tests and the lab: x bf16 [M, K] (K % 128 == 0, rows 8-byte
 // aligned) -> q u8 [M, K] e4m3 codes (contiguous) and f32 scales at scale[kb * scale_ld + m]
 // (token-major) or scale[m * K/128 + kb] (k_major); bit-equal to ops::cpu::quantize_act_fp8.
