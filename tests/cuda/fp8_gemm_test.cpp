@@ -3,6 +3,7 @@
 // against exact CPU arithmetic (e4m3 products, f32 scales per token x 128 channels and per
 // 128 x 128 weight block), bias and strided outputs, the automatic choice (only for checkpoints
 // that declare dynamic FP8 activations; weight-only ones keep W8A16 bit for bit), and odd M.
+#include <cstdio>
 #include <cstring>
 
 #include "core/fp8.h"
@@ -186,4 +187,35 @@ TEST(CudaFp8Gemm, TokenCountsNotAMultipleOfFour) {
     EXPECT_LT(max_rel(got, cpu_w8a8(xh, w, &bh), N), 1e-2) << "M=" << M;
     for (int64_t n = 0; n < N; ++n) ASSERT_EQ(all.ptr<float>()[M * N + n], 0.0f) << "M=" << M << ": row M written";
   }
+}
+
+// Why fp8_gemm_applies wants K % 512 (k-block counts that are multiples of 4): the kernel called
+// directly at K = 256 (2 k blocks) with the grid as stored, [N/128, 2], and with the same grid
+// padded to [N/128, 4]. The padded grid must match the CPU W8A8 oracle; the stored one is printed
+// (on the H200, 2026-12-03, it is what gave the llama3_fp8 fixture garbage logits). And the guard.
+TEST(CudaFp8Gemm, ScaleGridOfFewerThanFourKBlocks) {
+  TS_REQUIRE_CUDA();
+  if (!fp8_gemm_available()) GTEST_SKIP() << "this cuBLASLt has no FP8 block scaling";
+  const int64_t M = 32, N = 256, K = 256, G = K / 128;
+  Fp8Weight w = make_weight(N, K, true);
+  EXPECT_FALSE(ops::cuda::fp8_gemm_applies(w.dev));
+  EXPECT_TRUE(ops::cuda::fp8_gemm_applies(make_weight(N, 512, true).dev));
+  Tensor xh = rand_host({M, K}, 2.0f);
+  const std::vector<double> ref = cpu_w8a8(xh, w, nullptr);
+  Tensor xq = Tensor::empty({M, K}, DType::u8, Device::cuda);
+  Tensor xs = Tensor::zeros({G * M}, DType::f32, Device::cuda);
+  ops::cuda::quantize_act_fp8(to_dev_bf16(xh), xq, xs.ptr<float>(), M, ops::cuda::fp8_scale_order().act_k_major);
+  Tensor padded = Tensor::zeros({N / 128, 4}, DType::f32);
+  for (int64_t r = 0; r < N / 128; ++r)
+    for (int64_t g = 0; g < G; ++g) padded.ptr<float>()[r * 4 + g] = w.scale.ptr<float>()[r * G + g];
+  Tensor padded_dev = padded.to(Device::cuda);
+  auto run = [&](const float* wsc) {
+    Tensor out = Tensor::zeros({M, N}, DType::bf16, Device::cuda);
+    EXPECT_TRUE(ops::cuda::fp8_block_matmul(M, N, K, xq.data, xs.ptr<float>(), w.dev.data, w.dev.row_stride(), wsc,
+                                            nullptr, out.data, N, ops::cuda::fp8_scale_order()));
+    return max_rel(to_host_f32(out), ref, N);
+  };
+  const double stored = run(w.dev.quant.scale.ptr<float>()), pad4 = run(padded_dev.ptr<float>());
+  std::printf("K=256: rel err with the grid as stored %.3g, padded to 4 k blocks %.3g\n", stored, pad4);
+  EXPECT_LT(pad4, 1e-2);
 }
