@@ -50,19 +50,8 @@ TEST(EngineDp, BatchChunksAndPrefixReuseEqualDp1) {
     o.chunked_prefill_size = 5;  // several chunks per prompt, mixed with decodes of both groups
     Engine e(o);
     e.start();
-    auto batch = run_all(e, ps, true);
-    for (size_t i = 0; i < ps.size(); ++i) {
-      EXPECT_TRUE(batch[i].error.empty()) << batch[i].error;
-      EXPECT_EQ(batch[i].tokens, solo[i].tokens) << "batched, prompt " << i;
-    }
-    // Again: the full blocks come from the prefix cache of the group that holds them.
-    auto again = run_all(e, ps, true);
-    int cached = 0;
-    for (size_t i = 0; i < ps.size(); ++i) {
-      EXPECT_EQ(again[i].tokens, solo[i].tokens) << "cached prefix, prompt " << i;
-      cached += again[i].cached_tokens;
-    }
-    EXPECT_GT(cached, 0);
+    // The second run's full blocks come from the prefix cache of the group that holds them.
+    expect_batched_then_cached_equal(e, ps, solo);
   }
 }
 

@@ -1,6 +1,8 @@
 // Helpers for engine tests: the bundled demo model, greedy generation, prompts.
 #pragma once
 #include "ts_source_dir.h"  // TS_SOURCE_DIR (generated: the checkout's path)
+#include <gtest/gtest.h>
+
 #include <string>
 #include <vector>
 
@@ -65,6 +67,24 @@ inline std::vector<Result> run_all(Engine& e, const std::vector<GenerateParams>&
   }
   for (auto& s : st) out.push_back(collect(s));
   return out;
+}
+
+// Runs `ps` batched on `e` and expects `solo`'s tokens (the reference engine's, one at a time),
+// then runs them again and expects the same tokens with some of the prompts from the prefix cache.
+inline void expect_batched_then_cached_equal(Engine& e, const std::vector<GenerateParams>& ps,
+                                             const std::vector<Result>& solo) {
+  auto batch = run_all(e, ps, true);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    EXPECT_TRUE(batch[i].error.empty()) << batch[i].error;
+    EXPECT_EQ(batch[i].tokens, solo[i].tokens) << "batched, prompt " << i;
+  }
+  auto again = run_all(e, ps, true);
+  int cached = 0;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    EXPECT_EQ(again[i].tokens, solo[i].tokens) << "cached prefix, prompt " << i;
+    cached += again[i].cached_tokens;
+  }
+  EXPECT_GT(cached, 0);
 }
 
 // Submits with the server's output processor on the stream, so collect() gets text and stop

@@ -30,19 +30,7 @@ TEST(EngineTp, BatchChunksAndPrefixReuseEqualTp1) {
   o.chunked_prefill_size = 7;  // several prefill chunks per prompt, mixed with decodes
   Engine e(o);
   e.start();
-  auto batch = run_all(e, ps, true);
-  for (size_t i = 0; i < ps.size(); ++i) {
-    EXPECT_TRUE(batch[i].error.empty()) << batch[i].error;
-    EXPECT_EQ(batch[i].tokens, solo[i].tokens) << "batched, prompt " << i;
-  }
-  // Again: full blocks now come from the prefix cache.
-  auto again = run_all(e, ps, true);
-  int cached = 0;
-  for (size_t i = 0; i < ps.size(); ++i) {
-    EXPECT_EQ(again[i].tokens, solo[i].tokens) << "cached prefix, prompt " << i;
-    cached += again[i].cached_tokens;
-  }
-  EXPECT_GT(cached, 0);
+  expect_batched_then_cached_equal(e, ps, solo);
 }
 
 // Retraction under a tiny pool at TP 2: every rank's pool loses the same blocks at the same step
