@@ -36,8 +36,9 @@ std::string StreamDecoder::emit(const std::string& text) {
 }
 
 std::string StreamDecoder::push(int32_t id) {
-  if (!tok_.is_valid_id(id)) fail("token id {} is not in the vocabulary (size {})", id, tok_.vocab_size());
-  if (skip_special_ && tok_.is_special(id)) return "";
+  if (id < 0) fail("token id {} is not in the vocabulary (size {})", id, tok_.vocab_size());
+  // A padded LM-head row the tokenizer has no token for adds no text (Tokenizer::decode).
+  if (!tok_.is_valid_id(id) || (skip_special_ && tok_.is_special(id))) return "";
   ids_.push_back(id);
   std::string text = tok_.decode(ids_.data(), ids_.size(), skip_special_);
   // A trailing U+FFFD is (almost always) a character whose remaining bytes are still to come.

@@ -41,7 +41,8 @@ class Tokenizer {
   // Added tokens in the text are always recognized; add_special_tokens applies the
   // post-processor (e.g. the BOS of TemplateProcessing).
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = false) const;
-  // Throws ts::Error on an id that is not in the vocabulary.
+  // Ids without a token (a padded LM head's rows) add no text, as in HF tokenizers; throws
+  // ts::Error on a negative id.
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = false) const;
   std::string decode(const int32_t* ids, size_t n, bool skip_special_tokens = false) const;
 

@@ -149,12 +149,18 @@ TEST(tokenizer, StreamDecoderHoldsIncompleteCharacter) {
   // A dangling byte becomes U+FFFD at the end. (A full decode would turn the whole byte run
   // into U+FFFDs, HF's ByteFallback rule; text already streamed cannot be taken back.)
   EXPECT_EQ(sd.flush(), "\xEF\xBF\xBD");
-  EXPECT_THROW(sd.push(1 << 30), Error);
+  EXPECT_EQ(sd.push(1 << 30), "");  // a padded LM-head row: no text, the stream goes on
+  EXPECT_EQ(sd.push(id("a")), "a");
+  EXPECT_THROW(sd.push(-1), Error);
 }
 
-TEST(tokenizer, DecodeRejectsUnknownIds) {
+// Ids past the tokenizer (a padded LM head's rows) decode to nothing, as HF tokenizers do;
+// negative ids are an error.
+TEST(tokenizer, DecodeSkipsIdsWithoutTokenAndRejectsNegative) {
   auto tok = Tokenizer::from_dir(repo("models/pycoder"));
-  EXPECT_THROW(tok->decode(Ids{8192}), Error);
+  const int32_t a = *tok->token_to_id("a");
+  EXPECT_EQ(tok->decode(Ids{8192}), "");
+  EXPECT_EQ(tok->decode(Ids{a, 8192, a}), tok->decode(Ids{a, a}));
   EXPECT_THROW(tok->decode(Ids{-1}), Error);
   EXPECT_THROW(tok->id_to_token(8192), Error);
   EXPECT_FALSE(tok->is_valid_id(8192));
