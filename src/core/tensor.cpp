@@ -129,7 +129,9 @@ Tensor Tensor::narrow(int dim, int64_t start, int64_t len) const {
            "narrow({}, {}, {}) out of range for {}", dim, start, len, shape_str());
   Tensor t = *this;
   t.shape[dim] = len;
-  t.data = static_cast<char*>(data) + start * stride[dim] * int64_t(dtype_size(dtype));
+  // An empty tensor (a zero-token batch's activations) may have no storage: offsetting a null
+  // pointer is undefined, and its slices are as empty.
+  if (data) t.data = static_cast<char*>(data) + start * stride[dim] * int64_t(dtype_size(dtype));
   return t;
 }
 

@@ -22,6 +22,9 @@ export function freePort() {
 }
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+// Wall-clock bounds are multiplied by this under the sanitizers (scripts/sanitize.sh sets
+// TS_SANITIZED): there the tests hunt memory errors and leaks, and ASan + UBSan slow the engine 2-5x.
+export const TIME_SCALE = process.env.TS_SANITIZED ? 4 : 1;
 
 // Starts `tokenspeed serve` with extra args; resolves once GET /health is 200.
 export async function startServer(args = [], { timeoutMs = 180000 } = {}) {

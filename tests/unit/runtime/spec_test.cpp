@@ -37,7 +37,8 @@ EngineOptions spec_engine(const std::string& draft) {
 TEST(SpecGolden, PlainGreedyMatchesGolden) {
   Engine e(small_engine());
   e.start();
-  for (auto& t : spec_golden()["traces"]) {
+  const auto golden = spec_golden();  // (a range-for over a temporary's member dangles)
+  for (auto& t : golden["traces"]) {
     Result r = collect(e.submit(greedy(t["prompt"].get<std::vector<int32_t>>(), 64)));
     EXPECT_EQ(r.tokens, t["greedy"].get<std::vector<int32_t>>());
   }
