@@ -10,6 +10,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${SAN_BUILD_DIR:-build-san}
 scripts/setup.sh --fuzz
+# Compiler-cache paths relative to the checkout's parent, as in scripts/build.sh (clones share hits).
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(cd .. && pwd)} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   LAUNCHER=()
   command -v ccache > /dev/null && LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
