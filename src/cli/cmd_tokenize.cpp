@@ -76,8 +76,7 @@ int cmd_tokenize(int argc, char** argv) {
     // Ids a user types are checked against the tokenizer (the decoder itself passes over ids
     // past it: those are a padded LM head's rows in a generation).
     std::vector<int32_t> ids = parse_ids(ids_arg);
-    for (int32_t id : ids)
-      if (!tok->is_valid_id(id)) ts::fail("token id {} is not in the vocabulary (size {})", id, tok->vocab_size());
+    for (int32_t id : ids) tok->check_id(id);
     std::string out = tok->decode(ids, skip_special);
     std::fwrite(out.data(), 1, out.size(), stdout);
     return 0;

@@ -307,8 +307,12 @@ std::optional<int32_t> Tokenizer::token_to_id(std::string_view tok) const {
   return model_->token_to_id(tok);
 }
 
-std::string Tokenizer::id_to_token(int32_t id) const {
+void Tokenizer::check_id(int32_t id) const {
   if (!is_valid_id(id)) fail("token id {} is not in the vocabulary (size {})", id, vocab_size());
+}
+
+std::string Tokenizer::id_to_token(int32_t id) const {
+  check_id(id);
   return tokens_[id];
 }
 

@@ -50,6 +50,7 @@ class Tokenizer {
   std::optional<int32_t> token_to_id(std::string_view tok) const;
   std::string id_to_token(int32_t id) const;  // throws on an id not in the vocabulary
   bool is_valid_id(int32_t id) const;
+  void check_id(int32_t id) const;  // throws ts::Error naming the id unless is_valid_id(id)
   bool is_special(int32_t id) const;
   // The raw bytes this id contributes to a decoded text, for grammar masks: ByteLevel tokens through
   // the byte table, byte-fallback `<0xHH>` tokens as that one byte, others through the decoder with a

@@ -46,16 +46,14 @@ std::vector<std::vector<int32_t>> prompts(int n) {
 
 // The fixture's model vocabulary (1088) is padded past its tokenizer's (1024): greedy decoding of
 // its random weights reaches those ids, which decode to no text and do not end the request.
-GenerateParams params(const std::vector<int32_t>& prompt, int max_tokens) { return greedy(prompt, max_tokens); }
-
 std::vector<Result> run(Engine& e, const std::vector<std::vector<int32_t>>& ps, int max_tokens, bool concurrent) {
   std::vector<Result> out;
   if (concurrent) {
     std::vector<std::shared_ptr<Stream>> st;
-    for (auto& p : ps) st.push_back(e.submit(params(p, max_tokens)));
+    for (auto& p : ps) st.push_back(e.submit(greedy(p, max_tokens)));
     for (auto& s : st) out.push_back(collect(s));
   } else {
-    for (auto& p : ps) out.push_back(collect(e.submit(params(p, max_tokens))));
+    for (auto& p : ps) out.push_back(collect(e.submit(greedy(p, max_tokens))));
   }
   return out;
 }
@@ -69,7 +67,7 @@ TEST(HybridEngine, MatchesTransformersGreedy) {
   for (size_t i = 0; i < g["prompts"].size(); ++i) {
     auto p = g["prompts"][i].get<std::vector<int32_t>>();
     auto want = g["greedy"][i].get<std::vector<int32_t>>();
-    Result r = collect(e.submit(params(p, int(want.size()))));
+    Result r = collect(e.submit(greedy(p, int(want.size()))));
     EXPECT_TRUE(r.error.empty()) << r.error;
     EXPECT_EQ(r.tokens, want) << "prompt " << i;
   }
@@ -104,8 +102,8 @@ TEST(HybridEngine, NoPrefixReuse) {
   Engine e(hybrid_engine());
   e.start();
   auto p = prompts(6)[5];  // 64 tokens: four full blocks
-  Result a = collect(e.submit(params(p, 4)));
-  Result b = collect(e.submit(params(p, 4)));
+  Result a = collect(e.submit(greedy(p, 4)));
+  Result b = collect(e.submit(greedy(p, 4)));
   EXPECT_EQ(a.tokens, b.tokens);
   EXPECT_EQ(b.cached_tokens, 0);
 }
