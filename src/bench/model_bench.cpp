@@ -64,6 +64,7 @@ BenchResult run_model_bench(const BenchOptions& o) {
   for (int v : o.prompt_lens) TS_CHECK(v >= 1, "--prompt-lens: lengths must be >= 1 (got {})", v);
   for (int v : o.batches) TS_CHECK(v >= 1, "--batches: sizes must be >= 1 (got {})", v);
   for (int v : o.contexts) TS_CHECK(v >= 0, "--contexts: lengths must be >= 0 (got {})", v);
+  for (int v : o.mixed_chunks) TS_CHECK(v >= 1, "--mixed-chunks: sizes must be >= 1 (got {})", v);
   const Device dev = o.device;
   const int steps = o.decode_steps, bs = o.block_size;
 
@@ -122,13 +123,17 @@ BenchResult run_model_bench(const BenchOptions& o) {
   auto weight_read = [&](int b) { return (p.read_layers(b) + p.head) * dsize; };
   auto blocks_for = [&](int64_t tokens) { return (tokens + bs - 1) / bs; };
 
-  int64_t needed = 1, max_prompt = 0;
+  int64_t needed = 1, max_prompt = 0, max_mixed = 0;
   for (int t : o.prompt_lens) {
     needed = std::max(needed, blocks_for(t + kWarmSteps + steps));
     max_prompt = std::max<int64_t>(max_prompt, t);
   }
+  for (int m : o.mixed_chunks) max_mixed = std::max<int64_t>(max_mixed, m);
   for (int ctx : o.contexts)
-    for (int b : o.batches) needed = std::max(needed, b * blocks_for(ctx + kWarmSteps + steps));
+    for (int b : o.batches) {
+      needed = std::max(needed, b * blocks_for(ctx + kWarmSteps + steps) + blocks_for(max_mixed));
+      max_prompt = std::max<int64_t>(max_prompt, b + max_mixed);
+    }
   int64_t budget = 0;
   if (o.kv_tokens > 0) {
     budget = o.kv_tokens / bs;
@@ -331,6 +336,47 @@ BenchResult run_model_bench(const BenchOptions& o) {
       for (int i = 0; i < kWarmSteps; ++i) step(ctx + i);
       decode_row(b, ctx, time_steps(step, ctx + kWarmSteps), "decode");
       profile_step(rows.back(), [&] { step(ctx + kWarmSteps + steps - 1); });
+      // Mixed steps: these decodes (at their last timed position, rewritten) plus one prefill
+      // chunk of a fresh sequence whose blocks follow theirs, as the scheduler orders a mixed
+      // step (decodes first, then the chunk). Medians of `repeats` runs of each, in this order.
+      const int last_pos = ctx + kWarmSteps + steps - 1;
+      for (int m : o.mixed_chunks) {
+        const int64_t mb = blocks_for(m);
+        if (b * nb + mb > pool) {
+          skipped("mixed", b, ctx, fmt::format("{} decodes + a {}-token chunk need {} blocks, the pool holds {}", b, m,
+                                               b * nb + mb, pool));
+          continue;
+        }
+        std::vector<int32_t> mtable(static_cast<size_t>(mb));
+        for (int64_t k = 0; k < mb; ++k) mtable[size_t(k)] = int32_t(b * nb + k);
+        std::vector<int32_t> mids(static_cast<size_t>(m));
+        for (auto& x : mids) x = rand_id();
+        const SeqChunk pchunk{mids.data(), m, 0, &mtable, SeqChunk::Logits::last};
+        std::vector<SeqChunk> alone = {pchunk}, mixed = chunks;
+        for (auto& ch : mixed) ch.start_pos = last_pos;
+        mixed.push_back(pchunk);
+        std::vector<SeqChunk> dec = mixed;
+        dec.pop_back();
+        auto median_of = [&](const std::vector<SeqChunk>& ch) {
+          run(ch);  // warm-up: workspace growth, GEMM algorithm choice at this M
+          std::vector<double> t;
+          for (int r = 0; r < std::max(o.prefill_repeats, 3); ++r) t.push_back(time_region_s(dev, [&] { run(ch); }));
+          std::sort(t.begin(), t.end());
+          return t[t.size() / 2];
+        };
+        const double t_dec = median_of(dec), t_pre = median_of(alone), t_mix = median_of(mixed);
+        const double ratio = t_mix / (t_dec + t_pre);
+        rows.push_back({{"phase", "mixed"},          {"batch", b},           {"context", ctx},
+                        {"chunk", m},                {"mixed_ms", t_mix * 1e3}, {"decode_ms", t_dec * 1e3},
+                        {"chunk_ms", t_pre * 1e3},   {"ratio", ratio},
+                        {"step_tok_s", double(b + m) / t_mix},
+                        {"ride_along_pct", 100.0 * (t_dec + t_pre - t_mix) / std::max(t_dec, 1e-12)}});
+        std::fprintf(stderr,
+                     "bench: mixed batch %d context %d + chunk %d: %.3f ms vs decode %.3f + chunk %.3f ms (ratio %.3f; "
+                     "%.0f%% of the decode step hidden)\n",
+                     b, ctx, m, t_mix * 1e3, t_dec * 1e3, t_pre * 1e3, ratio, 100.0 * (t_dec + t_pre - t_mix) / t_dec);
+        profile_step(rows.back(), [&] { run(mixed); });
+      }
     }
   }
 
@@ -406,6 +452,12 @@ BenchResult run_model_bench(const BenchOptions& o) {
     if (r.contains("skipped")) {
       md += fmt::format("| {} | {} | {} | - | skipped: {} | - | - | - |\n", phase, r["batch"].get<int>(), r["context"].get<int>(),
                         r["skipped"].get<std::string>());
+    } else if (phase == "mixed") {
+      md += fmt::format("| mixed | {} | {} | {} + {} | {} (decode {} + chunk {}) | {} | ratio {:.3f} | {:.0f}% of the decode hidden |\n",
+                        r["batch"].get<int>(), r["context"].get<int>(), r["batch"].get<int>(), r["chunk"].get<int>(),
+                        fmt_time(r["mixed_ms"].get<double>() / 1e3), fmt_time(r["decode_ms"].get<double>() / 1e3),
+                        fmt_time(r["chunk_ms"].get<double>() / 1e3), fmt_count(r["step_tok_s"].get<double>()),
+                        r["ratio"].get<double>(), r["ride_along_pct"].get<double>());
     } else if (phase == "prefill") {
       md += fmt::format("| prefill | 1 | {} | {} | {} | {} | {:.2f} TFLOP/s | {:.1f}% of GEMM |\n", r["context"].get<int>(),
                         r["tokens"].get<int>(), fmt_time(r["time_s"].get<double>()), fmt_count(r["tok_s"].get<double>()), r["tflops"].get<double>(),
@@ -425,6 +477,11 @@ BenchResult run_model_bench(const BenchOptions& o) {
   md += "- decode-after-prefill: batch-1 decode continuing the prefilled sequence. decode: B sequences whose caches hold "
         "`context` tokens, one token each per step; their caches are not prefilled (the blocks keep whatever the pool "
         "holds), which times the same as a real cache.\n";
+  if (!o.mixed_chunks.empty())
+    md += "- mixed: one step of the row's B decodes plus a P-token prefill chunk of a fresh sequence (decodes first, as "
+          "the scheduler orders it), median of the repeats, next to the same decodes alone and the chunk alone; ratio = "
+          "mixed / (decode + chunk), tok/s = (B + P) / mixed; '% of the decode hidden' = (decode + chunk - mixed) / "
+          "decode: the share of the decode step the chunk rode along with.\n";
   md += fmt::format("- times: wall time of {}, device-synchronised, after warm-up; prefill: median of {}; decode: median of {} "
                     "steps, each timed alone, after {} warm-up steps.\n",
                     o.forward_only ? "the batch build and Model::forward (--forward-only: logits stay on the device)"

@@ -13,6 +13,9 @@
 // logits to the host and sampled there, as for requests with logprobs or penalties) —
 // device-synchronised, after warm-up; forward_only times the batch build and Model::forward
 // alone. profile (CUDA) adds one step per decode row with the device time of every op.
+// mixed_chunks adds, per decode row and chunk size P, a step of the row's decodes plus a P-token
+// prefill chunk (the scheduler's order: decodes first), the chunk alone, and their ratio
+// mixed / (decode + chunk): below 1 the chunk rides along with the decodes' weight reads.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -42,6 +45,11 @@ struct BenchOptions {
   bool host_logits = false;   // steps copy the logits to the host and sample there
   bool profile = false;       // CUDA: one extra step per decode row with per-op device times
   bool unfused_head = false;  // greedy steps compute logits + sample instead of the fused LM head + argmax
+  // Mixed steps (--enable-mixed-batch): after each decode row (B, C), one step of its B decodes
+  // plus one P-token prefill chunk of a fresh sequence, per P here, next to that chunk alone; the
+  // figure is how much of the prefill rides along with the bandwidth-bound decodes
+  // (mixed vs decode-only + prefill-only, all in this run).
+  std::vector<int> mixed_chunks;
 };
 
 struct BenchResult {

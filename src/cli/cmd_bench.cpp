@@ -45,6 +45,10 @@ int cmd_bench(int argc, char** argv) {
   app.add_flag("--profile", o.profile,
                "CUDA: after each decode row, one more step with the device time of every op (CUDA events), the "
                "device's idle gaps, and the logits' copy to the host pageable vs pinned");
+  app.add_option("--mixed-chunks", o.mixed_chunks,
+                 "after each decode row, time a step of its decodes plus a prefill chunk of each of these sizes (a "
+                 "mixed step, --enable-mixed-batch) next to the chunk alone")
+      ->delimiter(',');
   app.add_option("--json", json_file, "also write the results as JSON to FILE");
   bool linear_lab = false;
   app.add_flag("--linear-lab", linear_lab,

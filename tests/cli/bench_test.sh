@@ -35,6 +35,14 @@ grep -q 'greedy sampling where the logits are' "$dir/bench.md" || fail "the time
 grep -q -- '--host-logits' "$dir/bench2.md" || fail "--host-logits not reported"
 grep -qE "^\| decode \| 2 \| 64 \|" "$dir/bench2.md" || fail "no decode row with --host-logits"
 "$TS" bench --help | grep -q -- "--profile" || fail "no --profile in --help"
+# --mixed-chunks: a mixed step (decodes + a prefill chunk) next to each part alone, and its ratio.
+"$TS" bench --model "$dir/m" --device cpu --batches 2 --contexts 64 --decode-steps 2 --prompt-lens 16 --mixed-chunks 8,32 \
+  --json "$dir/bench4.json" > "$dir/bench4.md"
+grep -qE "^\| mixed \| 2 \| 64 \| 2 \+ 32 \| .* \(decode .* \+ chunk .*\) \|.*\| ratio [0-9.]+ \|" "$dir/bench4.md" ||
+  fail "no mixed row for chunk 32"
+python3 -c "import json,sys; r=[x for x in json.load(open(sys.argv[1]))['results'] if x['phase']=='mixed']; \
+assert len(r)==2 and all(x['mixed_ms']>0 and x['decode_ms']>0 and x['chunk_ms']>0 for x in r), r" "$dir/bench4.json" ||
+  fail "mixed rows in the JSON"
 # A quantized checkpoint (FP8 block-128): generates, and bench reports the bytes a step reads as stored.
 "$TS" make-random-model --preset llama-3.1-8b --quant fp8 --num-layers 2 --hidden-size 128 --intermediate-size 256 \
   --vocab-size 2048 --num-heads 4 --num-kv-heads 2 --head-dim 32 --seed 3 --out "$dir/q" > /dev/null
