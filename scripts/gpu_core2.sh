@@ -71,8 +71,26 @@ run_case() {  # name, serve flags...
   # failed requests (column 3 of the table) must be 0
   awk -v n="$name" '$1 ~ /^[0-9]+$/ && NF >= 11 && $3 != 0 { print "FAIL " n ": " $3 " failed requests at concurrency " $1; bad=1 } END { exit bad }' \
     "$OUT/bench_$name.txt" | tee -a "$LOG" || status=1
-  http_get "http://127.0.0.1:$PORT/metrics" 2>/dev/null | grep -E "^tokenspeed_(device_(malloc|free)_calls|device_memory|host_pinned|engine_overlap_steps|retractions)" \
+  http_get "http://127.0.0.1:$PORT/metrics" 2>/dev/null > "$OUT/metrics_$name.txt"
+  grep -E "^tokenspeed_(device_(malloc|free)_calls|device_memory|host_pinned|engine_overlap_steps|retractions)" "$OUT/metrics_$name.txt" \
     | sed "s/^/  $name metrics: /" | tee -a "$LOG"
+  # The step mix: mean decode batch, mean device ms of decode-only / mixed / prefill-only steps.
+  python3 - "$OUT/metrics_$name.txt" "$name" <<'EOF' | tee -a "$LOG"
+import re, sys
+v = {}
+for line in open(sys.argv[1]):
+    m = re.match(r'^(tokenspeed_engine_step\w*?)(?:\{[^}]*?kind="(\w+)"[^}]*\}|\{[^}]*\})? ([0-9.eE+-]+)$', line.strip())
+    if m: v[(m.group(1), m.group(2))] = float(m.group(3))
+n = {k: v.get(("tokenspeed_engine_steps_by_kind_total", k), 0) for k in ("decode", "mixed", "prefill")}
+s = {k: v.get(("tokenspeed_engine_step_seconds_by_kind_total", k), 0) for k in ("decode", "mixed", "prefill")}
+rows = v.get(("tokenspeed_engine_step_decode_rows_total", None), 0)
+pre = v.get(("tokenspeed_engine_step_prefill_tokens_total", None), 0)
+ms = lambda k: f"{1e3 * s[k] / n[k]:.2f}" if n[k] else "-"
+dec_steps = n["decode"] + n["mixed"]
+print(f"  {sys.argv[2]} steps: decode {n['decode']:.0f} ({ms('decode')} ms), mixed {n['mixed']:.0f} ({ms('mixed')} ms), "
+      f"prefill {n['prefill']:.0f} ({ms('prefill')} ms); mean decode batch {rows / dec_steps if dec_steps else 0:.1f}; "
+      f"prefill tokens {pre:.0f}; device s {sum(s.values()):.2f}")
+EOF
   kill $pid; wait $pid 2>/dev/null
 }
 for c in $CASES; do

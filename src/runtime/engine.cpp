@@ -235,9 +235,19 @@ class EngineImpl {
   void observe_idle(const StepResult& res);
   // The automatic mixed budget's cost model learns from steps with decodes (their device time:
   // forward + sampling, up to the ids on the host).
+  // Also counts the step by kind (engine thread only; published by update_metrics).
   void observe_cost(const StepPlan& plan, const StepResult& res) {
     if (mixed_budget_ && plan.decode_rows > 0) mixed_budget_->observe(plan.decode_rows, plan.prefill_tokens, res.forward_s);
+    if (plan.decode_rows <= 0 && plan.prefill_tokens <= 0) return;
+    const size_t kind = plan.prefill_tokens <= 0 ? 0 : plan.decode_rows > 0 ? 1 : 2;
+    ++steps_by_kind_[kind];
+    step_seconds_by_kind_[kind] += res.forward_s;
+    step_decode_rows_ += plan.decode_rows;
+    step_prefill_tokens_ += plan.prefill_tokens;
   }
+  std::array<int64_t, 3> steps_by_kind_{};
+  std::array<double, 3> step_seconds_by_kind_{};
+  int64_t step_decode_rows_ = 0, step_prefill_tokens_ = 0;
   std::unique_ptr<MixedBudget> mixed_budget_;  // --enable-mixed-batch, automatic (null: fixed or off)
   // Appends one generated token at time `now`; returns why the request stops on it (none: it
   // goes on). Inter-token latencies go to itl_ (observed once per step, one lock).
@@ -1194,6 +1204,10 @@ void EngineImpl::update_metrics(double host_us) {
   metrics_.step_apply_us_mean = part_ewma_[2];
   metrics_.prefix_hit_rate = metrics_.prompt_tokens ? double(metrics_.cached_prompt_tokens) / double(metrics_.prompt_tokens) : 0;
   metrics_.retractions = sched->retractions();
+  metrics_.steps_by_kind = steps_by_kind_;
+  metrics_.step_seconds_by_kind = step_seconds_by_kind_;
+  metrics_.step_decode_rows = step_decode_rows_;
+  metrics_.step_prefill_tokens = step_prefill_tokens_;
   if (spec) {
     metrics_.spec_verify_steps = spec_verify_steps_;
     metrics_.spec_accepted_tokens = spec_accepted_tokens_;

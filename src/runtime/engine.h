@@ -4,6 +4,7 @@
 //    data with the engine thread only through the request queue and each request's Stream.
 //  - The engine thread never parses JSON; HTTP threads never touch the cache or the model.
 #pragma once
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -214,6 +215,13 @@ struct EngineMetrics {
   double device_idle_us_mean = 0, device_idle_seconds = 0, device_busy_seconds = 0;
   int64_t overlap_steps = 0;
   int64_t steps = 0, retractions = 0;
+  // Steps by what they carried — [0] decode only, [1] mixed (decodes + prefill chunks), [2]
+  // prefill only — with their device seconds (forward + sampling), and the decode rows / prefill
+  // tokens of all of them: the mean decode batch and a mixed step's cost against a decode-only
+  // one, from a served load (--enable-mixed-batch tuning).
+  std::array<int64_t, 3> steps_by_kind{};
+  std::array<double, 3> step_seconds_by_kind{};
+  int64_t step_decode_rows = 0, step_prefill_tokens = 0;
   int64_t spec_verify_steps = 0, spec_accepted_tokens = 0;  // accepted length = tokens / steps
   // Engine steps on the fixed-shape speculative decode path, and those replayed as CUDA graphs;
   // device seconds in the draft model (draft steps + catch-up) and in the target verify.

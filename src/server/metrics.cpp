@@ -188,6 +188,25 @@ std::string render_prometheus(const EngineMetrics* e, ServerMetrics& s, const st
     metric(out, "tokenspeed_engine_overlap_steps_total", "counter",
            "Engine steps launched while the previous step was still running (overlap scheduling).", l,
            static_cast<double>(e->overlap_steps));
+    {
+      // {model_name="m"} -> {model_name="m",kind="..."}
+      const std::string lk = l.substr(0, l.size() - 1) + ",kind=\"";
+      static constexpr const char* kKinds[3] = {"decode", "mixed", "prefill"};
+      out += "# HELP tokenspeed_engine_steps_by_kind_total Engine steps by what they carried: decode only, mixed "
+             "(decodes + prefill chunks), prefill only.\n# TYPE tokenspeed_engine_steps_by_kind_total counter\n";
+      for (size_t k = 0; k < 3; ++k)
+        out += fmt::format("tokenspeed_engine_steps_by_kind_total{}{}\"}} {}\n", lk, kKinds[k], e->steps_by_kind[k]);
+      out += "# HELP tokenspeed_engine_step_seconds_by_kind_total Device seconds (forward + sampling) of engine steps by "
+             "kind.\n# TYPE tokenspeed_engine_step_seconds_by_kind_total counter\n";
+      for (size_t k = 0; k < 3; ++k)
+        out += fmt::format("tokenspeed_engine_step_seconds_by_kind_total{}{}\"}} {}\n", lk, kKinds[k],
+                           num(e->step_seconds_by_kind[k]));
+    }
+    metric(out, "tokenspeed_engine_step_decode_rows_total", "counter",
+           "Decode rows over all engine steps (/ decode + mixed steps: the mean decode batch).", l,
+           static_cast<double>(e->step_decode_rows));
+    metric(out, "tokenspeed_engine_step_prefill_tokens_total", "counter", "Prefill tokens over all engine steps.", l,
+           static_cast<double>(e->step_prefill_tokens));
     metric(out, "tokenspeed_device_idle_seconds_total", "counter",
            "Seconds the device sat idle between consecutive engine steps (not counting idle server time).", l,
            e->device_idle_seconds);

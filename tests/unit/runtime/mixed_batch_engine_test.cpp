@@ -68,5 +68,14 @@ TEST(MixedBatchEngine, AutomaticBudgetPrefillsBesideDecodesAndKeepsOutputs) {
       EXPECT_TRUE(got[i].error.empty()) << got[i].error;
       EXPECT_EQ(got[i].tokens, ref[i].tokens) << "request " << i << " (overlap " << overlap << ")";
     }
+    // The steps by kind (/metrics: tokenspeed_engine_steps_by_kind_total): decode-only steps,
+    // and the late prompt's chunks beside decodes as mixed steps; every prompt token counted.
+    const EngineMetrics m = e.metrics();
+    EXPECT_GE(m.steps_by_kind[0], 1);
+    EXPECT_GE(m.steps_by_kind[1], 1) << "no mixed step (overlap " << overlap << ")";
+    EXPECT_LE(m.steps_by_kind[0] + m.steps_by_kind[1] + m.steps_by_kind[2], m.steps);
+    EXPECT_GT(m.step_seconds_by_kind[1], 0.0);
+    EXPECT_EQ(m.step_prefill_tokens, m.prompt_tokens - m.cached_prompt_tokens);
+    EXPECT_GE(m.step_decode_rows, 4 * 100);
   }
 }
