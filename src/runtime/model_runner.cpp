@@ -159,6 +159,7 @@ void BatchBuilder::build(const std::vector<SeqChunk>& chunks, int bs, Device dev
   batch.attn.num_seqs = S;
   batch.attn.max_q_len = std::max(max_q, S > real_s ? 1 : 0);
   batch.attn.max_kv_len = std::max(max_kv, opt.max_kv_bound);
+  ops::set_decode_lead(batch.attn, cu);
   batch.mode = max_q <= 1 ? ForwardMode::decode : ForwardMode::prefill;
   cu_rows_.assign(cu, cu + S + 1);
 }

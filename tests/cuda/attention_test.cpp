@@ -53,6 +53,9 @@ void check_attention(const std::vector<Seq>& seqs, int64_t nkv, int64_t G, int64
   mh.num_seqs = int(B);
   mh.max_q_len = max_q;
   mh.max_kv_len = std::max(max_kv, max_kv_bound);
+  // The dispatcher's own choice (path 0) gets the lead decodes marked as the batch builder marks
+  // them, so mixed batches take the two-launch split (decodes, then chunks).
+  if (path == 0) ops::set_decode_lead(mh, cu.data());
   md = mh;
   md.cu_q = to_dev(mh.cu_q);
   md.kv_len = to_dev(mh.kv_len);
@@ -118,6 +121,29 @@ TEST(CudaAttention, ChunkedPrefillAndMixed) {
         // Mixed: decodes and a chunk, with padding rows at the end.
         check_attention({{1, 65}, {128, 300}, {1, 1}, {3, 3}}, 1, 8, hd, bs, path, 0, 3);
       }
+}
+
+// Mixed batches as the scheduler builds them (decodes and verify rows first, then prefill
+// chunks over cached prefixes, padding rows last): path 0 runs the leading decodes through the
+// split-KV decode kernel and the chunks through the prefill kernel. Also batches where nothing
+// leads (a chunk first) or every row is short, which stay one launch.
+TEST(CudaAttention, MixedBatchSplitsLeadingDecodes) {
+  TS_REQUIRE_CUDA();
+  std::vector<Seq> mixed;
+  for (int i = 0; i < 24; ++i) mixed.push_back({1, 300 + 37 * i});
+  mixed.push_back({4, 700});  // a verify row among the decodes
+  mixed.push_back({128, 128});
+  mixed.push_back({512, 2048});
+  mixed.push_back({9, 40});
+  for (int64_t hd : {64, 128})
+    for (int bs : {16, 64}) {
+      check_attention(mixed, 8, 4, hd, bs, 0, 0, 5);
+      check_attention(mixed, 2, 1, hd, bs, 0);
+      check_attention({{1, 1}, {200, 200}}, 1, 8, hd, bs, 0, 0, 2);            // one decode, one chunk
+      check_attention({{64, 64}, {1, 500}, {1, 33}}, 2, 4, hd, bs, 0);          // a chunk first: no split
+      check_attention({{1, 900}, {1, 33}, {3, 77}}, 2, 4, hd, bs, 0, 0, 0, 0, 4096);  // all short: decode kernel
+      check_attention({{1, 900}, {2, 1000}, {16, 9000}}, 2, 4, hd, bs, 0);      // short chunk, long prefix
+    }
 }
 
 TEST(CudaAttention, ZeroTokens) {

@@ -33,7 +33,7 @@ namespace {
 // First guesses from the kernel design; to be tuned from lab_attention_decode and
 // lab_attention_prefill on the H200 (the labs print every variant side by side).
 // max_q_len at or below: split-KV decode kernel (decode, speculative verify); above: prefill.
-constexpr int kDecodeMaxQLen = 8;
+constexpr int kDecodeMaxQLen = kAttnDecodeMaxQLen;
 constexpr int kSplitMaxQLen = 512;   // longer chunks have enough query tiles for the prefill kernel
 constexpr int kSplitMinKvPerQ = 16;  // prefix at least this many times the chunk
 // The decode split count aims at one full wave: the kernel's occupancy (queried: 2 blocks/SM at
@@ -572,6 +572,34 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
 
   // v2 kernels: head dims 64/128 with hd_v == hd and 16-byte aligned caches.
   const bool v2_ok = (hd == 64 || hd == 128) && hd_v == hd && aligned16(p.kc) && aligned16(p.vc);
+  // A mixed batch (decodes first, then prefill chunks): the decodes through the split-KV decode
+  // kernel, the chunks through the kernel their lengths pick — two launches over sub-batches.
+  // The metadata are views of the same buffers: cu_q keeps absolute row offsets, so the decode
+  // launch gets the first lead_decode_rows rows of q / out (its split partials and padding
+  // logic cover those rows only) and the chunks' launch the whole of them (rows past the
+  // decodes': it zeroes the padding rows after the last chunk).
+  if (policy.attn_path == 0 && v2_ok && meta.max_q_len > kDecodeMaxQLen && meta.lead_decode_seqs > 0 &&
+      meta.lead_decode_seqs < B && meta.lead_decode_max_q <= kDecodeMaxQLen && meta.lead_decode_rows > 0 &&
+      meta.lead_decode_rows <= T) {
+    const int64_t nd = meta.lead_decode_seqs;
+    AttnMeta dm = meta, pm = meta;
+    dm.cu_q = meta.cu_q.narrow(0, 0, nd + 1);
+    dm.kv_len = meta.kv_len.narrow(0, 0, nd);
+    dm.block_tables = meta.block_tables.narrow(0, 0, nd);
+    dm.num_seqs = int(nd);
+    dm.max_q_len = meta.lead_decode_max_q;
+    dm.lead_decode_seqs = dm.lead_decode_max_q = dm.lead_decode_rows = 0;
+    pm.cu_q = meta.cu_q.narrow(0, nd, B - nd + 1);
+    pm.kv_len = meta.kv_len.narrow(0, nd, B - nd);
+    pm.block_tables = meta.block_tables.narrow(0, nd, B - nd);
+    pm.num_seqs = int(B - nd);
+    pm.lead_decode_seqs = pm.lead_decode_max_q = pm.lead_decode_rows = 0;
+    const Tensor qd = q.narrow(0, 0, meta.lead_decode_rows);
+    Tensor od = out.narrow(0, 0, meta.lead_decode_rows);
+    paged_attention(qd, k_cache, v_cache, dm, scale, od, policy, split);
+    paged_attention(q, k_cache, v_cache, pm, scale, out, policy, split);
+    return;
+  }
   int path = policy.attn_path;
   if (path == 0) {
     if (!v2_ok) path = 1;
