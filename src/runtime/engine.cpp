@@ -441,6 +441,8 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
       mo.max_tokens = so.token_budget;
       mo.min_tokens = std::min(64, so.token_budget);
       mo.initial = std::min(512, so.token_budget);
+      TS_CHECK(o.mixed_min_chunk >= 0, "--mixed-min-chunk must be >= 0 (got {})", o.mixed_min_chunk);
+      mo.efficient_tokens = std::min(o.mixed_min_chunk, so.token_budget);
       mixed_budget_ = std::make_unique<MixedBudget>(mo);
     }
   }
