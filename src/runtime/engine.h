@@ -143,7 +143,7 @@ struct EngineOptions {
   bool enable_mixed_batch = false;
   int mixed_prefill_tokens = 0;
   double mixed_step_factor = 2.5;
-  int mixed_min_chunk = 512;  // automatic budget: the chunk floor while a backlog waits (0: off)
+  int mixed_min_chunk = 0;  // automatic budget: the chunk floor while a backlog waits (0: off)
   // No jump-forward decoding for grammar-constrained requests (SGLang's --disable-jump-forward):
   // every token is sampled, also where the grammar forces the next bytes.
   bool disable_jump_forward = false;

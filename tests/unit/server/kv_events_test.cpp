@@ -83,6 +83,23 @@ int64_t be(const zmq::message_t& m) {
 
 // A real engine behind the publisher: a SUB socket sees its prompt's full blocks stored on the
 // device tier (token ids and chained hashes), and the replay socket returns what it missed.
+// Connects `sub` and waits until the connection is up (a socket monitor's CONNECTED event, up to
+// 10 s), then 200 ms for the subscription to reach the PUB: a PUB drops what it sends before then
+// (ZMQ's slow joiner). A fixed 300 ms sleep was not enough on a loaded 2-core machine.
+void join(zmq::socket_t& sub, const std::string& endpoint) {
+  struct Connected : zmq::monitor_t {
+    bool up = false;
+    void on_event_connected(const zmq_event_t&, const char*) override { up = true; }
+  } mon;
+  static int n = 0;
+  mon.init(sub, "inproc://kv-events-test-monitor-" + std::to_string(++n), ZMQ_EVENT_CONNECTED);
+  sub.connect(endpoint);
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!mon.up && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10)) mon.check_event(100);
+  EXPECT_TRUE(mon.up) << "SUB did not connect to " << endpoint;
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+}
+
 TEST(KvEventsPublisher, SubscriberDecodesEngineEventsAndReplayResyncs) {
   const std::string base = "ipc:///tmp/ts-kv-events-test-" + std::to_string(getpid());
   KvEventsConfig cfg = KvEventsConfig::parse(R"({"enable_kv_cache_events": true, "topic": "kv"})");
@@ -95,8 +112,7 @@ TEST(KvEventsPublisher, SubscriberDecodesEngineEventsAndReplayResyncs) {
   zmq::socket_t sub(ctx, zmq::socket_type::sub);
   sub.set(zmq::sockopt::subscribe, "kv");
   sub.set(zmq::sockopt::rcvtimeo, 20000);
-  sub.connect(cfg.endpoint);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // PUB drops messages until the SUB has joined
+  join(sub, cfg.endpoint);
 
   std::string text;
   for (int i = 0; i < 10; ++i) text += "def f" + std::to_string(i) + "(x):\n    return x + " + std::to_string(i) + "\n";
@@ -108,14 +124,22 @@ TEST(KvEventsPublisher, SubscriberDecodesEngineEventsAndReplayResyncs) {
   while (st->pop(ev, 60000) && !ev.finished) {
   }
 
-  // The first message the SUB gets holds the prompt's first full blocks on "GPU".
+  // The first message after the startup AllBlocksCleared (seq 0: the publisher's thread may send
+  // it before or after we joined) holds the prompt's first full blocks on "GPU".
   zmq::message_t topic, seq, payload;
   ASSERT_TRUE(sub.recv(topic));
   ASSERT_TRUE(sub.recv(seq));
   ASSERT_TRUE(sub.recv(payload));
+  if (be(seq) == 0) {
+    msgpack::object_handle o0 = msgpack::unpack(static_cast<const char*>(payload.data()), payload.size());
+    EXPECT_EQ(o0.get().via.array.ptr[1].via.array.ptr[0].via.array.ptr[0].as<std::string>(), "AllBlocksCleared");
+    ASSERT_TRUE(sub.recv(topic));
+    ASSERT_TRUE(sub.recv(seq));
+    ASSERT_TRUE(sub.recv(payload));
+  }
   EXPECT_EQ(topic.to_string(), "kv");
   const int64_t first_seq = be(seq);
-  EXPECT_GE(first_seq, 1);  // seq 0 is the startup AllBlocksCleared, sent before we joined
+  EXPECT_GE(first_seq, 1);
   msgpack::object_handle oh = msgpack::unpack(static_cast<const char*>(payload.data()), payload.size());
   const auto& events = oh.get().via.array.ptr[1].via.array;
   ASSERT_GE(events.size, 1u);
