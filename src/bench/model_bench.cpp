@@ -12,6 +12,7 @@
 #include "io/quant_config.h"
 #include "io/safetensors.h"
 #include "models/model.h"
+#include "runtime/cuda_graph_runner.h"
 #include "runtime/model_runner.h"
 
 #ifdef TS_WITH_CUDA
@@ -65,6 +66,10 @@ BenchResult run_model_bench(const BenchOptions& o) {
   for (int v : o.batches) TS_CHECK(v >= 1, "--batches: sizes must be >= 1 (got {})", v);
   for (int v : o.contexts) TS_CHECK(v >= 0, "--contexts: lengths must be >= 0 (got {})", v);
   for (int v : o.mixed_chunks) TS_CHECK(v >= 1, "--mixed-chunks: sizes must be >= 1 (got {})", v);
+  // The op profiler times eager launches; inside graph replays the ops are skipped.
+  TS_CHECK(!(o.graphs && o.profile), "--profile times eager ops: run it without --graphs");
+  TS_CHECK(!(o.graphs && o.forward_only), "--forward-only calls Model::forward eagerly: run it without --graphs");
+  TS_CHECK(o.graph_prefill_tokens >= 16, "--graph-prefill-tokens must be >= 16");
   const Device dev = o.device;
   const int steps = o.decode_steps, bs = o.block_size;
 
@@ -154,6 +159,18 @@ BenchResult run_model_bench(const BenchOptions& o) {
   const int64_t pool = std::min(needed, budget);
   ModelRunner runner(model, pool, bs);
   const double pool_bytes = double(pool) * bs * kv_tok;
+  if (o.graphs && dev == Device::cuda) {
+    // The engine's graph options (serve's defaults), sized to this run's shapes.
+    GraphOptions g;
+    g.max_bs = 8;
+    for (int b : o.batches) g.max_bs = std::max(g.max_bs, b);
+    g.max_prefill_tokens = o.graph_prefill_tokens;
+    g.max_context = int(std::min<int64_t>(pool * bs, cfg.max_position_embeddings));
+    g.eager_max_tokens = int(std::max<int64_t>(max_prompt, 2048));
+    runner.enable_graphs(g);
+    std::fprintf(stderr, "bench: CUDA graphs captured in %.2f s (%d decode, %d prefill buckets)\n",
+                 runner.graphs()->capture_seconds(), runner.graphs()->decode_graphs(), runner.graphs()->prefill_graphs());
+  }
   // One step as the engine's eager step pays it: ModelRunner::run_greedy (the fused LM head +
   // argmax at batch 1-2; elsewhere the logits stay on the device and are argmaxed there, B ids to
   // the host); --unfused-head: ModelRunner::run with greedy sampling of the device logits; with host_logits the logits come to
@@ -414,6 +431,7 @@ BenchResult run_model_bench(const BenchOptions& o) {
   j["timed"] = o.forward_only   ? "batch build + Model::forward"
                : o.host_logits ? "ModelRunner::run, logits to the host, host greedy sampling"
                                : "ModelRunner::run, logits on the device, device greedy sampling";
+  j["graphs"] = o.graphs && dev == Device::cuda;
   j["results"] = rows;
   const char* f_prefill = "prefill FLOPs = 2*P_layers*T + 2*P_head + 2*L*heads*head_dim*T^2 (linear layers over T tokens, "
                           "the LM head on the last row, causal attention QK^T + PV)";
@@ -490,6 +508,10 @@ BenchResult run_model_bench(const BenchOptions& o) {
                                     : "ModelRunner::run (batch build, metadata upload, forward) + greedy sampling where "
                                       "the logits are (on the GPU: the device), as the engine's eager steps",
                     o.prefill_repeats, steps, kWarmSteps);
+  if (o.graphs && dev == Device::cuda)
+    md += fmt::format("- --graphs: steps replay the engine's CUDA graphs (decode batch buckets; breakable prefill graphs "
+                      "padded to their token bucket up to {} tokens), as serve runs them.\n",
+                      o.graph_prefill_tokens);
   return res;
 }
 

@@ -45,6 +45,11 @@ struct BenchOptions {
   bool host_logits = false;   // steps copy the logits to the host and sample there
   bool profile = false;       // CUDA: one extra step per decode row with per-op device times
   bool unfused_head = false;  // greedy steps compute logits + sample instead of the fused LM head + argmax
+  // CUDA: steps run through the engine's CUDA graphs (decode graphs per batch bucket, breakable
+  // prefill graphs up to graph_prefill_tokens), as `serve` runs them, instead of eagerly. Mixed
+  // steps then take the prefill graph of their padded token bucket, as served mixed steps do.
+  bool graphs = false;
+  int graph_prefill_tokens = 2048;
   // Mixed steps (--enable-mixed-batch): after each decode row (B, C), one step of its B decodes
   // plus one P-token prefill chunk of a fresh sequence, per P here, next to that chunk alone; the
   // figure is how much of the prefill rides along with the bandwidth-bound decodes

@@ -45,6 +45,12 @@ int cmd_bench(int argc, char** argv) {
   app.add_flag("--profile", o.profile,
                "CUDA: after each decode row, one more step with the device time of every op (CUDA events), the "
                "device's idle gaps, and the logits' copy to the host pageable vs pinned");
+  app.add_flag("--graphs", o.graphs,
+               "CUDA: run every step through the engine's CUDA graphs (decode graphs per batch bucket, breakable "
+               "prefill graphs up to --graph-prefill-tokens; mixed steps take the prefill graph of their padded "
+               "bucket), as serve does, instead of eagerly");
+  app.add_option("--graph-prefill-tokens", o.graph_prefill_tokens,
+                 "with --graphs: largest prefill captured in a graph (serve's --prefill-graph-max-tokens)");
   app.add_option("--mixed-chunks", o.mixed_chunks,
                  "after each decode row, time a step of its decodes plus a prefill chunk of each of these sizes (a "
                  "mixed step, --enable-mixed-batch) next to the chunk alone")

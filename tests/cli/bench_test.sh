@@ -43,6 +43,15 @@ grep -qE "^\| mixed \| 2 \| 64 \| 2 \+ 32 \| .* \(decode .* \+ chunk .*\) \|.*\|
 python3 -c "import json,sys; r=[x for x in json.load(open(sys.argv[1]))['results'] if x['phase']=='mixed']; \
 assert len(r)==2 and all(x['mixed_ms']>0 and x['decode_ms']>0 and x['chunk_ms']>0 for x in r), r" "$dir/bench4.json" ||
   fail "mixed rows in the JSON"
+# --graphs: the engine's CUDA graphs (CPU: eager, not reported); --profile times eager ops only.
+"$TS" bench --help | grep -q -- "--graphs" || fail "no --graphs in --help"
+"$TS" bench --model "$dir/m" --device cpu --batches 2 --contexts 64 --decode-steps 2 --prompt-lens 16 --graphs \
+  --json "$dir/bench5.json" > /dev/null || fail "--graphs on the CPU"
+grep -q '"graphs": false' "$dir/bench5.json" || fail "the CPU run claims graphs"
+if "$TS" bench --model "$dir/m" --device cpu --batches 2 --prompt-lens 16 --graphs --profile > "$dir/bench6.txt" 2>&1; then
+  fail "--graphs --profile accepted"
+fi
+grep -q "without --graphs" "$dir/bench6.txt" || fail "--graphs --profile: no reason given"
 # A quantized checkpoint (FP8 block-128): generates, and bench reports the bytes a step reads as stored.
 "$TS" make-random-model --preset llama-3.1-8b --quant fp8 --num-layers 2 --hidden-size 128 --intermediate-size 256 \
   --vocab-size 2048 --num-heads 4 --num-kv-heads 2 --head-dim 32 --seed 3 --out "$dir/q" > /dev/null
