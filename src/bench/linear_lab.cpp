@@ -147,6 +147,74 @@ std::string run_linear_lab(const LinearLabOptions& o) {
   return md;
 }
 
+std::string run_gemm_lab(const GemmLabOptions& o) {
+  TS_CHECK(o.candidates >= 1 && o.candidates <= 32 && o.iters >= 1 && !o.ms.empty(), "gemm lab: bad options");
+  std::fprintf(stderr, "gemm lab: measuring the GEMM ceiling...\n");
+  const Ceilings c = measure_ceilings(Device::cuda, 0, size_t(64) << 20);
+  struct Shape {
+    const char* name;
+    int64_t n, k;
+  };
+  const Shape shapes[] = {{"qkv_proj", 6144, 4096}, {"o_proj", 4096, 4096}, {"gate_up_proj", 28672, 4096},
+                          {"down_proj", 4096, 14336}};
+  auto pow2_above = [](int64_t m) {
+    int64_t b = 1;
+    while (b < m) b <<= 1;
+    return b;
+  };
+  std::string md = fmt::format(
+      "## bf16 GEMMs at Llama-3.1-8B shapes under cuBLASLt algorithm choices (GEMM ceiling {:.0f} TFLOP/s, "
+      "measured in this run)\n\n"
+      "us per call (median of 3 runs of {} calls). exact: the heuristic's first algorithm for M; pow2: its first "
+      "for the power-of-two bucket above M (a cache keyed by that bucket, filled largest first); low: its first "
+      "for the bucket's smallest size; best: the fastest of its first {} for M (#: its rank).\n\n"
+      "| shape | M | exact us | TFLOP/s | pow2 us | low us | best us | # |\n|---|---|---|---|---|---|---|---|\n",
+      c.gemm_tflops, o.iters, o.candidates);
+  struct Sum {
+    double exact = 0, pow2 = 0, low = 0, best = 0;
+  };
+  std::vector<Sum> sums(o.ms.size());
+  for (const Shape& s : shapes) {
+    const Tensor w = rand_bf16({s.n, s.k}, stream_key(21, s.name), 0.02f);
+    for (size_t mi = 0; mi < o.ms.size(); ++mi) {
+      const int64_t M = o.ms[mi];
+      const Tensor x = rand_bf16({M, s.k}, stream_key(22, s.name), 1.0f);
+      Tensor out = Tensor::empty({M, s.n}, DType::bf16, Device::cuda);
+      // Median of three timings; -1 where that algorithm is not offered or refuses M.
+      auto time_algo = [&](int64_t qm, int idx) {
+        if (!ops::cuda::linear_lab_algo(x, w, out, qm, idx)) return -1.0;
+        std::vector<double> t;
+        for (int r = 0; r < 3; ++r) t.push_back(per_call(o.iters, [&](int) { ops::cuda::linear_lab_algo(x, w, out, qm, idx); }));
+        std::sort(t.begin(), t.end());
+        return t[1];
+      };
+      const int64_t hi = pow2_above(M), lo = hi / 2 + 1;
+      const double te = time_algo(M, 0), tp = time_algo(hi, 0), tl = time_algo(std::min<int64_t>(lo, M), 0);
+      double tb = -1;
+      int bi = -1;
+      for (int i = 0; i < o.candidates; ++i) {
+        const double t = time_algo(M, i);
+        if (t > 0 && (tb < 0 || t < tb)) tb = t, bi = i;
+      }
+      const double flop = 2.0 * double(M) * double(s.n) * double(s.k);
+      auto us = [](double t) { return t > 0 ? fmt::format("{:.1f}", t * 1e6) : std::string("-"); };
+      md += fmt::format("| {} | {} | {} | {:.0f} | {} | {} | {} | {} |\n", s.name, M, us(te), te > 0 ? flop / te / 1e12 : 0.0,
+                        us(tp), us(tl), us(tb), bi);
+      Sum& u = sums[mi];
+      u.exact += te, u.pow2 += tp, u.low += tl, u.best += tb;
+    }
+  }
+  md += fmt::format("\n### One forward's four GEMMs x {} layers (ms)\n\n| M | exact | pow2 | low | best | exact / best |\n"
+                    "|---|---|---|---|---|---|\n", o.layers);
+  for (size_t mi = 0; mi < o.ms.size(); ++mi) {
+    const Sum& u = sums[mi];
+    md += fmt::format("| {} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.3f} |\n", o.ms[mi], 1e3 * o.layers * u.exact,
+                      1e3 * o.layers * u.pow2, 1e3 * o.layers * u.low, 1e3 * o.layers * u.best,
+                      u.best > 0 ? u.exact / u.best : 0.0);
+  }
+  return md;
+}
+
 namespace {
 
 // Stored experts [E, R, K] from one 2-D weight [E * R, K] (rows of an expert contiguous).
@@ -241,6 +309,7 @@ std::string run_moe_lab(const MoeLabOptions& o) {
 
 std::string run_linear_lab(const LinearLabOptions&) { fail("--linear-lab needs a CUDA build"); }
 std::string run_moe_lab(const MoeLabOptions&) { fail("--moe-lab needs a CUDA build"); }
+std::string run_gemm_lab(const GemmLabOptions&) { fail("--gemm-lab needs a CUDA build"); }
 
 #endif
 

@@ -69,7 +69,21 @@ int cmd_bench(int argc, char** argv) {
                "CUDA: instead of a model, time one MoE layer's routed experts at Qwen3-30B-A3B shapes (128 experts, "
                "top-8) over bf16, FP8 block-128 and NVFP4 (kept as stored) experts, per token count: time per layer "
                "and GB/s of the experts actually read vs the copy ceiling");
+  bool gemm_lab = false;
+  std::vector<int> gemm_ms;
+  app.add_flag("--gemm-lab", gemm_lab,
+               "CUDA: instead of a model, time the bf16 GEMMs of prefill and mixed steps at Llama-3.1-8B shapes per "
+               "row count under cuBLASLt algorithm choices (the heuristic's pick for exactly M, for M's power-of-two "
+               "bucket, the fastest of its first 8), TFLOP/s vs the GEMM ceiling");
+  app.add_option("--gemm-ms", gemm_ms, "with --gemm-lab: the row counts M")->delimiter(',');
   CLI11_PARSE(app, argc, argv);
+  if (gemm_lab) {
+    bench::GemmLabOptions go;
+    if (!gemm_ms.empty()) go.ms = gemm_ms;
+    std::string md = bench::run_gemm_lab(go);
+    std::fwrite(md.data(), 1, md.size(), stdout);
+    return 0;
+  }
   if (moe_lab) {
     bench::MoeLabOptions mo;
     if (copy_mb > 0) mo.copy_bytes = size_t(copy_mb * double(1 << 20));

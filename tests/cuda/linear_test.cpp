@@ -40,3 +40,27 @@ TEST(CudaOps, LinearLlamaShapes) {
     for (int64_t M : {1, 4}) check_linear(M, N, K, false, false, 0);
   check_linear(1, 128256, 512, false, false, 0);
 }
+
+TEST(CudaOps, LinearAlgorithmPerExactRowCount) {
+  TS_REQUIRE_CUDA();
+  // The algorithm cache is keyed by the exact shape: sizes asked largest first (as the prefill
+  // graphs are captured) and then smaller ones of the same power-of-two range, odd ones included,
+  // each get a correct product; bench --gemm-lab times the choices.
+  for (int64_t M : {1024, 640, 581, 576, 561, 513})
+    check_linear(M, 512, 256, M % 2 == 1, false, 0);
+}
+
+TEST(CudaOps, LinearLabAlgorithmsMatchTheCpu) {
+  TS_REQUIRE_CUDA();
+  // bench --gemm-lab's entry: the heuristic's first algorithms for another row count, run at x's.
+  Pair x = Pair::rand({96, 256}), w = Pair::rand({384, 256}, 0.1f), o = Pair::rand({96, 384});
+  ops::cpu::linear(x.h, w.h, o.h, nullptr);
+  int ran = 0;
+  for (int64_t qm : {96, 128, 64})
+    for (int idx = 0; idx < 4; ++idx) {
+      if (!ops::cuda::linear_lab_algo(x.d, w.d, o.d, qm, idx)) continue;
+      ++ran;
+      EXPECT_CLOSE(o.back(), o.h, fmt::format("linear_lab_algo query_m={} index={}", qm, idx));
+    }
+  EXPECT_GE(ran, 3);  // at least the first pick for each query size
+}

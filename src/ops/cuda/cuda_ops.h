@@ -27,6 +27,10 @@ void silu_mul(const Tensor& x, Tensor& out);
 void linear(const Tensor& x, const Tensor& w, Tensor& out, const Tensor* bias = nullptr,
             const KernelPolicy& policy = {});
 void add_inplace(Tensor& y, const Tensor& x);
+// Kernel lab only (bench --gemm-lab): the bf16 cuBLASLt GEMM of linear() with the index-th
+// algorithm cuBLASLt's heuristic proposes for query_m rows (the shape otherwise x's), run at x's
+// rows; no cache. False where the heuristic has fewer algorithms or that one refuses the shape.
+bool linear_lab_algo(const Tensor& x, const Tensor& w, Tensor& out, int64_t query_m, int index);
 
 // W8A8 FP8 GEMM through cuBLASLt's Hopper block scaling (CUDA >= 12.9): out bf16 [M, N] (row
 // stride ldc) = sum_k e4m3(xq[m, k]) x_scale(m, k/128) e4m3(wq[n, k]) w_scale(n/128, k/128)
