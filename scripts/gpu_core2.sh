@@ -106,13 +106,14 @@ for c in $CASES; do
     # steps eager, as `bench --mixed-chunks` times them), and without overlap scheduling.
     autonopg) run_case autonopg --enable-mixed-batch --disable-prefill-graph ;;
     autonoovl) run_case autonoovl --enable-mixed-batch --disable-overlap-schedule ;;
+    autoalign) run_case autoalign --enable-mixed-batch --mixed-align-tokens 256 ;;
     *) say "FAIL unknown case $c"; status=1 ;;
   esac
 done
 
 # Summary: one line per case and concurrency; the rules at concurrency 64.
 say "== summary (concurrency: out tok/s, TTFT p50/p99 ms, ITL p50/p99 ms, p99/p50, dev_idle%)"
-for name in plain mixed256 mixed512 mixedauto autonopg autonoovl; do
+for name in plain mixed256 mixed512 mixedauto autonopg autonoovl autoalign; do
   [ -f "$OUT/bench_$name.txt" ] || continue
   awk -v n="$name" '$1 ~ /^[0-9]+$/ && NF >= 11 { printf "%-10s c=%-4s %9s tok/s  ttft %8s/%8s  itl %7s/%7s  x%.2f  idle %s\n", n, $1, $6, $7, $8, $9, $10, ($9 > 0 ? $10 / $9 : 0), $11 }' \
     "$OUT/bench_$name.txt" | tee -a "$LOG"

@@ -51,6 +51,9 @@ void add_engine_flags(CLI::App& app, EngineOptions& o) {
   app.add_option("--mixed-min-chunk", o.mixed_min_chunk,
                  "automatic mixed budget: while at least this many prompt tokens wait, a step with decodes takes at "
                  "least this many (GEMMs of a few hundred rows cost about what ~512 do; default 0: off)");
+  app.add_option("--mixed-align-tokens", o.mixed_align_tokens,
+                 "automatic mixed budget: a step's rows (decodes + prefill) are cut to a multiple of this once they "
+                 "reach it, as GEMM time steps with row tiles (e.g. 256; default 0: off)");
   app.add_option("--context-length", o.context_length, "max tokens per request (default: model's max_position_embeddings)");
   app.add_option("--speculative-algorithm", o.speculative_algorithm, "EAGLE3 to enable speculative decoding");
   app.add_option("--speculative-draft-model-path", o.speculative_draft_model_path, "EAGLE3 draft checkpoint directory");

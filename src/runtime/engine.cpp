@@ -443,6 +443,8 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
       mo.initial = std::min(512, so.token_budget);
       TS_CHECK(o.mixed_min_chunk >= 0, "--mixed-min-chunk must be >= 0 (got {})", o.mixed_min_chunk);
       mo.efficient_tokens = std::min(o.mixed_min_chunk, so.token_budget);
+      TS_CHECK(o.mixed_align_tokens >= 0, "--mixed-align-tokens must be >= 0 (got {})", o.mixed_align_tokens);
+      mo.align_tokens = o.mixed_align_tokens;
       mixed_budget_ = std::make_unique<MixedBudget>(mo);
     }
   }

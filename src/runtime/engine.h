@@ -144,6 +144,7 @@ struct EngineOptions {
   int mixed_prefill_tokens = 0;
   double mixed_step_factor = 2.5;
   int mixed_min_chunk = 0;  // automatic budget: the chunk floor while a backlog waits (0: off)
+  int mixed_align_tokens = 0;  // automatic budget: a step's rows cut to a multiple of this (0: off)
   // No jump-forward decoding for grammar-constrained requests (SGLang's --disable-jump-forward):
   // every token is sampled, also where the grammar forces the next bytes.
   bool disable_jump_forward = false;

@@ -28,7 +28,7 @@
 // rules hold where prefill rides along with decode; where it cannot (a purely additive cost) no
 // budget keeps 95% of the unmixed throughput and this one matches the fixed 512; on the H200's
 // measured costs (bench --mixed-chunks) both hold in steady state, and from a cold start it
-// matches the fixed 512. Served on the H200 it reaches 0.81-0.89x of no mixing (README).
+// matches the fixed 512. Served on the H200 it reaches 0.86-0.94x of no mixing (README).
 // SGLang, vLLM and TensorRT-LLM use a fixed chunk (chunked_prefill_size, max_num_batched_tokens,
 // max_num_tokens); Sarathi-Serve picks its token budget offline from a TBT SLO; this is that
 // budget measured online, plus the backlog term.
@@ -54,8 +54,20 @@ struct MixedBudgetOptions {
   // served on the H200 (8B, 1k prompts, 128 outputs; floor 512 with drain 0.35 against off with
   // drain 0.5) it raised throughput at concurrency 16 (0.89x of no mixing vs 0.81x) and 256
   // (0.89x vs 0.85x) but lowered it at 64 (0.81x vs 0.88x), the load item 5's rule is set at:
-  // served mixed steps cost ~32 us per prefill token either way, not the bench's ~21.
+  // served mixed steps then cost ~32 us per prefill token either way (since fixed: ~24, README).
   int efficient_tokens = 0;
+  // The step's rows (decode rows + prefill tokens) are cut to a multiple of this once they reach
+  // it (rounded up instead where cutting would leave less than min_tokens of prefill); 0: off
+  // (--mixed-align-tokens). Why: a GEMM's time steps with its row tiles, not its rows. H200, 8B
+  // shapes (bench --gemm-lab), one forward's GEMMs: 512 rows 9.6 ms, 576 rows 12.5 ms, 768 rows
+  // 14.4 ms, 1024 rows 19.2 ms; so 54 decodes + a 512-token chunk (566 rows, the 576-row graph
+  // bucket) pay 2.9 ms more GEMM time than 54 + 458 do, and the decodes ride along only where the
+  // total sits on a tile boundary. Prefill graph buckets above 512 are steps of 64, so the aligned
+  // totals are buckets. Off by default: served on the H200 (1k prompts, 128 outputs; gpu_core2,
+  // autoalign) 256 raised out tok/s by 4% at concurrency 16 and 2.5% at 64, within the run-to-run
+  // spread of ±3%, and left 256 unchanged; ITL p50 fell 22% at 64. The simulation's cost tables
+  // are piecewise linear (no tile steps), so there it only shrinks chunks.
+  int align_tokens = 0;
   int max_tokens = 8192;  // ceiling (the step's token budget, --chunked-prefill-size)
   int initial = 512;      // before the cost model has figures
 };
@@ -107,7 +119,14 @@ class MixedBudget {
     t = std::max(t, double(backlog) / double(h));
     if (o_.efficient_tokens > 0 && backlog >= o_.efficient_tokens) t = std::max(t, double(o_.efficient_tokens));
     int64_t r = int64_t(std::min<double>(t, double(cap))) / unit * unit;
-    return int(std::clamp<int64_t>(r, unit, cap));
+    r = std::clamp<int64_t>(r, unit, cap);
+    const int64_t a = o_.align_tokens, total = int64_t(std::max(decode_rows, 0)) + r;
+    if (a > 0 && total >= a) {
+      const int64_t down = total / a * a - std::max(decode_rows, 0), up = down + a;
+      if (down >= unit) r = down;
+      else if (up <= cap) r = up;
+    }
+    return int(r);
   }
 
   // Predicted device seconds of a step of `tokens` tokens (decode rows + prefill tokens): linear

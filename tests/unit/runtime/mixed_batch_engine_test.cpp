@@ -5,6 +5,8 @@
 // equal solo runs without mixing (overlap loop and simple loop).
 #include <gtest/gtest.h>
 
+#include <utility>
+
 #include "engine_test_util.h"
 
 using namespace ts;
@@ -54,10 +56,12 @@ TEST(MixedBatchEngine, AutomaticBudgetPrefillsBesideDecodesAndKeepsOutputs) {
   std::vector<GenerateParams> all = early;
   all.push_back(late);
   const std::vector<Result> ref = run_all(solo, all, false);
-  for (bool overlap : {true, false}) {
+  // The third run aligns each step's rows to 64 (--mixed-align-tokens): same outputs.
+  for (auto [overlap, align] : {std::pair{true, 0}, std::pair{false, 0}, std::pair{true, 64}}) {
     EngineOptions o = small_engine();
     o.enable_mixed_batch = true;  // --mixed-prefill-tokens 0: automatic
     o.disable_overlap_schedule = !overlap;
+    o.mixed_align_tokens = align;
     Engine e(o);
     e.start();
     int running = 0;

@@ -77,6 +77,33 @@ TEST(MixedBudget, EfficientFloorWhileABacklogWaits) {
   EXPECT_EQ(off.tokens(64, 100000, 1000), 192);  // the SLO chunk (200 -> 192 from the backlog)
 }
 
+TEST(MixedBudget, AlignsTheStepRowsToTiles) {
+  // Decode-only 8 ms, prefill 20 us per token: the SLO chunk for 64 decodes is 576 (see below),
+  // 640 rows; aligned to 256 rows: 512 in all, 448 of prefill.
+  MixedBudgetOptions o;
+  o.align_tokens = 256;
+  MixedBudget b(o);
+  feed_linear_costs(b, 20e-6);
+  EXPECT_EQ(b.tokens(64, 0), 448);
+  EXPECT_EQ(b.tokens(64, 32768, 64), 960);  // the backlog's 1024 (1088 rows) -> 1024 rows
+  // Fewer rows than one tile: untouched.
+  MixedBudget b4(o);
+  b4.observe(64, 0, 0.001);
+  b4.observe(64, 256, 0.001 + 256 * 1e-3);
+  EXPECT_EQ(b4.tokens(64, 0), 64);  // 128 rows
+  // Cutting would leave less than min_tokens of prefill (250 decodes + 64 = 314 rows -> 256):
+  // rounded up to 512 rows instead.
+  MixedBudget b5(o);
+  b5.observe(250, 0, 0.001);
+  b5.observe(250, 256, 0.001 + 256 * 1e-3);
+  EXPECT_EQ(b5.tokens(250, 0), 262);
+  // Off: the unaligned SLO chunk.
+  o.align_tokens = 0;
+  MixedBudget off(o);
+  feed_linear_costs(off, 20e-6);
+  EXPECT_EQ(off.tokens(64, 0), 576);
+}
+
 TEST(MixedBudget, SloChunkFromMeasuredCosts) {
   // Decode-only steps of 64 rows take 8 ms; prefill adds 20 us per token.
   MixedBudgetOptions o;
