@@ -41,13 +41,20 @@ int cmd_verify_golden(int argc, char** argv) {
                  "models); the greedy check is then teacher-forced with near-ties within atol, as on the GPU");
   // The parallel flags (--tp-size, --ep-size, ...): the model runs as one shard per rank (CPU
   // ranks are threads over the CPU Comm backend), through the engine's TP worker path.
+  bool simulate_w8a8 = false;
+  app.add_flag("--simulate-w8a8", simulate_w8a8,
+               "CPU: FP8 linears whose CUDA form runs W8A8 (block-128, dynamic activations, K % 512 == 0) quantize "
+               "their activations as CUDA does in forwards of 32 rows or more (the oracle of that path; the diff "
+               "against the golden is then the W8A8 error)");
   parallel::ParallelOptions po;
   cli::add_parallel_flags(app, po);
   CLI11_PARSE(app, argc, argv);
 
   cli::Golden g(dir);
+  TS_CHECK(!simulate_w8a8 || device == "cpu", "--simulate-w8a8 is for the CPU backend, --device cpu (CUDA runs W8A8 itself)");
   models::LoadOptions lo;
   lo.device = cli::parse_device(device);
+  lo.simulate_w8a8 = simulate_w8a8;
   const int bs = 16;
   int64_t blocks = (g.max_prompt_len() + 32) / bs + 2;
   parallel::Mapping::resolve(po, 0);  // invalid flag combinations: an error naming them

@@ -101,6 +101,7 @@ class DeepseekV3 final : public DecoderModel {
     check_sharded_load(cfg, opts);
     const int tp = mapping_.tp_size, rank = mapping_.tp_rank;
     WeightLoader wl(io::Checkpoint::open(cfg.dir), opts.device);
+    wl.set_simulate_w8a8(opts.simulate_w8a8);
     device_ = opts.device;
     dtype_ = wl.dtype();
     const int64_t H = p_.hidden, nh = p_.heads, qd = p_.nope + p_.rope_dim, r = p_.kv_rank;

@@ -57,6 +57,7 @@ class Llama final : public DecoderModel {
              cfg.path, mapping_.str());
     check_sharded_load(cfg, opts);
     WeightLoader wl(io::Checkpoint::open(cfg.dir), opts.device);
+    wl.set_simulate_w8a8(opts.simulate_w8a8);
     device_ = opts.device;
     dtype_ = wl.dtype();
     const int64_t H = p_.hidden, hd = p_.head_dim;

@@ -76,6 +76,10 @@ struct LoadOptions {
   // (then the model uses groups of one). comm == groups->attn_tp when set.
   std::shared_ptr<const parallel::ParallelGroups> groups;
   bool replicate_embedding = false;  // --replicate-embedding: force a replicated table
+  // CPU: FP8 linears whose CUDA form takes W8A8 quantize their activations as CUDA does in
+  // forwards of ops::kW8A8MinRows rows or more (verify-golden --simulate-w8a8: the oracle of the
+  // CUDA W8A8 path; the goldens themselves are of the exact weights).
+  bool simulate_w8a8 = false;
 };
 
 // How the token embedding table is laid out on this rank: tp_size 1 = replicated (the whole

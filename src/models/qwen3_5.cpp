@@ -99,6 +99,7 @@ class Qwen35 final : public DecoderModel {
     TS_CHECK(tp == 1 || (comm_ && comm_->size() == tp), "{}: communicator does not match {}", cfg.path, mapping_.str());
     check_sharded_load(cfg, opts);
     WeightLoader wl(io::Checkpoint::open(cfg.dir), opts.device);
+    wl.set_simulate_w8a8(opts.simulate_w8a8);
     device_ = opts.device;
     dtype_ = wl.dtype();
     const int64_t H = p_.hidden, hd = p_.head_dim, qw = p_.heads * hd, kw = p_.kv_heads * hd;

@@ -71,6 +71,7 @@ class Qwen3Moe final : public DecoderModel {
     check_sharded_load(cfg, opts);
     const int tp = mapping_.tp_size, rank = mapping_.tp_rank;
     WeightLoader wl(io::Checkpoint::open(cfg.dir), opts.device);
+    wl.set_simulate_w8a8(opts.simulate_w8a8);
     device_ = opts.device;
     dtype_ = wl.dtype();
     const int64_t H = p_.hidden, hd = p_.head_dim;

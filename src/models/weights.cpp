@@ -344,6 +344,12 @@ std::optional<ops::LinearWeight> WeightLoader::stored_linear(const std::vector<P
 }
 
 ops::LinearWeight WeightLoader::load_linear(const std::vector<Part>& parts) {
+  if (device_ == Device::cpu && simulate_w8a8_) {
+    ops::LinearWeight w = load_parts(parts);
+    std::optional<ops::LinearWeight> host = stored_linear(parts);
+    w.quant.sim_w8a8 = host && ops::w8a8_weight_form(host->quant, host->in_features());
+    return w;
+  }
   if (device_ != Device::cuda || !keep_quantized_) return load_parts(parts);
   std::optional<ops::LinearWeight> host = stored_linear(parts);
   if (!host) return load_parts(parts);

@@ -60,6 +60,9 @@ class WeightLoader {
   std::optional<ops::LinearWeight> stored_experts(const std::vector<std::vector<Part>>& experts) const;
   // false: load_linear dequantizes on CUDA too (the bf16 path, to compare against).
   void set_keep_quantized(bool on) { keep_quantized_ = on; }
+  // CPU: load_linear marks dequantized weights whose CUDA form takes W8A8 (ops::LinearWeight's
+  // QuantScales::sim_w8a8), so the CPU simulates that path (LoadOptions::simulate_w8a8).
+  void set_simulate_w8a8(bool on) { simulate_w8a8_ = on; }
   // A 3-D tensor [A, B, C] (fused experts: [E, 2I, H] or [E, H, I]) cut to the a-range [a0, a0 +
   // an) of dim 0, the listed ranges {start, count} of dim 1 (stacked in order) and [c0, c0 + cn) of
   // dim 2: [an, sum counts, cn]. Quantized tensors are dequantized first (as load does).
@@ -81,6 +84,7 @@ class WeightLoader {
   DType dtype_;
   size_t bytes_ = 0;
   bool keep_quantized_ = true;
+  bool simulate_w8a8_ = false;
 };
 
 // e4m3 x scales of a quantized linear weight (host or device) as host f32 [N, K]: the reference

@@ -27,7 +27,24 @@ struct QuantScales {
   // compressed-tensors dynamic per-token): prefill may quantize activations (W8A8), as the
   // checkpoint was made to be served; otherwise linears stay weight-only.
   bool act_fp8 = false;
+  // CPU only (the oracle of CUDA's W8A8): this dequantized weight was stored in a form whose CUDA
+  // linear takes W8A8 (w8a8_weight_form below), and the model was loaded to simulate it
+  // (LoadOptions::simulate_w8a8, verify-golden --simulate-w8a8): forwards of kW8A8MinRows rows or
+  // more quantize the activations as CUDA does (per token and 128 channels, e4m3, amax / 448)
+  // before the fp32 product.
+  bool sim_w8a8 = false;
 };
+
+// CUDA runs a linear as W8A8 (FP8 activations x FP8 weights on the tensor cores) from this many
+// rows, where its weight allows it; fewer rows keep the W8A16 kernels (src/ops/cuda/quant_linear.cu).
+constexpr int64_t kW8A8MinRows = 32;
+
+// The weight-side conditions of W8A8 for a stored FP8 weight with in_features K: a checkpoint
+// made for dynamic FP8 activations, 128 x 128 scale blocks, K % 512 == 0 (cuBLASLt reads a scale
+// grid of fewer than 4 k blocks misaligned; see quant_linear.h). Both backends decide with it.
+inline bool w8a8_weight_form(const QuantScales& q, int64_t K) {
+  return !q.nvfp4 && q.act_fp8 && q.block_n_log2 == 7 && q.block_k_log2 == 7 && K % 512 == 0;
+}
 
 struct LinearWeight : Tensor {
   QuantScales quant;  // quant.scale undefined: a plain weight

@@ -92,6 +92,12 @@ void linear(const Tensor& x, const Tensor& w, Tensor& out, const Tensor* bias) {
       linear, x, w, out, bias);
 }
 void linear(const Tensor& x, const LinearWeight& w, Tensor& out, const Tensor* bias) {
+  if (w.quant.sim_w8a8 && x.device == Device::cpu && x.rows() >= kW8A8MinRows) {
+    // The CPU's simulation of CUDA's W8A8 (LoadOptions::simulate_w8a8): FP8 activations.
+    Tensor xq = Tensor::empty({x.rows(), x.size(-1)}, DType::f32);
+    cpu::fake_quantize_act_fp8(x, xq);
+    return linear(xq, static_cast<const Tensor&>(w), out, bias);
+  }
   if (!w.quantized()) return linear(x, static_cast<const Tensor&>(w), out, bias);
   TS_CHECK(x.device == Device::cuda, "linear: a quantized ({}) weight is for the CUDA backend (the CPU dequantizes at load)",
            w.quant.format);

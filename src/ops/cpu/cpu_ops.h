@@ -20,6 +20,8 @@ void linear(const Tensor& x, const Tensor& w, Tensor& out, const Tensor* bias);
 // scale f32 [M, K/128] (row-major) with scale = amax / 448 of the group (1 where the group is all
 // zero) and q = e4m3(x / scale) rounded to nearest, so q x scale reproduces x within e4m3 rounding.
 void quantize_act_fp8(const Tensor& x, Tensor& q, Tensor& scale);
+// out f32 [M, K] (contiguous) = the activations W8A8 multiplies: q x scale of quantize_act_fp8(x).
+void fake_quantize_act_fp8(const Tensor& x, Tensor& out);
 void add_inplace(Tensor& y, const Tensor& x);
 void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache, const Tensor& slot_mapping);
 void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor* wq, const Tensor* wk, float eps,

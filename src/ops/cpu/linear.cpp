@@ -104,4 +104,15 @@ void quantize_act_fp8(const Tensor& x, Tensor& q, Tensor& scale) {
     }
 }
 
+void fake_quantize_act_fp8(const Tensor& x, Tensor& out) {
+  const int64_t M = x.rows(), K = x.size(-1), G = K / 128;
+  TS_CHECK(out.dtype == DType::f32 && out.numel() == M * K && out.is_contiguous(), "fake_quantize_act_fp8: x {} out {}",
+           x.shape_str(), out.shape_str());
+  Tensor q = Tensor::empty({M, K}, DType::u8), scale = Tensor::empty({M, G}, DType::f32);
+  quantize_act_fp8(x, q, scale);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k)
+      out.ptr<float>()[m * K + k] = e4m3_to_f32(q.ptr<uint8_t>()[m * K + k]) * scale.ptr<float>()[m * G + k / 128];
+}
+
 }  // namespace ts::ops::cpu

@@ -28,12 +28,12 @@ constexpr int kQuantMmaAutoM = 64;   // then mma (k blocks >= 64)
 constexpr int kQuantGemvMaxM = 8;    // else GEMV up to here, then dequantized tiles
 constexpr int kQuantGemvMaxForced = 16;
 constexpr int kQWarps = 8;   // one output feature per warp
-// W8A8 (fp8gemm) from this many rows on, where the weight and checkpoint allow it (see
-// fp8_gemm_applies): the FP8 tensor cores run at twice the bf16 rate and read 1 byte per weight,
-// against the dequantized tiles' extra pass over W per step.
-constexpr int64_t kFp8GemmAutoM = 32;
-// See fp8_gemm_automatic() in quant_linear.h: off until the in-model failure is understood.
-constexpr bool kFp8GemmAuto = false;
+// W8A8 (fp8gemm) from kW8A8MinRows rows on (ops/linear_weight.h), where the weight and checkpoint
+// allow it (see fp8_gemm_applies): the FP8 tensor cores run at twice the bf16 rate and read 1 byte
+// per weight, against the dequantized tiles' extra pass over W per step.
+constexpr int64_t kFp8GemmAutoM = kW8A8MinRows;
+// See fp8_gemm_automatic() in quant_linear.h.
+constexpr bool kFp8GemmAuto = true;
 // cuBLASLt's scale-tensor orders for BLK128x128 (weights) and VEC128 (activations): checked by
 // bench/kernels/fp8_gemm_lab.cu against the CPU on the H200.
 constexpr Fp8ScaleOrder kFp8Order{};
@@ -404,8 +404,8 @@ bool fp8_gemm_applies(const LinearWeight& w) {
   // a multiple of 4 (as it pads the activations' VEC128 scales: it refuses M % 4 != 0), while
   // the checkpoint's grid is [ceil(N/128), K/128] unpadded; K = 256 read it misaligned (the
   // llama3_fp8 fixture's garbage on the H200). Real checkpoints' K are multiples of 512.
-  return w.quantized() && !q.nvfp4 && q.act_fp8 && q.block_n_log2 == 7 && q.block_k_log2 == 7 && w.ndim == 2 &&
-         w.in_features() % 512 == 0 && w.row_stride() % 16 == 0 && aligned16(w.data);
+  return w.quantized() && w.ndim == 2 && w8a8_weight_form(q, w.in_features()) && w.row_stride() % 16 == 0 &&
+         aligned16(w.data);
 }
 
 Fp8ScaleOrder fp8_scale_order() { return kFp8Order; }

@@ -26,12 +26,13 @@ void quant_linear_kernel(const Tensor& x, const LinearWeight& w, Tensor& out, co
 // Whether the fp8gemm kernel applies to w (weight-side conditions; M and the device's cuBLASLt
 // decide at the call, falling back to tiles).
 bool fp8_gemm_applies(const LinearWeight& w);
-// Whether QuantKernel::automatic picks fp8gemm (W8A8) for weights it applies to. Off for now:
-// verify-golden llama3_fp8 --device cuda gave logit diffs of 6.09 with it on; the cause, found
-// and confirmed on the H200 (CudaFp8Gemm.ScaleGridOfFewerThanFourKBlocks: rel err 0.282 with the
-// scale grid as stored, 0.00246 padded), is cuBLASLt reading a grid of fewer than 4 k blocks
-// (K = 256) misaligned, and fp8_gemm_applies now refuses K % 512 != 0. No GPU golden takes W8A8
-// inside a model yet (the fixtures' K is 256 or 576), so it stays off until one does.
+// Whether QuantKernel::automatic picks fp8gemm (W8A8) for weights it applies to: on. It was off
+// after verify-golden llama3_fp8 --device cuda gave logit diffs of 6.09 with it on: cuBLASLt read
+// a scale grid of fewer than 4 k blocks (K = 256) misaligned (CudaFp8Gemm.ScaleGridOfFewerThanFour
+// KBlocks), so fp8_gemm_applies refuses K % 512 != 0. The in-model check is
+// CudaW8A8Model.PrefillWithinTheSimulatedW8A8Error: a random FP8 checkpoint with K % 512 == 0 on
+// CUDA against the CPU, exact and loaded with simulate_w8a8 (the rule: within 1.5x the
+// simulated W8A8 error).
 bool fp8_gemm_automatic();
 // The activation side of fp8gemm, for tests and the lab: x bf16 [M, K] (K % 128 == 0, rows 8-byte
 // aligned) -> q u8 [M, K] e4m3 codes (contiguous) and f32 scales at scale[kb * scale_ld + m]
