@@ -17,64 +17,33 @@
 #include <filesystem>
 #include <numeric>
 
-#include "bench/random_model.h"
 #include "core/device_memory.h"
 #include "models/model.h"
 #include "ops/cuda/quant_linear.h"
 #include "runtime/model_runner.h"
+#include "../unit/models/model_test_util.h"
 
 using namespace ts;
 namespace fs = std::filesystem;
 
-namespace {
-
 #define TS_REQUIRE_CUDA() \
   if (!::ts::cuda_available()) GTEST_SKIP() << "no CUDA device: skipped"
-
-Tensor logits(const std::shared_ptr<models::Model>& m, int tokens) {
-  std::vector<int32_t> ids(static_cast<size_t>(tokens)), table(8);
-  for (int i = 0; i < tokens; ++i) ids[size_t(i)] = int32_t((17 + 31 * i) % 1000);
-  std::iota(table.begin(), table.end(), 0);
-  ModelRunner r(m, 8, 16);
-  return r.run({SeqChunk{ids.data(), tokens, 0, &table, SeqChunk::Logits::all}}).to_f32();
-}
-
-double max_diff(const Tensor& a, const Tensor& b) {
-  double d = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) d = std::max(d, double(std::fabs(a.ptr<float>()[i] - b.ptr<float>()[i])));
-  return d;
-}
-
-}  // namespace
 
 TEST(CudaW8A8Model, PrefillWithinTheSimulatedW8A8Error) {
   TS_REQUIRE_CUDA();
   ASSERT_TRUE(ops::cuda::fp8_gemm_automatic());
   const fs::path dir = fs::temp_directory_path() / ("ts_w8a8_model_" + std::to_string(::getpid()));
   fs::remove_all(dir);
-  bench::RandomModelOptions o;
-  o.preset = "llama-3.1-8b";
-  o.out_dir = dir.string();
-  o.seed = 5;
-  o.quiet = true;
-  o.quant = "fp8";
-  o.overrides.num_layers = 2;
-  o.overrides.hidden_size = 512;
-  o.overrides.intermediate_size = 1536;
-  o.overrides.vocab_size = 1024;
-  o.overrides.num_heads = 4;
-  o.overrides.num_kv_heads = 2;
-  o.overrides.head_dim = 128;
-  bench::make_random_model(o);
+  test::write_small_llama(dir.string(), "fp8", 2, 1536);
   models::LoadOptions cpu, sim, gpu;
   sim.simulate_w8a8 = true;
   gpu.device = Device::cuda;
-  std::shared_ptr<models::Model> m_cpu = models::load_model(o.out_dir, cpu), m_sim = models::load_model(o.out_dir, sim),
-                                 m_gpu = models::load_model(o.out_dir, gpu);
-  const Tensor g64 = logits(m_gpu, 64), s64 = logits(m_sim, 64), e64 = logits(m_cpu, 64);
-  const double d_sim = max_diff(g64, s64), d_exact = max_diff(g64, e64), d_model = max_diff(s64, e64);
-  const Tensor g16 = logits(m_gpu, 16), e16 = logits(m_cpu, 16);
-  const double d16 = max_diff(g16, e16);
+  std::shared_ptr<models::Model> m_cpu = models::load_model(dir.string(), cpu), m_sim = models::load_model(dir.string(), sim),
+                                 m_gpu = models::load_model(dir.string(), gpu);
+  const Tensor g64 = test::prefill_logits(m_gpu, 64), s64 = test::prefill_logits(m_sim, 64), e64 = test::prefill_logits(m_cpu, 64);
+  const double d_sim = test::max_abs_diff(g64, s64), d_exact = test::max_abs_diff(g64, e64), d_model = test::max_abs_diff(s64, e64);
+  const Tensor g16 = test::prefill_logits(m_gpu, 16), e16 = test::prefill_logits(m_cpu, 16);
+  const double d16 = test::max_abs_diff(g16, e16);
   std::printf("64 rows: max |cuda - cpu W8A8 sim| %.3g, |cuda - cpu exact| %.3g, |sim - exact| %.3g; 16 rows: "
               "|cuda - cpu exact| %.3g\n", d_sim, d_exact, d_model, d16);
   fs::remove_all(dir);

@@ -10,12 +10,12 @@
 #include <filesystem>
 #include <numeric>
 
-#include "bench/random_model.h"
 #include "core/fp8.h"
 #include "models/model.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/linear_weight.h"
 #include "runtime/model_runner.h"
+#include "model_test_util.h"
 
 using namespace ts;
 namespace fs = std::filesystem;
@@ -29,36 +29,11 @@ struct TmpDir {
 };
 
 std::string fp8_model(const TmpDir& d, const std::string& quant) {
-  bench::RandomModelOptions o;
-  o.preset = "llama-3.1-8b";
-  o.out_dir = (d.path / quant).string();
-  o.seed = 5;
-  o.quiet = true;
-  o.quant = quant;
-  o.overrides.num_layers = 1;
-  o.overrides.hidden_size = 512;  // q|k|v, gate|up K = 512; o_proj 4 x 128; down 1024
-  o.overrides.intermediate_size = 1024;
-  o.overrides.vocab_size = 1024;
-  o.overrides.num_heads = 4;
-  o.overrides.num_kv_heads = 2;
-  o.overrides.head_dim = 128;
-  bench::make_random_model(o);
-  return o.out_dir;
+  const std::string dir = (d.path / quant).string();
+  test::write_small_llama(dir, quant, 1, 1024);
+  return dir;
 }
 
-Tensor logits(const std::shared_ptr<models::Model>& m, int tokens) {
-  std::vector<int32_t> ids(static_cast<size_t>(tokens)), table(8);
-  for (int i = 0; i < tokens; ++i) ids[size_t(i)] = int32_t((17 + 31 * i) % 1000);
-  std::iota(table.begin(), table.end(), 0);
-  ModelRunner r(m, 8, 16);
-  return r.run({SeqChunk{ids.data(), tokens, 0, &table, SeqChunk::Logits::all}}).to_f32();
-}
-
-double max_diff(const Tensor& a, const Tensor& b) {
-  double d = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) d = std::max(d, double(std::fabs(a.ptr<float>()[i] - b.ptr<float>()[i])));
-  return d;
-}
 
 }  // namespace
 
@@ -88,8 +63,8 @@ TEST(W8A8Sim, LongForwardsQuantizeActivationsOnlyWhenAsked) {
   lo.simulate_w8a8 = true;
   std::shared_ptr<models::Model> sim = models::load_model(dir, lo);
   const int n = int(ops::kW8A8MinRows);
-  const double d_long = max_diff(logits(exact, n), logits(sim, n));
-  const double d_short = max_diff(logits(exact, n - 1), logits(sim, n - 1));
+  const double d_long = test::max_abs_diff(test::prefill_logits(exact, n), test::prefill_logits(sim, n));
+  const double d_short = test::max_abs_diff(test::prefill_logits(exact, n - 1), test::prefill_logits(sim, n - 1));
   std::printf("W8A8 simulation: max |sim - exact| %.3g over %d rows, %.3g over %d rows\n", d_long, n, d_short, n - 1);
   EXPECT_GT(d_long, 1e-5) << "the simulation did not quantize the activations of a " << n << "-row forward";
   EXPECT_EQ(d_short, 0.0) << "a " << n - 1 << "-row forward stays W8A16 on CUDA: no simulation";
@@ -97,5 +72,5 @@ TEST(W8A8Sim, LongForwardsQuantizeActivationsOnlyWhenAsked) {
   const std::string ch = fp8_model(d, "fp8-channel");
   models::LoadOptions plain;
   std::shared_ptr<models::Model> ch_exact = models::load_model(ch, plain), ch_sim = models::load_model(ch, lo);
-  EXPECT_EQ(max_diff(logits(ch_exact, n), logits(ch_sim, n)), 0.0);
+  EXPECT_EQ(test::max_abs_diff(test::prefill_logits(ch_exact, n), test::prefill_logits(ch_sim, n)), 0.0);
 }
