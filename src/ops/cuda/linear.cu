@@ -211,33 +211,25 @@ void lt_matmul(int64_t M, int64_t N, int64_t K, const void* x, int64_t ldx, cons
   bf16_layouts(d, M, N, K, ldx, ldw, ldc, bias, f32out);
   const AlgoKey key{M, N, K, ldx, ldw, ldc, bias ? 1 : 0, align_bytes(x), align_bytes(w),
                     align_bytes(out), bias ? align_bytes(bias) : 16, f32out ? 1 : 0};
+  // The key holds everything the heuristic is asked about (shape, strides, alignments, bias,
+  // output type), so a cached algorithm fits this call.
   cublasLtMatmulAlgo_t algo;
   bool have = false;
   {
     std::lock_guard<std::mutex> g(L.mu);
     auto it = L.algos.find(key);
-    if (it != L.algos.end()) {
-      algo = it->second;
-      have = true;
-    }
+    if (it != L.algos.end()) algo = it->second, have = true;
   }
-  auto query = [&]() {
+  if (!have) {
     cublasLtMatmulHeuristicResult_t res[1] = {};
     TS_CHECK(lt_heuristic(L, d, key, 1, res) > 0, "cuBLASLt: no algorithm for linear M={} N={} K={}", M, N, K);
     algo = res[0].algo;
     std::lock_guard<std::mutex> g(L.mu);
     L.algos[key] = algo;
-  };
-  if (!have) query();
-  const float alpha = 1.0f, beta = 0.0f;
-  cublasStatus_t st = cublasLtMatmul(L.handle, d.op, &alpha, w, d.a, x, d.b, &beta, out, d.c, out,
-                                     d.c, &algo, L.ws.get(), L.ws_size, stream());
-  if (st != CUBLAS_STATUS_SUCCESS && have) {
-    // A cached algorithm that refuses its own shape (alignment of these pointers): ask again.
-    query();
-    st = cublasLtMatmul(L.handle, d.op, &alpha, w, d.a, x, d.b, &beta, out, d.c, out, d.c, &algo,
-                        L.ws.get(), L.ws_size, stream());
   }
+  const float alpha = 1.0f, beta = 0.0f;
+  const cublasStatus_t st = cublasLtMatmul(L.handle, d.op, &alpha, w, d.a, x, d.b, &beta, out, d.c, out, d.c, &algo,
+                                           L.ws.get(), L.ws_size, stream());
   TS_CUBLAS_CHECK(st);
 }
 
@@ -306,14 +298,9 @@ bool fp8_block_matmul(int64_t M, int64_t N, int64_t K, const void* xq, const flo
   };
   if (!have && !query()) return false;
   const float alpha = 1.0f, beta = 0.0f;
-  cublasStatus_t st = cublasLtMatmul(L.handle, d.op, &alpha, wq, d.a, xq, d.b, &beta, out, d.c, out, d.c, &algo,
-                                     L.ws.get(), L.ws_size, stream());
-  if (st != CUBLAS_STATUS_SUCCESS && have) {
-    if (!query()) return false;
-    st = cublasLtMatmul(L.handle, d.op, &alpha, wq, d.a, xq, d.b, &beta, out, d.c, out, d.c, &algo, L.ws.get(),
-                        L.ws_size, stream());
-  }
-  TS_CUBLAS_CHECK(st);
+  // As in lt_matmul, the key fixes what the heuristic was asked about: a cached algorithm fits.
+  TS_CUBLAS_CHECK(cublasLtMatmul(L.handle, d.op, &alpha, wq, d.a, xq, d.b, &beta, out, d.c, out, d.c, &algo,
+                                 L.ws.get(), L.ws_size, stream()));
   return true;
 }
 
