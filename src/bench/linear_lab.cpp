@@ -95,10 +95,14 @@ std::string run_linear_lab(const LinearLabOptions& o) {
       "## Linear kernels, bf16 vs FP8 weights kept as stored (copy ceiling {:.0f} GB/s read+write)\n\n"
       "GB/s = weight bytes as stored / time (FP8: values + f32 scales). gemv / mma / tiles: the FP8 kernels "
       "forced (CUDA-core W8A16 GEMV, M <= 16; tensor-core W8A16, M <= 64; dequantized bf16 tiles + cuBLASLt); "
-      "auto: what ops::linear picks. nvfp4: W4A16 (e2m1 + E4M3 per 16 + f32 per row).\n\n"
+      "auto: what ops::linear picks; tc: the tensor-core W8A16 decode GEMV (M <= 8). nvfp4: W4A16 (e2m1 + E4M3 per 16 + "
+      "f32 per row). fused (M <= 2): the decode flow's op for the shape, bf16 vs FP8 block weights (qkv_proj: "
+      "rmsnorm_linear; gate_up_proj: linear_silu_mul with the input norm; o_proj, down_proj: linear_add), GB/s of "
+      "the FP8 weight.\n\n"
       "| shape | N x K | M | bf16 us | bf16 GB/s | fp8 block auto us | GB/s | % copy | x bf16 | fp8 gemv us | fp8 "
-      "mma us | fp8 tiles us | fp8 channel auto us | nvfp4 auto us | nvfp4 GB/s | % copy |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+      "mma us | fp8 tc us | fp8 tiles us | fp8 channel auto us | nvfp4 auto us | nvfp4 GB/s | % copy | bf16 fused us | "
+      "fp8 fused us | fp8 fused GB/s | % copy |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
       copy);
   for (const Shape& s : shapes) {
     const int64_t N = s.n, K = s.k;
@@ -133,14 +137,38 @@ std::string run_linear_lab(const LinearLabOptions& o) {
                                        ops::cuda::quant_linear_kernel(x, wq[size_t(i % nq)], out, nullptr, k);
                                      }));
       };
-      const std::string tg = forced(QuantKernel::gemv, 16), tm = forced(QuantKernel::mma, 64);
+      const std::string tg = forced(QuantKernel::gemv, 16), tm = forced(QuantKernel::mma, 64),
+                        ttc = forced(QuantKernel::tc, 8);
       const double gq = q_bytes / tq / 1e9;
       const double g4 = f4_bytes / t4 / 1e9;
+      // The decode flow's fused op at this shape (blocks.cpp: attention_block_residual,
+      // mlp_block_residual), over weight w.
+      std::string fb = "-", fq = "-", fqg = "-", fqp = "-";
+      if (M <= 2) {
+        const std::string name = s.name;
+        Tensor nw = rand_bf16({K}, stream_key(6, s.name), 1.0f);
+        Tensor xs = Tensor::empty({M, K}, DType::bf16, Device::cuda);
+        Tensor gu = Tensor::empty({M, N}, DType::bf16, Device::cuda);
+        Tensor half = Tensor::empty({M, N / 2}, DType::bf16, Device::cuda);
+        Tensor res = Tensor::zeros({M, N}, DType::bf16, Device::cuda);
+        auto fused = [&](const ops::LinearWeight& w) {
+          if (name == "qkv_proj") ops::cuda::rmsnorm_linear(x, nw, 1e-5f, w, out, nullptr, xs);
+          else if (name == "gate_up_proj") ops::cuda::linear_silu_mul(x, w, half, gu, &nw, 1e-5f, &xs);
+          else ops::cuda::linear_add(x, w, res, gu);
+        };
+        const double fb_s = per_call(o.iters, [&](int i) { fused(wb[size_t(i % nb)]); });
+        const double fq_s = per_call(o.iters, [&](int i) { fused(wq[size_t(i % nq)]); });
+        const double g = q_bytes / fq_s / 1e9;
+        fb = fmt::format("{:.1f}", fb_s * 1e6);
+        fq = fmt::format("{:.1f}", fq_s * 1e6);
+        fqg = fmt::format("{:.0f}", g);
+        fqp = fmt::format("{:.0f}%", 100.0 * g / copy);
+      }
       md += fmt::format(
-          "| {} | {} x {} | {} | {:.1f} | {:.0f} | {:.1f} | {:.0f} | {:.0f}% | {:.2f} | {} | {} | {:.1f} | {:.1f} | {:.1f} | "
-          "{:.0f} | {:.0f}% |\n",
-          s.name, N, K, M, tb * 1e6, bf16_bytes / tb / 1e9, tq * 1e6, gq, 100.0 * gq / copy, tb / tq, tg, tm, tt * 1e6,
-          tc * 1e6, t4 * 1e6, g4, 100.0 * g4 / copy);
+          "| {} | {} x {} | {} | {:.1f} | {:.0f} | {:.1f} | {:.0f} | {:.0f}% | {:.2f} | {} | {} | {} | {:.1f} | {:.1f} | "
+          "{:.1f} | {:.0f} | {:.0f}% | {} | {} | {} | {} |\n",
+          s.name, N, K, M, tb * 1e6, bf16_bytes / tb / 1e9, tq * 1e6, gq, 100.0 * gq / copy, tb / tq, tg, tm, ttc,
+          tt * 1e6, tc * 1e6, t4 * 1e6, g4, 100.0 * g4 / copy, fb, fq, fqg, fqp);
       (void)c_bytes;
     }
   }

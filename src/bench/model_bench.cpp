@@ -214,11 +214,14 @@ BenchResult run_model_bench(const BenchOptions& o) {
     std::sort(t.begin(), t.end());
     return std::pair<double, double>(t[t.size() / 2], mean);
   };
+  const double read_ratio = dev == Device::cuda ? stored_ratio : 1.0;
   auto decode_row = [&](int b, int ctx, std::pair<double, double> med_mean, const char* phase) {
     double step_s = med_mean.first, secs = step_s * steps;
     // kv_len during timed step i is ctx + warm + i + 1; its mean over the timed steps:
     double avg_ctx = double(ctx) + kWarmSteps + (steps + 1) / 2.0;
-    double bytes = weight_read(b) + double(b) * kv_tok * avg_ctx;
+    // The weight bytes the step really reads: as stored on CUDA (FP8 / NVFP4 kept as stored), as
+    // loaded on the CPU (dequantized at load).
+    double bytes = weight_read(b) * read_ratio + double(b) * kv_tok * avg_ctx;
     double gbs = bytes / step_s / 1e9;
     json r = {{"phase", phase},          {"batch", b},
               {"context", ctx},          {"steps", steps},
@@ -226,6 +229,7 @@ BenchResult run_model_bench(const BenchOptions& o) {
               {"tok_s", b * steps / secs}, {"bytes_per_step", bytes},
               {"weight_bytes_per_step", weight_read(b)}, {"kv_bytes_per_step", double(b) * kv_tok * avg_ctx},
               {"stored_weight_bytes_per_step", weight_read(b) * stored_ratio},
+              {"gb_s_counts", read_ratio == 1.0 ? "loaded weight bytes" : "stored weight bytes"},
               {"gb_s", gbs},             {"pct_copy", 100.0 * gbs / c.copy_gbs}};
     rows.push_back(r);
     std::fprintf(stderr, "bench: %s batch %d context %d: %.3f ms/step, %.1f tok/s, %.0f GB/s (%.1f%% of copy)\n", phase, b,
@@ -436,7 +440,8 @@ BenchResult run_model_bench(const BenchOptions& o) {
   const char* f_prefill = "prefill FLOPs = 2*P_layers*T + 2*P_head + 2*L*heads*head_dim*T^2 (linear layers over T tokens, "
                           "the LM head on the last row, causal attention QK^T + PV)";
   const char* f_decode = "decode bytes/step = (P_layers + P_head)*dtype_bytes + B*ctx*kv_bytes_per_token (ctx: mean cache "
-                         "length over the timed steps; the embedding rows are not counted)";
+                         "length over the timed steps; the embedding rows are not counted; a quantized checkpoint on CUDA: the weight "
+                         "bytes as stored)";
   j["formulas"] = {{"prefill_flops", f_prefill}, {"decode_bytes", f_decode}};
 
   std::string& md = res.markdown;
@@ -452,10 +457,10 @@ BenchResult run_model_bench(const BenchOptions& o) {
   if (qc.quantized())
     md += fmt::format("quantized checkpoint ({}): a batch-1 decode step reads {} with the weights as stored vs {} in "
                       "{} (CUDA: FP8 / NVFP4 linears and routed experts kept as stored; CPU: all dequantized); the decode "
-                      "rows' GB/s count the {} bytes (the params figure above is loaded bytes / dtype size, not a "
+                      "rows' GB/s count the bytes {} (the params figure above is loaded bytes / dtype size, not a "
                       "parameter count, for such checkpoints)\n\n",
                       stored_fmt, fmt_gb(weight_read(1) * stored_ratio), fmt_gb(weight_read(1)), dtype_name(model->dtype()),
-                      dtype_name(model->dtype()));
+                      gpu ? "as stored" : fmt::format("in {} (the CPU reads dequantized weights)", dtype_name(model->dtype())));
   md += fmt::format("device: {} ({})\n\n", device_name(dev), c.device_desc);
   md += "| ceiling | measured | how |\n|---|---|---|\n";
   md += fmt::format("| memory bandwidth | {:.1f} GB/s | {} of {:.0f} MiB, (read + write) bytes / time, median of {}{} |\n",

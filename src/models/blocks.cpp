@@ -48,23 +48,9 @@ void mlp_block(const Tensor& h, const MlpWeights& w, Workspace& ws, Tensor& out)
   int64_t t_n = h.rows(), inter = w.down.in_features();
   Tensor gu = ws.alloc({t_n, 2 * inter}, h.dtype);  // only written where the op does not fuse
   Tensor act = ws.alloc({t_n, inter}, h.dtype);
-  if (w.gate_up.quantized()) {  // the fused GEMV reads bf16 weights only
-    ops::linear(h, w.gate_up, gu);
-    ops::silu_mul(gu, act);
-  } else {
-    ops::linear_silu_mul(h, w.gate_up, act, gu);  // gate_up GEMV + SiLU-mul (#22 decode fusion)
-  }
+  ops::linear_silu_mul(h, w.gate_up, act, gu);  // gate_up GEMV + SiLU-mul (#22 decode fusion; FP8 too)
   ops::linear(act, w.down, out);
 }
-
-namespace {
-// residual += x @ w^T: the fused GEMV epilogue for bf16 weights, linear + add for quantized ones.
-void linear_add_any(const Tensor& x, const ops::LinearWeight& w, Tensor& residual, Tensor& scratch) {
-  if (!w.quantized()) return ops::linear_add(x, w, residual, scratch);
-  ops::linear(x, w, scratch);
-  ops::add_inplace(residual, scratch);
-}
-}  // namespace
 
 void attention_block_residual(Tensor& residual, const Tensor& in_norm, float eps, const AttentionWeights& w,
                               const AttentionShape& s, const ops::Rope& rope, ForwardBatch& batch, Tensor& kv_k,
@@ -75,12 +61,8 @@ void attention_block_residual(Tensor& residual, const Tensor& in_norm, float eps
   Tensor qkv = ws.alloc({t_n, qw + 2 * kw + (w.output_gate ? qw : 0)}, residual.dtype);
   Tensor xs = ws.alloc({t_n, hdim}, residual.dtype);  // scratch: written only where the op does not fuse
   const Tensor* qkv_bias = w.qkv_bias.data ? &w.qkv_bias : nullptr;
-  if (w.qkv.quantized()) {  // the fused GEMVs read bf16 weights only: the unfused ops
-    ops::rmsnorm(residual, in_norm, eps, xs);
-    ops::linear(xs, w.qkv, qkv, qkv_bias);
-  } else {
-    ops::rmsnorm_linear(residual, in_norm, eps, w.qkv, qkv, qkv_bias, xs);
-  }
+  // The fused decode GEMVs take bf16 and FP8 weights; others (NVFP4, MXFP8) run the ops unfused.
+  ops::rmsnorm_linear(residual, in_norm, eps, w.qkv, qkv, qkv_bias, xs);
   Tensor q = as_heads(qkv.narrow(1, 0, qw), s.num_heads, s.head_dim);
   Tensor k = as_heads(qkv.narrow(1, qw, kw), s.num_kv_heads, s.head_dim);
   Tensor v = as_heads(qkv.narrow(1, qw + kw, kw), s.num_kv_heads, s.head_dim);
@@ -91,7 +73,7 @@ void attention_block_residual(Tensor& residual, const Tensor& in_norm, float eps
   ops::paged_attention(q, kv_k, kv_v, batch.attn, s.scale, attn);
   Tensor flat = attn.view({t_n, qw});
   if (w.output_gate) ops::sigmoid_gate(flat, qkv.narrow(1, qw + 2 * kw, qw));
-  linear_add_any(flat, w.o, residual, xs);
+  ops::linear_add(flat, w.o, residual, xs);
 }
 
 void mlp_block_residual(Tensor& residual, const Tensor& in_norm, float eps, const MlpWeights& w, Workspace& ws) {
@@ -100,14 +82,8 @@ void mlp_block_residual(Tensor& residual, const Tensor& in_norm, float eps, cons
   Tensor gu = ws.alloc({t_n, 2 * inter}, residual.dtype);  // scratch, as xs
   Tensor xs = ws.alloc({t_n, hdim}, residual.dtype);
   Tensor act = ws.alloc({t_n, inter}, residual.dtype);
-  if (w.gate_up.quantized()) {
-    ops::rmsnorm(residual, in_norm, eps, xs);
-    ops::linear(xs, w.gate_up, gu);
-    ops::silu_mul(gu, act);
-  } else {
-    ops::linear_silu_mul(residual, w.gate_up, act, gu, &in_norm, eps, &xs);
-  }
-  linear_add_any(act, w.down, residual, xs);
+  ops::linear_silu_mul(residual, w.gate_up, act, gu, &in_norm, eps, &xs);
+  ops::linear_add(act, w.down, residual, xs);
 }
 
 void layer_input(ForwardBatch& b, int64_t l, Tensor& residual, Tensor& x, Tensor& h, const Tensor& norm_w, float eps,

@@ -80,10 +80,6 @@ class Llama final : public DecoderModel {
     }
     norm_ = wl.load("model.norm.weight", {H});
     weight_bytes_ = wl.bytes_loaded();
-    // The fused decode flow (#22) reads bf16 weights; a quantized checkpoint keeps decoder_forward.
-    for (const LlamaLayer& L : layers_)
-      plain_weights_ = plain_weights_ && !L.attn.qkv.quantized() && !L.attn.o.quantized() &&
-                       !L.mlp.gate_up.quantized() && !L.mlp.down.quantized();
     int64_t table = std::max<int64_t>(cfg.max_position_embeddings, 1);
     rope_ = build_rope(cfg.rope, int(hd), cfg.max_position_embeddings, table, false, device_);
     shape_ = {hs.q.count, hs.kv.count, hd, float(1.0 / std::sqrt(double(hd))), p_.eps};
@@ -110,7 +106,7 @@ class Llama final : public DecoderModel {
   // One forward at every TP size: at tp > 1 the o_proj / down_proj outputs are partial sums,
   // reduced with the next residual add + norm inside decoder_forward (DecoderTp).
   Tensor forward(ForwardBatch& b, KvPool& kv) override {
-    if (mapping_.world == 1 && plain_weights_ && ops::fuses_norm_gemv(device_, b.num_tokens))  // decode rows (#22)
+    if (mapping_.world == 1 && ops::fuses_norm_gemv(device_, b.num_tokens))  // decode rows (#22)
       return dense_decoder_forward_fused(*this, b, ws_, {p_.layers, p_.hidden, p_.eps, dtype_}, embed_, norm_, head_,
                                          [&](int64_t l, Tensor& residual) {
                                            LlamaLayer& L = layers_[size_t(l)];
@@ -141,7 +137,6 @@ class Llama final : public DecoderModel {
   std::vector<LlamaLayer> layers_;
   ops::Rope rope_;
   AttentionShape shape_{};
-  bool plain_weights_ = true;  // no quantized linear (the fused decode flow applies)
 };
 
 }  // namespace

@@ -133,22 +133,36 @@ void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor* wq, cons
                    const Tensor& positions, const Rope& r, Tensor& k_cache, Tensor& v_cache, const Tensor& slot_mapping) {
   TS_DISPATCH_BREAK(k_cache.device, rope_kv_write, q, k, v, wq, wk, eps, positions, r, k_cache, v_cache, slot_mapping);
 }
-void linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out, Tensor& gu_scratch, const Tensor* in_norm, float eps,
-                     Tensor* x_scratch) {
+namespace {
+// " (fp8 block)" for a weight kept as stored: the profile tells the formats apart.
+std::string weight_tag(const LinearWeight& w) { return w.quantized() ? fmt::format(" ({})", w.quant.format) : ""; }
+// The CPU backend holds dequantized weights only (the oracle); a quantized one here is a bug.
+void check_cpu_weight(const Tensor& x, const LinearWeight& w, const char* op) {
+  TS_CHECK(x.device == Device::cuda || !w.quantized(), "{}: a quantized ({}) weight is for the CUDA backend", op,
+           w.quant.format);
+}
+}  // namespace
+
+void linear_silu_mul(const Tensor& x, const LinearWeight& w, Tensor& out, Tensor& gu_scratch, const Tensor* in_norm,
+                     float eps, Tensor* x_scratch) {
+  check_cpu_weight(x, w, "linear_silu_mul");
   TS_DISPATCH_L(
-      x.device, [&] { return fmt::format("linear_silu_mul {}x{}{}", w.size(0), w.size(1), in_norm ? " (normed x)" : ""); },
+      x.device,
+      [&] { return fmt::format("linear_silu_mul {}x{}{}{}", w.size(0), w.in_features(), weight_tag(w), in_norm ? " (normed x)" : ""); },
       linear_silu_mul, x, w, out, gu_scratch, in_norm, eps, x_scratch);
 }
-void rmsnorm_linear(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w, Tensor& out, const Tensor* bias,
-                    Tensor& x_scratch) {
+void rmsnorm_linear(const Tensor& x, const Tensor& norm_w, float eps, const LinearWeight& w, Tensor& out,
+                    const Tensor* bias, Tensor& x_scratch) {
+  check_cpu_weight(x, w, "rmsnorm_linear");
   TS_DISPATCH_L(
-      x.device, [&] { return fmt::format("rmsnorm_linear {}x{}", w.size(0), w.size(1)); }, rmsnorm_linear, x, norm_w, eps,
-      w, out, bias, x_scratch);
+      x.device, [&] { return fmt::format("rmsnorm_linear {}x{}{}", w.size(0), w.in_features(), weight_tag(w)); },
+      rmsnorm_linear, x, norm_w, eps, w, out, bias, x_scratch);
 }
-void linear_add(const Tensor& x, const Tensor& w, Tensor& residual, Tensor& scratch) {
+void linear_add(const Tensor& x, const LinearWeight& w, Tensor& residual, Tensor& scratch) {
+  check_cpu_weight(x, w, "linear_add");
   TS_DISPATCH_L(
-      x.device, [&] { return fmt::format("linear_add {}x{}", w.size(0), w.size(1)); }, linear_add, x, w, residual,
-      scratch);
+      x.device, [&] { return fmt::format("linear_add {}x{}{}", w.size(0), w.in_features(), weight_tag(w)); }, linear_add,
+      x, w, residual, scratch);
 }
 bool lm_head_argmax_fusable(const Tensor& x, const Tensor* norm_w, const Tensor& head) {
 #if defined(TS_WITH_CUDA) && __has_include("ops/cuda/cuda_ops.h")

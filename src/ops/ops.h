@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "ops/linear_weight.h"
 
 namespace ts::ops {
 
@@ -108,16 +109,18 @@ void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor* wq, cons
 // no [T, 2I] round trip, no silu_mul launch); otherwise the GEMM into gu_scratch [T, 2I] then
 // silu_mul. With in_norm: x is first RMS-normalised (times *in_norm, eps) as rmsnorm does, in the
 // GEMV's prologue where it fuses, else into x_scratch [T, K].
-void linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out, Tensor& gu_scratch, const Tensor* in_norm = nullptr,
-                     float eps = 0.0f, Tensor* x_scratch = nullptr);
+// w may be an FP8 weight kept as stored on CUDA (ops/linear_weight.h; so may rmsnorm_linear's and
+// linear_add's): fused through the tensor-core W8A16 decode GEMV where it applies.
+void linear_silu_mul(const Tensor& x, const LinearWeight& w, Tensor& out, Tensor& gu_scratch,
+                     const Tensor* in_norm = nullptr, float eps = 0.0f, Tensor* x_scratch = nullptr);
 // Decode fusion (#22): out = rmsnorm(x) * norm_w @ w^T (+ bias): the norm in the GEMV's prologue
 // (each block normalises the few rows of x itself) where it fuses, else rmsnorm into x_scratch
 // [T, K] then linear.
-void rmsnorm_linear(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w, Tensor& out, const Tensor* bias,
-                    Tensor& x_scratch);
+void rmsnorm_linear(const Tensor& x, const Tensor& norm_w, float eps, const LinearWeight& w, Tensor& out,
+                    const Tensor* bias, Tensor& x_scratch);
 // Decode fusion (#22): residual += x @ w^T, rounded as linear then add (the GEMV's epilogue where
 // it fuses, else linear into scratch [T, N] then add_inplace).
-void linear_add(const Tensor& x, const Tensor& w, Tensor& residual, Tensor& scratch);
+void linear_add(const Tensor& x, const LinearWeight& w, Tensor& residual, Tensor& scratch);
 // True where rmsnorm_linear / linear_add / linear_silu_mul with in_norm each run as one GEMV for
 // `rows` rows of activations on `device` (CUDA, 1 or 2 rows; any weight of the dense models).
 // There the dense decoder keeps the residual stream out of separate add + norm launches.

@@ -50,7 +50,7 @@ const Layout kLayouts[] = {{"block128", 7, 7, false}, {"channel", 0, -1, false},
 
 using ops::cuda::QuantKernel;
 const char* kname(QuantKernel k) {
-  return k == QuantKernel::gemv ? "gemv" : k == QuantKernel::mma ? "mma" : k == QuantKernel::tiles ? "tiles" : "auto";
+  return k == QuantKernel::gemv ? "gemv" : k == QuantKernel::mma ? "mma" : k == QuantKernel::tiles ? "tiles" : k == QuantKernel::tc ? "tc" : "auto";
 }
 
 void check(const Layout& L, int64_t M, int64_t N, int64_t K, QuantKernel kern, bool bias, bool strided, bool f32out) {
@@ -93,6 +93,73 @@ TEST(CudaOps, QuantLinearFp8Mma) {
         check(L, M, N, K, QuantKernel::mma, M == 13, M % 2 == 1, false);
       }
   check(kLayouts[0], 5, 1000, 512, QuantKernel::mma, true, false, true);
+}
+
+TEST(CudaOps, QuantLinearFp8TensorCoreDecodeGemv) {
+  TS_REQUIRE_CUDA();
+  // The tensor-core decode GEMV (QuantKernel::tc), 1..8 rows, partial 16-feature tiles and
+  // partial k blocks (K = 576: 4.5 blocks of 128); where it does not apply (MXFP8's 32-wide k
+  // blocks, K % 64 != 0, M > 8) the call falls back and must still match.
+  for (const Layout& L : kLayouts)
+    for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{576, 1008}, {200, 576}, {4096, 4096}, {40, 64}, {1000, 272}})
+      for (int64_t M : {1, 2, 3, 8, 9}) {
+        if (L.bk == 5 && K % 32) continue;
+        check(L, M, N, K, QuantKernel::tc, M == 3, M % 2 == 1, false);
+      }
+  ops::LinearWeight w = rand_weight(64, 128, 7, 7);
+  Tensor x = Tensor::empty({2, 128}, DType::bf16, Device::cuda);
+  EXPECT_TRUE(ops::cuda::fp8_decode_applies(x, w, true));
+  EXPECT_FALSE(ops::cuda::fp8_decode_applies(Tensor::empty({9, 128}, DType::bf16, Device::cuda), w, false));
+  EXPECT_FALSE(ops::cuda::fp8_decode_applies(x, rand_weight(64, 128, 0, 5), false));  // MXFP8
+}
+
+// The decode fusions over FP8 weights kept as stored (rmsnorm_linear, linear_silu_mul with and
+// without the input norm, linear_add) vs the CPU oracle on the dequantized weight: fused through
+// the tensor-core GEMV where it applies (1..8 rows, the norm while M x K fits shared memory),
+// unfused (rmsnorm + quant_linear + silu_mul / add) elsewhere and under the cuBLASLt policy.
+TEST(CudaOps, QuantLinearFp8DecodeFusions) {
+  TS_REQUIRE_CUDA();
+  const float eps = 1e-5f;
+  for (const Layout& L : kLayouts)
+    for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{384, 512}, {200, 576}, {1536, 4096}})
+      for (int64_t M : {0, 1, 2, 3, 8}) {
+        if (L.bk == 5 && K % 32) continue;
+        const int bk = L.bk < 0 ? std::max(4, ceil_log2(K)) : L.bk;
+        for (int pol : {0, 1}) {
+          ops::KernelPolicy policy;
+          if (pol == 1) policy.linear = ops::LinearPath::cublaslt;
+          const std::string tag = fmt::format("{} N={} K={} M={} policy={}", L.name, N, K, M, pol);
+          {
+            ops::LinearWeight w = rand_weight(N, K, L.bn, bk, L.one_scale);
+            Tensor wref = models::dequantize_linear(w);
+            Pair x = Pair::rand({M, K}, 3.0f), nw = Pair::rand({K}), b = Pair::rand({N});
+            Pair out = Pair::rand({M, N}), xs = Pair::rand({M, K});
+            const bool bias = M == 2;
+            ops::cpu::rmsnorm_linear(x.h, nw.h, eps, wref, out.h, bias ? &b.h : nullptr, xs.h);
+            ops::cuda::rmsnorm_linear(x.d, nw.d, eps, w, out.d, bias ? &b.d : nullptr, xs.d, policy);
+            EXPECT_CLOSE(out.back(), out.h, "fp8 rmsnorm_linear " + tag);
+          }
+          {
+            ops::LinearWeight w = rand_weight(2 * N, K, L.bn, bk, L.one_scale);
+            Tensor wref = models::dequantize_linear(w);
+            for (bool norm : {false, true}) {
+              Pair x = Pair::rand({M, K}, 3.0f), nw = Pair::rand({K});
+              Pair out = Pair::rand({M, N}), gu = Pair::rand({M, 2 * N}), xs = Pair::rand({M, K});
+              ops::cpu::linear_silu_mul(x.h, wref, out.h, gu.h, norm ? &nw.h : nullptr, eps, norm ? &xs.h : nullptr);
+              ops::cuda::linear_silu_mul(x.d, w, out.d, gu.d, norm ? &nw.d : nullptr, eps, norm ? &xs.d : nullptr, policy);
+              EXPECT_CLOSE(out.back(), out.h, fmt::format("fp8 linear_silu_mul norm={} {}", norm, tag));
+            }
+          }
+          {
+            ops::LinearWeight w = rand_weight(N, K, L.bn, bk, L.one_scale);
+            Tensor wref = models::dequantize_linear(w);
+            Pair x = Pair::rand({M, K}), r = Pair::rand({M, N}, 4.0f), sc = Pair::rand({M, N});
+            ops::cpu::linear_add(x.h, wref, r.h, sc.h);
+            ops::cuda::linear_add(x.d, w, r.d, sc.d, policy);
+            EXPECT_CLOSE(r.back(), r.h, "fp8 linear_add " + tag);
+          }
+        }
+      }
 }
 
 TEST(CudaOps, QuantLinearFp8Prefill) {

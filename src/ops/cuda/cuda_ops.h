@@ -8,6 +8,7 @@
 
 #include "core/tensor.h"
 #include "ops/kernel_policy.h"
+#include "ops/linear_weight.h"
 #include "ops/ops.h"
 
 namespace ts::ops::cuda {
@@ -55,11 +56,15 @@ void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache
 void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor* wq, const Tensor* wk, float eps,
                    const Tensor& positions, const Rope& rope, Tensor& k_cache, Tensor& v_cache,
                    const Tensor& slot_mapping);
-void linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out, Tensor& gu_scratch, const Tensor* in_norm = nullptr,
-                     float eps = 0.0f, Tensor* x_scratch = nullptr, const KernelPolicy& policy = {});
-void rmsnorm_linear(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w, Tensor& out, const Tensor* bias,
-                    Tensor& x_scratch, const KernelPolicy& policy = {});
-void linear_add(const Tensor& x, const Tensor& w, Tensor& residual, Tensor& scratch, const KernelPolicy& policy = {});
+// w bf16, or FP8 / NVFP4 kept as stored (ops/linear_weight.h): FP8 ones fuse through the
+// tensor-core W8A16 decode GEMV (quant_linear.h: fp8_decode_gemv), others run unfused.
+void linear_silu_mul(const Tensor& x, const LinearWeight& w, Tensor& out, Tensor& gu_scratch,
+                     const Tensor* in_norm = nullptr, float eps = 0.0f, Tensor* x_scratch = nullptr,
+                     const KernelPolicy& policy = {});
+void rmsnorm_linear(const Tensor& x, const Tensor& norm_w, float eps, const LinearWeight& w, Tensor& out,
+                    const Tensor* bias, Tensor& x_scratch, const KernelPolicy& policy = {});
+void linear_add(const Tensor& x, const LinearWeight& w, Tensor& residual, Tensor& scratch,
+                const KernelPolicy& policy = {});
 bool fuses_norm_gemv(int64_t rows);
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const AttnMeta& meta, float scale, Tensor& out, const KernelPolicy& policy = {});

@@ -3,6 +3,8 @@
 //  - ld_stream16 / dot8_bf16: the small-M GEMV's 16-byte streaming weight load (no L1
 //    allocation: each weight is read once) and its 8-element bf16 dot in a fixed order
 //    (linear.cu's GEMV, fused.cu's fused GEMVs);
+//  - rms_norm_rows_to_smem: the decode GEMVs' RMSNorm prologue (fused.cu's bf16 GEMVs,
+//    quant_linear.cu's tensor-core W8A16 GEMV);
 //  - head_norm_rope: one warp's optional per-head RMSNorm + rotary of a q/k head
 //    (norm.cu's qk_rope_kernel, fused.cu's rope_kv_write_kernel).
 #pragma once
@@ -29,6 +31,44 @@ __device__ __forceinline__ float dot8_bf16(const uint4& a, const uint4& b) {
     s = fmaf(fa.y, fb.y, s);
   }
   return s;
+}
+
+// The decode GEMVs' norm prologue (fused.cu, quant_linear.cu's tensor-core W8A16 GEMV): rows
+// [0, M) of x (bf16 [M, K], row stride x_ld, 16-byte aligned rows, K % 8 == 0) RMS-normalised and
+// times w into xs (shared memory, [M, K] contiguous) with rmsnorm_kernel's arithmetic (ss in fp32,
+// f * inv * w rounded to bf16; only the order of the sum of squares differs: the block size).
+// Every thread of the block calls it (block_sum); red: 32 floats of shared memory. Ends with
+// __syncthreads (xs is complete).
+__device__ __forceinline__ void rms_norm_rows_to_smem(const __nv_bfloat16* x, int64_t x_ld, int M, int K,
+                                                      const __nv_bfloat16* w, float eps, __nv_bfloat16* xs,
+                                                      float* red) {
+  const int nv = K / 8;
+  for (int m = 0; m < M; ++m) {
+    const uint4* xr = reinterpret_cast<const uint4*>(x + m * x_ld);
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+      ::ts::cuda::BF8 v;
+      v.u = xr[i];
+      float f[8];
+      ::ts::cuda::bf8_to_f32(v, f);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) ss += f[k] * f[k];
+    }
+    ss = ::ts::cuda::block_sum(ss, red);
+    const float inv = rsqrtf(ss / float(K) + eps);
+    for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+      ::ts::cuda::BF8 v, g;
+      v.u = xr[i];
+      g.u = reinterpret_cast<const uint4*>(w)[i];
+      float f[8], gf[8];
+      ::ts::cuda::bf8_to_f32(v, f);
+      ::ts::cuda::bf8_to_f32(g, gf);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) f[k] = f[k] * inv * gf[k];
+      reinterpret_cast<uint4*>(xs + int64_t(m) * K)[i] = ::ts::cuda::f32_to_bf8(f).u;
+    }
+  }
+  __syncthreads();
 }
 
 // One warp, one head p[0, hd) (bf16): NORM: x * rsqrt(mean(x^2) + eps) * w; then rotary on the

@@ -13,6 +13,7 @@
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/decode_helpers.cuh"
+#include "ops/cuda/quant_linear.h"
 #include "ops/lm_head.h"
 
 namespace ts::ops::cuda {
@@ -183,36 +184,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_fused_kernel(GemvArgs a) {
   const __nv_bfloat16* x = a.x;
   int64_t x_ld = a.x_ld;
   if constexpr (NORM) {
-    // rmsnorm_kernel's arithmetic (ss in fp32, f * inv * w rounded to bf16); only the order of
-    // the sum of squares differs (block size).
     __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(gemv_smem);
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const uint4* xr = reinterpret_cast<const uint4*>(a.x + m * a.x_ld);
-      float ss = 0.0f;
-      for (int i = threadIdx.x; i < nv; i += blockDim.x) {
-        BF8 v;
-        v.u = xr[i];
-        float f[8];
-        bf8_to_f32(v, f);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) ss += f[k] * f[k];
-      }
-      ss = block_sum(ss, red);
-      const float inv = rsqrtf(ss / float(a.K) + a.eps);
-      for (int i = threadIdx.x; i < nv; i += blockDim.x) {
-        BF8 v, g;
-        v.u = xr[i];
-        g.u = reinterpret_cast<const uint4*>(a.norm_w)[i];
-        float f[8], gf[8];
-        bf8_to_f32(v, f);
-        bf8_to_f32(g, gf);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) f[k] = f[k] * inv * gf[k];
-        reinterpret_cast<uint4*>(xs + int64_t(m) * a.K)[i] = f32_to_bf8(f).u;
-      }
-    }
-    __syncthreads();
+    rms_norm_rows_to_smem(a.x, a.x_ld, M, a.K, a.norm_w, a.eps, xs, red);
     x = xs;
     x_ld = a.K;
   }
@@ -386,14 +359,28 @@ void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor* wq, cons
 
 bool fuses_norm_gemv(int64_t rows) { return rows >= 1 && rows <= kNormMaxM; }
 
-void linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out, Tensor& gu_scratch, const Tensor* in_norm, float eps,
-                     Tensor* x_scratch, const KernelPolicy& policy) {
+namespace {
+// The norm weight the fused prologues read: bf16 [K] on the GPU, 16-byte aligned.
+bool norm_weight_ok(const Tensor* norm_w, int64_t K) {
+  return norm_w && norm_w->device == Device::cuda && norm_w->dtype == DType::bf16 && norm_w->numel() == K &&
+         norm_w->is_contiguous() && aligned16(norm_w->data);
+}
+// An FP8 weight kept as stored takes the tensor-core decode GEMV with this epilogue where it
+// applies (quant_linear.h), unless the policy asks for the GEMM path.
+bool fp8_fuses(const Tensor& x, const LinearWeight& w, const Tensor* norm_w, const KernelPolicy& policy) {
+  return policy.linear != LinearPath::cublaslt && fp8_decode_applies(x, w, norm_w != nullptr) &&
+         (!norm_w || norm_weight_ok(norm_w, x.size(-1)));
+}
+}  // namespace
+
+void linear_silu_mul(const Tensor& x, const LinearWeight& w, Tensor& out, Tensor& gu_scratch, const Tensor* in_norm,
+                     float eps, Tensor* x_scratch, const KernelPolicy& policy) {
   check_dev(x, DType::bf16, "linear_silu_mul x");
-  check_dev(w, DType::bf16, "linear_silu_mul w");
+  if (!w.quantized()) check_dev(w, DType::bf16, "linear_silu_mul w");
   check_dev(out, DType::bf16, "linear_silu_mul out");
   TS_CHECK(w.ndim == 2 && w.size(0) % 2 == 0, "linear_silu_mul: weight must be [2I, K], got {}", w.shape_str());
   const int64_t M = x.rows(), K = x.size(-1), N2 = w.size(0), I = N2 / 2;
-  TS_CHECK(w.size(1) == K && out.rows() == M && out.size(-1) == I && gu_scratch.rows() == M &&
+  TS_CHECK(w.in_features() == K && out.rows() == M && out.size(-1) == I && gu_scratch.rows() == M &&
                gu_scratch.size(-1) == N2,
            "linear_silu_mul: x {} w {} out {} scratch {}", x.shape_str(), w.shape_str(), out.shape_str(),
            gu_scratch.shape_str());
@@ -401,44 +388,57 @@ void linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out, Tensor& gu_s
            "linear_silu_mul: the input norm needs an x scratch [{}, {}]", M, K);
   if (M == 0 || I == 0) return;
   TS_CHECK(N2 <= 0x7fffffff && K <= 0x7fffffff, "linear_silu_mul: too large");
-  const bool small_w = N2 * K * 2 <= kSmallBytes || policy.linear == LinearPath::gemv;
-  const bool gemv = policy.linear != LinearPath::cublaslt && M <= (small_w ? kMaxMSmall : kMaxM) &&
-                    vec8_ok(x.data, K, x.row_stride()) && vec8_ok(w.data, K, w.row_stride());
   const bool norm = in_norm != nullptr;
-  if (gemv && (!norm || norm_fusable(M, x, in_norm))) {
-    GemvArgs a = gemv_args(x, w, out, int(I));
-    if (norm) {
-      a.norm_w = in_norm->ptr<__nv_bfloat16>();
-      a.eps = eps;
+  if (w.quantized()) {
+    if (fp8_fuses(x, w, in_norm, policy)) return fp8_decode_gemv(x, w, in_norm, eps, DecodeEpilogue::silu_mul, out);
+  } else {
+    const bool small_w = N2 * K * 2 <= kSmallBytes || policy.linear == LinearPath::gemv;
+    const bool gemv = policy.linear != LinearPath::cublaslt && M <= (small_w ? kMaxMSmall : kMaxM) &&
+                      vec8_ok(x.data, K, x.row_stride()) && vec8_ok(w.data, K, w.row_stride());
+    if (gemv && (!norm || norm_fusable(M, x, in_norm))) {
+      GemvArgs a = gemv_args(x, w, out, int(I));
+      if (norm) {
+        a.norm_w = in_norm->ptr<__nv_bfloat16>();
+        a.eps = eps;
+      }
+      gemv_fused(int(M), norm, kSiluMul, a);
+      return;
     }
-    gemv_fused(int(M), norm, kSiluMul, a);
-    return;
   }
   const Tensor* src = &x;
   if (norm) {
     cuda::rmsnorm(x, *in_norm, eps, *x_scratch);
     src = x_scratch;
   }
-  cuda::linear(*src, w, gu_scratch, nullptr, policy);
+  if (w.quantized()) quant_linear(*src, w, gu_scratch, nullptr, policy);
+  else cuda::linear(*src, w, gu_scratch, nullptr, policy);
   cuda::silu_mul(gu_scratch, out);
 }
 
-void rmsnorm_linear(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w, Tensor& out, const Tensor* bias,
-                    Tensor& x_scratch, const KernelPolicy& policy) {
+void rmsnorm_linear(const Tensor& x, const Tensor& norm_w, float eps, const LinearWeight& w, Tensor& out,
+                    const Tensor* bias, Tensor& x_scratch, const KernelPolicy& policy) {
   check_dev(x, DType::bf16, "rmsnorm_linear x");
-  check_dev(w, DType::bf16, "rmsnorm_linear w");
+  if (!w.quantized()) check_dev(w, DType::bf16, "rmsnorm_linear w");
   check_dev(out, DType::bf16, "rmsnorm_linear out");
   const int64_t M = x.rows(), K = x.size(-1), N = w.size(0);
-  TS_CHECK(w.ndim == 2 && w.size(1) == K && out.rows() == M && out.size(-1) == N && x_scratch.rows() == M &&
+  TS_CHECK(w.ndim == 2 && w.in_features() == K && out.rows() == M && out.size(-1) == N && x_scratch.rows() == M &&
                x_scratch.size(-1) == K,
            "rmsnorm_linear: x {} w {} out {} scratch {}", x.shape_str(), w.shape_str(), out.shape_str(),
            x_scratch.shape_str());
   if (M == 0 || N == 0) return;
   const bool has_bias = bias && bias->data;
   if (has_bias) check_dev(*bias, DType::bf16, "rmsnorm_linear bias");
+  const bool bias_ok = !has_bias || (bias->numel() == N && bias->is_contiguous());
+  if (w.quantized()) {
+    if (bias_ok && fp8_fuses(x, w, &norm_w, policy))
+      return fp8_decode_gemv(x, w, &norm_w, eps, DecodeEpilogue::store, out, has_bias ? bias : nullptr);
+    cuda::rmsnorm(x, norm_w, eps, x_scratch);
+    quant_linear(x_scratch, w, out, bias, policy);
+    return;
+  }
   const bool fused = policy.linear != LinearPath::cublaslt && N <= 0x7fffffff && K <= 0x7fffffff &&
                      vec8_ok(x.data, K, x.row_stride()) && vec8_ok(w.data, K, w.row_stride()) &&
-                     norm_fusable(M, x, &norm_w) && (!has_bias || (bias->numel() == N && bias->is_contiguous()));
+                     norm_fusable(M, x, &norm_w) && bias_ok;
   if (fused) {
     GemvArgs a = gemv_args(x, w, out, int(N));
     a.norm_w = norm_w.ptr<__nv_bfloat16>();
@@ -451,16 +451,22 @@ void rmsnorm_linear(const Tensor& x, const Tensor& norm_w, float eps, const Tens
   cuda::linear(x_scratch, w, out, bias, policy);
 }
 
-void linear_add(const Tensor& x, const Tensor& w, Tensor& residual, Tensor& scratch, const KernelPolicy& policy) {
+void linear_add(const Tensor& x, const LinearWeight& w, Tensor& residual, Tensor& scratch, const KernelPolicy& policy) {
   check_dev(x, DType::bf16, "linear_add x");
-  check_dev(w, DType::bf16, "linear_add w");
+  if (!w.quantized()) check_dev(w, DType::bf16, "linear_add w");
   check_dev(residual, DType::bf16, "linear_add residual");
   const int64_t M = x.rows(), K = x.size(-1), N = w.size(0);
-  TS_CHECK(w.ndim == 2 && w.size(1) == K && residual.rows() == M && residual.size(-1) == N && scratch.rows() == M &&
+  TS_CHECK(w.ndim == 2 && w.in_features() == K && residual.rows() == M && residual.size(-1) == N && scratch.rows() == M &&
                scratch.size(-1) == N,
            "linear_add: x {} w {} residual {} scratch {}", x.shape_str(), w.shape_str(), residual.shape_str(),
            scratch.shape_str());
   if (M == 0 || N == 0) return;
+  if (w.quantized()) {
+    if (fp8_fuses(x, w, nullptr, policy)) return fp8_decode_gemv(x, w, nullptr, 0.0f, DecodeEpilogue::add_into, residual);
+    quant_linear(x, w, scratch, nullptr, policy);
+    cuda::add_inplace(residual, scratch);
+    return;
+  }
   const bool fused = policy.linear != LinearPath::cublaslt && M <= kNormMaxM && N <= 0x7fffffff && K <= 0x7fffffff &&
                      vec8_ok(x.data, K, x.row_stride()) && vec8_ok(w.data, K, w.row_stride());
   if (fused) {

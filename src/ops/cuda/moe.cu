@@ -409,14 +409,7 @@ __device__ __forceinline__ uint4 load8(const __nv_bfloat16* row, int k0, int K) 
   return v;
 }
 
-__device__ __forceinline__ void mma_bf16(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+using qdot::mma_bf16;  // quant_dot.cuh
 
 // k permutation: lane (gq, tq) holds physical k = c*32 + tq*8 + [0, 8) of its rows. MMA step s
 // of the chunk takes elements 4s..4s+3: logical k (2tq, 2tq+1) <- elements 4s, 4s+1 and logical

@@ -139,4 +139,24 @@ __device__ __forceinline__ void fp4_row_dot(const uint8_t* __restrict__ wr, cons
   }
 }
 
+// c += A (16 x 16, bf16, row) x B (16 x 8, bf16, col), f32 accumulation: one warp's m16n8k16.
+__device__ __forceinline__ void mma_bf16(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Bytes (sel: 0x1404 -> bytes 0, 1; 0x3424 -> bytes 2, 3) of v as bf16x2, exact.
+template <uint32_t Sel>
+__device__ __forceinline__ uint32_t e4m3x2_bf16x2(uint32_t v) {
+  const uint32_t t = __byte_perm(v, 0u, Sel);  // the two bytes in bits 8..15 and 24..31
+  const uint32_t r = (t & 0x80008000u) | ((t >> 4) & 0x07f007f0u);  // e4m3 x 2^-120
+  __nv_bfloat162 h = *reinterpret_cast<const __nv_bfloat162*>(&r);
+  h = __hmul2(h, __floats2bfloat162_rn(0x1p120f, 0x1p120f));
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
 }  // namespace ts::ops::cuda::qdot

@@ -8,6 +8,7 @@
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/decode_helpers.cuh"
 #include "ops/cuda/quant_dot.cuh"
 #include "ops/cuda/quant_linear.h"
 
@@ -17,16 +18,18 @@ using namespace qdot;
 
 namespace {
 
-// Auto policy. The CUDA-core GEMV spends ~32 ops per 16 weights per row (FMA + bf16 unpack) on
-// top of ~11 to unpack the weights, so past one row it is compute-bound; the tensor-core kernel
-// (mma) unpacks once for all rows. H200 lab (2026-12-02, block-128, copy 4.2 TB/s): M=1 GEMV
-// 46-72% of copy, 1.36-1.49x bf16; 8B decode bs1 284 vs 215 tok/s, bs8 1919 vs 1515 (mma), but
-// bs32/64 mma is 0.41-0.57x bf16 and the tiles (prefill) 0.56-0.64x: the mma kernel still
-// reloads x from L1 per 8-row tile (next: x in shared memory), prefill wants an FP8 GEMM.
+// Auto policy. The tensor-core decode GEMV (tc) for 1..8 rows where it applies (k blocks >= 64,
+// K % 64 == 0, bf16 out): as fast as the CUDA-core GEMV at one row and flat to 8 rows (H200 lab
+// 2026-12-04, see fp8_decode_gemv below). Otherwise: the CUDA-core GEMV at one row (it spends ~32
+// ops per 16 weights per row, so past one row it is compute-bound), W8A8 (fp8gemm) from
+// kFp8GemmAutoM rows, the tensor-core mma kernel to 64 rows, the dequantized tiles above.
+// H200 lab (2026-12-02): mma at bs32/64 is 0.41-0.57x bf16 (it reloads x from L1 per 8-row tile).
 constexpr int kQuantGemvAutoM = 1;   // GEMV up to here (H200 lab: M=2 is slower than M=4)
 constexpr int kQuantMmaAutoM = 64;   // then mma (k blocks >= 64)
 constexpr int kQuantGemvMaxM = 8;    // else GEMV up to here, then dequantized tiles
 constexpr int kQuantGemvMaxForced = 16;
+// The tensor-core decode GEMV (fp8_decode_gemv) first, up to here, where it applies.
+constexpr int kTcAutoM = 8;
 constexpr int kQWarps = 8;   // one output feature per warp
 // W8A8 (fp8gemm) from kW8A8MinRows rows on (ops/linear_weight.h), where the weight and checkpoint
 // allow it (see fp8_gemm_applies): the FP8 tensor cores run at twice the bf16 rate and read 1 byte
@@ -192,25 +195,6 @@ __global__ void fp4_dequant_kernel(const uint8_t* __restrict__ w, int64_t w_ld, 
 constexpr int kMmaWarps = 8;
 constexpr int kMmaMaxTiles = 8;
 
-__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// Bytes (sel: 0x1404 -> bytes 0, 1; 0x3424 -> bytes 2, 3) of v as bf16x2, exact.
-template <uint32_t Sel>
-__device__ __forceinline__ uint32_t e4m3x2_bf16x2(uint32_t v) {
-  const uint32_t t = __byte_perm(v, 0u, Sel);  // the two bytes in bits 8..15 and 24..31
-  const uint32_t r = (t & 0x80008000u) | ((t >> 4) & 0x07f007f0u);  // e4m3 x 2^-120
-  __nv_bfloat162 h = *reinterpret_cast<const __nv_bfloat162*>(&r);
-  h = __hmul2(h, __floats2bfloat162_rn(0x1p120f, 0x1p120f));
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
 template <int MT, typename OutT>
 __global__ void __launch_bounds__(kMmaWarps * 32)
 fp8_mma_kernel(const __nv_bfloat16* __restrict__ x, int64_t x_ld, int M, const uint8_t* __restrict__ w,
@@ -304,6 +288,169 @@ void mma(const Tensor& x, const LinearWeight& w, const __nv_bfloat16* bias, OutT
 #undef TS_QCASE
     default: fail("fp8 mma: M {} > {}", x.rows(), 8 * kMmaMaxTiles);
   }
+}
+
+// ---- tensor-core W8A16 decode GEMV with the decode fusions (fp8_decode_gemv) ---------------------
+// The mma kernel's arithmetic (16 output features per block, 8 warps splitting K in interleaved
+// 64-wide chunks, weights unpacked exactly to bf16, one m16n8k16 per 16 k, the block scale once
+// per chunk) for the M <= 8 rows of decode, with U chunks of loads in flight per warp (the mma
+// kernel keeps one) and the first U requested before the PDL wait (weights are never written
+// during a forward, so they stream under the previous kernel's tail); and the decode fusions'
+// prologue / epilogues, so FP8 checkpoints take the dense decoder's fused flow (blocks.h).
+// Epilogues (DecodeEpilogue): store (+ bias); silu_mul (the block's 16 gate rows n and up rows
+// n + N, out = bf16(silu(bf16(g)) * bf16(u)), silu_mul's formula); add_into (out += bf16(acc),
+// the residual add). NORM: the rows of x are RMS-normalised into shared memory first (each block
+// for itself: x is a few KB, L2-resident).
+// H200 lab (bench --linear-lab, 2026-12-04, Llama-3.1-8B shapes, copy 4.2 TB/s): at M = 1 it
+// times as the CUDA-core GEMV (gate_up 40.3 vs 39.4 us, down 22.0 vs 24.2, o 8.4 vs 8.6), and it
+// stays flat to M = 8 where the GEMV grows with M (down 25.3 vs 105 us; mma 32.0). Both FP8
+// kernels stream at ~3.0-3.2 TB/s at large N (the bf16 GEMV: 4.1-4.4), so the unpack cost was
+// not the limit (this kernel spends ~2.7 integer ops per weight byte against the GEMV's ~5); a
+// second register buffer of loads in flight during the MMAs was slower (gate_up + SiLU 54 vs
+// 43 us: fewer resident warps). Not yet known what caps it; the issue's 85% of copy is not met.
+constexpr int kTcWarps = 8;
+constexpr int kTcRows = 16;   // output features per block (the MMA's m16)
+constexpr int kTcMaxM = 8;    // rows of x (the MMA's n8)
+constexpr int kTcChunk = 64;  // k per warp step: 4 lanes x 16 values
+constexpr size_t kTcNormSmem = 48 * 1024;
+
+struct TcArgs {
+  const __nv_bfloat16* x;
+  int64_t x_ld;
+  int M;
+  const __nv_bfloat16* norm_w;  // NORM: [K]
+  float eps;
+  const uint8_t* w;
+  int64_t w_ld;
+  const float* sc;
+  int64_t s_ld;
+  int bn_log2, bk_log2;
+  const __nv_bfloat16* bias;  // store: optional [N]
+  __nv_bfloat16* out;
+  int64_t out_ld;
+  int N, K;  // N outputs (silu_mul: the weight has 2N rows)
+};
+
+template <bool NORM, int EPI>
+__global__ void __launch_bounds__(kTcWarps * 32) fp8_tc_gemv_kernel(TcArgs a) {
+  constexpr int R = EPI == int(DecodeEpilogue::silu_mul) ? 2 : 1;  // weight row sets (gate, up)
+  constexpr int U = R == 2 ? 2 : 4;                               // chunks in flight per warp
+  extern __shared__ __align__(16) unsigned char tc_smem[];        // NORM: x normalised [M, K]
+  __shared__ float red[kTcWarps][R][4][32];
+  __shared__ float nred[32];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t n0 = int64_t(blockIdx.x) * kTcRows;
+  // This lane's weight rows: features n0 + g (h = 0) and n0 + g + 8 (h = 1) of each row set.
+  const uint8_t* wp[R][2];
+  const float* sp[R][2];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t f = n0 + g + 8 * h;
+      const int64_t row = (f < a.N ? f : 0) + int64_t(r) * a.N;
+      wp[r][h] = a.w + row * a.w_ld + t * 16;
+      sp[r][h] = a.sc + (row >> a.bn_log2) * a.s_ld;
+    }
+  const int nchunks = a.K / kTcChunk;
+  uint4 wv[U][R][2];
+  float sv[U][R][2];
+  auto load = [&](int c0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = c0 + u * kTcWarps;
+      const bool in = c < nchunks;
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          wv[u][r][h] = in ? ld_stream(wp[r][h] + int64_t(c) * kTcChunk) : make_uint4(0, 0, 0, 0);
+          sv[u][r][h] = in ? __ldg(sp[r][h] + ((c * kTcChunk) >> a.bk_log2)) : 0.0f;
+        }
+    }
+  };
+  load(warp);
+  pdl_wait();
+  const __nv_bfloat16* x = a.x;
+  int64_t x_ld = a.x_ld;
+  if constexpr (NORM) {
+    __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(tc_smem);
+    rms_norm_rows_to_smem(a.x, a.x_ld, a.M, a.K, a.norm_w, a.eps, xs, nred);
+    x = xs;
+    x_ld = a.K;
+  }
+  float acc[R][4];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[r][i] = 0.0f;
+  const bool has_row = g < a.M;  // this lane feeds row g of x (B's column g)
+  for (int c0 = warp; c0 < nchunks; c0 += kTcWarps * U) {
+    if (c0 != warp) load(c0);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = c0 + u * kTcWarps;
+      if (c >= nchunks) break;  // uniform over the warp
+      const int kt = c * kTcChunk + t * 16;
+      uint4 x0 = make_uint4(0, 0, 0, 0), x1 = make_uint4(0, 0, 0, 0);
+      if (has_row) {
+        const uint4* xp = reinterpret_cast<const uint4*>(x + g * x_ld + kt);
+        x0 = xp[0];
+        x1 = xp[1];
+      }
+      const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const uint32_t lo[4] = {wv[u][r][0].x, wv[u][r][0].y, wv[u][r][0].z, wv[u][r][0].w};
+        const uint32_t hi[4] = {wv[u][r][1].x, wv[u][r][1].y, wv[u][r][1].z, wv[u][r][1].w};
+        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int st = 0; st < 4; ++st)
+          mma_bf16(p, e4m3x2_bf16x2<0x1404>(lo[st]), e4m3x2_bf16x2<0x1404>(hi[st]), e4m3x2_bf16x2<0x3424>(lo[st]),
+                   e4m3x2_bf16x2<0x3424>(hi[st]), xw[2 * st], xw[2 * st + 1]);
+        acc[r][0] = fmaf(p[0], sv[u][r][0], acc[r][0]);
+        acc[r][1] = fmaf(p[1], sv[u][r][0], acc[r][1]);
+        acc[r][2] = fmaf(p[2], sv[u][r][1], acc[r][2]);
+        acc[r][3] = fmaf(p[3], sv[u][r][1], acc[r][3]);
+      }
+    }
+  }
+  pdl_trigger();
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) red[warp][r][i][lane] = acc[r][i];
+  __syncthreads();
+  // C fragment: register i of lane l holds feature (l / 4) + 8 * (i / 2), row 2 * (l % 4) + i % 2.
+  for (int o = threadIdx.x; o < kTcRows * a.M; o += kTcWarps * 32) {
+    const int f = o % kTcRows, m = o / kTcRows;
+    const int64_t n = n0 + f;
+    if (n >= a.N) continue;
+    const int l = (f & 7) * 4 + (m >> 1), i = (f >= 8 ? 2 : 0) + (m & 1);
+    float v[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      v[r] = 0.0f;
+#pragma unroll
+      for (int ww = 0; ww < kTcWarps; ++ww) v[r] += red[ww][r][i][l];
+    }
+    __nv_bfloat16* op = a.out + m * a.out_ld + n;
+    if constexpr (EPI == int(DecodeEpilogue::silu_mul)) {
+      const float gt = __bfloat162float(__float2bfloat16(v[0]));
+      const float up = __bfloat162float(__float2bfloat16(v[R - 1]));
+      *op = __float2bfloat16(gt / (1.0f + __expf(-gt)) * up);
+    } else if constexpr (EPI == int(DecodeEpilogue::add_into)) {
+      *op = __float2bfloat16(__bfloat162float(*op) + __bfloat162float(__float2bfloat16(v[0])));
+    } else {
+      *op = __float2bfloat16(v[0] + (a.bias ? __bfloat162float(a.bias[n]) : 0.0f));
+    }
+  }
+}
+
+template <bool NORM, int EPI>
+void tc_launch(const TcArgs& a) {
+  const size_t smem = NORM ? size_t(a.M) * size_t(a.K) * 2 : 0;
+  launch(fp8_tc_gemv_kernel<NORM, EPI>, dim3(unsigned(ceil_div(a.N, kTcRows))), dim3(kTcWarps * 32), smem, true, a);
 }
 
 // out [rows, K] bf16 = rows [row0, row0 + rows) of W dequantized; one thread per 16 values.
@@ -408,6 +555,66 @@ bool fp8_gemm_applies(const LinearWeight& w) {
          aligned16(w.data);
 }
 
+bool fp8_decode_applies(const Tensor& x, const LinearWeight& w, bool norm) {
+  const QuantScales& q = w.quant;
+  const int64_t M = x.rows(), K = x.size(-1);
+  return w.quantized() && !q.nvfp4 && w.dtype == DType::f8_e4m3 && w.ndim == 2 && w.device == Device::cuda &&
+         q.block_k_log2 >= 6 && w.size(1) == K && K % kTcChunk == 0 && K <= 0x7fffffff && w.size(0) <= 0x7fffffff &&
+         w.row_stride() % 16 == 0 && aligned16(w.data) && x.device == Device::cuda && x.dtype == DType::bf16 &&
+         M >= 1 && M <= kTcMaxM && vec8_ok(x.data, K, x.row_stride()) &&
+         (!norm || size_t(M) * size_t(K) * 2 <= kTcNormSmem);
+}
+
+void fp8_decode_gemv(const Tensor& x, const LinearWeight& w, const Tensor* norm_w, float eps, DecodeEpilogue epi,
+                     Tensor& out, const Tensor* bias) {
+  const bool norm = norm_w != nullptr;
+  TS_CHECK(fp8_decode_applies(x, w, norm), "fp8_decode_gemv: x {} w {} ({}, k block 2^{}) does not apply", x.shape_str(),
+           w.shape_str(), w.quant.format, w.quant.block_k_log2);
+  check_weight(w);
+  check_dev(out, DType::bf16, "fp8_decode_gemv out");
+  const int64_t M = x.rows(), K = x.size(-1), rows = w.size(0);
+  const bool glu = epi == DecodeEpilogue::silu_mul;
+  TS_CHECK(!glu || rows % 2 == 0, "fp8_decode_gemv: silu_mul needs [2I, K] gate|up rows, got {}", w.shape_str());
+  const int64_t N = glu ? rows / 2 : rows;
+  TS_CHECK(out.rows() == M && out.size(-1) == N && out.stride[out.ndim - 1] == 1, "fp8_decode_gemv: out {} for [{}, {}]",
+           out.shape_str(), M, N);
+  if (norm) {
+    check_dev(*norm_w, DType::bf16, "fp8_decode_gemv norm");
+    TS_CHECK(norm_w->numel() == K && norm_w->is_contiguous() && aligned16(norm_w->data),
+             "fp8_decode_gemv: norm weight {} for K={}", norm_w->shape_str(), K);
+  }
+  const bool has_bias = bias && bias->data;
+  TS_CHECK(!has_bias || epi == DecodeEpilogue::store, "fp8_decode_gemv: a bias only with the store epilogue");
+  if (has_bias) {
+    check_dev(*bias, DType::bf16, "fp8_decode_gemv bias");
+    TS_CHECK(bias->numel() == N && bias->is_contiguous(), "fp8_decode_gemv: bias {} for N={}", bias->shape_str(), N);
+  }
+  if (N == 0) return;
+  TcArgs a{};
+  a.x = x.ptr<__nv_bfloat16>();
+  a.x_ld = x.row_stride();
+  a.M = int(M);
+  a.norm_w = norm ? norm_w->ptr<__nv_bfloat16>() : nullptr;
+  a.eps = eps;
+  a.w = w.ptr<uint8_t>();
+  a.w_ld = w.row_stride();
+  a.sc = w.quant.scale.ptr<float>();
+  a.s_ld = w.quant.scale.size(1);
+  a.bn_log2 = w.quant.block_n_log2;
+  a.bk_log2 = w.quant.block_k_log2;
+  a.bias = has_bias ? bias->ptr<__nv_bfloat16>() : nullptr;
+  a.out = out.ptr<__nv_bfloat16>();
+  a.out_ld = out.row_stride();
+  a.N = int(N);
+  a.K = int(K);
+  constexpr int kS = int(DecodeEpilogue::store), kG = int(DecodeEpilogue::silu_mul), kA = int(DecodeEpilogue::add_into);
+  switch (epi) {
+    case DecodeEpilogue::store: return norm ? tc_launch<true, kS>(a) : tc_launch<false, kS>(a);
+    case DecodeEpilogue::silu_mul: return norm ? tc_launch<true, kG>(a) : tc_launch<false, kG>(a);
+    case DecodeEpilogue::add_into: return norm ? tc_launch<true, kA>(a) : tc_launch<false, kA>(a);
+  }
+}
+
 Fp8ScaleOrder fp8_scale_order() { return kFp8Order; }
 bool fp8_gemm_automatic() { return kFp8GemmAuto; }
 
@@ -500,8 +707,10 @@ void quant_linear_kernel(const Tensor& x, const LinearWeight& w, Tensor& out, co
   const bool mma_ok = vec_ok && M <= 8 * kMmaMaxTiles && w.quant.block_k_log2 >= 6;
   const bool fp8_ok = !f32out && fp8_gemm_applies(w) && x.ndim == 2 && out.ndim == 2 && x.row_stride() % 4 == 0 &&
                       reinterpret_cast<uintptr_t>(x.data) % 8 == 0 && (!bp || aligned16(bp));
+  const bool tc_ok = !f32out && fp8_decode_applies(x, w, false);
   if (kernel == QuantKernel::automatic)
-    kernel = M <= kQuantGemvAutoM && gemv_ok  ? QuantKernel::gemv
+    kernel = M <= kTcAutoM && tc_ok          ? QuantKernel::tc
+             : M <= kQuantGemvAutoM && gemv_ok ? QuantKernel::gemv
              : kFp8GemmAuto && M >= kFp8GemmAutoM && fp8_ok ? QuantKernel::fp8gemm
              : M <= kQuantMmaAutoM && mma_ok  ? QuantKernel::mma
              : M <= kQuantGemvMaxM && gemv_ok ? QuantKernel::gemv
@@ -546,6 +755,7 @@ void quant_linear_kernel(const Tensor& x, const LinearWeight& w, Tensor& out, co
     if (done) return;
     kernel = QuantKernel::tiles;  // no cuBLASLt algorithm for this shape
   }
+  if (kernel == QuantKernel::tc && tc_ok) return fp8_decode_gemv(x, w, nullptr, 0.0f, DecodeEpilogue::store, out, bias);
   if (kernel == QuantKernel::gemv && gemv_ok) {
     if (f32out) gemv(int(M), x, w, bp, out.ptr<float>(), ldc);
     else gemv(int(M), x, w, bp, out.ptr<__nv_bfloat16>(), ldc);
