@@ -307,7 +307,11 @@ void mma(const Tensor& x, const LinearWeight& w, const __nv_bfloat16* bias, OutT
 // kernels stream at ~3.0-3.2 TB/s at large N (the bf16 GEMV: 4.1-4.4), so the unpack cost was
 // not the limit (this kernel spends ~2.7 integer ops per weight byte against the GEMV's ~5); a
 // second register buffer of loads in flight during the MMAs was slower (gate_up + SiLU 54 vs
-// 43 us: fewer resident warps). Not yet known what caps it; the issue's 85% of copy is not met.
+// 43 us: fewer resident warps). Also tried (H200, same lab): 3 blocks per SM here
+// (__launch_bounds__(256, 3): 80 registers, small spills) took gate_up to 36.6 us and qkv 12.9 ->
+// 10.7 but down 22.0 -> 24.9 and the fused forms slower, 8B decode unchanged (281 tok/s); 8 loads
+// per lane in the CUDA-core GEMV at M = 1 (64 registers) was slower (gate_up 42.2 vs 39.4 us).
+// Not yet known what caps it; the issue's 85% of copy is not met.
 constexpr int kTcWarps = 8;
 constexpr int kTcRows = 16;   // output features per block (the MMA's m16)
 constexpr int kTcMaxM = 8;    // rows of x (the MMA's n8)
