@@ -95,14 +95,14 @@ std::string run_linear_lab(const LinearLabOptions& o) {
       "## Linear kernels, bf16 vs FP8 weights kept as stored (copy ceiling {:.0f} GB/s read+write)\n\n"
       "GB/s = weight bytes as stored / time (FP8: values + f32 scales). gemv / mma / tiles: the FP8 kernels "
       "forced (CUDA-core W8A16 GEMV, M <= 16; tensor-core W8A16, M <= 64; dequantized bf16 tiles + cuBLASLt); "
-      "auto: what ops::linear picks; tc: the tensor-core W8A16 decode GEMV (M <= 8). nvfp4: W4A16 (e2m1 + E4M3 per 16 + "
+      "auto: what ops::linear picks; tc: the tensor-core decode GEMV (M <= 8; NVFP4 auto takes it too). nvfp4: W4A16 (e2m1 + E4M3 per 16 + "
       "f32 per row). fused (M <= 2): the decode flow's op for the shape, bf16 vs FP8 block weights (qkv_proj: "
       "rmsnorm_linear; gate_up_proj: linear_silu_mul with the input norm; o_proj, down_proj: linear_add), GB/s of "
       "the FP8 weight.\n\n"
       "| shape | N x K | M | bf16 us | bf16 GB/s | fp8 block auto us | GB/s | % copy | x bf16 | fp8 gemv us | fp8 "
       "mma us | fp8 tc us | fp8 tiles us | fp8 channel auto us | nvfp4 auto us | nvfp4 GB/s | % copy | bf16 fused us | "
-      "fp8 fused us | fp8 fused GB/s | % copy |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+      "fp8 fused us | fp8 fused GB/s | % copy | nvfp4 gemv us |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
       copy);
   for (const Shape& s : shapes) {
     const int64_t N = s.n, K = s.k;
@@ -139,6 +139,9 @@ std::string run_linear_lab(const LinearLabOptions& o) {
       };
       const std::string tg = forced(QuantKernel::gemv, 16), tm = forced(QuantKernel::mma, 64),
                         ttc = forced(QuantKernel::tc, 8);
+      const std::string t4g = M > 16 ? std::string("-") : fmt::format("{:.1f}", 1e6 * per_call(o.iters, [&](int i) {
+        ops::cuda::quant_linear_kernel(x, w4[size_t(i % nq)], out, nullptr, QuantKernel::gemv);
+      }));
       const double gq = q_bytes / tq / 1e9;
       const double g4 = f4_bytes / t4 / 1e9;
       // The decode flow's fused op at this shape (blocks.cpp: attention_block_residual,
@@ -166,9 +169,9 @@ std::string run_linear_lab(const LinearLabOptions& o) {
       }
       md += fmt::format(
           "| {} | {} x {} | {} | {:.1f} | {:.0f} | {:.1f} | {:.0f} | {:.0f}% | {:.2f} | {} | {} | {} | {:.1f} | {:.1f} | "
-          "{:.1f} | {:.0f} | {:.0f}% | {} | {} | {} | {} |\n",
+          "{:.1f} | {:.0f} | {:.0f}% | {} | {} | {} | {} | {} |\n",
           s.name, N, K, M, tb * 1e6, bf16_bytes / tb / 1e9, tq * 1e6, gq, 100.0 * gq / copy, tb / tq, tg, tm, ttc,
-          tt * 1e6, tc * 1e6, t4 * 1e6, g4, 100.0 * g4 / copy, fb, fq, fqg, fqp);
+          tt * 1e6, tc * 1e6, t4 * 1e6, g4, 100.0 * g4 / copy, fb, fq, fqg, fqp, t4g);
       (void)c_bytes;
     }
   }

@@ -61,7 +61,7 @@ void attention_block_residual(Tensor& residual, const Tensor& in_norm, float eps
   Tensor qkv = ws.alloc({t_n, qw + 2 * kw + (w.output_gate ? qw : 0)}, residual.dtype);
   Tensor xs = ws.alloc({t_n, hdim}, residual.dtype);  // scratch: written only where the op does not fuse
   const Tensor* qkv_bias = w.qkv_bias.data ? &w.qkv_bias : nullptr;
-  // The fused decode GEMVs take bf16 and FP8 weights; others (NVFP4, MXFP8) run the ops unfused.
+  // The fused decode GEMVs take bf16, FP8 and NVFP4 weights; MXFP8 runs the ops unfused.
   ops::rmsnorm_linear(residual, in_norm, eps, w.qkv, qkv, qkv_bias, xs);
   Tensor q = as_heads(qkv.narrow(1, 0, qw), s.num_heads, s.head_dim);
   Tensor k = as_heads(qkv.narrow(1, qw, kw), s.num_kv_heads, s.head_dim);

@@ -109,8 +109,8 @@ void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor* wq, cons
 // no [T, 2I] round trip, no silu_mul launch); otherwise the GEMM into gu_scratch [T, 2I] then
 // silu_mul. With in_norm: x is first RMS-normalised (times *in_norm, eps) as rmsnorm does, in the
 // GEMV's prologue where it fuses, else into x_scratch [T, K].
-// w may be an FP8 weight kept as stored on CUDA (ops/linear_weight.h; so may rmsnorm_linear's and
-// linear_add's): fused through the tensor-core W8A16 decode GEMV where it applies.
+// w may be an FP8 / NVFP4 weight kept as stored on CUDA (ops/linear_weight.h; so may
+// rmsnorm_linear's and linear_add's): fused through the tensor-core decode GEMV where it applies.
 void linear_silu_mul(const Tensor& x, const LinearWeight& w, Tensor& out, Tensor& gu_scratch,
                      const Tensor* in_norm = nullptr, float eps = 0.0f, Tensor* x_scratch = nullptr);
 // Decode fusion (#22): out = rmsnorm(x) * norm_w @ w^T (+ bias): the norm in the GEMV's prologue

@@ -108,58 +108,9 @@ TEST(CudaOps, QuantLinearFp8TensorCoreDecodeGemv) {
       }
   ops::LinearWeight w = rand_weight(64, 128, 7, 7);
   Tensor x = Tensor::empty({2, 128}, DType::bf16, Device::cuda);
-  EXPECT_TRUE(ops::cuda::fp8_decode_applies(x, w, true));
-  EXPECT_FALSE(ops::cuda::fp8_decode_applies(Tensor::empty({9, 128}, DType::bf16, Device::cuda), w, false));
-  EXPECT_FALSE(ops::cuda::fp8_decode_applies(x, rand_weight(64, 128, 0, 5), false));  // MXFP8
-}
-
-// The decode fusions over FP8 weights kept as stored (rmsnorm_linear, linear_silu_mul with and
-// without the input norm, linear_add) vs the CPU oracle on the dequantized weight: fused through
-// the tensor-core GEMV where it applies (1..8 rows, the norm while M x K fits shared memory),
-// unfused (rmsnorm + quant_linear + silu_mul / add) elsewhere and under the cuBLASLt policy.
-TEST(CudaOps, QuantLinearFp8DecodeFusions) {
-  TS_REQUIRE_CUDA();
-  const float eps = 1e-5f;
-  for (const Layout& L : kLayouts)
-    for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{384, 512}, {200, 576}, {1536, 4096}})
-      for (int64_t M : {0, 1, 2, 3, 8}) {
-        if (L.bk == 5 && K % 32) continue;
-        const int bk = L.bk < 0 ? std::max(4, ceil_log2(K)) : L.bk;
-        for (int pol : {0, 1}) {
-          ops::KernelPolicy policy;
-          if (pol == 1) policy.linear = ops::LinearPath::cublaslt;
-          const std::string tag = fmt::format("{} N={} K={} M={} policy={}", L.name, N, K, M, pol);
-          {
-            ops::LinearWeight w = rand_weight(N, K, L.bn, bk, L.one_scale);
-            Tensor wref = models::dequantize_linear(w);
-            Pair x = Pair::rand({M, K}, 3.0f), nw = Pair::rand({K}), b = Pair::rand({N});
-            Pair out = Pair::rand({M, N}), xs = Pair::rand({M, K});
-            const bool bias = M == 2;
-            ops::cpu::rmsnorm_linear(x.h, nw.h, eps, wref, out.h, bias ? &b.h : nullptr, xs.h);
-            ops::cuda::rmsnorm_linear(x.d, nw.d, eps, w, out.d, bias ? &b.d : nullptr, xs.d, policy);
-            EXPECT_CLOSE(out.back(), out.h, "fp8 rmsnorm_linear " + tag);
-          }
-          {
-            ops::LinearWeight w = rand_weight(2 * N, K, L.bn, bk, L.one_scale);
-            Tensor wref = models::dequantize_linear(w);
-            for (bool norm : {false, true}) {
-              Pair x = Pair::rand({M, K}, 3.0f), nw = Pair::rand({K});
-              Pair out = Pair::rand({M, N}), gu = Pair::rand({M, 2 * N}), xs = Pair::rand({M, K});
-              ops::cpu::linear_silu_mul(x.h, wref, out.h, gu.h, norm ? &nw.h : nullptr, eps, norm ? &xs.h : nullptr);
-              ops::cuda::linear_silu_mul(x.d, w, out.d, gu.d, norm ? &nw.d : nullptr, eps, norm ? &xs.d : nullptr, policy);
-              EXPECT_CLOSE(out.back(), out.h, fmt::format("fp8 linear_silu_mul norm={} {}", norm, tag));
-            }
-          }
-          {
-            ops::LinearWeight w = rand_weight(N, K, L.bn, bk, L.one_scale);
-            Tensor wref = models::dequantize_linear(w);
-            Pair x = Pair::rand({M, K}), r = Pair::rand({M, N}, 4.0f), sc = Pair::rand({M, N});
-            ops::cpu::linear_add(x.h, wref, r.h, sc.h);
-            ops::cuda::linear_add(x.d, w, r.d, sc.d, policy);
-            EXPECT_CLOSE(r.back(), r.h, "fp8 linear_add " + tag);
-          }
-        }
-      }
+  EXPECT_TRUE(ops::cuda::quant_decode_applies(x, w, true));
+  EXPECT_FALSE(ops::cuda::quant_decode_applies(Tensor::empty({9, 128}, DType::bf16, Device::cuda), w, false));
+  EXPECT_FALSE(ops::cuda::quant_decode_applies(x, rand_weight(64, 128, 0, 5), false));  // MXFP8
 }
 
 TEST(CudaOps, QuantLinearFp8Prefill) {
@@ -243,4 +194,94 @@ TEST(CudaOps, QuantLinearNvfp4) {
     for (int64_t k = 0; k < 256; ++k)
       bad += got.ptr<float>()[r * 256 + k] != bf16_to_f32(f32_to_bf16(ref.ptr<float>()[(100 + r) * 256 + k]));
   EXPECT_EQ(bad, 0) << "NVFP4 tiles differ from bf16(e2m1 x scale x scale2)";
+}
+
+TEST(CudaOps, QuantLinearNvfp4TensorCoreDecodeGemv) {
+  TS_REQUIRE_CUDA();
+  // NVFP4 through the tensor-core decode GEMV (QuantKernel::tc): 1..8 rows, partial 16-feature
+  // tiles; K % 64 != 0 (K = 96) and M > 8 fall back (the GEMV / tiles) and must still match.
+  for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{576, 1024}, {200, 576}, {4096, 4096}, {40, 96}})
+    for (int64_t M : {1, 2, 3, 8, 9}) check_fp4(M, N, K, QuantKernel::tc, M == 3, M % 2 == 1);
+  // Every positive E4M3 group-scale code (subnormals and 448 included) and every e2m1 code: the
+  // in-register product e2m1 x scale x 2^-8 is exact, so the result is the oracle's up to the sums.
+  ops::LinearWeight w = rand_nvfp4(256, 2048);
+  Tensor s = Tensor::empty({256, 2048 / 16}, DType::f8_e4m3);
+  for (int64_t i = 0; i < s.numel(); ++i) s.ptr<uint8_t>()[i] = uint8_t(i % 0x7f);
+  w.quant.scale = s.to(Device::cuda);
+  Tensor wref = models::dequantize_linear(w);
+  for (int64_t M : {1, 4}) {
+    Pair x = Pair::rand({M, 2048});
+    Tensor oh = Tensor::zeros({M, 256}, DType::f32);
+    ops::cpu::linear(x.h, wref, oh, nullptr);
+    Tensor od = Tensor::zeros({M, 256}, DType::bf16, Device::cuda);
+    ops::cuda::quant_linear_kernel(x.d, w, od, nullptr, QuantKernel::tc);
+    EXPECT_CLOSE(to_host_f32(od), oh, fmt::format("nvfp4 every scale code M={} tc", M));
+  }
+}
+
+namespace {
+
+// The decode fusions over weights kept as stored (rmsnorm_linear, linear_silu_mul with and without
+// the input norm, linear_add) vs the CPU oracle on the dequantized weight: fused through the
+// tensor-core decode GEMV where it applies (1..8 rows, the norm while M x K fits shared memory),
+// unfused (rmsnorm + quant_linear + silu_mul / add) elsewhere and under the cuBLASLt policy.
+// make(N, K) makes a weight [N, K].
+template <class Make>
+void check_fusions(const char* name, int64_t N, int64_t K, Make make) {
+  const float eps = 1e-5f;
+  for (int64_t M : {0, 1, 2, 3, 8})
+    for (int pol : {0, 1}) {
+      ops::KernelPolicy policy;
+      if (pol == 1) policy.linear = ops::LinearPath::cublaslt;
+      const std::string tag = fmt::format("{} N={} K={} M={} policy={}", name, N, K, M, pol);
+      {
+        ops::LinearWeight w = make(N, K);
+        Tensor wref = models::dequantize_linear(w);
+        Pair x = Pair::rand({M, K}, 3.0f), nw = Pair::rand({K}), b = Pair::rand({N});
+        Pair out = Pair::rand({M, N}), xs = Pair::rand({M, K});
+        const bool bias = M == 2;
+        ops::cpu::rmsnorm_linear(x.h, nw.h, eps, wref, out.h, bias ? &b.h : nullptr, xs.h);
+        ops::cuda::rmsnorm_linear(x.d, nw.d, eps, w, out.d, bias ? &b.d : nullptr, xs.d, policy);
+        EXPECT_CLOSE(out.back(), out.h, "rmsnorm_linear " + tag);
+      }
+      {
+        ops::LinearWeight w = make(2 * N, K);
+        Tensor wref = models::dequantize_linear(w);
+        for (bool norm : {false, true}) {
+          Pair x = Pair::rand({M, K}, 3.0f), nw = Pair::rand({K});
+          Pair out = Pair::rand({M, N}), gu = Pair::rand({M, 2 * N}), xs = Pair::rand({M, K});
+          ops::cpu::linear_silu_mul(x.h, wref, out.h, gu.h, norm ? &nw.h : nullptr, eps, norm ? &xs.h : nullptr);
+          ops::cuda::linear_silu_mul(x.d, w, out.d, gu.d, norm ? &nw.d : nullptr, eps, norm ? &xs.d : nullptr, policy);
+          EXPECT_CLOSE(out.back(), out.h, fmt::format("linear_silu_mul norm={} {}", norm, tag));
+        }
+      }
+      {
+        ops::LinearWeight w = make(N, K);
+        Tensor wref = models::dequantize_linear(w);
+        Pair x = Pair::rand({M, K}), r = Pair::rand({M, N}, 4.0f), sc = Pair::rand({M, N});
+        ops::cpu::linear_add(x.h, wref, r.h, sc.h);
+        ops::cuda::linear_add(x.d, w, r.d, sc.d, policy);
+        EXPECT_CLOSE(r.back(), r.h, "linear_add " + tag);
+      }
+    }
+}
+
+}  // namespace
+
+TEST(CudaOps, QuantLinearFp8DecodeFusions) {
+  TS_REQUIRE_CUDA();
+  for (const Layout& L : kLayouts)
+    for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{384, 512}, {200, 576}, {1536, 4096}}) {
+      if (L.bk == 5 && K % 32) continue;
+      const int bk = L.bk < 0 ? std::max(4, ceil_log2(K)) : L.bk;
+      check_fusions(L.name, N, K, [&](int64_t n, int64_t k) { return rand_weight(n, k, L.bn, bk, L.one_scale); });
+    }
+}
+
+TEST(CudaOps, QuantLinearNvfp4DecodeFusions) {
+  TS_REQUIRE_CUDA();
+  // K = 96 (not a multiple of 64): the unfused fallback (400 outputs: a 40-wide bf16 result's
+  // relative error sat at the 1e-2 tolerance on the unfused path itself).
+  for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{384, 512}, {200, 576}, {1536, 4096}, {400, 96}})
+    check_fusions("nvfp4", N, K, [](int64_t n, int64_t k) { return rand_nvfp4(n, k); });
 }

@@ -56,8 +56,8 @@ void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache
 void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor* wq, const Tensor* wk, float eps,
                    const Tensor& positions, const Rope& rope, Tensor& k_cache, Tensor& v_cache,
                    const Tensor& slot_mapping);
-// w bf16, or FP8 / NVFP4 kept as stored (ops/linear_weight.h): FP8 ones fuse through the
-// tensor-core W8A16 decode GEMV (quant_linear.h: fp8_decode_gemv), others run unfused.
+// w bf16, or FP8 / NVFP4 kept as stored (ops/linear_weight.h): those fuse through the
+// tensor-core decode GEMV (quant_linear.h: quant_decode_gemv) where it applies, else run unfused.
 void linear_silu_mul(const Tensor& x, const LinearWeight& w, Tensor& out, Tensor& gu_scratch,
                      const Tensor* in_norm = nullptr, float eps = 0.0f, Tensor* x_scratch = nullptr,
                      const KernelPolicy& policy = {});

@@ -365,11 +365,11 @@ bool norm_weight_ok(const Tensor* norm_w, int64_t K) {
   return norm_w && norm_w->device == Device::cuda && norm_w->dtype == DType::bf16 && norm_w->numel() == K &&
          norm_w->is_contiguous() && aligned16(norm_w->data);
 }
-// An FP8 weight kept as stored takes the tensor-core decode GEMV with this epilogue where it
-// applies (quant_linear.h), unless the policy asks for the GEMM path.
-bool fp8_fuses(const Tensor& x, const LinearWeight& w, const Tensor* norm_w, const KernelPolicy& policy) {
-  return policy.linear != LinearPath::cublaslt && fp8_decode_applies(x, w, norm_w != nullptr) &&
-         (!norm_w || norm_weight_ok(norm_w, x.size(-1)));
+// A weight kept as stored (FP8, NVFP4) takes the tensor-core decode GEMV with this epilogue where
+// it applies (quant_linear.h), unless the policy asks for the GEMM path.
+bool quant_fuses(const Tensor& x, const LinearWeight& w, const Tensor* norm_w, const KernelPolicy& policy) {
+  return policy.linear != LinearPath::cublaslt && quant_decode_applies(x, w, norm_w != nullptr) &&
+         (!norm_w || norm_weight_ok(norm_w, x.size(-1))) && !(w.quant.nvfp4 && x.rows() < quant_decode_min_rows_nvfp4());
 }
 }  // namespace
 
@@ -390,7 +390,7 @@ void linear_silu_mul(const Tensor& x, const LinearWeight& w, Tensor& out, Tensor
   TS_CHECK(N2 <= 0x7fffffff && K <= 0x7fffffff, "linear_silu_mul: too large");
   const bool norm = in_norm != nullptr;
   if (w.quantized()) {
-    if (fp8_fuses(x, w, in_norm, policy)) return fp8_decode_gemv(x, w, in_norm, eps, DecodeEpilogue::silu_mul, out);
+    if (quant_fuses(x, w, in_norm, policy)) return quant_decode_gemv(x, w, in_norm, eps, DecodeEpilogue::silu_mul, out);
   } else {
     const bool small_w = N2 * K * 2 <= kSmallBytes || policy.linear == LinearPath::gemv;
     const bool gemv = policy.linear != LinearPath::cublaslt && M <= (small_w ? kMaxMSmall : kMaxM) &&
@@ -430,8 +430,8 @@ void rmsnorm_linear(const Tensor& x, const Tensor& norm_w, float eps, const Line
   if (has_bias) check_dev(*bias, DType::bf16, "rmsnorm_linear bias");
   const bool bias_ok = !has_bias || (bias->numel() == N && bias->is_contiguous());
   if (w.quantized()) {
-    if (bias_ok && fp8_fuses(x, w, &norm_w, policy))
-      return fp8_decode_gemv(x, w, &norm_w, eps, DecodeEpilogue::store, out, has_bias ? bias : nullptr);
+    if (bias_ok && quant_fuses(x, w, &norm_w, policy))
+      return quant_decode_gemv(x, w, &norm_w, eps, DecodeEpilogue::store, out, has_bias ? bias : nullptr);
     cuda::rmsnorm(x, norm_w, eps, x_scratch);
     quant_linear(x_scratch, w, out, bias, policy);
     return;
@@ -462,7 +462,7 @@ void linear_add(const Tensor& x, const LinearWeight& w, Tensor& residual, Tensor
            scratch.shape_str());
   if (M == 0 || N == 0) return;
   if (w.quantized()) {
-    if (fp8_fuses(x, w, nullptr, policy)) return fp8_decode_gemv(x, w, nullptr, 0.0f, DecodeEpilogue::add_into, residual);
+    if (quant_fuses(x, w, nullptr, policy)) return quant_decode_gemv(x, w, nullptr, 0.0f, DecodeEpilogue::add_into, residual);
     quant_linear(x, w, scratch, nullptr, policy);
     cuda::add_inplace(residual, scratch);
     return;

@@ -20,7 +20,7 @@ namespace {
 
 // Auto policy. The tensor-core decode GEMV (tc) for 1..8 rows where it applies (k blocks >= 64,
 // K % 64 == 0, bf16 out): as fast as the CUDA-core GEMV at one row and flat to 8 rows (H200 lab
-// 2026-12-04, see fp8_decode_gemv below). Otherwise: the CUDA-core GEMV at one row (it spends ~32
+// 2026-12-04, see quant_decode_gemv below). Otherwise: the CUDA-core GEMV at one row (it spends ~32
 // ops per 16 weights per row, so past one row it is compute-bound), W8A8 (fp8gemm) from
 // kFp8GemmAutoM rows, the tensor-core mma kernel to 64 rows, the dequantized tiles above.
 // H200 lab (2026-12-02): mma at bs32/64 is 0.41-0.57x bf16 (it reloads x from L1 per 8-row tile).
@@ -28,7 +28,7 @@ constexpr int kQuantGemvAutoM = 1;   // GEMV up to here (H200 lab: M=2 is slower
 constexpr int kQuantMmaAutoM = 64;   // then mma (k blocks >= 64)
 constexpr int kQuantGemvMaxM = 8;    // else GEMV up to here, then dequantized tiles
 constexpr int kQuantGemvMaxForced = 16;
-// The tensor-core decode GEMV (fp8_decode_gemv) first, up to here, where it applies.
+// The tensor-core decode GEMV (quant_decode_gemv) first, up to here, where it applies.
 constexpr int kTcAutoM = 8;
 constexpr int kQWarps = 8;   // one output feature per warp
 // W8A8 (fp8gemm) from kW8A8MinRows rows on (ops/linear_weight.h), where the weight and checkpoint
@@ -99,6 +99,12 @@ void gemv(int M, const Tensor& x, const LinearWeight& w, const __nv_bfloat16* bi
 
 // ---- NVFP4 (W4A16) ------------------------------------------------------------------------------
 constexpr int kFp4GemvAutoM = 4;
+// NVFP4 takes the tensor-core decode GEMV from 2 rows (and the decode fusions with it, fused.cu):
+// H200 lab 2026-12-04, Llama-3.1-8B shapes, tc vs this GEMV: M=1 81.0 vs 80.7 us per layer (qkv
+// 10.4 vs 13.1, gate_up 37.8 vs 36.7, down 23.5 vs 22.4, o 9.3 vs 8.5) and 8B bs1 decode 257 vs
+// 277 tok/s through the fused flow; M=2 per layer 81 vs 140 us, M=8 84 vs 458 us (8B bs8 1685 vs
+// 512 tok/s).
+constexpr int kFp4TcAutoMinM = 2;
 
 // As fp8_gemv_kernel, 32 values (16 bytes, two E4M3 block scales) per lane load.
 template <int M, typename OutT>
@@ -290,10 +296,11 @@ void mma(const Tensor& x, const LinearWeight& w, const __nv_bfloat16* bias, OutT
   }
 }
 
-// ---- tensor-core W8A16 decode GEMV with the decode fusions (fp8_decode_gemv) ---------------------
+// ---- tensor-core W8A16 / W4A16 decode GEMV with the decode fusions (quant_decode_gemv) -----------
 // The mma kernel's arithmetic (16 output features per block, 8 warps splitting K in interleaved
 // 64-wide chunks, weights unpacked exactly to bf16, one m16n8k16 per 16 k, the block scale once
-// per chunk) for the M <= 8 rows of decode, with U chunks of loads in flight per warp (the mma
+// per chunk; NVFP4: each lane's 16 values are one group, its E4M3 scale multiplied into the
+// unpacked pairs exactly, scale2 per row at the end) for the M <= 8 rows of decode, with U chunks of loads in flight per warp (the mma
 // kernel keeps one) and the first U requested before the PDL wait (weights are never written
 // during a forward, so they stream under the previous kernel's tail); and the decode fusions'
 // prologue / epilogues, so FP8 checkpoints take the dense decoder's fused flow (blocks.h).
@@ -325,40 +332,75 @@ struct TcArgs {
   const __nv_bfloat16* norm_w;  // NORM: [K]
   float eps;
   const uint8_t* w;
-  int64_t w_ld;
-  const float* sc;
+  int64_t w_ld;  // bytes
+  const void* sc;  // FP8: f32 [ceil(N/2^bn), ceil(K/2^bk)]; NVFP4: E4M3 codes [N, K/16]
   int64_t s_ld;
-  int bn_log2, bk_log2;
+  int bn_log2, bk_log2;  // FP8
+  const float* s2;       // NVFP4: f32 [N] (weight_scale_2 per row)
   const __nv_bfloat16* bias;  // store: optional [N]
   __nv_bfloat16* out;
   int64_t out_ld;
   int N, K;  // N outputs (silu_mul: the weight has 2N rows)
 };
 
-template <bool NORM, int EPI>
-__global__ void __launch_bounds__(kTcWarps * 32) fp8_tc_gemv_kernel(TcArgs a) {
+// Byte p of v (two e2m1 nibbles: element 2i low, 2i + 1 high) as bf16x2 times f, exactly: the bit
+// move gives e2m1 x 2^-126 (bf16 exponent field = e2m1's, subnormal 0.5 included), f = the group
+// scale x 2^118 (e4m3 x 2^118 < 2^127, exact in bf16), so the product e2m1 x scale x 2^-8 has at
+// most 6 significant bits and a normal exponent: exact; the 2^8 goes onto the row's scale2.
+template <int P>
+__device__ __forceinline__ uint32_t e2m1x2_bf16x2(uint32_t v, __nv_bfloat162 f) {
+  const uint32_t b = v >> (8 * P);
+  const uint32_t t = (b & 0xfu) | ((b & 0xf0u) << 12);                            // nibbles at bits 0, 16
+  const uint32_t r = ((t & 0x00080008u) << 12) | ((t & 0x00070007u) << 6);      // e2m1 x 2^-126
+  __nv_bfloat162 h = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&r), f);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+__device__ __forceinline__ uint2 ld_stream8(const void* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+
+// The weight bytes of one lane's 16 values of one row: FP8 16 bytes, NVFP4 8.
+template <bool FP4>
+struct TcVec;
+template <>
+struct TcVec<false> {
+  uint4 v;
+};
+template <>
+struct TcVec<true> {
+  uint2 v;
+};
+
+template <bool NORM, int EPI, bool FP4>
+__global__ void __launch_bounds__(kTcWarps * 32) quant_tc_gemv_kernel(TcArgs a) {
   constexpr int R = EPI == int(DecodeEpilogue::silu_mul) ? 2 : 1;  // weight row sets (gate, up)
-  constexpr int U = R == 2 ? 2 : 4;                               // chunks in flight per warp
-  extern __shared__ __align__(16) unsigned char tc_smem[];        // NORM: x normalised [M, K]
+  // Chunks in flight per warp: 4 (FP8: 128 bytes per lane; NVFP4: 64) with one row set, 2 with two.
+  constexpr int U = R == 2 ? 2 : 4;
+  extern __shared__ __align__(16) unsigned char tc_smem[];  // NORM: x normalised [M, K]
   __shared__ float red[kTcWarps][R][4][32];
   __shared__ float nred[32];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int64_t n0 = int64_t(blockIdx.x) * kTcRows;
-  // This lane's weight rows: features n0 + g (h = 0) and n0 + g + 8 (h = 1) of each row set.
+  // This lane's weight rows: features n0 + g (h = 0) and n0 + g + 8 (h = 1) of each row set, at
+  // its 16 values (t) of the first chunk; and their scales.
   const uint8_t* wp[R][2];
-  const float* sp[R][2];
+  const uint8_t* sp[R][2];  // FP8: the row block's f32 scales; NVFP4: the row's E4M3 codes
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t f = n0 + g + 8 * h;
       const int64_t row = (f < a.N ? f : 0) + int64_t(r) * a.N;
-      wp[r][h] = a.w + row * a.w_ld + t * 16;
-      sp[r][h] = a.sc + (row >> a.bn_log2) * a.s_ld;
+      wp[r][h] = a.w + row * a.w_ld + t * (FP4 ? 8 : 16);
+      if constexpr (FP4) sp[r][h] = static_cast<const uint8_t*>(a.sc) + row * a.s_ld + t;
+      else sp[r][h] = reinterpret_cast<const uint8_t*>(static_cast<const float*>(a.sc) + (row >> a.bn_log2) * a.s_ld);
     }
   const int nchunks = a.K / kTcChunk;
-  uint4 wv[U][R][2];
-  float sv[U][R][2];
+  TcVec<FP4> wv[U][R][2];
+  float sv[U][R][2];  // FP8: the chunk's block scale; NVFP4: the lane's group scale x 2^118
   auto load = [&](int c0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -368,8 +410,13 @@ __global__ void __launch_bounds__(kTcWarps * 32) fp8_tc_gemv_kernel(TcArgs a) {
       for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          wv[u][r][h] = in ? ld_stream(wp[r][h] + int64_t(c) * kTcChunk) : make_uint4(0, 0, 0, 0);
-          sv[u][r][h] = in ? __ldg(sp[r][h] + ((c * kTcChunk) >> a.bk_log2)) : 0.0f;
+          if constexpr (FP4) {
+            wv[u][r][h].v = in ? ld_stream8(wp[r][h] + int64_t(c) * (kTcChunk / 2)) : make_uint2(0, 0);
+            sv[u][r][h] = in ? e4m3_value(__ldg(sp[r][h] + c * (kTcChunk / 16))) * 0x1p118f : 0.0f;
+          } else {
+            wv[u][r][h].v = in ? ld_stream(wp[r][h] + int64_t(c) * kTcChunk) : make_uint4(0, 0, 0, 0);
+            sv[u][r][h] = in ? __ldg(reinterpret_cast<const float*>(sp[r][h]) + ((c * kTcChunk) >> a.bk_log2)) : 0.0f;
+          }
         }
     }
   };
@@ -405,17 +452,35 @@ __global__ void __launch_bounds__(kTcWarps * 32) fp8_tc_gemv_kernel(TcArgs a) {
       const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        const uint32_t lo[4] = {wv[u][r][0].x, wv[u][r][0].y, wv[u][r][0].z, wv[u][r][0].w};
-        const uint32_t hi[4] = {wv[u][r][1].x, wv[u][r][1].y, wv[u][r][1].z, wv[u][r][1].w};
         float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if constexpr (FP4) {
+          // MMA step st takes the lane's values 4st..4st+3: bytes 2st, 2st + 1 of its 8.
+          const __nv_bfloat162 fl = __float2bfloat162_rn(sv[u][r][0]), fh = __float2bfloat162_rn(sv[u][r][1]);
+          const uint32_t lo[2] = {wv[u][r][0].v.x, wv[u][r][0].v.y}, hi[2] = {wv[u][r][1].v.x, wv[u][r][1].v.y};
 #pragma unroll
-        for (int st = 0; st < 4; ++st)
-          mma_bf16(p, e4m3x2_bf16x2<0x1404>(lo[st]), e4m3x2_bf16x2<0x1404>(hi[st]), e4m3x2_bf16x2<0x3424>(lo[st]),
-                   e4m3x2_bf16x2<0x3424>(hi[st]), xw[2 * st], xw[2 * st + 1]);
-        acc[r][0] = fmaf(p[0], sv[u][r][0], acc[r][0]);
-        acc[r][1] = fmaf(p[1], sv[u][r][0], acc[r][1]);
-        acc[r][2] = fmaf(p[2], sv[u][r][1], acc[r][2]);
-        acc[r][3] = fmaf(p[3], sv[u][r][1], acc[r][3]);
+          for (int st = 0; st < 4; ++st) {
+            const uint32_t wl = lo[st >> 1], wh = hi[st >> 1];
+            if (st % 2 == 0)
+              mma_bf16(p, e2m1x2_bf16x2<0>(wl, fl), e2m1x2_bf16x2<0>(wh, fh), e2m1x2_bf16x2<1>(wl, fl),
+                       e2m1x2_bf16x2<1>(wh, fh), xw[2 * st], xw[2 * st + 1]);
+            else
+              mma_bf16(p, e2m1x2_bf16x2<2>(wl, fl), e2m1x2_bf16x2<2>(wh, fh), e2m1x2_bf16x2<3>(wl, fl),
+                       e2m1x2_bf16x2<3>(wh, fh), xw[2 * st], xw[2 * st + 1]);
+          }
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[r][i] += p[i];
+        } else {
+          const uint32_t lo[4] = {wv[u][r][0].v.x, wv[u][r][0].v.y, wv[u][r][0].v.z, wv[u][r][0].v.w};
+          const uint32_t hi[4] = {wv[u][r][1].v.x, wv[u][r][1].v.y, wv[u][r][1].v.z, wv[u][r][1].v.w};
+#pragma unroll
+          for (int st = 0; st < 4; ++st)
+            mma_bf16(p, e4m3x2_bf16x2<0x1404>(lo[st]), e4m3x2_bf16x2<0x1404>(hi[st]), e4m3x2_bf16x2<0x3424>(lo[st]),
+                     e4m3x2_bf16x2<0x3424>(hi[st]), xw[2 * st], xw[2 * st + 1]);
+          acc[r][0] = fmaf(p[0], sv[u][r][0], acc[r][0]);
+          acc[r][1] = fmaf(p[1], sv[u][r][0], acc[r][1]);
+          acc[r][2] = fmaf(p[2], sv[u][r][1], acc[r][2]);
+          acc[r][3] = fmaf(p[3], sv[u][r][1], acc[r][3]);
+        }
       }
     }
   }
@@ -437,6 +502,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) fp8_tc_gemv_kernel(TcArgs a) {
       v[r] = 0.0f;
 #pragma unroll
       for (int ww = 0; ww < kTcWarps; ++ww) v[r] += red[ww][r][i][l];
+      if constexpr (FP4) v[r] *= a.s2[n + int64_t(r) * a.N] * 256.0f;  // the row's scale2 and the 2^8
     }
     __nv_bfloat16* op = a.out + m * a.out_ld + n;
     if constexpr (EPI == int(DecodeEpilogue::silu_mul)) {
@@ -452,9 +518,11 @@ __global__ void __launch_bounds__(kTcWarps * 32) fp8_tc_gemv_kernel(TcArgs a) {
 }
 
 template <bool NORM, int EPI>
-void tc_launch(const TcArgs& a) {
+void tc_launch(const TcArgs& a, bool fp4) {
   const size_t smem = NORM ? size_t(a.M) * size_t(a.K) * 2 : 0;
-  launch(fp8_tc_gemv_kernel<NORM, EPI>, dim3(unsigned(ceil_div(a.N, kTcRows))), dim3(kTcWarps * 32), smem, true, a);
+  const dim3 grid(unsigned(ceil_div(a.N, kTcRows))), block(kTcWarps * 32);
+  if (fp4) launch(quant_tc_gemv_kernel<NORM, EPI, true>, grid, block, smem, true, a);
+  else launch(quant_tc_gemv_kernel<NORM, EPI, false>, grid, block, smem, true, a);
 }
 
 // out [rows, K] bf16 = rows [row0, row0 + rows) of W dequantized; one thread per 16 values.
@@ -559,39 +627,41 @@ bool fp8_gemm_applies(const LinearWeight& w) {
          aligned16(w.data);
 }
 
-bool fp8_decode_applies(const Tensor& x, const LinearWeight& w, bool norm) {
+bool quant_decode_applies(const Tensor& x, const LinearWeight& w, bool norm) {
   const QuantScales& q = w.quant;
   const int64_t M = x.rows(), K = x.size(-1);
-  return w.quantized() && !q.nvfp4 && w.dtype == DType::f8_e4m3 && w.ndim == 2 && w.device == Device::cuda &&
-         q.block_k_log2 >= 6 && w.size(1) == K && K % kTcChunk == 0 && K <= 0x7fffffff && w.size(0) <= 0x7fffffff &&
-         w.row_stride() % 16 == 0 && aligned16(w.data) && x.device == Device::cuda && x.dtype == DType::bf16 &&
-         M >= 1 && M <= kTcMaxM && vec8_ok(x.data, K, x.row_stride()) &&
-         (!norm || size_t(M) * size_t(K) * 2 <= kTcNormSmem);
+  const bool fmt = q.nvfp4 ? w.dtype == DType::u8 && q.scale.dtype == DType::f8_e4m3 && q.scale2.data &&
+                                 w.row_stride() % 8 == 0 && q.scale.row_stride() >= K / 16
+                           : w.dtype == DType::f8_e4m3 && q.block_k_log2 >= 6 && w.row_stride() % 16 == 0;
+  return w.quantized() && fmt && w.ndim == 2 && w.device == Device::cuda && w.in_features() == K &&
+         K % kTcChunk == 0 && K <= 0x7fffffff && w.size(0) <= 0x7fffffff && aligned16(w.data) &&
+         x.device == Device::cuda && x.dtype == DType::bf16 && M >= 1 && M <= kTcMaxM &&
+         vec8_ok(x.data, K, x.row_stride()) && (!norm || size_t(M) * size_t(K) * 2 <= kTcNormSmem);
 }
 
-void fp8_decode_gemv(const Tensor& x, const LinearWeight& w, const Tensor* norm_w, float eps, DecodeEpilogue epi,
+void quant_decode_gemv(const Tensor& x, const LinearWeight& w, const Tensor* norm_w, float eps, DecodeEpilogue epi,
                      Tensor& out, const Tensor* bias) {
   const bool norm = norm_w != nullptr;
-  TS_CHECK(fp8_decode_applies(x, w, norm), "fp8_decode_gemv: x {} w {} ({}, k block 2^{}) does not apply", x.shape_str(),
+  TS_CHECK(quant_decode_applies(x, w, norm), "quant_decode_gemv: x {} w {} ({}, k block 2^{}) does not apply", x.shape_str(),
            w.shape_str(), w.quant.format, w.quant.block_k_log2);
   check_weight(w);
-  check_dev(out, DType::bf16, "fp8_decode_gemv out");
+  check_dev(out, DType::bf16, "quant_decode_gemv out");
   const int64_t M = x.rows(), K = x.size(-1), rows = w.size(0);
   const bool glu = epi == DecodeEpilogue::silu_mul;
-  TS_CHECK(!glu || rows % 2 == 0, "fp8_decode_gemv: silu_mul needs [2I, K] gate|up rows, got {}", w.shape_str());
+  TS_CHECK(!glu || rows % 2 == 0, "quant_decode_gemv: silu_mul needs [2I, K] gate|up rows, got {}", w.shape_str());
   const int64_t N = glu ? rows / 2 : rows;
-  TS_CHECK(out.rows() == M && out.size(-1) == N && out.stride[out.ndim - 1] == 1, "fp8_decode_gemv: out {} for [{}, {}]",
+  TS_CHECK(out.rows() == M && out.size(-1) == N && out.stride[out.ndim - 1] == 1, "quant_decode_gemv: out {} for [{}, {}]",
            out.shape_str(), M, N);
   if (norm) {
-    check_dev(*norm_w, DType::bf16, "fp8_decode_gemv norm");
+    check_dev(*norm_w, DType::bf16, "quant_decode_gemv norm");
     TS_CHECK(norm_w->numel() == K && norm_w->is_contiguous() && aligned16(norm_w->data),
-             "fp8_decode_gemv: norm weight {} for K={}", norm_w->shape_str(), K);
+             "quant_decode_gemv: norm weight {} for K={}", norm_w->shape_str(), K);
   }
   const bool has_bias = bias && bias->data;
-  TS_CHECK(!has_bias || epi == DecodeEpilogue::store, "fp8_decode_gemv: a bias only with the store epilogue");
+  TS_CHECK(!has_bias || epi == DecodeEpilogue::store, "quant_decode_gemv: a bias only with the store epilogue");
   if (has_bias) {
-    check_dev(*bias, DType::bf16, "fp8_decode_gemv bias");
-    TS_CHECK(bias->numel() == N && bias->is_contiguous(), "fp8_decode_gemv: bias {} for N={}", bias->shape_str(), N);
+    check_dev(*bias, DType::bf16, "quant_decode_gemv bias");
+    TS_CHECK(bias->numel() == N && bias->is_contiguous(), "quant_decode_gemv: bias {} for N={}", bias->shape_str(), N);
   }
   if (N == 0) return;
   TcArgs a{};
@@ -602,10 +672,12 @@ void fp8_decode_gemv(const Tensor& x, const LinearWeight& w, const Tensor* norm_
   a.eps = eps;
   a.w = w.ptr<uint8_t>();
   a.w_ld = w.row_stride();
-  a.sc = w.quant.scale.ptr<float>();
-  a.s_ld = w.quant.scale.size(1);
+  const bool fp4 = w.quant.nvfp4;
+  a.sc = w.quant.scale.data;
+  a.s_ld = fp4 ? w.quant.scale.row_stride() : w.quant.scale.size(1);
   a.bn_log2 = w.quant.block_n_log2;
   a.bk_log2 = w.quant.block_k_log2;
+  a.s2 = fp4 ? w.quant.scale2.ptr<float>() : nullptr;
   a.bias = has_bias ? bias->ptr<__nv_bfloat16>() : nullptr;
   a.out = out.ptr<__nv_bfloat16>();
   a.out_ld = out.row_stride();
@@ -613,12 +685,13 @@ void fp8_decode_gemv(const Tensor& x, const LinearWeight& w, const Tensor* norm_
   a.K = int(K);
   constexpr int kS = int(DecodeEpilogue::store), kG = int(DecodeEpilogue::silu_mul), kA = int(DecodeEpilogue::add_into);
   switch (epi) {
-    case DecodeEpilogue::store: return norm ? tc_launch<true, kS>(a) : tc_launch<false, kS>(a);
-    case DecodeEpilogue::silu_mul: return norm ? tc_launch<true, kG>(a) : tc_launch<false, kG>(a);
-    case DecodeEpilogue::add_into: return norm ? tc_launch<true, kA>(a) : tc_launch<false, kA>(a);
+    case DecodeEpilogue::store: return norm ? tc_launch<true, kS>(a, fp4) : tc_launch<false, kS>(a, fp4);
+    case DecodeEpilogue::silu_mul: return norm ? tc_launch<true, kG>(a, fp4) : tc_launch<false, kG>(a, fp4);
+    case DecodeEpilogue::add_into: return norm ? tc_launch<true, kA>(a, fp4) : tc_launch<false, kA>(a, fp4);
   }
 }
 
+int64_t quant_decode_min_rows_nvfp4() { return kFp4TcAutoMinM; }
 Fp8ScaleOrder fp8_scale_order() { return kFp8Order; }
 bool fp8_gemm_automatic() { return kFp8GemmAuto; }
 
@@ -699,9 +772,14 @@ void quant_linear_kernel(const Tensor& x, const LinearWeight& w, Tensor& out, co
   const int64_t ldc = out.row_stride();
   const bool vec_ok = vec8_ok(x.data, K, x.row_stride());
   const bool gemv_ok = vec_ok && M <= kQuantGemvMaxForced;
+  const bool tc_ok = !f32out && quant_decode_applies(x, w, false);
   if (w.quant.nvfp4) {
-    if (kernel == QuantKernel::automatic) kernel = M <= kFp4GemvAutoM ? QuantKernel::gemv : QuantKernel::tiles;
-    if (kernel != QuantKernel::tiles && gemv_ok) {  // no tensor-core form yet: mma means the GEMV
+    if (kernel == QuantKernel::automatic)
+      kernel = M >= kFp4TcAutoMinM && M <= kTcAutoM && tc_ok ? QuantKernel::tc
+               : M <= kFp4GemvAutoM                          ? QuantKernel::gemv
+                                                             : QuantKernel::tiles;
+    if (kernel == QuantKernel::tc && tc_ok) return quant_decode_gemv(x, w, nullptr, 0.0f, DecodeEpilogue::store, out, bias);
+    if (kernel != QuantKernel::tiles && gemv_ok) {  // mma means the GEMV (the tensor-core form is tc)
       if (f32out) fp4_gemv(int(M), x, w, bp, out.ptr<float>(), ldc);
       else fp4_gemv(int(M), x, w, bp, out.ptr<__nv_bfloat16>(), ldc);
       return;
@@ -711,7 +789,6 @@ void quant_linear_kernel(const Tensor& x, const LinearWeight& w, Tensor& out, co
   const bool mma_ok = vec_ok && M <= 8 * kMmaMaxTiles && w.quant.block_k_log2 >= 6;
   const bool fp8_ok = !f32out && fp8_gemm_applies(w) && x.ndim == 2 && out.ndim == 2 && x.row_stride() % 4 == 0 &&
                       reinterpret_cast<uintptr_t>(x.data) % 8 == 0 && (!bp || aligned16(bp));
-  const bool tc_ok = !f32out && fp8_decode_applies(x, w, false);
   if (kernel == QuantKernel::automatic)
     kernel = M <= kTcAutoM && tc_ok          ? QuantKernel::tc
              : M <= kQuantGemvAutoM && gemv_ok ? QuantKernel::gemv
@@ -759,7 +836,7 @@ void quant_linear_kernel(const Tensor& x, const LinearWeight& w, Tensor& out, co
     if (done) return;
     kernel = QuantKernel::tiles;  // no cuBLASLt algorithm for this shape
   }
-  if (kernel == QuantKernel::tc && tc_ok) return fp8_decode_gemv(x, w, nullptr, 0.0f, DecodeEpilogue::store, out, bias);
+  if (kernel == QuantKernel::tc && tc_ok) return quant_decode_gemv(x, w, nullptr, 0.0f, DecodeEpilogue::store, out, bias);
   if (kernel == QuantKernel::gemv && gemv_ok) {
     if (f32out) gemv(int(M), x, w, bp, out.ptr<float>(), ldc);
     else gemv(int(M), x, w, bp, out.ptr<__nv_bfloat16>(), ldc);

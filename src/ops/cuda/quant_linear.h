@@ -1,7 +1,7 @@
 // CUDA linears over quantized weights kept as stored (ops/linear_weight.h). Plain C++ header.
 //  Decode (small M): FP8 rows streamed with 16-byte loads and dequantized in registers (W8A16,
 //   fp32 accumulation): the tensor-core decode GEMV for 1..8 rows (also the decode fusions'
-//   kernel, fp8_decode_gemv), a CUDA-core GEMV, or the tensor-core mma kernel to 64 rows: decode
+//   kernel, quant_decode_gemv), a CUDA-core GEMV, or the tensor-core mma kernel to 64 rows: decode
 //   reads 1 byte per weight. Policy gemv forces the GEMV (M <= 16), cublaslt the tiles.
 //  Otherwise (prefill): row tiles of W are dequantized to bf16 into scratch (workspace(3), at most
 //   64 MB) and multiplied by the bf16 GEMM (cuBLASLt).
@@ -22,21 +22,26 @@ void quant_linear(const Tensor& x, const LinearWeight& w, Tensor& out, const Ten
 // fp8gemm: W8A8 — activations quantized per token and 128 channels, then the block-scaled FP8
 // GEMM (cuBLASLt; 128x128 weight blocks of a checkpoint that declares dynamic FP8 activations,
 // K % 128 == 0, bf16 out); automatic from kFp8GemmAutoM rows (quant_linear.cu).
-// tc: the tensor-core W8A16 decode GEMV (fp8_decode_gemv below, store epilogue; M <= 8, bf16 out).
+// tc: the tensor-core decode GEMV (quant_decode_gemv below, store epilogue; M <= 8, bf16 out; FP8
+// and NVFP4).
 enum class QuantKernel { automatic, gemv, mma, tiles, fp8gemm, tc };
 void quant_linear_kernel(const Tensor& x, const LinearWeight& w, Tensor& out, const Tensor* bias, QuantKernel kernel);
-// The decode fusions over FP8 weights kept as stored (ops::rmsnorm_linear, linear_silu_mul,
-// linear_add; fused.cu): one tensor-core W8A16 GEMV launch (quant_linear.cu) with
+// The decode fusions over FP8 and NVFP4 weights kept as stored (ops::rmsnorm_linear,
+// linear_silu_mul, linear_add; fused.cu): one tensor-core W8A16 / W4A16 GEMV launch
+// (quant_linear.cu), also QuantKernel::tc, with
 //  store:    out [M, N] = bf16(acc + bias);
 //  silu_mul: w [2N, K] (gate rows then up rows), out [M, N] = bf16(silu(bf16(gate)) * bf16(up));
 //  add_into: out [M, N] = bf16(out + bf16(acc)) (the residual add);
 // where acc = x @ W^T, x first RMS-normalised (times *norm_w, eps) when norm_w is given.
 enum class DecodeEpilogue { store, silu_mul, add_into };
-// Whether fp8_decode_gemv takes x [M, K] (bf16, 1 <= M <= 8, 16-byte aligned rows) times w: FP8
-// (not NVFP4) with k blocks of >= 64 (block-128, per-channel, per-tensor; not MXFP8), K % 64 == 0;
+// Whether quant_decode_gemv takes x [M, K] (bf16, 1 <= M <= 8, 16-byte aligned rows) times w: FP8
+// with k blocks of >= 64 (block-128, per-channel, per-tensor; not MXFP8) or NVFP4, K % 64 == 0;
 // with the norm prologue also M * K * 2 bytes <= 48 KB (shared memory).
-bool fp8_decode_applies(const Tensor& x, const LinearWeight& w, bool norm);
-void fp8_decode_gemv(const Tensor& x, const LinearWeight& w, const Tensor* norm_w, float eps, DecodeEpilogue epi,
+bool quant_decode_applies(const Tensor& x, const LinearWeight& w, bool norm);
+// NVFP4 weights take it (automatically, and in the fusions) from this many rows; one row keeps
+// the CUDA-core W4A16 GEMV (as fast per layer, faster end to end on the H200).
+int64_t quant_decode_min_rows_nvfp4();
+void quant_decode_gemv(const Tensor& x, const LinearWeight& w, const Tensor* norm_w, float eps, DecodeEpilogue epi,
                      Tensor& out, const Tensor* bias = nullptr);
 // Whether the fp8gemm kernel applies to w (weight-side conditions; M and the device's cuBLASLt
 // decide at the call, falling back to tiles).

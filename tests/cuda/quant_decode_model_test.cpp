@@ -1,8 +1,8 @@
-// FP8 decode through the dense decoder's fused flow on CUDA (models/blocks.h:
-// dense_decoder_forward_fused at 1-2 rows): a random FP8 block-128 Llama (and a per-channel one)
-// whose decode rows run rmsnorm_linear / linear_silu_mul / linear_add over the stored FP8 weights
-// (the tensor-core W8A16 decode GEMV, quant_linear.cu), against the CPU oracle (dequantized
-// weights, fp32). Two sequences prefilled on each backend, then decode steps of 1 and 2 rows;
+// Quantized decode through the dense decoder's fused flow on CUDA (models/blocks.h:
+// dense_decoder_forward_fused at 1-2 rows): random Llamas in FP8 block-128, FP8 per-channel and
+// NVFP4 whose decode rows run rmsnorm_linear / linear_silu_mul / linear_add over the stored
+// weights (the tensor-core W8A16 / W4A16 decode GEMV, quant_linear.cu), against the CPU oracle
+// (dequantized weights, fp32). Two sequences prefilled on each backend, then decode steps of 1 and 2 rows;
 // the weight-only rule: max |logit diff| <= 0.1 (bf16 activations vs fp32) and the same
 // greedy token.
 #include <gtest/gtest.h>
@@ -65,10 +65,10 @@ Tensor decode_logits(const std::shared_ptr<models::Model>& m) {
 
 }  // namespace
 
-TEST(CudaFp8Model, DecodeThroughTheFusedFlowMatchesTheCpu) {
+TEST(CudaQuantModel, DecodeThroughTheFusedFlowMatchesTheCpu) {
   TS_REQUIRE_CUDA();
-  for (const char* quant : {"fp8", "fp8-channel"}) {
-    const fs::path dir = fs::temp_directory_path() / (std::string("ts_fp8_decode_") + std::to_string(::getpid()));
+  for (const char* quant : {"fp8", "fp8-channel", "nvfp4"}) {
+    const fs::path dir = fs::temp_directory_path() / (std::string("ts_quant_decode_") + std::to_string(::getpid()));
     fs::remove_all(dir);
     test::write_small_llama(dir.string(), quant, 2, 1536);
     models::LoadOptions cpu, gpu;
