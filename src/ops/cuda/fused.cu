@@ -280,9 +280,15 @@ void gemv_fused(int M, bool norm, int epi, const GemvArgs& a) {
   fail("gemv_fused: no kernel for M={} norm={} epilogue={}", M, norm, epi);
 }
 
+// The norm weight the fused prologues read (both GEMV families): bf16 [K] on the GPU, 16-byte
+// aligned.
+bool norm_weight_ok(const Tensor* norm_w, int64_t K) {
+  return norm_w && norm_w->device == Device::cuda && norm_w->dtype == DType::bf16 && norm_w->numel() == K &&
+         norm_w->is_contiguous() && aligned16(norm_w->data);
+}
+
 bool norm_fusable(int64_t M, const Tensor& x, const Tensor* norm_w) {
-  return M <= kNormMaxM && size_t(M) * size_t(x.size(-1)) * 2 <= kNormSmem && norm_w && norm_w->device == Device::cuda &&
-         norm_w->dtype == DType::bf16 && norm_w->numel() == x.size(-1) && aligned16(norm_w->data);
+  return M <= kNormMaxM && size_t(M) * size_t(x.size(-1)) * 2 <= kNormSmem && norm_weight_ok(norm_w, x.size(-1));
 }
 
 GemvArgs gemv_args(const Tensor& x, const Tensor& w, Tensor& out, int N) {
@@ -360,11 +366,6 @@ void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor* wq, cons
 bool fuses_norm_gemv(int64_t rows) { return rows >= 1 && rows <= kNormMaxM; }
 
 namespace {
-// The norm weight the fused prologues read: bf16 [K] on the GPU, 16-byte aligned.
-bool norm_weight_ok(const Tensor* norm_w, int64_t K) {
-  return norm_w && norm_w->device == Device::cuda && norm_w->dtype == DType::bf16 && norm_w->numel() == K &&
-         norm_w->is_contiguous() && aligned16(norm_w->data);
-}
 // A weight kept as stored (FP8, NVFP4) takes the tensor-core decode GEMV with this epilogue where
 // it applies (quant_linear.h), unless the policy asks for the GEMM path.
 bool quant_fuses(const Tensor& x, const LinearWeight& w, const Tensor* norm_w, const KernelPolicy& policy) {
