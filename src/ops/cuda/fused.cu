@@ -369,8 +369,8 @@ namespace {
 // A weight kept as stored (FP8, NVFP4) takes the tensor-core decode GEMV with this epilogue where
 // it applies (quant_linear.h), unless the policy asks for the GEMM path.
 bool quant_fuses(const Tensor& x, const LinearWeight& w, const Tensor* norm_w, const KernelPolicy& policy) {
-  return policy.linear != LinearPath::cublaslt && quant_decode_applies(x, w, norm_w != nullptr) &&
-         (!norm_w || norm_weight_ok(norm_w, x.size(-1))) && !(w.quant.nvfp4 && x.rows() < quant_decode_min_rows_nvfp4());
+  return policy.linear != LinearPath::cublaslt && quant_decode_automatic(x, w, norm_w != nullptr) &&
+         (!norm_w || norm_weight_ok(norm_w, x.size(-1)));
 }
 }  // namespace
 

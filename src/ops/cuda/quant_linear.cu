@@ -28,8 +28,6 @@ constexpr int kQuantGemvAutoM = 1;   // GEMV up to here (H200 lab: M=2 is slower
 constexpr int kQuantMmaAutoM = 64;   // then mma (k blocks >= 64)
 constexpr int kQuantGemvMaxM = 8;    // else GEMV up to here, then dequantized tiles
 constexpr int kQuantGemvMaxForced = 16;
-// The tensor-core decode GEMV (quant_decode_gemv) first, up to here, where it applies.
-constexpr int kTcAutoM = 8;
 constexpr int kQWarps = 8;   // one output feature per warp
 // W8A8 (fp8gemm) from kW8A8MinRows rows on (ops/linear_weight.h), where the weight and checkpoint
 // allow it (see fp8_gemm_applies): the FP8 tensor cores run at twice the bf16 rate and read 1 byte
@@ -691,7 +689,10 @@ void quant_decode_gemv(const Tensor& x, const LinearWeight& w, const Tensor* nor
   }
 }
 
-int64_t quant_decode_min_rows_nvfp4() { return kFp4TcAutoMinM; }
+bool quant_decode_automatic(const Tensor& x, const LinearWeight& w, bool norm) {
+  return quant_decode_applies(x, w, norm) && (!w.quant.nvfp4 || x.rows() >= kFp4TcAutoMinM);
+}
+
 Fp8ScaleOrder fp8_scale_order() { return kFp8Order; }
 bool fp8_gemm_automatic() { return kFp8GemmAuto; }
 
@@ -773,11 +774,10 @@ void quant_linear_kernel(const Tensor& x, const LinearWeight& w, Tensor& out, co
   const bool vec_ok = vec8_ok(x.data, K, x.row_stride());
   const bool gemv_ok = vec_ok && M <= kQuantGemvMaxForced;
   const bool tc_ok = !f32out && quant_decode_applies(x, w, false);
+  const bool tc_auto = !f32out && quant_decode_automatic(x, w, false);
   if (w.quant.nvfp4) {
     if (kernel == QuantKernel::automatic)
-      kernel = M >= kFp4TcAutoMinM && M <= kTcAutoM && tc_ok ? QuantKernel::tc
-               : M <= kFp4GemvAutoM                          ? QuantKernel::gemv
-                                                             : QuantKernel::tiles;
+      kernel = tc_auto ? QuantKernel::tc : M <= kFp4GemvAutoM ? QuantKernel::gemv : QuantKernel::tiles;
     if (kernel == QuantKernel::tc && tc_ok) return quant_decode_gemv(x, w, nullptr, 0.0f, DecodeEpilogue::store, out, bias);
     if (kernel != QuantKernel::tiles && gemv_ok) {  // mma means the GEMV (the tensor-core form is tc)
       if (f32out) fp4_gemv(int(M), x, w, bp, out.ptr<float>(), ldc);
@@ -790,7 +790,7 @@ void quant_linear_kernel(const Tensor& x, const LinearWeight& w, Tensor& out, co
   const bool fp8_ok = !f32out && fp8_gemm_applies(w) && x.ndim == 2 && out.ndim == 2 && x.row_stride() % 4 == 0 &&
                       reinterpret_cast<uintptr_t>(x.data) % 8 == 0 && (!bp || aligned16(bp));
   if (kernel == QuantKernel::automatic)
-    kernel = M <= kTcAutoM && tc_ok          ? QuantKernel::tc
+    kernel = tc_auto                          ? QuantKernel::tc
              : M <= kQuantGemvAutoM && gemv_ok ? QuantKernel::gemv
              : kFp8GemmAuto && M >= kFp8GemmAutoM && fp8_ok ? QuantKernel::fp8gemm
              : M <= kQuantMmaAutoM && mma_ok  ? QuantKernel::mma

@@ -38,9 +38,10 @@ enum class DecodeEpilogue { store, silu_mul, add_into };
 // with k blocks of >= 64 (block-128, per-channel, per-tensor; not MXFP8) or NVFP4, K % 64 == 0;
 // with the norm prologue also M * K * 2 bytes <= 48 KB (shared memory).
 bool quant_decode_applies(const Tensor& x, const LinearWeight& w, bool norm);
-// NVFP4 weights take it (automatically, and in the fusions) from this many rows; one row keeps
-// the CUDA-core W4A16 GEMV (as fast per layer, faster end to end on the H200).
-int64_t quant_decode_min_rows_nvfp4();
+// Whether QuantKernel::automatic and the decode fusions take it: wherever it applies, except
+// NVFP4 at one row, which keeps the CUDA-core W4A16 GEMV (as fast per layer, faster end to end on
+// the H200; quant_linear.cu).
+bool quant_decode_automatic(const Tensor& x, const LinearWeight& w, bool norm);
 void quant_decode_gemv(const Tensor& x, const LinearWeight& w, const Tensor* norm_w, float eps, DecodeEpilogue epi,
                      Tensor& out, const Tensor* bias = nullptr);
 // Whether the fp8gemm kernel applies to w (weight-side conditions; M and the device's cuBLASLt
