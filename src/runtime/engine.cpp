@@ -4,6 +4,7 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
+#include <ctime>
 #include <future>
 #include <random>
 #include <unordered_set>
@@ -270,8 +271,25 @@ class EngineImpl {
   std::vector<std::shared_ptr<Request>> jump_wait_;
   void finish(Request& r, FinishReason why, StreamEvent& ev);
   void emit(Request& r, StreamEvent& ev);
+  StreamOutbox outbox_;  // emit()'s wakes, run once per loop iteration
+  // The event a result row builds, reused row after row: emit() hands it to the stream and gets
+  // a consumed event's buffers back, so a steady step allocates no event.
+  StreamEvent row_event_;
+  StreamEvent& row_event() {
+    row_event_.reset();
+    return row_event_;
+  }
   void fail_request(Request& r, const std::string& msg);
   void update_metrics(double host_us);
+  // The CPU backend's host-tier copies since the last call, in us (run inline: device work there).
+  double inline_copy_us() { return store ? store->take_inline_copy_seconds() * 1e6 : 0.0; }
+  // This thread's CPU time in us: the host-time figures count the engine's own work, not the
+  // time it waits or is descheduled (a 2-core machine running a CPU forward beside it).
+  static double thread_cpu_us() {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) * 1e6 + double(ts.tv_nsec) * 1e-3;
+  }
   void start_graphs(const EngineOptions& o, const SchedulerOptions& so);
   void refresh_gauges();  // running/waiting/KV usage
   void start_kvstore(const EngineOptions& o);
@@ -724,6 +742,7 @@ void EngineImpl::loop() {
       intake();
       if (!sched->idle()) step();
       else drain();
+      outbox_.flush();
     } catch (const std::exception& e) {
       // A failed step fails the requests in it; the engine keeps serving.
       spdlog::error("engine step failed: {}", e.what());
@@ -738,6 +757,7 @@ void EngineImpl::loop() {
       }
       for (auto& r : sched->running()) fail_request(*r, e.what());
       sched->reap();
+      outbox_.flush();
     }
   }
   try {
@@ -748,6 +768,7 @@ void EngineImpl::loop() {
   for (auto& r : sched->waiting()) fail_request(*r, "server shutting down");
   for (auto& r : jump_wait_) fail_request(*r, "server shutting down");
   jump_wait_.clear();
+  outbox_.flush();
   std::lock_guard<std::mutex> lk(mu_);
   for (auto& run : passes_) run(false);
   passes_.clear();
@@ -832,7 +853,7 @@ bool EngineImpl::overlap_ok() {
 }
 
 void EngineImpl::step_sync() {
-  auto t0 = Clock::now();
+  const double c0 = thread_cpu_us();
   sched->plan(plan_);
   apply_plan(plan_);
   // Host-tier copies first: writebacks read blocks this step overwrites (the forward waits for
@@ -845,6 +866,7 @@ void EngineImpl::step_sync() {
     return;
   }
   if (plan_.kv_loading > 0) ++staged_steps_;
+  const double c1 = thread_cpu_us();
   auto t1 = Clock::now();
   sync_clock_.begin();
   const bool fresh = was_idle_;
@@ -857,17 +879,21 @@ void EngineImpl::step_sync() {
   }
   sync_clock_.end(fresh, result_);
   auto t2 = Clock::now();
+  const double c2 = thread_cpu_us();
   apply(plan_, result_);
   sched->reap();
   refresh_gauges();
-  auto t3 = Clock::now();
-  const double fwd_us = result_.forward_s * 1e6;
-  part_us_[0] = secs(t1 - t0) * 1e6;
+  outbox_.flush();
+  const double c3 = thread_cpu_us();
+  // Plan and apply: this thread's CPU time (as in step_overlap). The worker runs here, on the
+  // device or the CPU: its host share is its wall time less the forward's.
+  const double fwd_us = result_.forward_s * 1e6, copy_us = inline_copy_us();
+  part_us_[0] = std::max(0.0, c1 - c0 - copy_us);
   part_us_[1] = std::max(0.0, secs(t2 - t1) * 1e6 - fwd_us);
-  part_us_[2] = secs(t3 - t2) * 1e6;
+  part_us_[2] = c3 - c2;
   observe_idle(result_);
   observe_cost(plan_, result_);
-  update_metrics(secs(t3 - t0) * 1e6 - fwd_us);
+  update_metrics(part_us_[0] + part_us_[1] + part_us_[2]);
 }
 
 bool EngineImpl::drain() {
@@ -885,7 +911,7 @@ bool EngineImpl::drain() {
 }
 
 void EngineImpl::step_overlap() {
-  auto t0 = Clock::now();
+  const double c0 = thread_cpu_us();
   const int cur = next_slot_;
   StepPlan& plan = plans_[cur];
   sched->plan(plan);
@@ -909,18 +935,14 @@ void EngineImpl::step_overlap() {
   plain->stage(plan, thread_steps_->staged[cur]);
   pre_apply(plan, cur);
   keep_[cur].assign(sched->running().begin(), sched->running().end());
-  auto t1 = Clock::now();
+  const double c1 = thread_cpu_us();
   const int prev = inflight_;
   thread_steps_->launch(cur, prev, was_idle_);
   was_idle_ = false;
   inflight_ = cur;
   next_slot_ = cur ^ 1;
-  double wait_s = 0;
   if (prev >= 0) {
-    auto w0 = Clock::now();
     thread_steps_->wait(prev);
-    auto w1 = Clock::now();
-    wait_s = secs(w1 - w0);
     apply_overlapped(prev);
     keep_[prev].clear();
     const StepResult& res = thread_steps_->result[prev];
@@ -932,11 +954,13 @@ void EngineImpl::step_overlap() {
   }
   sched->reap();
   refresh_gauges();
-  auto t3 = Clock::now();
-  part_us_[0] = secs(t1 - t0) * 1e6;
-  part_us_[2] = (secs(t3 - t1) - wait_s) * 1e6;
-  // Engine host time: everything but waiting for the device thread.
-  update_metrics((secs(t3 - t0) - wait_s) * 1e6);
+  outbox_.flush();  // (also at the loop's end; here so the host time counts the wakes)
+  const double c3 = thread_cpu_us(), copy_us = inline_copy_us();
+  part_us_[0] = std::max(0.0, c1 - c0 - copy_us);
+  part_us_[2] = c3 - c1;
+  // Engine host time: the engine thread's CPU time (waiting for the device thread takes none),
+  // less the CPU backend's host-tier copies, its device work.
+  update_metrics(std::max(0.0, c3 - c0 - copy_us));
 }
 
 void EngineImpl::pre_apply(StepPlan& plan, int slot) {
@@ -977,7 +1001,7 @@ void EngineImpl::apply_overlapped(int slot) {
     TS_CHECK(p < r.tokens.size() && r.tokens[p] == -int32_t(k + 1), "request {}: future id of row {} lost", r.id, k);
     const int32_t t = res.tokens[size_t(row.first)];
     r.tokens[p] = t;
-    StreamEvent ev;
+    StreamEvent& ev = row_event();
     observe_token_time(r, ev, now);
     ev.tokens.push_back(t);
     const FinishReason why = stop_reason(r, t, p);
@@ -1053,7 +1077,7 @@ void EngineImpl::apply(StepPlan& plan, const StepResult& res) {
       if (row.count == 0) continue;  // mid-prefill chunk: nothing sampled
     }
     if (r.is<state::Prefilling>()) r.transit<state::Prefilling>(state::Decoding{});
-    StreamEvent ev;
+    StreamEvent& ev = row_event();
     FinishReason why = FinishReason::none;
     int kept = 0;
     while (kept < row.count && why == FinishReason::none) {
@@ -1193,8 +1217,7 @@ void EngineImpl::emit(Request& r, StreamEvent& ev) {
   ev.completion_tokens = r.num_generated_known();
   ev.cached_tokens = r.cached_tokens;
   r.tokens_emitted = r.num_generated_known();
-  r.stream->push(std::move(ev));
-  ev = StreamEvent{};
+  outbox_.push(r.stream, ev);  // the consumer is woken at the end of the step; ev comes back reset
 }
 
 void EngineImpl::update_metrics(double host_us) {
@@ -1203,6 +1226,7 @@ void EngineImpl::update_metrics(double host_us) {
   std::lock_guard<std::mutex> lk(metrics_mu_);
   ++metrics_.steps;
   metrics_.step_host_us_mean = host_us_ewma_;
+  metrics_.step_host_seconds += host_us * 1e-6;
   metrics_.step_plan_us_mean = part_ewma_[0];
   metrics_.step_worker_host_us_mean = part_ewma_[1];
   metrics_.step_apply_us_mean = part_ewma_[2];

@@ -15,11 +15,11 @@
 #include <optional>
 #include <string>
 #include <thread>
-
-#include "parallel/options.h"
 #include <vector>
 
+#include "core/stream_waker.h"
 #include "core/tensor.h"
+#include "parallel/options.h"
 
 namespace ts::tok {
 class Tokenizer;
@@ -82,11 +82,22 @@ struct StreamEvent {
   // On the final event with speculative decoding and GenerateParams::return_spec_trace: each
   // verify step's drafts and accepted count.
   std::vector<std::pair<std::vector<int32_t>, int>> spec_trace;
+  // Back to a default event, keeping the token and text buffers' capacity (Stream recycles
+  // events between its producer and consumer, so a steady stream allocates nothing).
+  void reset() {
+    std::vector<int32_t> t = std::move(tokens);
+    std::string s = std::move(text);
+    *this = StreamEvent{};
+    t.clear();
+    s.clear();
+    tokens = std::move(t);
+    text = std::move(s);
+  }
 };
 
 // Per-request channel between the engine thread (the one producer) and one consumer (an HTTP
-// connection's event loop, a CLI thread, a test). Consumers either block in pop() or register
-// a notifier and drain with try_pop() from their own thread.
+// connection's event loop, a CLI thread, a test). Consumers either block in pop(), or register
+// a notifier (or a StreamWaker) and drain with try_pop() from their own thread.
 class Stream {
  public:
   // Consumer-side processing of every event, run inside pop()/try_pop() on the consumer's
@@ -104,6 +115,9 @@ class Stream {
   // call). Registering with events already queued calls `fn` at once. `fn` must be cheap and
   // must not call back into this Stream's push (it typically posts to an event loop).
   void set_notify(std::function<void()> fn);
+  // Event-driven consumers of many streams: like set_notify, but a push that finds the queue
+  // empty marks `tag` on `waker` (core/stream_waker.h); the engine wakes it once per step.
+  void set_waker(std::shared_ptr<StreamWaker> waker, uint64_t tag);
   // Client went away: the engine aborts the request (FinishReason::abort) at its next step.
   void cancel() { cancelled_ = true; }
   bool cancelled() const { return cancelled_; }
@@ -115,10 +129,41 @@ class Stream {
  private:
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<StreamEvent> q_;
+  // The queue: a ring of events that grows when full. Push and pop swap with a slot, so the
+  // buffers of a consumed event travel back to the producer (push's `ev` comes back holding
+  // them) instead of being freed on one thread and allocated again on the other.
+  std::vector<StreamEvent> ring_;
+  size_t head_ = 0, count_ = 0;
+  bool queued() const { return count_ != 0; }
+  void take_front(StreamEvent& ev);
   std::function<void()> notify_;
+  std::shared_ptr<StreamWaker> waker_;  // set once, like notify_ (one of the two)
+  uint64_t tag_ = 0;
   Filter filter_;  // consumer thread only
+  friend class StreamOutbox;
+  // Queues ev, leaving ev holding a recycled event (reset() it before reuse). True: the queue
+  // was empty and a notifier or waker is set.
+  bool enqueue(StreamEvent& ev);
   std::atomic<bool> cancelled_{false}, stop_requested_{false};
+};
+
+// The notifications the engine thread owes at the end of a step. Pushing a step's events
+// without waking anyone and then waking every consumer in one burst (flush) lets a consumer
+// that serves many streams (the HTTP event loop) take the whole step's output in one wake,
+// instead of being woken by the first push and racing the engine through the rest (on a
+// loaded machine each wake can also preempt the engine thread). Engine thread only; keeps its
+// capacity, so a steady state does not allocate.
+class StreamOutbox {
+ public:
+  // Like s->push(ev), but a notifier or waker wake that is due runs at flush(). `ev` comes back
+  // reset, holding a recycled event's buffers (reuse it for the next event).
+  void push(const std::shared_ptr<Stream>& s, StreamEvent& ev);
+  void flush();
+  bool empty() const { return due_.empty() && wakers_.empty(); }
+
+ private:
+  std::vector<std::shared_ptr<Stream>> due_;
+  std::vector<std::shared_ptr<StreamWaker>> wakers_;
 };
 
 struct EngineOptions {
@@ -210,6 +255,8 @@ struct EngineMetrics {
   // Its parts (EWMA, us): Scheduler::plan + apply_plan; the worker's host share (batch build,
   // uploads: its wall time minus forward seconds); Engine::apply + reap + gauges.
   double step_plan_us_mean = 0, step_worker_host_us_mean = 0, step_apply_us_mean = 0;
+  // The host time summed over all steps (a window's mean: difference two snapshots).
+  double step_host_seconds = 0;
   // Device idle between consecutive steps (the thread that drives the device waiting for its
   // next step; steps after the engine had nothing to do are not counted): EWMA us per step,
   // and totals (idle share = idle / (idle + busy)). overlap_steps: steps launched while the

@@ -370,12 +370,15 @@ void KvStore::execute(const KvBlockOps& ops) {
   }
   auto t0 = std::chrono::steady_clock::now();
   for_ranks([&](int r) { issue_rank(r, ops, b); });
-  if (device_ != Device::cuda) wb_done_ = wb_issued_;  // memcpys: done
-  if (b && device_ != Device::cuda && delay_polls_ == 0) {
+  if (device_ == Device::cuda) return;
+  wb_done_ = wb_issued_;  // memcpys: done
+  const double copy_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  inline_copy_s_ += copy_s;
+  if (b && delay_polls_ == 0) {
     // CPU: the copies ran here (writebacks included: they come first and are small next to
     // the loads they make room for).
     b->landed = true;
-    b->cpu_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    b->cpu_seconds = copy_s;
   }
 }
 

@@ -161,6 +161,14 @@ class KvStore {
   void set_load_delay_polls(int n) { delay_polls_ = n; }
   // Waits for every issued copy (shutdown; tests). Batches stay until the next begin_plan.
   void synchronize();
+  // Seconds the execute() calls since the last take spent copying on the caller's thread: the
+  // CPU backend's memcpys, its device work, which the engine's host-time figure leaves out as it
+  // leaves out the forward. CUDA: 0 (the copies are issued on streams).
+  double take_inline_copy_seconds() {
+    const double s = inline_copy_s_;
+    inline_copy_s_ = 0;
+    return s;
+  }
 
   const KvStoreStats& stats() const { return stats_; }
   // Host-tier stores/removals go to `sink` (the KvCache's event list, so both tiers' events
@@ -229,6 +237,7 @@ class KvStore {
   // wb_done_: every round up to it has completed (a poll of the last round's event).
   uint64_t wb_issued_ = 0, wb_done_ = 0;
   bool write_through_ = false;
+  double inline_copy_s_ = 0;  // take_inline_copy_seconds()
   // Deferred write-throughs: committed since the last take_ops (fresh_), and since the one
   // before (aged_: issued by the next take_ops).
   std::vector<Through> fresh_, aged_;

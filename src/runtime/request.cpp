@@ -39,24 +39,61 @@ void Histogram::observe(double v) {
   ++count;
 }
 
-void Stream::push(StreamEvent ev) {
-  std::function<void()>* fn = nullptr;
+bool Stream::enqueue(StreamEvent& ev) {
+  bool due;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (q_.empty() && notify_) fn = &notify_;
-    q_.push_back(std::move(ev));
+    due = !queued() && (notify_ || waker_);
+    if (count_ == ring_.size()) {  // full: grow, oldest first
+      std::vector<StreamEvent> bigger(std::max<size_t>(4, 2 * ring_.size()));
+      for (size_t i = 0; i < count_; ++i) std::swap(bigger[i], ring_[(head_ + i) % ring_.size()]);
+      ring_.swap(bigger);
+      head_ = 0;
+    }
+    std::swap(ring_[(head_ + count_) % ring_.size()], ev);
+    ++count_;
   }
   cv_.notify_one();
-  // notify_ is set once before the consumer waits and never reset, so calling it unlocked is safe.
-  if (fn) (*fn)();
+  return due;
+}
+
+void Stream::take_front(StreamEvent& ev) {
+  std::swap(ev, ring_[head_]);  // the consumer's previous event goes back for reuse
+  head_ = (head_ + 1) % ring_.size();
+  --count_;
+}
+
+// notify_ / waker_ are set once before the consumer waits and never reset, so using them
+// unlocked is safe.
+void Stream::push(StreamEvent ev) {
+  if (!enqueue(ev)) return;
+  if (waker_) {
+    if (waker_->mark(tag_)) waker_->wake();
+  } else {
+    notify_();
+  }
+}
+
+void StreamOutbox::push(const std::shared_ptr<Stream>& s, StreamEvent& ev) {
+  const bool due = s->enqueue(ev);
+  ev.reset();
+  if (!due) return;
+  if (!s->waker_) due_.push_back(s);
+  else if (s->waker_->mark(s->tag_)) wakers_.push_back(s->waker_);
+}
+
+void StreamOutbox::flush() {
+  for (auto& w : wakers_) w->wake();
+  wakers_.clear();
+  for (auto& s : due_) s->notify_();
+  due_.clear();
 }
 
 bool Stream::pop(StreamEvent& ev, int timeout_ms) {
   {
     std::unique_lock<std::mutex> lk(mu_);
-    if (!cv_.wait_for(lk, std::chrono::milliseconds(timeout_ms), [&] { return !q_.empty(); })) return false;
-    ev = std::move(q_.front());
-    q_.pop_front();
+    if (!cv_.wait_for(lk, std::chrono::milliseconds(timeout_ms), [&] { return queued(); })) return false;
+    take_front(ev);
   }
   if (filter_) filter_(ev);  // outside the lock: the engine's pushes never wait for text work
   return true;
@@ -65,9 +102,8 @@ bool Stream::pop(StreamEvent& ev, int timeout_ms) {
 bool Stream::try_pop(StreamEvent& ev) {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (q_.empty()) return false;
-    ev = std::move(q_.front());
-    q_.pop_front();
+    if (!queued()) return false;
+    take_front(ev);
   }
   if (filter_) filter_(ev);
   return true;
@@ -77,11 +113,24 @@ void Stream::set_notify(std::function<void()> fn) {
   bool now;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    TS_CHECK(!notify_, "Stream::set_notify: a notifier is already registered");
+    TS_CHECK(!notify_ && !waker_, "Stream::set_notify: a notifier is already registered");
     notify_ = std::move(fn);
-    now = !q_.empty();
+    now = queued();
   }
   if (now) notify_();
+}
+
+void Stream::set_waker(std::shared_ptr<StreamWaker> waker, uint64_t tag) {
+  TS_CHECK(waker, "Stream::set_waker: no waker");
+  bool now;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    TS_CHECK(!notify_ && !waker_, "Stream::set_waker: a notifier is already registered");
+    waker_ = std::move(waker);
+    tag_ = tag;
+    now = queued();
+  }
+  if (now && waker_->mark(tag_)) waker_->wake();
 }
 
 }  // namespace ts

@@ -49,7 +49,7 @@ class OneStream final : public http::Producer {
   std::function<http::Reply(int, const std::string&)> reply_error;
 
   bool streaming() const override { return streaming_; }
-  void start(std::function<void()> wake) override { st_->set_notify(std::move(wake)); }
+  void start(const std::shared_ptr<StreamWaker>& waker, uint64_t tag) override { st_->set_waker(waker, tag); }
   bool poll(std::string& out) override {
     if (done_) return true;
     if (streaming_ && !preamble.empty()) out += std::exchange(preamble, {});

@@ -164,8 +164,8 @@ class GenProducer final : public http::Producer {
 
   const Job& job(size_t i) const { return jobs_[i]; }
   bool streaming() const override { return stream_; }
-  void start(std::function<void()> wake) override {
-    for (auto& j : jobs_) j.stream->set_notify(wake);
+  void start(const std::shared_ptr<StreamWaker>& waker, uint64_t tag) override {
+    for (auto& j : jobs_) j.stream->set_waker(waker, tag);
   }
   bool poll(std::string& out) override {
     if (done_) return true;

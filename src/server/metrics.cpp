@@ -182,8 +182,10 @@ std::string render_prometheus(const EngineMetrics* e, ServerMetrics& s, const st
            static_cast<double>(e->kv_used_blocks));
     metric(out, "tokenspeed_prefix_cache_hit_rate", "gauge", "Cached prompt tokens / prompt tokens.", l,
            e->prefix_hit_rate);
-    metric(out, "tokenspeed_engine_step_host_time_us", "gauge", "Mean host time per engine step (microseconds).", l,
+    metric(out, "tokenspeed_engine_step_host_time_us", "gauge", "Engine thread CPU time per step (microseconds, EWMA).", l,
            e->step_host_us_mean);
+    metric(out, "tokenspeed_engine_step_host_seconds_total", "counter",
+           "Engine thread CPU time spent in steps (plan, batch build, apply), all steps.", l, e->step_host_seconds);
     metric(out, "tokenspeed_engine_steps_total", "counter", "Engine steps run.", l, static_cast<double>(e->steps));
     metric(out, "tokenspeed_engine_overlap_steps_total", "counter",
            "Engine steps launched while the previous step was still running (overlap scheduling).", l,

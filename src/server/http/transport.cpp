@@ -2,6 +2,7 @@
 
 #include "server/http/request_parse.h"
 
+#include <algorithm>
 #include <boost/asio.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
@@ -83,6 +84,24 @@ struct Transport::Impl : std::enable_shared_from_this<Transport::Impl> {
   std::atomic<int> nconn{0};
   std::mutex mu;  // guards conns and per_ip
   std::unordered_map<Connection*, std::weak_ptr<Connection>> conns;
+  // Engine output for connections (tags = Connection*): woken once per engine step that had
+  // output, it posts one pump_marked() to the loop. Holds the Impl weakly: a stream that
+  // outlives the transport keeps nothing of the I/O side alive, and a wake after shutdown
+  // queues nothing that would hold it.
+  struct Waker : StreamWaker {
+    std::weak_ptr<Impl> im;
+    void wake() override {
+      auto t = im.lock();
+      if (!t || t->finished.load()) return;
+      net::post(t->ioc, [w = im] {
+        if (auto t2 = w.lock()) t2->pump_marked();
+      });
+    }
+  };
+  std::shared_ptr<Waker> waker = std::make_shared<Waker>();
+  std::vector<uint64_t> marked;  // pump_marked's (one runs at a time: see there)
+  std::mutex marked_mu;
+  void pump_marked();
   std::unordered_map<std::string, int> per_ip;
 
   Impl(Handler& h, ServerMetrics& m, HttpLimits l, int io, int nworkers, double drain)
@@ -140,6 +159,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   ~Connection() { t_->leave(this, ip_); }
   auto executor() { return sock_.get_executor(); }
   void force_close() { close(); }
+  // Engine output may be ready (Impl::pump_marked, on this connection's strand).
+  void on_output() { pump(); }
 
   void start() {
     int reject_status = t_->enter(this, shared_from_this(), ip_);
@@ -365,12 +386,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
       arm(t_->lim.stream_keepalive_s);
     }
     arm_disconnect_read();
-    // Runs on the engine thread: holds only a weak reference (no executor), so a stream that
-    // outlives its connection keeps nothing of the I/O side alive.
-    std::weak_ptr<Connection> w = weak_from_this();
-    prod_->start([w] {
-      if (auto c = w.lock()) net::post(c->executor(), [c] { c->pump(); });
-    });
+    // The streams mark this connection on the transport's waker (the tag is its address,
+    // looked up in `conns` when the marks are taken: a connection gone by then is skipped).
+    prod_->start(t_->waker, reinterpret_cast<uint64_t>(this));
     pump();
   }
 
@@ -540,6 +558,31 @@ void Transport::Impl::each_connection(Fn&& fn) {
   for (auto& c : all) fn(c);
 }
 
+void Transport::Impl::pump_marked() {
+  std::vector<uint64_t> tags;
+  {
+    // `marked` keeps its capacity across takes and the waker swaps it with its own list, so
+    // the engine's marks never allocate; the copy out (this thread's) lets two I/O threads
+    // pump at once.
+    std::lock_guard<std::mutex> lk(marked_mu);
+    waker->take(marked);
+    tags.assign(marked.begin(), marked.end());
+  }
+  std::sort(tags.begin(), tags.end());
+  tags.erase(std::unique(tags.begin(), tags.end()), tags.end());
+  std::vector<std::shared_ptr<Connection>> live;
+  live.reserve(tags.size());
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    for (uint64_t t : tags) {
+      auto it = conns.find(reinterpret_cast<Connection*>(t));
+      if (it == conns.end()) continue;
+      if (auto c = it->second.lock()) live.push_back(std::move(c));
+    }
+  }
+  for (auto& c : live) net::dispatch(c->executor(), [c] { c->on_output(); });
+}
+
 void Transport::Impl::accept() {
   acceptor.async_accept(net::make_strand(ioc), [self = shared_from_this()](error_code ec, tcp::socket s) {
     if (self->stopping.load() || !self->acceptor.is_open()) return;
@@ -599,7 +642,9 @@ void Transport::Impl::begin_stop() {
 
 Transport::Transport(Handler& handler, ServerMetrics& metrics, HttpLimits limits, int io_threads, int workers,
                      double drain_timeout_s)
-    : impl_(std::make_shared<Impl>(handler, metrics, limits, io_threads, workers, drain_timeout_s)) {}
+    : impl_(std::make_shared<Impl>(handler, metrics, limits, io_threads, workers, drain_timeout_s)) {
+  impl_->waker->im = impl_;
+}
 
 Transport::~Transport() {
   stop();

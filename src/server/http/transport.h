@@ -1,7 +1,8 @@
 // The event-driven HTTP/1.1 front door (Boost.Asio + Boost.Beast's request parser): a few I/O
 // threads own every connection, a small worker pool runs the CPU-heavy request preparation
-// (JSON parse, chat template, tokenisation, submit), and engine streams wake their connection
-// through Stream::set_notify — nothing polls and no thread waits per request.
+// (JSON parse, chat template, tokenisation, submit), and engine streams wake their connections
+// through one StreamWaker (core/stream_waker.h: one post per engine step, whatever the number of
+// streams with output) — nothing polls and no thread waits per request.
 //
 // Per connection (one strand, so its handlers never run concurrently):
 //   idle --first byte--> headers --(Expect: 100-continue)--> body --> [prepare on a worker]
@@ -19,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/stream_waker.h"
 #include "server/http/limits.h"
 
 namespace ts::server {
@@ -49,9 +51,10 @@ class Producer {
  public:
   virtual ~Producer() = default;
   virtual bool streaming() const = 0;  // chunked SSE, or one buffered Reply at the end
-  // Called once; `wake` is thread-safe and cheap (it posts to the strand): call it whenever new
-  // output may be ready (from the engine thread, via Stream::set_notify).
-  virtual void start(std::function<void()> wake) = 0;
+  // Called once: attach the producer's engine streams to `waker` under `tag`
+  // (Stream::set_waker), so that the engine's output wakes this connection (coalesced with the
+  // other connections' output of the same step: one post to the loop per step).
+  virtual void start(const std::shared_ptr<StreamWaker>& waker, uint64_t tag) = 0;
   // Takes what is ready. Streaming: appends body bytes to `out`. Returns true once complete
   // (streaming: the last bytes are in `out`; buffered: reply() is ready).
   virtual bool poll(std::string& out) = 0;
