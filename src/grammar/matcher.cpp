@@ -27,6 +27,37 @@ std::shared_ptr<const Vocab> Vocab::from_tokenizer(const tok::Tokenizer& t, std:
   return std::make_shared<const Vocab>(std::move(bytes), std::move(excluded), std::move(stop_ids));
 }
 
+std::shared_ptr<const ContextMask> SharedMaskCache::find(const std::string& key) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = map_.find(key);
+  if (it == map_.end()) return nullptr;
+  ++hits_;
+  return it->second;
+}
+
+std::shared_ptr<const ContextMask> SharedMaskCache::insert(const std::string& key, std::shared_ptr<const ContextMask> m) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (auto it = map_.find(key); it != map_.end()) return it->second;  // computed meanwhile by another grammar
+  const size_t add = m->bytes() + key.size() + 64;
+  if (bytes_ + add > max_bytes_) {  // full: start over (grammars keep the masks they hold)
+    map_.clear();
+    bytes_ = 0;
+  }
+  bytes_ += add;
+  map_.emplace(key, m);
+  return m;
+}
+
+size_t SharedMaskCache::size() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return map_.size();
+}
+
+size_t SharedMaskCache::hits() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return hits_;
+}
+
 Vocab::Vocab(std::vector<std::string> token_bytes, std::vector<bool> excluded, std::vector<int32_t> stop_ids)
     : bytes_(std::move(token_bytes)), stop_(std::move(stop_ids)) {
   for (int32_t s : stop_)
@@ -43,6 +74,37 @@ Vocab::Vocab(std::vector<std::string> token_bytes, std::vector<bool> excluded, s
     while (k < m && a[k] == b[k]) ++k;
     lcp_[i] = static_cast<uint16_t>(std::min<size_t>(k, 65535));
   }
+  size_t total = 0;
+  for (int32_t id : sorted_) total += bytes_[size_t(id)].size();
+  if (total > UINT32_MAX) throw Error("grammar vocab: token bytes exceed 4 GiB");
+  sorted_bytes_.reserve(total);
+  sorted_off_.reserve(sorted_.size() + 1);
+  for (int32_t id : sorted_) {
+    sorted_off_.push_back(static_cast<uint32_t>(sorted_bytes_.size()));
+    sorted_bytes_ += bytes_[size_t(id)];
+  }
+  sorted_off_.push_back(static_cast<uint32_t>(sorted_bytes_.size()));
+  lcp_min64_.assign((lcp_.size() + 63) / 64, 65535);
+  lcp_min4k_.assign((lcp_.size() + 4095) / 4096, 65535);
+  for (size_t i = 0; i < lcp_.size(); ++i) {
+    lcp_min64_[i / 64] = std::min(lcp_min64_[i / 64], lcp_[i]);
+    lcp_min4k_[i / 4096] = std::min(lcp_min4k_[i / 4096], lcp_[i]);
+  }
+}
+
+size_t Vocab::skip_shared(size_t i, size_t j) const {
+  const size_t n = lcp_.size();
+  while (i < n) {
+    if (lcp_[i] < j) return i;
+    if (i % 4096 == 0 && lcp_min4k_[i / 4096] >= j) {
+      i += 4096;
+    } else if (i % 64 == 0 && lcp_min64_[i / 64] >= j) {
+      i += 64;
+    } else {
+      ++i;
+    }
+  }
+  return n;
 }
 
 bool Vocab::is_stop(int32_t id) const { return std::find(stop_.begin(), stop_.end(), id) != stop_.end(); }
@@ -504,12 +566,17 @@ class StateTable {
     key += static_cast<char>(s.accept | (s.sentinel << 1));
     auto [it, fresh] = index_.try_emplace(std::move(key), static_cast<int32_t>(states_.size()));
     if (fresh) {
+      flags_.push_back(uint8_t((s.nodes.empty() ? kDead : 0) | (s.sentinel ? kSentinel : 0) |
+                               (s.sentinel || s.accept ? kEnds : 0)));
       states_.push_back(std::move(s));
       next_.emplace_back();
       next_.back().fill(-1);
     }
     return it->second;
   }
+  // Per-state flags, kept beside the states so the walk's inner loop reads one byte.
+  static constexpr uint8_t kDead = 1, kSentinel = 2, kEnds = 4;  // no stack left; ran off the probe; may end here
+  uint8_t flags(int32_t sid) const { return flags_[size_t(sid)]; }
   int32_t step(int32_t sid, uint8_t b) {
     int32_t n = next_[sid][b];
     if (n >= 0) return n;
@@ -524,77 +591,209 @@ class StateTable {
   Stepper& st_;
   std::vector<ParseState> states_;
   std::vector<std::array<int32_t, 256>> next_;
+  std::vector<uint8_t> flags_;
   std::unordered_map<std::string, int32_t> index_;
   ParseState tmp_;
 };
 
-// walk() over interned states (the same classification).
-template <class F>
-void walk_table(StateTable& T, const Vocab& v, const std::vector<int32_t>& ids, const std::vector<uint16_t>& lcp,
-                int32_t init, F classify) {
+// walk() over interned states and the whole sorted vocabulary (the same classification). The
+// inner loop is the cost of a cold mask (a string-content top visits nearly every token): the
+// token bytes are read from the contiguous sorted copy and a state's liveness from its flags.
+// The tokens a walk visits, sorted by bytes with lcp[i] = prefix shared with token i - 1: the
+// whole normal vocabulary (bytes read from its contiguous sorted copy), or a sorted subset.
+struct SortedVocabList {
+  explicit SortedVocabList(const Vocab& v)
+      : n(v.sorted().size()), lcp(v.lcp().data()), off(v.sorted_off().data()), bytes(v.sorted_bytes().data()), vocab(v) {}
+  size_t n;
+  const uint16_t* lcp;
+  const uint32_t* off;
+  const char* bytes;
+  size_t size() const { return n; }
+  const char* data(size_t i) const { return bytes + off[i]; }
+  size_t len(size_t i) const { return off[i + 1] - off[i]; }
+  size_t skip(size_t i, size_t j) const { return vocab.skip_shared(i, j); }
+  const Vocab& vocab;
+};
+struct IdList {
+  const Vocab& v;
+  const std::vector<int32_t>& ids;
+  const uint16_t* lcp;
+  size_t size() const { return ids.size(); }
+  const char* data(size_t i) const { return v.bytes(ids[i]).data(); }
+  size_t len(size_t i) const { return v.bytes(ids[i]).size(); }
+  size_t skip(size_t i, size_t j) const {
+    while (i < ids.size() && lcp[i] >= j) ++i;
+    return i;
+  }
+};
+
+template <class List, class F>
+void walk_table(StateTable& T, const List& list, int32_t init, F classify) {
+  const size_t n = list.size();
+  const uint16_t* lcp = list.lcp;
   std::vector<int32_t> S(1, init);
   std::vector<uint8_t> any_sent(1, 0);
   size_t depth = 0, i = 0;
-  while (i < ids.size()) {
-    const std::string& t = v.bytes(ids[i]);
-    size_t L = t.size();
+  while (i < n) {
+    const char* t = list.data(i);
+    const size_t L = list.len(i);
     if (S.size() < L + 1) S.resize(L + 1), any_sent.resize(L + 1);
     size_t j = std::min<size_t>(i == 0 ? 0 : lcp[i], depth);
-    bool alive = !T[S[j]].nodes.empty();
+    bool alive = !(T.flags(S[j]) & StateTable::kDead);
     while (alive && j < L) {
-      S[j + 1] = T.step(S[j], static_cast<uint8_t>(t[j]));
-      any_sent[j + 1] = any_sent[j] || T[S[j + 1]].sentinel;
+      const int32_t nx = T.step(S[j], static_cast<uint8_t>(t[j]));
+      const uint8_t f = T.flags(nx);
+      S[j + 1] = nx;
+      any_sent[j + 1] = any_sent[j] | ((f & StateTable::kSentinel) ? 1 : 0);
       ++j;
-      alive = !T[S[j]].nodes.empty();
+      alive = !(f & StateTable::kDead);
     }
     depth = j;
     if (alive) {
       classify(i++, 1);
       continue;
     }
-    const ParseState& last = T[S[L < j ? L : j]];
-    int fate = any_sent[j] ? 2 : 0;
-    int self = j == L && (last.sentinel || last.accept) ? 1 : fate;
+    // Dead after j bytes: this token, and every later one sharing those j bytes, has one fate.
+    const int fate = any_sent[j] ? 2 : 0;
+    const int self = j == L && (T.flags(S[L]) & StateTable::kEnds) ? 1 : fate;
     classify(i, self);
     ++i;
-    for (; i < ids.size() && lcp[i] >= j; ++i) classify(i, v.bytes(ids[i]).size() == j ? self : fate);
+    // Duplicates of this token's bytes come right after it (sorted), then its extensions.
+    for (; i < n && lcp[i] >= j && list.len(i) == j; ++i) classify(i, self);
+    if (fate == 0) i = list.skip(i, j);  // rejected: nothing to record, jump over them
+    else
+      for (; i < n && lcp[i] >= j; ++i) classify(i, fate);
   }
 }
 
 }  // namespace
 
 const CompiledGrammar::PosMask& CompiledGrammar::context_mask(const std::vector<int32_t>& key) const {
-  std::string k(reinterpret_cast<const char*>(key.data()), key.size() * 4);
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = masks_.find(k);
-  if (it != masks_.end()) return *it->second;
-  auto pm = std::make_unique<PosMask>();
-  NodePool pool;
-  Stepper st(flat_, pool);
-  ParseState init;
-  int32_t parent = key.back();  // kRoot or kSentinel
-  for (size_t i = key.size() - 2; i >= 1; --i) parent = pool.get(key[i], parent);
-  init.nodes = {pool.get(key[0], parent)};
-  const auto& ids = vocab_->sorted();
-  std::vector<int32_t> acc;
-  StateTable table(st);
-  walk_table(table, *vocab_, ids, vocab_->lcp(), table.intern(std::move(init)), [&](size_t i, int fate) {
-    if (fate == 1) acc.push_back(ids[i]);
-    else if (fate == 2) pm->uncertain.push_back(ids[i]);
-  });
-  if (acc.size() > static_cast<size_t>(vocab_->mask_words())) {
-    pm->accepted_bits.assign(static_cast<size_t>(vocab_->mask_words()), 0);
+  return context_mask_locked(key);
+}
+
+namespace {
+
+std::shared_ptr<ContextMask> make_mask(const Vocab& v, std::vector<int32_t>& acc, std::vector<int32_t> uncertain) {
+  auto pm = std::make_shared<ContextMask>();
+  if (acc.size() > static_cast<size_t>(v.mask_words())) {
+    pm->accepted_bits.assign(static_cast<size_t>(v.mask_words()), 0);
     for (int32_t id : acc) pm->accepted_bits[id >> 5] |= 1u << (id & 31);
   } else {
     std::sort(acc.begin(), acc.end());
     pm->accepted_ids = std::move(acc);
   }
+  // (uncertain keeps the byte order of the list it came from: the vocabulary or a cut's.)
+  pm->uncertain = std::move(uncertain);
   pm->uncertain_lcp.assign(pm->uncertain.size(), 0);
   for (size_t i = 1; i < pm->uncertain.size(); ++i) {
-    const std::string &a = vocab_->bytes(pm->uncertain[i - 1]), &b = vocab_->bytes(pm->uncertain[i]);
-    size_t k = 0, m = std::min(a.size(), b.size());
-    while (k < m && a[k] == b[k]) ++k;
-    pm->uncertain_lcp[i] = static_cast<uint16_t>(std::min<size_t>(k, 65535));
+    const std::string &a = v.bytes(pm->uncertain[i - 1]), &b = v.bytes(pm->uncertain[i]);
+    size_t n = 0, m = std::min(a.size(), b.size());
+    while (n < m && a[n] == b[n]) ++n;
+    pm->uncertain_lcp[i] = static_cast<uint16_t>(std::min<size_t>(n, 65535));
+  }
+  return pm;
+}
+
+// The probe's start: the top position over the key's frames, on its bottom (kRoot/kSentinel).
+int32_t probe_start(const std::vector<int32_t>& key, NodePool& pool, StateTable& table) {
+  ParseState init;
+  int32_t parent = key.back();
+  for (size_t i = key.size() - 2; i >= 1; --i) parent = pool.get(key[i], parent);
+  init.nodes = {pool.get(key[0], parent)};
+  return table.intern(std::move(init));
+}
+
+}  // namespace
+
+std::string CompiledGrammar::structural_key(const std::vector<int32_t>& key) const {
+  std::string out;
+  std::unordered_map<int32_t, int32_t> ids;  // rule -> canonical id (discovery order)
+  std::vector<int32_t> queue;
+  auto put32 = [&](int32_t v) { out.append(reinterpret_cast<const char*>(&v), 4); };
+  auto seq = [&](int32_t pos) {
+    for (;; ++pos) {
+      const int32_t e = flat_.elems[size_t(pos)];
+      if (e == FlatGrammar::kEnd) {
+        out += 'E';
+        return;
+      }
+      if (e >= 0) {
+        out += 'S';
+        out.append(reinterpret_cast<const char*>(flat_.sets[size_t(e)].data()), 32);
+      } else {
+        const int32_t rule = FlatGrammar::kRefBase - e;
+        auto [it, fresh] = ids.try_emplace(rule, int32_t(ids.size()));
+        if (fresh) queue.push_back(rule);
+        out += 'R';
+        put32(it->second);
+      }
+    }
+  };
+  for (size_t i = 0; i + 1 < key.size(); ++i) seq(key[i]);  // the top's and the frames' rests
+  out += key.back() == NodePool::kRoot ? 'B' : 'C';         // real bottom, or a cut
+  for (size_t q = 0; q < queue.size(); ++q) {               // every rule they reach
+    const auto& alts = flat_.alts[size_t(queue[q])];
+    out += 'U';
+    put32(int32_t(alts.size()));
+    for (int32_t a : alts) seq(a);
+  }
+  return out;
+}
+
+// The full walk of the vocabulary for `key`.
+std::shared_ptr<const CompiledGrammar::PosMask> CompiledGrammar::walk_vocab(const std::vector<int32_t>& key) const {
+  NodePool pool;
+  Stepper st(flat_, pool);
+  StateTable table(st);
+  const int32_t start = probe_start(key, pool, table);
+  const auto& ids = vocab_->sorted();
+  std::vector<int32_t> acc, uncertain;
+  walk_table(table, SortedVocabList(*vocab_), start, [&](size_t i, int fate) {
+    if (fate == 1) acc.push_back(ids[i]);
+    else if (fate == 2) uncertain.push_back(ids[i]);
+  });
+  return make_mask(*vocab_, acc, std::move(uncertain));
+}
+
+// key = [top position, return positions of the frames below (up to kContextDepth), kRoot or
+// kSentinel].
+const CompiledGrammar::PosMask& CompiledGrammar::context_mask_locked(const std::vector<int32_t>& key) const {
+  std::string k(reinterpret_cast<const char*>(key.data()), key.size() * 4);
+  auto it = masks_.find(k);
+  if (it != masks_.end()) return *it->second;
+  std::shared_ptr<const PosMask> pm;
+  const int frames = int(key.size()) - 2;
+  if (frames <= kSharedDepth) {
+    // A whole-vocabulary walk: shared with every grammar of this vocabulary whose probe from
+    // here walks the same structure.
+    SharedMaskCache& shared = vocab_->shared_masks();
+    const std::string sk = structural_key(key);
+    pm = shared.find(sk);
+    if (!pm) pm = shared.insert(sk, walk_vocab(key));
+  } else {
+    // The cut's verdicts stand; its uncertain tokens are decided (or left uncertain) here.
+    std::vector<int32_t> cut(key.begin(), key.begin() + 1 + kSharedDepth);
+    cut.push_back(NodePool::kSentinel);
+    const PosMask& base = context_mask_locked(cut);
+    NodePool pool;
+    Stepper st(flat_, pool);
+    StateTable table(st);
+    const int32_t start = probe_start(key, pool, table);
+    std::vector<int32_t> acc, uncertain;
+    walk_table(table, IdList{*vocab_, base.uncertain, base.uncertain_lcp.data()}, start, [&](size_t i, int fate) {
+      if (fate == 1) acc.push_back(base.uncertain[i]);
+      else if (fate == 2) uncertain.push_back(base.uncertain[i]);
+    });
+    if (!base.accepted_bits.empty()) {
+      for (size_t w = 0; w < base.accepted_bits.size(); ++w)
+        for (uint32_t bits = base.accepted_bits[w]; bits; bits &= bits - 1)
+          acc.push_back(int32_t(w * 32 + size_t(__builtin_ctz(bits))));
+    } else {
+      acc.insert(acc.end(), base.accepted_ids.begin(), base.accepted_ids.end());
+    }
+    pm = make_mask(*vocab_, acc, std::move(uncertain));
   }
   return *masks_.emplace(std::move(k), std::move(pm)).first->second;
 }
@@ -608,8 +807,7 @@ size_t CompiledGrammar::memory_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   size_t b = flat_.elems.size() * 4 + flat_.sets.size() * 32;
   for (const auto& a : flat_.alts) b += a.size() * 4 + 24;
-  for (const auto& [p, m] : masks_)
-    b += (m->accepted_bits.size() + m->accepted_ids.size() + m->uncertain.size()) * 4 + m->uncertain_lcp.size() * 2 + 64;
+  for (const auto& [p, m] : masks_) b += m->bytes();
   return b;
 }
 

@@ -38,6 +38,39 @@ class Tokenizer;
 
 namespace ts::grammar {
 
+// The context-independent split of the vocabulary for one stack top (CompiledGrammar::
+// context_mask): tokens accepted whatever lies below the probe, and the uncertain ones.
+struct ContextMask {
+  std::vector<uint32_t> accepted_bits;  // [mask_words] when dense, else empty
+  std::vector<int32_t> accepted_ids;    // when sparse
+  std::vector<int32_t> uncertain;       // sorted by bytes
+  std::vector<uint16_t> uncertain_lcp;
+  size_t bytes() const {
+    return (accepted_bits.size() + accepted_ids.size() + uncertain.size()) * 4 + uncertain_lcp.size() * 2 + 96;
+  }
+};
+
+// Context masks shared by every grammar compiled against one vocabulary, keyed by the
+// structure of the grammar the probe can reach (CompiledGrammar::structural_key), not by its
+// positions: the JSON rules every schema lowers the same way (string contents, numbers,
+// whitespace) are walked once per tokenizer, not once per schema. Bounded by bytes (cleared
+// when full: the entries are rebuilt on demand). Thread-safe.
+class SharedMaskCache {
+ public:
+  explicit SharedMaskCache(size_t max_bytes = size_t(256) << 20) : max_bytes_(max_bytes) {}
+  std::shared_ptr<const ContextMask> find(const std::string& key) const;
+  // Keeps `m` unless the key is already held (then returns the held one).
+  std::shared_ptr<const ContextMask> insert(const std::string& key, std::shared_ptr<const ContextMask> m);
+  size_t size() const;
+  size_t hits() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<const ContextMask>> map_;
+  size_t bytes_ = 0, max_bytes_;
+  mutable size_t hits_ = 0;
+};
+
 // The decoded bytes of every token id; special/invalid ids are excluded from masks, except the
 // stop ids (allowed exactly when the grammar can end).
 class Vocab {
@@ -56,9 +89,20 @@ class Vocab {
   // Normal (not excluded, non-empty) ids sorted by bytes, and lcp[i] = common prefix of sorted[i-1], sorted[i].
   const std::vector<int32_t>& sorted() const { return sorted_; }
   const std::vector<uint16_t>& lcp() const { return lcp_; }
+  // The bytes of sorted()[i], laid out one after another in sorted order: sorted_off()[i] ..
+  // sorted_off()[i + 1] in sorted_bytes(). The mask walks read the vocabulary in this order,
+  // sequentially, instead of chasing a string per token.
+  const std::string& sorted_bytes() const { return sorted_bytes_; }
+  const std::vector<uint32_t>& sorted_off() const { return sorted_off_; }
+  // The first index k >= i of sorted() with lcp()[k] < j (or sorted().size()): the end of the
+  // run of tokens that share the first j bytes of token i - 1. O(64) steps via block minima,
+  // so a walk skips a dead prefix's tokens without visiting them.
+  size_t skip_shared(size_t i, size_t j) const;
   // Some other normal token's bytes start with this token's (and are longer): text that follows
   // this token could merge with it into one token.
   bool extendable(int32_t id) const;
+  // Context masks shared across the grammars compiled against this vocabulary.
+  SharedMaskCache& shared_masks() const { return shared_masks_; }
 
  private:
   std::vector<std::string> bytes_;
@@ -66,6 +110,10 @@ class Vocab {
   std::vector<uint8_t> normal_;
   std::vector<int32_t> sorted_;
   std::vector<uint16_t> lcp_;
+  std::string sorted_bytes_;
+  std::vector<uint32_t> sorted_off_;  // [sorted_.size() + 1]
+  std::vector<uint16_t> lcp_min64_, lcp_min4k_;  // min of lcp_ over blocks of 64 / 4096 entries
+  mutable SharedMaskCache shared_masks_;
 };
 
 // The flat grammar: elems[pos] >= 0 is a byte-set id, kEnd ends an alternative, <= kRefBase a
@@ -99,13 +147,14 @@ class CompiledGrammar {
   // step) end after a byte or two; looking a few frames down keeps the uncertain set small
   // (Llama-3.1 JSON schemas: warm p99 95 µs with 3 frames, 18 µs with 6; docs/GRAMMAR.md).
   static constexpr int kContextDepth = 6;
-  struct PosMask {
-    std::vector<uint32_t> accepted_bits;  // [mask_words] when dense, else empty
-    std::vector<int32_t> accepted_ids;    // when sparse
-    std::vector<int32_t> uncertain;       // sorted by bytes
-    std::vector<uint16_t> uncertain_lcp;
-  };
+  using PosMask = ContextMask;
   const PosMask& context_mask(const std::vector<int32_t>& key) const;
+  // A key deeper than this many frames is computed from its cut at this depth (shared by every
+  // key with the same top frames: e.g. the string values of all properties): the cut's accepted
+  // and rejected tokens stand (they never reach below the cut), and only its uncertain ones
+  // (tokens that cross the cut, e.g. those holding a closing quote) are walked with the deeper
+  // context. A new key then costs a walk over a few thousand tokens, not the vocabulary.
+  static constexpr int kSharedDepth = 2;
   size_t num_cached_masks() const;
   size_t memory_bytes() const;
 
@@ -113,7 +162,13 @@ class CompiledGrammar {
   FlatGrammar flat_;
   std::shared_ptr<const Vocab> vocab_;
   mutable std::mutex mu_;
-  mutable std::unordered_map<std::string, std::unique_ptr<PosMask>> masks_;  // key bytes -> split
+  mutable std::unordered_map<std::string, std::shared_ptr<const PosMask>> masks_;  // key bytes -> split
+  const PosMask& context_mask_locked(const std::vector<int32_t>& key) const;  // mu_ held
+  std::shared_ptr<const PosMask> walk_vocab(const std::vector<int32_t>& key) const;
+  // The grammar reachable from the key's positions (what a probe from it can step through),
+  // serialized with rules renumbered in discovery order, plus the key's bottom (kRoot or
+  // kSentinel): equal for two keys exactly when their probes walk isomorphic grammars.
+  std::string structural_key(const std::vector<int32_t>& key) const;
 };
 
 // Interned stack nodes: (pos, parent). Parents kRoot (bottom of the real stack) and kSentinel

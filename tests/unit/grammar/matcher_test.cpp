@@ -2,6 +2,8 @@
 // (every token tried with accept + rollback) on the repo's real tokenizers.
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include <nlohmann/json.hpp>
 
 #include "grammar/json_schema.h"
@@ -103,8 +105,9 @@ TEST(Vocab, ExtendableTokens) {
 }
 
 // Brute force: token t is allowed iff accept_token(t) succeeds.
-void expect_masks_exact(const tok::Tokenizer& tok, const Grammar& g, const std::string& text, const char* what) {
-  auto vocab = Vocab::from_tokenizer(tok);
+void expect_masks_exact(const tok::Tokenizer& tok, const Grammar& g, const std::string& text, const char* what,
+                        std::shared_ptr<const Vocab> shared = nullptr) {
+  auto vocab = shared ? shared : Vocab::from_tokenizer(tok);
   auto cg = std::make_shared<const CompiledGrammar>(g, vocab);
   Matcher m(cg);
   std::vector<uint32_t> row(static_cast<size_t>(vocab->mask_words()));
@@ -149,6 +152,45 @@ TEST_P(MaskVsBruteForce, JsonSchemaRegexAndEbnf) {
                      "def foo_bar(x):\n    return 42", "regex");
   expect_masks_exact(*tok, parse_gbnf(R"(root ::= ("Yes" | "No") ", because " [a-z ]+ ".")"),
                      "Yes, because it is.", "gbnf");
+}
+
+// Grammars compiled against one vocabulary share the context masks of the structures they have
+// in common (SharedMaskCache, keyed by the reachable grammar's structure): masks taken from
+// another grammar's walks must still be exact.
+TEST_P(MaskVsBruteForce, MasksSharedAcrossGrammarsStayExact) {
+  auto tok = tok::Tokenizer::load(test::repo(GetParam()));
+  auto vocab = Vocab::from_tokenizer(*tok);
+  const char* a = R"({"type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer"}},
+    "required":["city","days"]})";
+  const char* b = R"({"type":"object","properties":{"query":{"type":"string"},"filters":{"type":"array",
+    "items":{"type":"object","properties":{"field":{"type":"string"},"value":{"type":["string","number"]}},
+    "required":["field","value"]}}},"required":["query"]})";
+  const std::string text_a = R"({"city": "Paris \"x\"", "days": 12})";
+  expect_masks_exact(*tok, json_schema_grammar(std::string_view(a)), text_a, "a", vocab);
+  const size_t after_a = vocab->shared_masks().size();
+  EXPECT_GT(after_a, 0u);
+  expect_masks_exact(*tok, json_schema_grammar(std::string_view(b)),
+                     R"({"query": "cheap flights", "filters": [{"field": "price", "value": 12.5}]})", "b", vocab);
+  expect_masks_exact(*tok, json_object_grammar(), R"({"k": ["v", 1, {"z": "w"}]})", "json_object", vocab);
+  // The same schema and text again, compiled anew: every walk is found in the shared cache.
+  const size_t hits = vocab->shared_masks().hits(), held = vocab->shared_masks().size();
+  expect_masks_exact(*tok, json_schema_grammar(std::string_view(a)), text_a, "a again", vocab);
+  EXPECT_GT(vocab->shared_masks().hits(), hits);
+  EXPECT_EQ(vocab->shared_masks().size(), held);
+}
+
+TEST(Vocab, SkipSharedMatchesALinearScan) {
+  auto tok = tok::Tokenizer::load(test::repo("models/pycoder"));
+  auto v = Vocab::from_tokenizer(*tok);
+  const auto& lcp = v->lcp();
+  std::mt19937 rng(7);
+  for (int t = 0; t < 20000; ++t) {
+    size_t i = rng() % (lcp.size() + 1), j = rng() % 6;
+    size_t k = i;
+    while (k < lcp.size() && lcp[k] >= j) ++k;
+    ASSERT_EQ(v->skip_shared(i, j), k) << "i=" << i << " j=" << j;
+  }
+  EXPECT_EQ(v->skip_shared(1, 0), lcp.size());  // every lcp >= 0
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, MaskVsBruteForce,
