@@ -142,7 +142,7 @@ class StepThread {
       cv_.wait(lk, [&] { return quit_ || !queue_.empty(); });
       if (queue_.empty()) return;
       Job j = queue_.front();
-      queue_.pop_front();
+      queue_.erase(queue_.begin());
       lk.unlock();
       std::exception_ptr err;
       try {
@@ -166,7 +166,13 @@ class StepThread {
   PlainWorker& w_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Job> queue_;
+  // Launch order (two jobs at most, one per slot); its capacity is set here, before th_ starts,
+  // so launching a step never allocates (a std::deque did, every 42 steps).
+  std::vector<Job> queue_ = [] {
+    std::vector<Job> q;
+    q.reserve(4);
+    return q;
+  }();
   bool done_[2] = {true, true};
   std::exception_ptr err_[2];
   bool quit_ = false;
@@ -280,6 +286,7 @@ class EngineImpl {
     return row_event_;
   }
   void fail_request(Request& r, const std::string& msg);
+  void reserve_for(Request& r);
   void update_metrics(double host_us);
   // The CPU backend's host-tier copies since the last call, in us (run inline: device work there).
   double inline_copy_us() { return store ? store->take_inline_copy_seconds() * 1e6 : 0.0; }
@@ -1047,6 +1054,22 @@ void EngineImpl::observe_idle(const StepResult& res) {
   metrics_.device_idle_us_mean = idle_us_ewma_;
 }
 
+// Room for the request's whole sequence, once it runs: its steps then append ids, blocks and
+// block hashes without reallocating (the engine thread's decode steps allocate nothing). The
+// generation part is capped (a 128k max_tokens would reserve 512 KiB of ids per request);
+// beyond it the vectors grow by doubling as before.
+void EngineImpl::reserve_for(Request& r) {
+  constexpr int64_t kSlack = 64;                  // speculative lookahead, jump-forward tokens
+  constexpr int64_t kMaxReservedGeneration = 16384;
+  const int64_t want = std::min<int64_t>(int64_t(r.prompt_len) + std::min<int64_t>(r.params.max_tokens, kMaxReservedGeneration) + kSlack,
+                                         context_len + kSlack);
+  if (int64_t(r.tokens.capacity()) >= want) return;
+  r.tokens.reserve(size_t(want));
+  const size_t blocks = size_t((want + kv->block_size() - 1) / kv->block_size()) + 1;
+  r.block_table.reserve(blocks);
+  r.block_hashes.reserve(blocks);
+}
+
 void EngineImpl::apply_plan(StepPlan& plan) {
   apply_plan_transitions(plan);
   for (auto& r : plan.rejected)
@@ -1056,6 +1079,7 @@ void EngineImpl::apply_plan(StepPlan& plan) {
   // models) and its worker slot (the EAGLE3 draft-state row).
   for (auto& c : plan.chunks) {
     Request& r = *c.req;
+    reserve_for(r);
     if (runner->has_state() && !r.state_slot) r.state_slot = runner->take_state_slot();
     if (spec && !r.spec_slot) r.spec_slot = worker->acquire_slot();
     // Penalties / logit_bias / min_tokens on the device (runtime/device_logits.h; CUDA plain

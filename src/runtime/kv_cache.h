@@ -23,6 +23,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/node_arena.h"
+
 #include "runtime/kv_store.h"
 
 namespace ts {
@@ -110,7 +112,7 @@ class KvCache {
     int32_t ref = 0;
     uint64_t hash = 0, parent = 0;
     bool hashed = false, has_parent = false;
-    std::list<int32_t>::iterator lru_it;
+    std::pmr::list<int32_t>::iterator lru_it;
     bool in_lru = false;
     uint64_t load_seq = 0;  // the host-tier load batch filling it (0: its contents are there)
   };
@@ -125,12 +127,16 @@ class KvCache {
   int block_size_;
   bool prefix_;
   std::vector<Block> blocks_;
+  // The LRU lists' and the hash index's nodes (at most one of each per block): set aside at
+  // construction, so committing and evicting blocks allocates nothing (declared before them).
+  NodeArena nodes_;
   struct Part {
     std::vector<int32_t> free;
-    std::list<int32_t> lru;  // front = least recently used
+    std::pmr::list<int32_t> lru;  // front = least recently used
+    explicit Part(std::pmr::memory_resource* m) : lru(m) {}
   };
   std::vector<Part> parts_;  // per DP group
-  std::unordered_map<uint64_t, int32_t> by_hash_;
+  std::pmr::unordered_map<uint64_t, int32_t> by_hash_;
   KvStore* store_ = nullptr;
   // Tokens of each hashed block (block id * block_size), kept for host-tier writebacks' and
   // removals' events only when events are on.

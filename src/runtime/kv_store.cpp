@@ -14,8 +14,12 @@
 
 namespace ts {
 
-KvStore::KvStore(int64_t num_blocks, int block_size) : block_size_(block_size), blocks_(size_t(num_blocks)) {
+KvStore::KvStore(int64_t num_blocks, int block_size)
+    : block_size_(block_size), blocks_(size_t(std::max<int64_t>(num_blocks, 0))),
+      nodes_(size_t(std::max<int64_t>(num_blocks, 0)) * 128 + (64 << 10)), lru_(nodes_.resource()),
+      by_hash_(nodes_.resource()) {
   TS_CHECK(num_blocks > 0 && block_size > 0, "KvStore: bad host pool {} x {}", num_blocks, block_size);
+  by_hash_.reserve(size_t(num_blocks));  // one entry per host block at most: never rehashed
   free_.reserve(size_t(num_blocks));
   for (int64_t i = num_blocks - 1; i >= 0; --i) free_.push_back(int32_t(i));  // hands out 0, 1, ... (copy runs)
 }
@@ -369,7 +373,13 @@ void KvStore::execute(const KvBlockOps& ops) {
     return;
   }
   auto t0 = std::chrono::steady_clock::now();
-  for_ranks([&](int r) { issue_rank(r, ops, b); });
+  // One reference captured: the std::function holds it inline (no allocation per plan).
+  struct Issue {
+    KvStore* self;
+    const KvBlockOps* ops;
+    Batch* b;
+  } issue{this, &ops, b};
+  for_ranks([&issue](int r) { issue.self->issue_rank(r, *issue.ops, issue.b); });
   if (device_ == Device::cuda) return;
   wb_done_ = wb_issued_;  // memcpys: done
   const double copy_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -40,6 +40,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/node_arena.h"
 #include "core/tensor.h"
 #include "models/forward_batch.h"
 
@@ -188,7 +189,7 @@ class KvStore {
     uint64_t wb_seq = 0;     // the writeback issue that fills it (> wb_done_: maybe still copying)
     int32_t through_dev = -1;  // a deferred write-through from this device block, not issued yet
     uint32_t gen = 0;          // bumped when the block is reassigned or its deferred copy moves
-    std::list<int32_t>::iterator lru_it;
+    std::pmr::list<int32_t>::iterator lru_it;
   };
   struct Through {  // a deferred write-through; void unless blocks_[host].gen == gen
     int32_t dev, host;
@@ -226,8 +227,9 @@ class KvStore {
   int block_size_;
   std::vector<Block> blocks_;
   std::vector<int32_t> free_;
-  std::list<int32_t> lru_;  // hashed host blocks; front = least recently used
-  std::unordered_map<uint64_t, int32_t> by_hash_;
+  NodeArena nodes_;  // lru_'s and by_hash_'s nodes (at most one each per host block)
+  std::pmr::list<int32_t> lru_;  // hashed host blocks; front = least recently used
+  std::pmr::unordered_map<uint64_t, int32_t> by_hash_;
   uint32_t epoch_ = 1;
   KvBlockOps ops_;
   std::deque<Batch> batches_;  // taken, in seq order; issued ones first

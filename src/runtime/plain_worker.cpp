@@ -43,6 +43,9 @@ void PlainWorker::stage(const StepPlan& plan, StagedStep& s) const {
     const bool last = r.num_computed + c.num_tokens == int(r.tokens.size());
     const size_t at = s.ids.size();
     s.ids.insert(s.ids.end(), r.tokens.begin() + r.num_computed, r.tokens.begin() + r.num_computed + c.num_tokens);
+    // (the request reserved its whole table: EngineImpl::reserve_for; so does the copy, which
+    // then never reallocates as the sequence grows)
+    if (s.tables[k].capacity() < r.block_table.capacity()) s.tables[k].reserve(r.block_table.capacity());
     s.tables[k].assign(r.block_table.begin(), r.block_table.end());
     s.seq.push_back({s.ids.data() + at, c.num_tokens, r.num_computed, &s.tables[k],
                      last ? SeqChunk::Logits::last : SeqChunk::Logits::none, r.state_slot ? *r.state_slot : -1});

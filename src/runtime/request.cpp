@@ -45,6 +45,7 @@ bool Stream::enqueue(StreamEvent& ev) {
     std::lock_guard<std::mutex> lk(mu_);
     due = !queued() && (notify_ || waker_);
     if (count_ == ring_.size()) {  // full: grow, oldest first
+      // (4 first: every slot is warm, holding a recycled event's buffers, after 4 pushes)
       std::vector<StreamEvent> bigger(std::max<size_t>(4, 2 * ring_.size()));
       for (size_t i = 0; i < count_; ++i) std::swap(bigger[i], ring_[(head_ + i) % ring_.size()]);
       ring_.swap(bigger);
