@@ -46,54 +46,21 @@ void steady_allocs(int n, int max_tokens, bool kvstore, long& allocs, int64_t& s
   o.disable_kvstore = !kvstore;
   Engine e(o);
   e.start();
-  auto prompts = code_prompts(e, n);
-  struct Waker : StreamWaker {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool woken = false;
-    void wake() override {
-      g_thread.store(std::this_thread::get_id());
-      std::lock_guard<std::mutex> lk(mu);
-      woken = true;
-      cv.notify_one();
-    }
-  };
-  auto waker = std::make_shared<Waker>();
-  std::vector<std::shared_ptr<Stream>> st;
-  for (auto& p : prompts) {
-    st.push_back(e.submit(greedy(p, max_tokens)));
-    st.back()->set_waker(waker, st.size() - 1);
-  }
-  int finished = 0, phase = 0;
-  int64_t received = 0, steps0 = 0;
-  std::vector<uint64_t> tags;
-  StreamEvent ev;
-  while (finished < n) {
-    {
-      std::unique_lock<std::mutex> lk(waker->mu);
-      ASSERT_TRUE(waker->cv.wait_for(lk, std::chrono::seconds(60), [&] { return waker->woken; }));
-      waker->woken = false;
-    }
-    waker->take(tags);
-    for (uint64_t i : tags)
-      while (st[i]->try_pop(ev)) {
-        ASSERT_TRUE(ev.error.empty()) << ev.error;
-        finished += ev.finished;
-        received += int64_t(ev.tokens.size());
-      }
-    if (phase == 0 && received >= int64_t(n) * max_tokens / 4) {
-      steps0 = e.metrics().steps;
-      g_allocs = 0;
-      g_counting = true;
-      phase = 1;
-    } else if (phase == 1 && received >= int64_t(n) * max_tokens * 3 / 4) {
-      g_counting = false;
-      steps = e.metrics().steps - steps0;
-      allocs = g_allocs.load();
-      phase = 2;
-    }
-  }
-  ASSERT_EQ(phase, 2);
+  int64_t steps0 = 0;
+  const int failed = drain_steady(
+      e, n, max_tokens,
+      [&](std::thread::id engine_thread) {
+        steps0 = e.metrics().steps;
+        g_thread = engine_thread;
+        g_allocs = 0;
+        g_counting = true;
+      },
+      [&] {
+        g_counting = false;
+        steps = e.metrics().steps - steps0;
+        allocs = g_allocs.load();
+      });
+  EXPECT_EQ(failed, 0);
 }
 
 TEST(EngineAllocations, SteadyDecodeStepsAllocateNothingOnTheEngineThread) {

@@ -248,57 +248,10 @@ void host_time_at(int n, int max_tokens, const std::string& model = demo_model()
   o.max_num_seqs = n;
   Engine e(o);
   e.start();
-  auto prompts = code_prompts(e, n);
-  // This thread drains every stream as the server's event loop does: one StreamWaker, woken
-  // once per step whatever the number of streams with output.
-  struct Waker : StreamWaker {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool woken = false;
-    void wake() override {
-      std::lock_guard<std::mutex> lk(mu);
-      woken = true;
-      cv.notify_one();
-    }
-  };
-  auto waker = std::make_shared<Waker>();
-  std::vector<std::shared_ptr<Stream>> st;
-  for (auto& p : prompts) {
-    st.push_back(e.submit(greedy(p, max_tokens)));
-    st.back()->set_waker(waker, st.size() - 1);
-  }
-  int finished = 0, failed = 0;
-  int64_t received = 0;
   // The figure: the mean over the steps between a quarter and three quarters of the tokens,
   // all n requests decoding (not the prefill steps, nor the last one, which finishes all n).
   EngineMetrics m0, m;
-  int snapped = 0;
-  std::vector<uint64_t> tags;
-  while (finished < n) {
-    {
-      std::unique_lock<std::mutex> lk(waker->mu);
-      ASSERT_TRUE(waker->cv.wait_for(lk, std::chrono::seconds(60), [&] { return waker->woken; })) << "no output for 60 s";
-      waker->woken = false;
-    }
-    waker->take(tags);
-    StreamEvent ev;
-    for (uint64_t i : tags)
-      while (st[i]->try_pop(ev)) {
-        if (!ev.error.empty()) ++failed;
-        if (ev.finished) ++finished;
-        received += int64_t(ev.tokens.size());
-      }
-    if (snapped == 0 && received >= int64_t(n) * max_tokens / 4) {
-      m0 = e.metrics();
-      snapped = 1;
-    }
-    if (snapped == 1 && received >= int64_t(n) * max_tokens * 3 / 4) {
-      m = e.metrics();
-      snapped = 2;
-    }
-  }
-  EXPECT_EQ(failed, 0);
-  ASSERT_EQ(snapped, 2);
+  EXPECT_EQ(drain_steady(e, n, max_tokens, [&](std::thread::id) { m0 = e.metrics(); }, [&] { m = e.metrics(); }), 0);
   ASSERT_GT(m.steps, m0.steps);
   const double mean_us = (m.step_host_seconds - m0.step_host_seconds) * 1e6 / double(m.steps - m0.steps);
   std::printf("  engine host time per step at %d running requests, %s: %.1f us (engine thread CPU, mean of steps %lld..%lld; "

@@ -3,7 +3,9 @@
 #include "ts_source_dir.h"  // TS_SOURCE_DIR (generated: the checkout's path)
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/engine.h"
@@ -106,5 +108,14 @@ inline GenerateParams greedy(std::vector<int32_t> prompt, int max_tokens) {
 
 // Code-like prompts of varied lengths, tokenized by the engine's tokenizer.
 std::vector<std::vector<int32_t>> code_prompts(const Engine& e, int n);
+
+// Submits n greedy requests (code_prompts, max_tokens each) and drains them on this thread as
+// the server's event loop does: one StreamWaker, woken once per engine step. `begin` runs once
+// the consumer has received a quarter of all tokens, `end` at three quarters: between them every
+// request decodes (no prefill, no finish). begin gets the thread that woke the consumer (the
+// engine thread). Returns the number of requests that ended with an error; throws after 60 s
+// without output.
+int drain_steady(Engine& e, int n, int max_tokens, const std::function<void(std::thread::id)>& begin,
+                 const std::function<void()>& end);
 
 }  // namespace ts::test
