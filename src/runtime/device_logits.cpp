@@ -43,7 +43,7 @@ bool DeviceLogits::supported(const Request& r) {
   if (!wants(r) || r.params.logprobs >= 0) return false;
   const LogitsConstraints* c = r.constraints.get();
   if (!c) return true;
-  if (c->has_grammar() || c->bias().size() > size_t(ops::kLogitsMaxBias) ||
+  if (c->has_grammar() || c->has_bad_sequences() || c->bias().size() > size_t(ops::kLogitsMaxBias) ||
       c->min_stop_ids().size() > size_t(ops::kLogitsMaxStops))
     return false;
   // Duplicate bias ids add up in order on the host; the kernel has one writer per id.

@@ -636,8 +636,15 @@ std::shared_ptr<Stream> EngineImpl::submit(GenerateParams p) {
   // Jump-forward: not under EAGLE3 (its verify rows are one token per step and position), nor
   // with --disable-jump-forward.
   if (spec || opts.disable_jump_forward) p.jump_forward = false;
+  std::vector<std::vector<int32_t>> bad_words = bad_word_ids(*tokenizer, p.bad_words);
+  if (spec)
+    for (auto& w : bad_words)
+      if (w.size() > 1)
+        throw InvalidRequest("'bad_words' of more than one token are not supported with speculative decoding (the draft "
+                             "and verify steps ban one-token words only)",
+                             "bad_words");
   auto r = std::make_shared<Request>();
-  r->constraints = LogitsConstraints::make(p, std::vector<int32_t>(eos.begin(), eos.end()));
+  r->constraints = LogitsConstraints::make(p, std::vector<int32_t>(eos.begin(), eos.end()), std::move(bad_words));
   r->stream = std::make_shared<Stream>();
   r->tokens = p.prompt;
   r->prompt_len = int(p.prompt.size());

@@ -54,6 +54,11 @@ struct GenerateParams {
   std::shared_ptr<const StructuredRequest> structured;
   std::vector<std::pair<int32_t, float>> logit_bias;
   int min_tokens = 0;
+  // vLLM's bad_words: words never generated. Engine::submit tokenizes each (bad_word_ids: without
+  // special tokens, as written and after a space); a one-token run is banned everywhere (a -inf
+  // bias: device paths too), a longer one bans its last token where the output ends with the
+  // others (host logits).
+  std::vector<std::string> bad_words;
   // Jump-forward decoding for a grammar (runtime/structured.h): bytes the grammar forces are
   // appended as tokens without sampling them. The engine turns it off under EAGLE3, with
   // EngineOptions::disable_jump_forward, and for requests with logprobs.

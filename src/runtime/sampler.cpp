@@ -144,7 +144,11 @@ void sample_batch(Tensor& logits, const std::vector<const Request*>& reqs, std::
     apply_penalties(row, vocab, r);
     // logit_bias, min_tokens, then the grammar mask (its next-step mask was computed on a mask
     // thread while this step's forward ran).
-    if (r.constraints) r.constraints->apply(row, vocab, r.num_generated());
+    if (r.constraints) {
+      r.constraints->apply(row, vocab, r.num_generated());
+      // (host rows run the simple loop: r.tokens holds no future id here)
+      r.constraints->apply_bad_sequences(row, vocab, r.tokens.data() + r.prompt_len, size_t(r.num_generated()));
+    }
     rows[size_t(i)] = sampling_row(r);
   }
   ops::sample(logits, rows, ids);

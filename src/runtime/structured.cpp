@@ -147,18 +147,42 @@ std::shared_ptr<const StructuredRequest> GrammarCache::prepare(const StructuredR
   return out;
 }
 
+std::vector<std::vector<int32_t>> bad_word_ids(const tok::Tokenizer& t, const std::vector<std::string>& words) {
+  std::vector<std::vector<int32_t>> out;
+  for (const std::string& word : words) {
+    const size_t b = word.find_first_not_of(" \t\n\r");
+    const std::string w = b == std::string::npos ? std::string() : word.substr(b);
+    std::vector<int32_t> plain = w.empty() ? std::vector<int32_t>() : t.encode(w, false);
+    if (plain.empty()) throw InvalidRequest(fmt::format("'bad_words' entry '{}' has no tokens", word), "bad_words");
+    std::vector<int32_t> spaced = t.encode(" " + w, false);
+    // (vLLM keeps the spaced run only when it is as long as the plain one, so banning
+    // "polynomials" there misses " polynomials" when the two split differently; a banned word
+    // is banned after a space too here.)
+    const bool other = !spaced.empty() && spaced != plain;
+    out.push_back(std::move(plain));
+    if (other) out.push_back(std::move(spaced));
+  }
+  return out;
+}
+
 // --- LogitsConstraints -----------------------------------------------------------------------
 bool has_constraints(const GenerateParams& p) {
   return (p.structured && p.structured->compiled) || !p.logit_bias.empty() || p.min_tokens > 0;
 }
 
-std::shared_ptr<LogitsConstraints> LogitsConstraints::make(const GenerateParams& p, const std::vector<int32_t>& stop_ids) {
-  if (!has_constraints(p)) return nullptr;
-  return std::make_shared<LogitsConstraints>(p, stop_ids);
+std::shared_ptr<LogitsConstraints> LogitsConstraints::make(const GenerateParams& p, const std::vector<int32_t>& stop_ids,
+                                                           std::vector<std::vector<int32_t>> bad_words) {
+  if (!has_constraints(p) && bad_words.empty()) return nullptr;
+  return std::make_shared<LogitsConstraints>(p, stop_ids, std::move(bad_words));
 }
 
-LogitsConstraints::LogitsConstraints(const GenerateParams& p, const std::vector<int32_t>& stop_ids)
+LogitsConstraints::LogitsConstraints(const GenerateParams& p, const std::vector<int32_t>& stop_ids,
+                                     std::vector<std::vector<int32_t>> bad_words)
     : bias_(p.logit_bias), min_tokens_(p.min_tokens) {
+  for (auto& w : bad_words) {
+    if (w.size() == 1) bias_.emplace_back(w[0], -INFINITY);  // banned everywhere: a bias (device paths too)
+    else if (w.size() > 1) bad_seqs_.push_back(std::move(w));
+  }
   if (min_tokens_ > 0) {
     min_stop_ = stop_ids;
     min_stop_.insert(min_stop_.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
@@ -322,6 +346,14 @@ void LogitsConstraints::take_forced(std::vector<int32_t>& out) {
 bool LogitsConstraints::forced_ready() {
   std::lock_guard<std::mutex> lk(mu_);
   return forced_ready_;
+}
+
+void LogitsConstraints::apply_bad_sequences(float* l, int64_t vocab, const int32_t* out, size_t n) const {
+  for (const auto& w : bad_seqs_) {
+    const size_t k = w.size() - 1;  // the tokens that must end the output
+    if (k > n || !std::equal(w.begin(), w.begin() + long(k), out + (n - k))) continue;
+    if (w.back() >= 0 && w.back() < vocab) l[w.back()] = -INFINITY;
+  }
 }
 
 void LogitsConstraints::apply(float* l, int64_t vocab, int n_generated) {

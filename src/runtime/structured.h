@@ -48,6 +48,12 @@ class Vocab;
 
 namespace ts {
 
+// GenerateParams::bad_words as token sequences, as vLLM makes them (each word without leading
+// whitespace, tokenized without special tokens, and again after a space), except that the spaced
+// run is kept whenever it differs (vLLM: only when as long as the plain one). Throws
+// InvalidRequest for a word with no tokens.
+std::vector<std::vector<int32_t>> bad_word_ids(const tok::Tokenizer& t, const std::vector<std::string>& words);
+
 struct StructuredRequest {
   enum class Reasoning { none, qwen3, deepseek_r1 };
   std::string kind;  // what the client asked for (json_schema, json_object, regex, choice, grammar, tool_call)
@@ -101,8 +107,11 @@ class LogitsConstraints {
  public:
   // Null when `p` has no constraint. `stop_ids`: what min_tokens masks (the engine's eos ids;
   // the request's stop_token_ids are added).
-  static std::shared_ptr<LogitsConstraints> make(const GenerateParams& p, const std::vector<int32_t>& stop_ids);
-  LogitsConstraints(const GenerateParams& p, const std::vector<int32_t>& stop_ids);
+  // bad_words: GenerateParams::bad_words as token sequences (Engine::submit tokenizes them).
+  static std::shared_ptr<LogitsConstraints> make(const GenerateParams& p, const std::vector<int32_t>& stop_ids,
+                                                 std::vector<std::vector<int32_t>> bad_words = {});
+  LogitsConstraints(const GenerateParams& p, const std::vector<int32_t>& stop_ids,
+                    std::vector<std::vector<int32_t>> bad_words = {});
   ~LogitsConstraints();
 
   // One host logits row [vocab] before sampling, `n_generated` tokens generated so far: biases,
@@ -117,7 +126,12 @@ class LogitsConstraints {
   bool failed() const { return failed_; }
   bool has_grammar() const { return has_grammar_; }
   // Only a grammar (no logit_bias / min_tokens): the mask can be applied on device logits.
-  bool device_maskable() const { return has_grammar_ && bias_.empty() && min_tokens_ == 0; }
+  bool device_maskable() const { return has_grammar_ && bias_.empty() && min_tokens_ == 0 && bad_seqs_.empty(); }
+  // Bad words of two or more tokens (one-token ones are -inf biases): they need the output so far,
+  // so only the host sampler applies them (apply_bad_sequences; DeviceLogits refuses them).
+  bool has_bad_sequences() const { return !bad_seqs_.empty(); }
+  // Bans the last token of every bad sequence whose other tokens end `out` ([n] generated ids).
+  void apply_bad_sequences(float* logits, int64_t vocab, const int32_t* out, size_t n) const;
   // Tokens accept()ed so far plus the forced tokens the mask jobs accepted (= the request's
   // generated tokens once the engine took every forced run).
   int64_t accepted() const;
@@ -178,6 +192,7 @@ class LogitsConstraints {
   void enter_free_text();  // reasoning ended / a triggered match ended with repeat
   void free_text(int32_t token);  // scans for the trigger; may enter the grammar
   std::vector<std::pair<int32_t, float>> bias_;
+  std::vector<std::vector<int32_t>> bad_seqs_;  // >= 2 tokens each
   std::vector<int32_t> min_stop_;
   int min_tokens_ = 0;
   std::unique_ptr<grammar::Matcher> matcher_;

@@ -177,6 +177,18 @@ void parse_sampling(const Json& body, GenerateParams& p, int64_t vocab_size) {
     }
   }
   if (auto b = get_bool(body, "ignore_eos")) p.ignore_eos = *b;
+  // vLLM's bad_words (the engine tokenizes them: GenerateParams::bad_words).
+  if (auto it = body.find("bad_words"); it != body.end() && !it->is_null()) {
+    if (!it->is_array()) bad("'bad_words' must be a list of strings", "bad_words");
+    if (it->size() > 1024) bad(fmt::format("'bad_words' holds {} words; at most 1024", it->size()), "bad_words");
+    for (auto& w : *it) {
+      if (!w.is_string()) bad("'bad_words' must be a list of strings", "bad_words");
+      const std::string& s = w.get_ref<const std::string&>();
+      if (s.find_first_not_of(" \t\n\r") == std::string::npos) bad("'bad_words' entries must not be empty", "bad_words");
+      if (s.size() > 1024) bad("'bad_words' entries must be at most 1024 bytes", "bad_words");
+      p.bad_words.push_back(s);
+    }
+  }
   parse_logit_constraints(body, p, vocab_size);
 }
 

@@ -282,6 +282,23 @@ test('logit_bias and min_tokens are applied in the sampler', async () => {
   assert.equal(badBias.json.error.param, 'logit_bias');
 });
 
+test('bad_words (vLLM) are never generated', async () => {
+  const C = `${srv.url}/v1/completions`;
+  const body = { prompt: 'def fibonacci(n):\n', max_tokens: 16, temperature: 0 };
+  const plain = await postJson(C, body);
+  assert.equal(plain.status, 200, plain.text);
+  // Ban a word of the greedy output (its longest space-separated piece of letters).
+  const words = plain.json.choices[0].text.match(/[A-Za-z]{4,}/g) ?? [];
+  assert.ok(words.length > 0, plain.text);
+  const word = words.reduce((a, b) => (b.length > a.length ? b : a));
+  const banned = await postJson(C, { ...body, bad_words: [word] });
+  assert.equal(banned.status, 200, banned.text);
+  assert.ok(!banned.json.choices[0].text.includes(word), `${word}: ${banned.text}`);
+  const empty = await postJson(C, { ...body, bad_words: ['  '] });
+  assert.equal(empty.status, 400);
+  assert.equal(empty.json.error.param, 'bad_words');
+});
+
 test('Vercel AI SDK: generateObject and a required tool call', async (t) => {
   if (!haveChat) return t.skip('no Jinja engine');
   const provider = createOpenAICompatible({ name: 'tokenspeed', baseURL: `${srv.url}/v1`, apiKey: 'none', supportsStructuredOutputs: true });

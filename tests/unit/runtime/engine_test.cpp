@@ -2,7 +2,10 @@
 // size), retraction under a tiny pool, stops, usage accounting and bad input.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "engine_test_util.h"
+#include "runtime/structured.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace ts;
@@ -220,6 +223,47 @@ TEST(EngineStream, NotifyThenTryPopDrainsEveryEvent) {
   EXPECT_EQ(tokens, 8);
   StreamEvent ev;
   EXPECT_FALSE(st->try_pop(ev));
+}
+
+bool contains_run(const std::vector<int32_t>& v, const std::vector<int32_t>& run) {
+  return std::search(v.begin(), v.end(), run.begin(), run.end()) != v.end();
+}
+
+// vLLM's bad_words through the engine (CPU backend, greedy): a word the model writes, banned,
+// never appears as any of its token runs; one of one token and one of several.
+TEST(EngineSampling, BadWordsAreNeverGenerated) {
+  Engine e(small_engine());
+  e.start();
+  const auto& tok = e.tokenizer();
+  GenerateParams p = greedy(tok.encode("def fibonacci(n):\n", true), 32);
+  const Result plain = collect(e.submit(p));
+  ASSERT_GE(plain.tokens.size(), 8u);
+  for (int width : {1, 2}) {
+    // The first run of `width` generated tokens whose text, as a bad word, has a token run
+    // the plain output contains (so banning it must change the output).
+    std::string word;
+    std::vector<std::vector<int32_t>> seqs;
+    for (size_t k = 0; k + size_t(width) <= plain.tokens.size() && word.empty(); ++k) {
+      std::string w = tok.decode(plain.tokens.data() + k, size_t(width));
+      if (w.find_first_not_of(" \t\n\r") == std::string::npos) continue;
+      auto ids = bad_word_ids(tok, {w});
+      for (auto& s : ids)
+        if (int(s.size()) == width && contains_run(plain.tokens, s)) {
+          word = w;
+          seqs = ids;
+        }
+    }
+    ASSERT_FALSE(word.empty()) << "no " << width << "-token word in the output";
+    GenerateParams q = p;
+    q.bad_words = {word};
+    const Result banned = collect(e.submit(q));
+    ASSERT_TRUE(banned.error.empty()) << banned.error;
+    EXPECT_NE(banned.tokens, plain.tokens) << "banning '" << word << "' changed nothing";
+    for (auto& s : seqs) EXPECT_FALSE(contains_run(banned.tokens, s)) << "'" << word << "' was generated";
+  }
+  GenerateParams empty = p;
+  empty.bad_words = {"\n"};  // whitespace only: nothing to ban is a client error
+  EXPECT_THROW(e.submit(empty), InvalidRequest);
 }
 
 TEST(EngineSampling, SeededSamplingIsReproducible) {

@@ -123,6 +123,35 @@ TEST(Structured, LogitBiasAndMinTokens) {
   EXPECT_FLOAT_EQ(l[9], 0.0f);
 }
 
+TEST(Structured, BadWords) {
+  GenerateParams p;
+  // One-token words become -inf biases (device paths too); longer ones ban their last token
+  // where the output ends with the rest.
+  auto c = LogitsConstraints::make(p, {kStop}, {{'x'}, {'a', 'b', 'c'}});
+  ASSERT_TRUE(c);
+  EXPECT_TRUE(c->has_bad_sequences());
+  EXPECT_FALSE(c->device_maskable());
+  ASSERT_EQ(c->bias().size(), 1u);
+  EXPECT_EQ(c->bias()[0].first, 'x');
+  auto l = flat_logits();
+  c->apply(l.data(), kV, 0);
+  EXPECT_EQ(l['x'], -INFINITY);
+  EXPECT_EQ(allowed(l), kV - 1);
+  const std::vector<int32_t> out = {'z', 'a', 'b'};
+  l = flat_logits();
+  c->apply_bad_sequences(l.data(), kV, out.data(), out.size());  // ends with "ab": 'c' banned
+  EXPECT_EQ(l['c'], -INFINITY);
+  EXPECT_EQ(allowed(l), kV - 1);
+  l = flat_logits();
+  c->apply_bad_sequences(l.data(), kV, out.data(), 2);  // "za": nothing
+  EXPECT_EQ(allowed(l), kV);
+  l = flat_logits();
+  c->apply_bad_sequences(l.data(), kV, out.data() + 1, 1);  // "a" alone: shorter than the prefix
+  EXPECT_EQ(allowed(l), kV);
+  // No bad words, nothing else: no constraints object at all.
+  EXPECT_FALSE(LogitsConstraints::make(p, {kStop}, {}));
+}
+
 TEST(Structured, GrammarWinsOverMinTokens) {
   GenerateParams p;
   p.structured = structured(grammar::choice_grammar({"a"}));

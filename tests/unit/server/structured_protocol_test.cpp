@@ -126,6 +126,24 @@ TEST(StructuredFields, LogitBiasAndMinTokens) {
   bad(R"({"min_tokens": 9, "max_tokens": 8})", "min_tokens");
 }
 
+TEST(StructuredFields, BadWords) {
+  GenerateParams p;
+  parse_sampling(Json::parse(R"({"bad_words": ["foo", " bar baz"]})"), p, 100);
+  EXPECT_EQ(p.bad_words, (std::vector<std::string>{"foo", " bar baz"}));
+  auto bad = [](const char* body) {
+    GenerateParams q;
+    try {
+      parse_sampling(Json::parse(body), q, 100);
+      ADD_FAILURE() << body;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.param, "bad_words") << e.what();
+    }
+  };
+  bad(R"({"bad_words": "foo"})");
+  bad(R"({"bad_words": [1]})");
+  bad(R"({"bad_words": ["  "]})");
+}
+
 TEST(StructuredFields, ChatRequestCarriesThem) {
   ModelInfo mi{"m", "m", 4096, 1000};
   ChatRequest r = parse_chat_request(Json::parse(R"({"messages": [{"role": "user", "content": "hi"}],
