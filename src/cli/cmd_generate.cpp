@@ -43,6 +43,7 @@ int cmd_generate(int argc, char** argv) {
   app.add_option("--presence-penalty", gp.presence_penalty, "OpenAI presence penalty on output tokens (0 = off)");
   app.add_option("--frequency-penalty", gp.frequency_penalty, "OpenAI frequency penalty on output tokens (0 = off)");
   app.add_option("--min-tokens", gp.min_tokens, "mask the eos ids until this many tokens are generated");
+  app.add_option("--bad-words", gp.bad_words, "words never generated (vLLM's bad_words; repeatable)");
   app.add_option("--logprobs", gp.logprobs, "also print each token's logprob and the top-k alternatives (JSON, stderr)");
   app.add_flag("--print-ids", print_ids, "print the generated token ids as a JSON list instead of text");
   app.add_option("--spec-trace", trace_file, "write the speculative decoding trace (tokens, drafts, accepted) as JSON");

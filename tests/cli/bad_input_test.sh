@@ -23,6 +23,8 @@ M=$SRC/tests/data/llama3
 # --kv-cache-dtype: an unknown type, and FP8 on a model with an MLA latent cache.
 expect_error "--kv-cache-dtype 'fp4' is not supported" "$BIN" generate --model "$M" --device cpu --kv-cache-dtype fp4 --prompt-ids 1,2
 expect_error "latent" "$BIN" generate --model "$SRC/tests/data/deepseek_v3" --device cpu --kv-cache-dtype fp8 --prompt-ids 1,2
+# --bad-words: a whitespace-only word names the field.
+expect_error "bad_words" "$BIN" generate --model "$M" --device cpu --prompt-ids 1,2 --bad-words " "
 # Missing model directory.
 expect_error "does not exist" "$BIN" generate --model "$T/nope" --prompt-ids 1,2
 # A directory that is not a model (no config.json).
