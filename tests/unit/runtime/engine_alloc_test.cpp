@@ -24,12 +24,31 @@ void* counted_alloc(size_t n) {
 }
 }  // namespace
 
+// Every non-aligned form is replaced, nothrow ones included: a form left to the runtime (or to a
+// sanitizer's interposer) would pair its own allocation with this free (ASan: alloc-dealloc
+// mismatch). The aligned forms stay the runtime's, new and delete alike.
 void* operator new(size_t n) { return counted_alloc(n); }
 void* operator new[](size_t n) { return counted_alloc(n); }
+void* operator new(size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return counted_alloc(n);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void* operator new[](size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return counted_alloc(n);
+  } catch (...) {
+    return nullptr;
+  }
+}
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, size_t) noexcept { std::free(p); }
 void operator delete[](void* p, size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
 
 namespace ts {
 namespace {
