@@ -99,7 +99,7 @@ struct Transport::Impl : std::enable_shared_from_this<Transport::Impl> {
     }
   };
   std::shared_ptr<Waker> waker = std::make_shared<Waker>();
-  std::vector<uint64_t> marked;  // pump_marked's (one runs at a time: see there)
+  std::vector<uint64_t> marked;  // pump_marked's take buffer (guarded by marked_mu)
   std::mutex marked_mu;
   void pump_marked();
   std::unordered_map<std::string, int> per_ip;
