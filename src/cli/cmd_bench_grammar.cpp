@@ -16,6 +16,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/thread_clock.h"
 #include "grammar/json_schema.h"
 #include "grammar/matcher.h"
 #include "tokenizer/tokenizer.h"
@@ -25,12 +26,7 @@ namespace {
 using json = nlohmann::ordered_json;  // schema key order = property order
 using Clock = std::chrono::steady_clock;
 
-// CPU time of this thread in µs: on a shared machine wall time also counts time descheduled.
-double thread_cpu_us() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) * 1e6 + static_cast<double>(ts.tv_nsec) * 1e-3;
-}
+double thread_cpu_us() { return ts::thread_cpu_seconds() * 1e6; }
 
 struct Case {
   std::string name;

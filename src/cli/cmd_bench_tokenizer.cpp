@@ -9,6 +9,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/thread_clock.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -68,13 +69,6 @@ std::string synth_python(size_t bytes) {
   return out;
 }
 
-// CPU time of this thread: on a shared machine wall time also counts time spent descheduled.
-double thread_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
-}
-
 int cmd_bench_tokenizer(int argc, char** argv) {
   CLI::App app{"Measure single-thread tokenizer encode/decode throughput (MB = 10^6 bytes)", "tokenspeed bench-tokenizer"};
   std::string tokenizer, text_file;
@@ -109,9 +103,9 @@ int cmd_bench_tokenizer(int argc, char** argv) {
   std::vector<int32_t> ids;
   for (int i = 0; i < iters; ++i) {
     auto t0 = clock::now();
-    double c0 = thread_cpu_seconds();
+    double c0 = ts::thread_cpu_seconds();
     ids = tok->encode(text);
-    double c1 = thread_cpu_seconds();
+    double c1 = ts::thread_cpu_seconds();
     auto t1 = clock::now();
     std::string back = tok->decode(ids);
     auto t2 = clock::now();

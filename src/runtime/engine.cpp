@@ -4,13 +4,13 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
-#include <ctime>
 #include <future>
 #include <random>
 #include <unordered_set>
 
 #include "core/device_memory.h"
 #include "core/log.h"
+#include "core/thread_clock.h"
 #include "models/model.h"
 #include "runtime/cuda_graph_runner.h"
 #include "runtime/device_logits.h"
@@ -292,11 +292,7 @@ class EngineImpl {
   double inline_copy_us() { return store ? store->take_inline_copy_seconds() * 1e6 : 0.0; }
   // This thread's CPU time in us: the host-time figures count the engine's own work, not the
   // time it waits or is descheduled (a 2-core machine running a CPU forward beside it).
-  static double thread_cpu_us() {
-    timespec ts{};
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return double(ts.tv_sec) * 1e6 + double(ts.tv_nsec) * 1e-3;
-  }
+  static double thread_cpu_us() { return thread_cpu_seconds() * 1e6; }
   void start_graphs(const EngineOptions& o, const SchedulerOptions& so);
   void refresh_gauges();  // running/waiting/KV usage
   void start_kvstore(const EngineOptions& o);
