@@ -696,13 +696,23 @@ std::shared_ptr<ContextMask> make_mask(const Vocab& v, std::vector<int32_t>& acc
   return pm;
 }
 
-// The probe's start: the top position over the key's frames, on its bottom (kRoot/kSentinel).
-int32_t probe_start(const std::vector<int32_t>& key, NodePool& pool, StateTable& table) {
+// Probes `key` (the top position over its frames, on its bottom: kRoot or kSentinel) against
+// the tokens of `list` (ids[i]: the id of list entry i): accepted ids into acc, uncertain ones
+// (they cross the bottom of a cut probe) into uncertain, in list order.
+template <class List>
+void probe_tokens(const FlatGrammar& g, const std::vector<int32_t>& key, const List& list, const int32_t* ids,
+                  std::vector<int32_t>& acc, std::vector<int32_t>& uncertain) {
+  NodePool pool;
+  Stepper st(g, pool);
+  StateTable table(st);
   ParseState init;
   int32_t parent = key.back();
   for (size_t i = key.size() - 2; i >= 1; --i) parent = pool.get(key[i], parent);
   init.nodes = {pool.get(key[0], parent)};
-  return table.intern(std::move(init));
+  walk_table(table, list, table.intern(std::move(init)), [&](size_t i, int fate) {
+    if (fate == 1) acc.push_back(ids[i]);
+    else if (fate == 2) uncertain.push_back(ids[i]);
+  });
 }
 
 }  // namespace
@@ -742,21 +752,6 @@ std::string CompiledGrammar::structural_key(const std::vector<int32_t>& key) con
   return out;
 }
 
-// The full walk of the vocabulary for `key`.
-std::shared_ptr<const CompiledGrammar::PosMask> CompiledGrammar::walk_vocab(const std::vector<int32_t>& key) const {
-  NodePool pool;
-  Stepper st(flat_, pool);
-  StateTable table(st);
-  const int32_t start = probe_start(key, pool, table);
-  const auto& ids = vocab_->sorted();
-  std::vector<int32_t> acc, uncertain;
-  walk_table(table, SortedVocabList(*vocab_), start, [&](size_t i, int fate) {
-    if (fate == 1) acc.push_back(ids[i]);
-    else if (fate == 2) uncertain.push_back(ids[i]);
-  });
-  return make_mask(*vocab_, acc, std::move(uncertain));
-}
-
 // key = [top position, return positions of the frames below (up to kContextDepth), kRoot or
 // kSentinel].
 const CompiledGrammar::PosMask& CompiledGrammar::context_mask_locked(const std::vector<int32_t>& key) const {
@@ -771,21 +766,19 @@ const CompiledGrammar::PosMask& CompiledGrammar::context_mask_locked(const std::
     SharedMaskCache& shared = vocab_->shared_masks();
     const std::string sk = structural_key(key);
     pm = shared.find(sk);
-    if (!pm) pm = shared.insert(sk, walk_vocab(key));
+    if (!pm) {
+      std::vector<int32_t> acc, uncertain;
+      probe_tokens(flat_, key, SortedVocabList(*vocab_), vocab_->sorted().data(), acc, uncertain);
+      pm = shared.insert(sk, make_mask(*vocab_, acc, std::move(uncertain)));
+    }
   } else {
     // The cut's verdicts stand; its uncertain tokens are decided (or left uncertain) here.
     std::vector<int32_t> cut(key.begin(), key.begin() + 1 + kSharedDepth);
     cut.push_back(NodePool::kSentinel);
     const PosMask& base = context_mask_locked(cut);
-    NodePool pool;
-    Stepper st(flat_, pool);
-    StateTable table(st);
-    const int32_t start = probe_start(key, pool, table);
     std::vector<int32_t> acc, uncertain;
-    walk_table(table, IdList{*vocab_, base.uncertain, base.uncertain_lcp.data()}, start, [&](size_t i, int fate) {
-      if (fate == 1) acc.push_back(base.uncertain[i]);
-      else if (fate == 2) uncertain.push_back(base.uncertain[i]);
-    });
+    probe_tokens(flat_, key, IdList{*vocab_, base.uncertain, base.uncertain_lcp.data()}, base.uncertain.data(), acc,
+                 uncertain);
     if (!base.accepted_bits.empty()) {
       for (size_t w = 0; w < base.accepted_bits.size(); ++w)
         for (uint32_t bits = base.accepted_bits[w]; bits; bits &= bits - 1)

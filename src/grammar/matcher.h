@@ -164,7 +164,6 @@ class CompiledGrammar {
   mutable std::mutex mu_;
   mutable std::unordered_map<std::string, std::shared_ptr<const PosMask>> masks_;  // key bytes -> split
   const PosMask& context_mask_locked(const std::vector<int32_t>& key) const;  // mu_ held
-  std::shared_ptr<const PosMask> walk_vocab(const std::vector<int32_t>& key) const;
   // The grammar reachable from the key's positions (what a probe from it can step through),
   // serialized with rules renumbered in discovery order, plus the key's bottom (kRoot or
   // kSentinel): equal for two keys exactly when their probes walk isomorphic grammars.
