@@ -4,6 +4,7 @@
 // std::pmr containers declared after the arena (they must die first). One owner thread.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <memory_resource>
 
 namespace ts {
@@ -16,6 +17,9 @@ class NodeArena {
   NodeArena(const NodeArena&) = delete;
   NodeArena& operator=(const NodeArena&) = delete;
   std::pmr::memory_resource* resource() { return &pool_; }
+  // For a hash index (node ~24 B, bucket 8 B, primes past the count) and an LRU list (node
+  // ~24 B) of at most one entry each per block: doubled for the pool's chunking, plus a margin.
+  static size_t bytes_for_blocks(int64_t blocks) { return size_t(blocks > 0 ? blocks : 0) * 128 + (64 << 10); }
 
  private:
   std::pmr::monotonic_buffer_resource arena_;

@@ -8,13 +8,9 @@
 
 namespace ts {
 
-// Per block: a hash-index node (~24 B) and bucket (8 B, primes past the count), an LRU node
-// (~24 B); doubled for the pool's chunking, plus a margin.
-static size_t index_arena_bytes(int64_t num_blocks) { return size_t(std::max<int64_t>(num_blocks, 0)) * 128 + (64 << 10); }
-
 KvCache::KvCache(int64_t num_blocks, int block_size, bool enable_prefix_cache, int groups)
     : block_size_(block_size), prefix_(enable_prefix_cache), blocks_(size_t(std::max<int64_t>(num_blocks, 0))),
-      nodes_(index_arena_bytes(num_blocks)), by_hash_(nodes_.resource()) {
+      nodes_(NodeArena::bytes_for_blocks(num_blocks)), by_hash_(nodes_.resource()) {
   TS_CHECK(num_blocks > 0 && block_size > 0, "KvCache: bad pool {} x {}", num_blocks, block_size);
   TS_CHECK(groups >= 1 && num_blocks % groups == 0, "KvCache: {} blocks do not split into {} groups", num_blocks, groups);
   if (prefix_) by_hash_.reserve(size_t(num_blocks));  // one entry per block at most: never rehashed

@@ -16,7 +16,7 @@ namespace ts {
 
 KvStore::KvStore(int64_t num_blocks, int block_size)
     : block_size_(block_size), blocks_(size_t(std::max<int64_t>(num_blocks, 0))),
-      nodes_(size_t(std::max<int64_t>(num_blocks, 0)) * 128 + (64 << 10)), lru_(nodes_.resource()),
+      nodes_(NodeArena::bytes_for_blocks(num_blocks)), lru_(nodes_.resource()),
       by_hash_(nodes_.resource()) {
   TS_CHECK(num_blocks > 0 && block_size > 0, "KvStore: bad host pool {} x {}", num_blocks, block_size);
   by_hash_.reserve(size_t(num_blocks));  // one entry per host block at most: never rehashed
