@@ -8,6 +8,8 @@
 //       bench/kernels/attention_emu.cpp -o /tmp/attention_emu && /tmp/attention_emu
 #include <cuda_bf16.h>
 
+#include "core/fp8.h"
+
 #include <algorithm>
 #include <barrier>
 #include <climits>
@@ -88,7 +90,10 @@ struct AttnParams {
   int64_t q_s0, q_s1;
   const __nv_bfloat16* kc;
   const __nv_bfloat16* vc;
+  const uint8_t* kc8;
+  const uint8_t* vc8;
   int64_t kc_tok, vc_tok;
+  float k_deq, v_deq, v_out;
   const int32_t* cu_q;
   const int32_t* kv_len;
   const int32_t* bt;
@@ -176,6 +181,19 @@ inline void cp_async16(void* smem, const void* gmem) { t_pending.push_back({smem
 
 }  // namespace
 }  // namespace ts::ops::cuda
+
+// kv_fp8.cuh's reading: 8 e4m3 bytes -> 8 bf16 (exact in bf16: e4m3 has 3 mantissa bits).
+namespace ts::ops::cuda::kvfp8 {
+inline uint4 to_bf16x8(const uint2& v) {
+  uint8_t b[8];
+  std::memcpy(b, &v, 8);
+  uint16_t h[8];
+  for (int i = 0; i < 8; ++i) h[i] = __bfloat16_as_ushort(__float2bfloat16(::ts::e4m3_to_f32(b[i])));
+  uint4 r;
+  std::memcpy(&r, h, 16);
+  return r;
+}
+}  // namespace ts::ops::cuda::kvfp8
 
 // PTX helpers of attention_v2.cuh.
 namespace ts::ops::cuda {
@@ -265,8 +283,10 @@ struct Seq {
 };
 
 // path 3: decode (forced splits; 0 = 1 split), 4/5/6: prefill variants.
+// fp8: e4m3 caches (kv_fp8.cuh) with per-tensor scales k_scale / v_scale (0: bf16 caches).
 static bool run_case(const std::vector<Seq>& seqs, int nkv, int G, int hd, int bs, int path, int splits,
-                     int pad, int bound = 0) {
+                     int pad, int bound = 0, float k_scale = 0.0f, float v_scale = 0.0f) {
+  const bool f8 = k_scale > 0.0f;
   const int B = int(seqs.size()), nh = nkv * G;
   std::vector<int32_t> cu{0}, kvl;
   int max_q = 0, max_kv = 0, max_blocks = 1, total_blocks = 0;
@@ -293,15 +313,36 @@ static bool run_case(const std::vector<Seq>& seqs, int nkv, int G, int hd, int b
   for (auto& v : q) v = rbf();
   for (auto& v : kc) v = rbf();
   for (auto& v : vc) v = rbf();
+  // FP8: the caches' bytes, and kc / vc become their values (stored x scale) for the reference.
+  std::vector<uint8_t> kc8(kc.size()), vc8(vc.size());
+  std::vector<double> kref(kc.size()), vref(vc.size());
+  for (size_t i = 0; i < kc.size(); ++i) {
+    if (f8) {
+      kc8[i] = ts::f32_to_e4m3(2.0f * bf(kc[i]) / k_scale);
+      vc8[i] = ts::f32_to_e4m3(2.0f * bf(vc[i]) / v_scale);
+      kref[i] = double(ts::e4m3_to_f32(kc8[i])) * k_scale;
+      vref[i] = double(ts::e4m3_to_f32(vc8[i])) * v_scale;
+    } else {
+      kref[i] = bf(kc[i]);
+      vref[i] = bf(vc[i]);
+    }
+  }
   const int64_t ow = int64_t(nh) * hd + 16;
   std::vector<uint16_t> out(size_t(T * ow), 0x7fc0);  // NaN fill: every row must be written
   AttnParams p{};
   p.q = reinterpret_cast<const __nv_bfloat16*>(q.data());
   p.q_s0 = qw;
   p.q_s1 = hd;
-  p.kc = reinterpret_cast<const __nv_bfloat16*>(kc.data());
-  p.vc = reinterpret_cast<const __nv_bfloat16*>(vc.data());
+  if (f8) {
+    p.kc8 = kc8.data();
+    p.vc8 = vc8.data();
+  } else {
+    p.kc = reinterpret_cast<const __nv_bfloat16*>(kc.data());
+    p.vc = reinterpret_cast<const __nv_bfloat16*>(vc.data());
+  }
   p.kc_tok = p.vc_tok = int64_t(nkv) * hd;
+  p.k_deq = p.v_deq = 1.0f;
+  p.v_out = f8 ? v_scale : 1.0f;
   p.cu_q = cu.data();
   p.kv_len = kvl.data();
   p.bt = bt.data();
@@ -313,7 +354,7 @@ static bool run_case(const std::vector<Seq>& seqs, int nkv, int G, int hd, int b
   p.G = G;
   p.hd = p.hd_v = hd;
   const float scale = 1.0f / std::sqrt(float(hd));
-  p.scale_log2 = scale * 1.4426950408889634f;
+  p.scale_log2 = scale * 1.4426950408889634f * (f8 ? k_scale : 1.0f);
   p.out = reinterpret_cast<__nv_bfloat16*>(out.data()) + 8;
   p.o_s0 = ow;
   p.o_s1 = hd;
@@ -338,8 +379,8 @@ static bool run_case(const std::vector<Seq>& seqs, int nkv, int G, int hd, int b
     p.part_o = ws.data();
     p.part_ml = ws.data() + size_t(ns) * T * nh * hd;
     run_grid({unsigned(ns), unsigned(nkv * chunks), unsigned(B + 1)}, kDThreads, [&] {
-      if (hd == 64) attn_decode_kernel<64>(p, chunks);
-      else attn_decode_kernel<128>(p, chunks);
+      if (hd == 64) f8 ? attn_decode_kernel<64, true>(p, chunks) : attn_decode_kernel<64, false>(p, chunks);
+      else f8 ? attn_decode_kernel<128, true>(p, chunks) : attn_decode_kernel<128, false>(p, chunks);
     });
     if (ns > 1) {
       const int nc = hd / 4;
@@ -354,15 +395,20 @@ static bool run_case(const std::vector<Seq>& seqs, int nkv, int G, int hd, int b
     const int bm = path == 4 ? 64 : 128;
     const int chunks = int(std::max<int64_t>(1, (rows + bm - 1) / bm));
     run_grid({unsigned(nkv), unsigned(chunks), unsigned(B + 1)}, kPThreads, [&] {
-      if (hd == 64) {
-        if (path == 4) attn_prefill_kernel<64, 1, 64>(p);
-        else if (path == 5) attn_prefill_kernel<64, 2, 32>(p);
-        else attn_prefill_kernel<64, 2, 64>(p);
-      } else {
-        if (path == 4) attn_prefill_kernel<128, 1, 64>(p);
-        else if (path == 5) attn_prefill_kernel<128, 2, 32>(p);
-        else attn_prefill_kernel<128, 2, 64>(p);
-      }
+      auto go = [&](auto f8c) {
+        constexpr bool F8 = decltype(f8c)::value;
+        if (hd == 64) {
+          if (path == 4) attn_prefill_kernel<64, 1, 64, F8>(p);
+          else if (path == 5) attn_prefill_kernel<64, 2, 32, F8>(p);
+          else attn_prefill_kernel<64, 2, 64, F8>(p);
+        } else {
+          if (path == 4) attn_prefill_kernel<128, 1, 64, F8>(p);
+          else if (path == 5) attn_prefill_kernel<128, 2, 32, F8>(p);
+          else attn_prefill_kernel<128, 2, 64, F8>(p);
+        }
+      };
+      if (f8) go(std::true_type{});
+      else go(std::false_type{});
     });
   }
   // fp64 reference.
@@ -380,7 +426,7 @@ static bool run_case(const std::vector<Seq>& seqs, int nkv, int G, int hd, int b
           for (int t = 0; t <= pos; ++t) {
             const int64_t slot = int64_t(bt[size_t(b * max_blocks + t / bs)]) * bs + t % bs;
             double d = 0;
-            for (int k = 0; k < hd; ++k) d += double(bf(q[size_t(r * qw + h * hd + k)])) * bf(kc[size_t((slot * nkv + kvh) * hd + k)]);
+            for (int k = 0; k < hd; ++k) d += double(bf(q[size_t(r * qw + h * hd + k)])) * kref[size_t((slot * nkv + kvh) * hd + k)];
             sc[size_t(t)] = d * scale;
             mx = std::max(mx, sc[size_t(t)]);
           }
@@ -388,7 +434,7 @@ static bool run_case(const std::vector<Seq>& seqs, int nkv, int G, int hd, int b
           for (auto& v : sc) sum += (v = std::exp(v - mx));
           for (int t = 0; t <= pos; ++t) {
             const int64_t slot = int64_t(bt[size_t(b * max_blocks + t / bs)]) * bs + t % bs;
-            for (int k = 0; k < hd; ++k) ref[size_t(k)] += sc[size_t(t)] / sum * bf(vc[size_t((slot * nkv + kvh) * hd + k)]);
+            for (int k = 0; k < hd; ++k) ref[size_t(k)] += sc[size_t(t)] / sum * vref[size_t((slot * nkv + kvh) * hd + k)];
           }
         }
         for (int k = 0; k < hd; ++k) {
@@ -401,9 +447,9 @@ static bool run_case(const std::vector<Seq>& seqs, int nkv, int G, int hd, int b
   }
   const double err = std::sqrt(num / std::max(den, 1e-30));
   const bool ok = !nan && err < 1e-2;
-  std::printf("%s path=%d splits=%d B=%d q0=%d kv0=%d nkv=%d G=%d hd=%d bs=%d pad=%d bound=%d err=%.2e%s\n",
+  std::printf("%s path=%d splits=%d B=%d q0=%d kv0=%d nkv=%d G=%d hd=%d bs=%d pad=%d bound=%d fp8=%g/%g err=%.2e%s\n",
               ok ? "OK  " : "FAIL", path, splits, B, seqs[0].q_len, seqs[0].kv_len, nkv, G, hd, bs, pad, bound,
-              err, nan ? " (NaN/unwritten)" : "");
+              k_scale, v_scale, err, nan ? " (NaN/unwritten)" : "");
   return ok;
 }
 
@@ -433,6 +479,18 @@ int main() {
     ok &= run_case({{1, 700}, {3, 500}}, 2, 4, 64, 16, 3, 11, 1);
     ok &= run_case({{2, 900}}, 1, 8, 128, 64, 3, 13, 0, 1200);
   }
+  // FP8 caches (e4m3 staging ring + converted bf16 tile), scales 1 and not.
+  for (float ks : {1.0f, 0.3f})
+    for (int hd : {64, 128}) {
+      const float vs = ks == 1.0f ? 1.0f : 2.5f;
+      ok &= run_case({{1, 1}, {8, 17}, {3, 65}, {5, 130}}, 2, 4, hd, 16, 3, 1, 2, 0, ks, vs);
+      ok &= run_case({{1, 200}, {8, 64}, {2, 15}, {1, 16}}, 2, 8, hd, 64, 3, 3, 0, 0, ks, vs);
+      ok &= run_case({{1, 40}, {6, 70}}, 1, 8, hd, 16, 3, 5, 2, 4096, ks, vs);
+      for (int path : {4, 5, 6}) {
+        ok &= run_case({{70, 70}, {1, 1}, {33, 200}}, 2, 4, hd, 16, path, 0, 3, 0, ks, vs);
+        ok &= run_case({{20, 150}, {9, 9}}, 1, 8, hd, 16, path, 0, 1, 0, ks, vs);
+      }
+    }
   std::printf(ok ? "ALL OK\n" : "SOME FAILED\n");
   return ok ? 0 : 1;
 }

@@ -123,7 +123,10 @@ BenchResult run_model_bench(const BenchOptions& o) {
     stored_ratio = (stored - (shared_head ? 0.0 : stored_embed)) / loaded;
     stored_fmt = qc.method + (qc.algo.empty() ? "" : " " + qc.algo);
   }
-  const double kv_tok = double(ModelRunner::kv_bytes_per_token(*model));
+  // The KV cache's element type as serve builds it (--kv-cache-dtype): its bytes per token count in
+  // every decode step's read.
+  const DType kv_dtype = ModelRunner::check_kv_dtype(o.kv_cache_dtype, *model);
+  const double kv_tok = double(ModelRunner::kv_bytes_per_token(*model, kv_dtype));
   const double attn_coef = 2.0 * double(cfg.num_layers) * double(cfg.num_heads) * double(cfg.head_dim);
   auto weight_read = [&](int b) { return (p.read_layers(b) + p.head) * dsize; };
   auto blocks_for = [&](int64_t tokens) { return (tokens + bs - 1) / bs; };
@@ -157,7 +160,7 @@ BenchResult run_model_bench(const BenchOptions& o) {
   }
   TS_CHECK(budget >= 1, "no memory left for a KV pool ({} bytes per token)", kv_tok);
   const int64_t pool = std::min(needed, budget);
-  ModelRunner runner(model, pool, bs);
+  ModelRunner runner(model, pool, bs, 0, kv_dtype);
   const double pool_bytes = double(pool) * bs * kv_tok;
   if (o.graphs && dev == Device::cuda) {
     // The engine's graph options (serve's defaults), sized to this run's shapes.
@@ -420,6 +423,7 @@ BenchResult run_model_bench(const BenchOptions& o) {
                 {"params_embed", p.embed},
                 {"tied_embeddings", shared_head},
                 {"kv_bytes_per_token", kv_tok},
+                {"kv_cache_dtype", dtype_name(kv_dtype)},
                 {"quantization", stored_fmt},
                 {"stored_over_loaded_bytes", stored_ratio}};
   j["device"] = {{"kind", device_name(dev)}, {"description", c.device_desc}};
@@ -496,7 +500,8 @@ BenchResult run_model_bench(const BenchOptions& o) {
   md += fmt::format("- {}; here P_layers = {:.4g}{}, P_head = {:.4g}, L = {}, heads = {}, head_dim = {}.\n", f_prefill,
                     p.active_layers(), p.experts > 0 ? " (active: top-k experts)" : "", p.head, cfg.num_layers,
                     cfg.num_heads, cfg.head_dim);
-  md += fmt::format("- {}; here {} bytes/param, {:.0f} bytes of KV per token.\n", f_decode, dsize, kv_tok);
+  md += fmt::format("- {}; here {} bytes/param, {:.0f} bytes of KV per token ({} cache).\n", f_decode, dsize, kv_tok,
+                    dtype_name(kv_dtype));
   md += "- decode-after-prefill: batch-1 decode continuing the prefilled sequence. decode: B sequences whose caches hold "
         "`context` tokens, one token each per step; their caches are not prefilled (the blocks keep whatever the pool "
         "holds), which times the same as a real cache.\n";

@@ -38,6 +38,7 @@ struct BenchOptions {
   double mem_fraction = 0.9;  // CUDA: share of GPU memory for weights + KV pool
   double cpu_kv_gb = 2.0;     // CPU: KV pool limit
   int64_t kv_tokens = 0;      // explicit KV pool size (0: from memory)
+  std::string kv_cache_dtype = "auto";  // --kv-cache-dtype: auto | bf16 | fp8 | fp8_e4m3
   int64_t gemm_size = 0;      // GEMM ceiling M = N = K (0: default)
   size_t copy_bytes = 0;      // copy ceiling buffer (0: default)
   uint64_t seed = 1;

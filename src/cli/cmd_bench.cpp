@@ -30,6 +30,9 @@ int cmd_bench(int argc, char** argv) {
   app.add_option("--block-size", o.block_size, "tokens per KV-cache block");
   app.add_option("--mem-fraction", o.mem_fraction, "CUDA: share of GPU memory for weights + KV pool");
   app.add_option("--kv-tokens", o.kv_tokens, "KV pool size in tokens (default: from free memory)");
+  app.add_option("--kv-cache-dtype", o.kv_cache_dtype,
+                 "auto | bf16 | fp8 | fp8_e4m3: the KV cache's element type, as serve's flag (its bytes count in the "
+                 "decode bytes per step)");
   app.add_option("--cpu-kv-gb", o.cpu_kv_gb, "CPU: KV pool limit in GB");
   app.add_option("--gemm-size", o.gemm_size, "GEMM ceiling M = N = K (default 8192 on CUDA, 1024 on the CPU)");
   app.add_option("--copy-mb", copy_mb, "copy ceiling buffer in MiB (default 1024 on CUDA, 256 on the CPU)");

@@ -21,8 +21,9 @@ void add_engine_flags(CLI::App& app, EngineOptions& o) {
   app.add_option("--max-num-seqs,--max-running-requests", o.max_num_seqs, "max requests running at once");
   app.add_flag("--disable-prefix-cache,--disable-radix-cache", o.disable_prefix_cache, "do not reuse cached prefix blocks");
   app.add_option("--kv-cache-dtype", o.kv_cache_dtype,
-                 "auto | bf16 | fp8 | fp8_e4m3: KV cache element type (fp8: e4m3, scale 1.0; CPU backend, paged K/V "
-                 "models)");
+                 "auto | bf16 | fp8 | fp8_e4m3: KV cache element type (fp8: e4m3, half the bytes of bf16, twice the "
+                 "tokens; per-layer k/v scales from the checkpoint (k_scale, v_scale) or 1.0; CPU and CUDA, paged K/V "
+                 "models and the EAGLE3 draft)");
   app.add_flag("--disable-kvstore", o.disable_kvstore,
                "no host-memory KV tier (by default blocks evicted from the device prefix cache are kept in host memory "
                "and loaded back on a prefix hit)");

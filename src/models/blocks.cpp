@@ -1,5 +1,8 @@
 #include "models/blocks.h"
 
+#include <cmath>
+#include <optional>
+
 #include "ops/lm_head.h"
 
 #include "ops/graph_hooks.h"
@@ -35,9 +38,9 @@ void attention_block(const Tensor& h, const AttentionWeights& w, const Attention
   // (q/k norm +) RoPE + the paged K/V write in one op (#22 decode fusion).
   const bool qk_norm = w.q_norm.data != nullptr;
   ops::rope_kv_write(q, k, v, qk_norm ? &w.q_norm : nullptr, qk_norm ? &w.k_norm : nullptr, s.eps, batch.positions,
-                     rope, kv_k, kv_v, batch.slot_mapping);
+                     rope, kv_k, kv_v, batch.slot_mapping, w.kv_scales);
   Tensor attn = ws.alloc({t_n, s.num_heads, s.head_dim}, h.dtype);
-  ops::paged_attention(q, kv_k, kv_v, batch.attn, s.scale, attn);
+  ops::paged_attention(q, kv_k, kv_v, batch.attn, s.scale, attn, w.kv_scales);
   Tensor flat = attn.view({t_n, qw});
   if (w.output_gate) ops::sigmoid_gate(flat, qkv.narrow(1, qw + 2 * kw, qw));
   ops::linear(flat, w.o, out);
@@ -68,9 +71,9 @@ void attention_block_residual(Tensor& residual, const Tensor& in_norm, float eps
   Tensor v = as_heads(qkv.narrow(1, qw + kw, kw), s.num_kv_heads, s.head_dim);
   const bool qk_norm = w.q_norm.data != nullptr;
   ops::rope_kv_write(q, k, v, qk_norm ? &w.q_norm : nullptr, qk_norm ? &w.k_norm : nullptr, s.eps, batch.positions,
-                     rope, kv_k, kv_v, batch.slot_mapping);
+                     rope, kv_k, kv_v, batch.slot_mapping, w.kv_scales);
   Tensor attn = ws.alloc({t_n, s.num_heads, s.head_dim}, residual.dtype);
-  ops::paged_attention(q, kv_k, kv_v, batch.attn, s.scale, attn);
+  ops::paged_attention(q, kv_k, kv_v, batch.attn, s.scale, attn, w.kv_scales);
   Tensor flat = attn.view({t_n, qw});
   if (w.output_gate) ops::sigmoid_gate(flat, qkv.narrow(1, qw + 2 * kw, qw));
   ops::linear_add(flat, w.o, residual, xs);
@@ -192,7 +195,33 @@ AttentionWeights load_attention_shard(WeightLoader& wl, const std::string& pre, 
     a.q_norm = wl.load(pre + "self_attn.q_norm.weight", {hd});
     a.k_norm = wl.load(pre + "self_attn.k_norm.weight", {hd});
   }
+  a.kv_scales = load_kv_scales(wl, pre);
   return a;
+}
+
+ops::KvScales load_kv_scales(const WeightLoader& wl, const std::string& pre) {
+  const std::string a = pre + "self_attn.";
+  auto scalar = [&](const std::string& name) -> std::optional<float> {
+    if (!wl.has(name)) return std::nullopt;
+    const Tensor t = wl.raw(name);
+    TS_CHECK(t.numel() == 1 && (t.dtype == DType::f32 || t.dtype == DType::bf16 || t.dtype == DType::f16),
+             "{}: KV cache scale {} must be a float scalar, has {} {}", wl.checkpoint().file_of(name), name,
+             dtype_name(t.dtype), t.shape_str());
+    const float v = t.to_f32().ptr<float>()[0];
+    TS_CHECK(v > 0 && std::isfinite(v), "{}: KV cache scale {} = {} must be positive and finite",
+             wl.checkpoint().file_of(name), name, v);
+    return v;
+  };
+  auto first = [&](std::initializer_list<std::string> names) -> std::optional<float> {
+    for (const std::string& n : names)
+      if (auto v = scalar(n)) return v;
+    return std::nullopt;
+  };
+  const std::optional<float> both = scalar(a + "kv_scale");
+  ops::KvScales s;
+  s.k = first({a + "k_scale", a + "k_proj.k_scale", a + "k_proj.output_scale"}).value_or(both.value_or(1.0f));
+  s.v = first({a + "v_scale", a + "v_proj.v_scale", a + "v_proj.output_scale"}).value_or(both.value_or(1.0f));
+  return s;
 }
 
 MlpWeights load_mlp_shard(WeightLoader& wl, const std::string& pre, int64_t H, int64_t inter, const parallel::Range& ir) {

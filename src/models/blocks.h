@@ -32,7 +32,16 @@ struct AttentionWeights {
   // Qwen3.5: qkv also emits an output gate (nh * hd rows after v); attention output is
   // multiplied by sigmoid(gate) before o.
   bool output_gate = false;
+  // The FP8 KV cache's per-tensor scales from the checkpoint (load_kv_scales; 1.0 without).
+  ops::KvScales kv_scales;
 };
+
+// The FP8 KV cache's scales of the attention module `pre` + "self_attn." as checkpoints ship
+// them: vLLM's self_attn.k_scale / v_scale, ModelOpt's k_proj.k_scale / v_proj.v_scale,
+// compressed-tensors' k_proj.output_scale / v_proj.output_scale, the old self_attn.kv_scale (both).
+// Each a positive finite scalar (a startup error naming the file and tensor otherwise); 1.0 where
+// absent. Caches in the model's dtype ignore them.
+ops::KvScales load_kv_scales(const WeightLoader& wl, const std::string& pre);
 
 struct AttentionShape {
   int64_t num_heads, num_kv_heads, head_dim;

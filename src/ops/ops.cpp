@@ -125,13 +125,16 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
 #endif
 }
 void add_inplace(Tensor& y, const Tensor& x) { TS_DISPATCH(y.device, add_inplace, y, x); }
-void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache, const Tensor& slot_mapping) {
-  TS_DISPATCH_BREAK(k_cache.device, kv_write, k, v, k_cache, v_cache, slot_mapping);
+void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache, const Tensor& slot_mapping,
+              const KvScales& kvs) {
+  TS_DISPATCH_BREAK(k_cache.device, kv_write, k, v, k_cache, v_cache, slot_mapping, kvs);
 }
 // A break op (it reads the per-batch slot mapping, as kv_write).
 void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor* wq, const Tensor* wk, float eps,
-                   const Tensor& positions, const Rope& r, Tensor& k_cache, Tensor& v_cache, const Tensor& slot_mapping) {
-  TS_DISPATCH_BREAK(k_cache.device, rope_kv_write, q, k, v, wq, wk, eps, positions, r, k_cache, v_cache, slot_mapping);
+                   const Tensor& positions, const Rope& r, Tensor& k_cache, Tensor& v_cache, const Tensor& slot_mapping,
+                   const KvScales& kvs) {
+  TS_DISPATCH_BREAK(k_cache.device, rope_kv_write, q, k, v, wq, wk, eps, positions, r, k_cache, v_cache, slot_mapping,
+                    kvs);
 }
 namespace {
 // " (fp8 block)" for a weight kept as stored: the profile tells the formats apart.
@@ -187,8 +190,8 @@ bool fuses_norm_gemv(Device device, int64_t rows) {
   return false;
 }
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttnMeta& meta, float scale,
-                     Tensor& out) {
-  TS_DISPATCH_BREAK(k_cache.device, paged_attention, q, k_cache, v_cache, meta, scale, out);
+                     Tensor& out, const KvScales& kvs) {
+  TS_DISPATCH_BREAK(k_cache.device, paged_attention, q, k_cache, v_cache, meta, scale, out, kvs);
 }
 void argmax_rows(const Tensor& logits, const Tensor* offsets, Tensor& out, int64_t out_stride, Tensor* out2) {
   TS_DISPATCH(out.device, argmax_rows, logits, offsets, out, out_stride, out2);

@@ -26,6 +26,14 @@ struct Rope {
   bool interleaved = false;
 };
 
+// Per-layer dequantization scales of an FP8 (e4m3) KV cache, vLLM's k_scale / v_scale from the
+// checkpoint (1.0 where it has none): the cache stores e4m3(x / scale), attention reads
+// stored x scale. Caches of the model's own dtype ignore them (as vLLM does for a bf16 cache).
+struct KvScales {
+  float k = 1.0f;
+  float v = 1.0f;
+};
+
 // Step metadata read by paged attention (one struct, as in nano-vllm's context).
 // Sequence b owns query rows [cu_q[b], cu_q[b+1]) and, after this step's KV write, kv_len[b]
 // cached tokens; its query i sits at position kv_len[b] - q_len_b + i and attends causally
@@ -94,15 +102,16 @@ void add_inplace(Tensor& y, const Tensor& x);
 
 // Writes k, v [T, nkv, hd] into the paged caches [num_blocks, block_size, nkv, hd] at slots.
 // A slot < 0 means "padding row, do not write".
+// An f8_e4m3 cache stores e4m3(x / kvs) rounded to nearest (saturating at 448).
 void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
-              const Tensor& slot_mapping);
+              const Tensor& slot_mapping, const KvScales& kvs = {});
 // Decode fusion (#22): the rotary embedding (after the per-head RMSNorm of q and k when wq/wk
 // are given: Qwen3) on q [T, nh, hd] and k [T, nkv, hd] in place, then k and v [T, nkv, hd_v]
 // written into the paged caches at slot_mapping (slot < 0: not written) — exactly
 // qk_norm_rope / rope followed by kv_write, one launch on CUDA. Any T (prefill and decode).
 void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor* wq, const Tensor* wk, float eps,
                    const Tensor& positions, const Rope& rope, Tensor& k_cache, Tensor& v_cache,
-                   const Tensor& slot_mapping);
+                   const Tensor& slot_mapping, const KvScales& kvs = {});
 // Decode fusion (#22): out [T, I] = silu(x @ Wg^T) * (x @ Wu^T) for w [2I, K] (gate rows then up
 // rows, as MlpWeights::gate_up) — linear then silu_mul, with the same bf16 roundings. On CUDA
 // at small T one GEMV launch (each warp dots a gate row and its up row and writes the product:
@@ -127,8 +136,9 @@ void linear_add(const Tensor& x, const LinearWeight& w, Tensor& residual, Tensor
 bool fuses_norm_gemv(Device device, int64_t rows);
 // Causal paged attention for a mixed batch (prefill chunks and decodes together).
 // q [T, nh, hd]; caches as above (nkv heads, nh % nkv == 0, GQA); out [T, nh, hd_v].
+// f8_e4m3 caches are read as stored x kvs (both caches of one dtype).
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                     const AttnMeta& meta, float scale, Tensor& out);
+                     const AttnMeta& meta, float scale, Tensor& out, const KvScales& kvs = {});
 
 // dst = src row by row (either may be strided); same dtype and shape.
 void copy_rows(const Tensor& src, Tensor& dst);

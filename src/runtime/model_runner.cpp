@@ -26,12 +26,9 @@ DType ModelRunner::check_kv_dtype(const std::string& name, const models::Model& 
   if (name == "auto" || name == "bf16") return m.dtype();
   TS_CHECK(name == "fp8" || name == "fp8_e4m3", "--kv-cache-dtype '{}' is not supported (supported: auto, bf16, fp8, fp8_e4m3)",
            name);
-  // The FP8 cache (e4m3, scale 1.0: stored = round(x), read = x) is written and read by the CPU
-  // ops (ops/cpu/attention.cpp); the CUDA kernels read bf16 caches only.
-  TS_CHECK(m.device() == Device::cpu,
-           "--kv-cache-dtype {}: the FP8 KV cache is implemented on the CPU backend only (the CUDA attention kernels "
-           "read bf16 caches); use --device cpu or --kv-cache-dtype auto",
-           name);
+  // The FP8 cache (e4m3, per-layer scales from the checkpoint or 1.0: stored = e4m3(x / scale),
+  // read = stored x scale) is written and read by the ops of both backends (ops/cpu/attention.cpp,
+  // the oracle; ops/cuda: kv_write, rope_kv_write, paged_attention).
   const models::KvSpec s = m.kv_spec();
   TS_CHECK(s.v_heads > 0 && m.aux_kv_spec().bytes_per_token(DType::u8) == 0 && !m.state_spec().any(),
            "--kv-cache-dtype {}: {} keeps a latent, auxiliary or recurrent cache; the FP8 cache covers paged K/V "

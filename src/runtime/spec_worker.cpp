@@ -148,12 +148,15 @@ SpecWorker::SpecWorker(const EngineOptions& o, ModelRunner& target) : target_(ta
   TS_CHECK(draft_->aux_width() == int64_t(target.model().capture_layers().size()) * target.model().config().hidden_size,
            "EAGLE3 draft fc expects {} aux features but the target captures {} layers of {}", draft_->aux_width(),
            target.model().capture_layers().size(), target.model().config().hidden_size);
-  // The draft cache mirrors the target pool block for block, so both share block tables.
+  // The draft cache mirrors the target pool block for block, so both share block tables; it
+  // takes the target's FP8 cache type under --kv-cache-dtype fp8 (the draft's attention reads
+  // it through the same ops, scales 1.0: draft checkpoints ship none).
   models::KvSpec s = draft_->kv_spec();
   draft_kv_.block_size = target.block_size();
   draft_kv_.num_blocks = target.num_blocks();
-  draft_kv_.k.push_back(Tensor::zeros({target.num_blocks(), target.block_size(), s.k_heads, s.k_dim}, draft_->dtype(), draft_->device()));
-  draft_kv_.v.push_back(Tensor::zeros({target.num_blocks(), target.block_size(), s.v_heads, s.v_dim}, draft_->dtype(), draft_->device()));
+  const DType kvt = target.kv_dtype() == DType::f8_e4m3 ? DType::f8_e4m3 : draft_->dtype();
+  draft_kv_.k.push_back(Tensor::zeros({target.num_blocks(), target.block_size(), s.k_heads, s.k_dim}, kvt, draft_->device()));
+  draft_kv_.v.push_back(Tensor::zeros({target.num_blocks(), target.block_size(), s.v_heads, s.v_dim}, kvt, draft_->device()));
   // Draft-state pool: running requests plus as many finished ones whose handles are still
   // alive, and one padding row.
   int slots = 2 * std::max(o.max_num_seqs, 1) + 16;

@@ -3,7 +3,9 @@
 // decode and speculative verify (q_len 1..8 mixed), prefill, chunked prefill (cached prefix),
 // mixed batches, padding rows, GQA 1/4/8, head dims 16/64/96/128/192/256 (hd_v may differ),
 // block sizes 16/64, strided q and out, forced and empty KV splits (max_kv_len bound far above
-// the real lengths, as under CUDA-graph replay).
+// the real lengths, as under CUDA-graph replay). FP8 (e4m3) caches with per-tensor scales: the
+// same cache bytes on both sides, every path.
+#include "core/fp8.h"
 #include "cuda_test_util.h"
 #include "ops/cuda/split_kv.h"
 
@@ -16,9 +18,21 @@ struct Seq {
   int q_len, kv_len;
 };
 
+// An e4m3 cache (random values, stored as e4m3(x / scale)): the same bytes on the host and the
+// device.
+Pair fp8_cache(std::vector<int64_t> shape, float scale) {
+  Tensor f = rand_host(shape, 2.0f);
+  Pair p;
+  p.h = Tensor::empty(shape, DType::f8_e4m3);
+  for (int64_t i = 0; i < f.numel(); ++i) p.h.ptr<uint8_t>()[i] = f32_to_e4m3(f.ptr<float>()[i] / scale);
+  p.d = to_dev(p.h);
+  return p;
+}
+
 void check_attention(const std::vector<Seq>& seqs, int64_t nkv, int64_t G, int64_t hd, int bs,
                      int path, int splits = 0, int pad_rows = 0, int64_t hd_v = 0,
-                     int max_kv_bound = 0, int split_target = 0, int split_min = 0) {
+                     int max_kv_bound = 0, int split_target = 0, int split_min = 0,
+                     const ops::KvScales* fp8 = nullptr) {
   if (hd_v == 0) hd_v = hd;
   const int64_t nh = nkv * G, B = int64_t(seqs.size());
   std::vector<int32_t> cu{0}, kvl;
@@ -61,19 +75,21 @@ void check_attention(const std::vector<Seq>& seqs, int64_t nkv, int64_t G, int64
   md.kv_len = to_dev(mh.kv_len);
   md.block_tables = to_dev(bt);
 
-  Pair kc = Pair::rand({num_blocks, bs, nkv, hd}), vc = Pair::rand({num_blocks, bs, nkv, hd_v});
+  const ops::KvScales kvs = fp8 ? *fp8 : ops::KvScales{};
+  Pair kc = fp8 ? fp8_cache({num_blocks, bs, nkv, hd}, kvs.k) : Pair::rand({num_blocks, bs, nkv, hd});
+  Pair vc = fp8 ? fp8_cache({num_blocks, bs, nkv, hd_v}, kvs.v) : Pair::rand({num_blocks, bs, nkv, hd_v});
   const int64_t W = (nh + 2 * nkv) * hd;
   Pair qkv = Pair::rand({T, W}, 2.0f);
   Tensor qh = heads_view(qkv.h, 0, nh, hd), qd = heads_view(qkv.d, 0, nh, hd);
   Pair obuf = Pair::rand({T, nh * hd_v + 16});
   Tensor oh = heads_view(obuf.h, 8, nh, hd_v), od = heads_view(obuf.d, 8, nh, hd_v);
   const float scale = 1.0f / std::sqrt(float(hd));
-  ops::cpu::paged_attention(qh, kc.h, vc.h, mh, scale, oh);
+  ops::cpu::paged_attention(qh, kc.h, vc.h, mh, scale, oh, kvs);
   ops::cuda::paged_attention(qd, kc.d, vc.d, md, scale, od, ops::KernelPolicy{.attn_path = path, .attn_splits = splits},
-                             ops::cuda::SplitKvOptions{split_target, split_min});
-  std::string desc = fmt::format("attn B={} q0={} kv0={} maxq={} maxkv={} bound={} nkv={} G={} hd={} hd_v={} bs={} path={} splits={} pad={} target={} min={}",
+                             ops::cuda::SplitKvOptions{split_target, split_min}, kvs);
+  std::string desc = fmt::format("attn B={} q0={} kv0={} maxq={} maxkv={} bound={} nkv={} G={} hd={} hd_v={} bs={} path={} splits={} pad={} target={} min={} fp8={} ({}, {})",
                                  B, seqs[0].q_len, seqs[0].kv_len, max_q, max_kv, mh.max_kv_len, nkv, G, hd,
-                                 hd_v, bs, path, splits, pad_rows, split_target, split_min);
+                                 hd_v, bs, path, splits, pad_rows, split_target, split_min, fp8 != nullptr, kvs.k, kvs.v);
   EXPECT_CLOSE(obuf.back(), obuf.h, desc);
 }
 
@@ -329,4 +345,40 @@ TEST(CudaAttention, DecodeSplitKVInvariantAcrossBatches) {
   EXPECT_EQ(run({ctx}, 0, max_kv), alone) << "alone, larger bound";
   EXPECT_EQ(run({others[0], others[1], ctx}, 2, max_kv), alone) << "3 sequences";
   EXPECT_EQ(run({ctx, others[2], others[3], others[1], others[0]}, 0, max_kv), alone) << "5 sequences";
+}
+
+// FP8 (e4m3) caches with per-tensor scales (as a checkpoint's k_scale / v_scale): every kernel
+// against the CPU oracle reading the same bytes — decode (one and forced splits, batch-invariant
+// splits), verify rows, prefill (64- and 128-row blocks), chunked prefill over a cached prefix,
+// mixed batches (the two-launch split), the generic kernel's head dims, and the forced v1
+// tensor-core path (which falls back to the generic kernel for FP8).
+TEST(CudaAttention, Fp8Cache) {
+  TS_REQUIRE_CUDA();
+  const ops::KvScales one{}, scaled{0.37f, 2.5f};
+  for (const ops::KvScales* s : {&one, &scaled})
+    for (int64_t hd : {64, 128})
+      for (int path : {0, 1, 2, 3}) {
+        check_attention({{1, 1}, {1, 65}, {1, 1000}, {4, 300}}, 2, 4, hd, 16, path, 0, 2, 0, 0, 0, 0, s);
+        check_attention({{1, 5000}, {1, 129}}, 2, 8, hd, 64, path, 0, 0, 0, 0, 0, 0, s);
+      }
+  for (const ops::KvScales* s : {&one, &scaled}) {
+    for (int64_t hd : {64, 128})
+      for (int path : {0, 1, 4, 5, 6}) {
+        check_attention({{300, 300}, {17, 17}}, 2, 4, hd, 16, path, 0, 0, 0, 0, 0, 0, s);
+        check_attention({{37, 200}, {64, 64}, {1, 77}, {5, 1000}}, 2, 4, hd, 64, path, 0, 3, 0, 0, 0, 0, s);
+      }
+    std::vector<Seq> mixed;
+    for (int i = 0; i < 12; ++i) mixed.push_back({1, 300 + 37 * i});
+    mixed.push_back({128, 128});
+    mixed.push_back({512, 2048});
+    for (int64_t hd : {64, 128}) check_attention(mixed, 8, 4, hd, 16, 0, 0, 5, 0, 0, 0, 0, s);
+    // Forced splits and batch-invariant splits over a bound far above the real lengths.
+    check_attention({{1, 500}, {1, 1}, {1, 129}}, 2, 4, 128, 16, 3, 7, 0, 0, 0, 0, 0, s);
+    check_attention({{1, 3000}, {1, 70}}, 2, 4, 128, 16, 3, 0, 0, 0, 8192, 16, 1, s);
+    // Head dims only the generic kernel takes (hd_v differing too).
+    for (int64_t hd : {16, 96}) {
+      check_attention({{1, 700}, {1, 3}}, 2, 4, hd, 16, 0, 0, 0, 0, 0, 0, 0, s);
+      check_attention({{40, 90}}, 1, 2, hd, 16, 0, 0, 1, hd + 32, 0, 0, 0, s);
+    }
+  }
 }

@@ -1,6 +1,7 @@
 // Helpers for the CUDA op tests: paired host (f32, bf16-rounded) / device (bf16) tensors built from
 // the same random data, strided views applied identically to both, relative-norm comparisons.
 #pragma once
+#include "core/fp8.h"
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -108,6 +109,14 @@ inline double rel_err(const Tensor& a, const Tensor& b) {
 }
 
 constexpr double kTol = 1e-2;
+
+// An e4m3 tensor (host or device) decoded to host f32, times scale (the FP8 KV cache's reading).
+inline Tensor e4m3_to_host_f32(const Tensor& t, float scale = 1.0f) {
+  const Tensor h = t.device == Device::cpu ? t : t.to(Device::cpu);
+  Tensor f = Tensor::empty(h.dims(), DType::f32);
+  for (int64_t i = 0; i < h.numel(); ++i) f.ptr<float>()[i] = e4m3_to_f32(h.ptr<uint8_t>()[i]) * scale;
+  return f;
+}
 
 #define EXPECT_CLOSE(got, ref, what)                                               \
   do {                                                                             \

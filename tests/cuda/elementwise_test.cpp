@@ -110,3 +110,29 @@ TEST(CudaOps, KvWrite) {
     }
   }
 }
+
+// FP8 (e4m3) caches: the device writes exactly the CPU oracle's bytes, e4m3(x x (1 / scale))
+// rounded to nearest and saturating (scale 0.05 pushes values past 448), through the vectorised
+// path (head dims multiples of 8) and the scalar one (hd 20).
+TEST(CudaOps, KvWriteFp8) {
+  TS_REQUIRE_CUDA();
+  for (const ops::KvScales s : {ops::KvScales{}, ops::KvScales{0.05f, 3.0f}})
+    for (int64_t hd : {16, 20, 64, 128})
+      for (int64_t T : {0, 1, 6}) {
+        const int64_t nh = 4, nkv = 2, blocks = 5, bs = 16;
+        const int64_t W = (nh + 2 * nkv) * hd;
+        Pair qkv = Pair::rand({T, W}, 30.0f);
+        Tensor kh = heads_view(qkv.h, nh * hd, nkv, hd), kd = heads_view(qkv.d, nh * hd, nkv, hd);
+        Tensor vh = heads_view(qkv.h, (nh + nkv) * hd, nkv, hd), vd = heads_view(qkv.d, (nh + nkv) * hd, nkv, hd);
+        Tensor kch = Tensor::zeros({blocks, bs, nkv, hd}, DType::f8_e4m3), vch = Tensor::zeros({blocks, bs, nkv, hd}, DType::f8_e4m3);
+        Tensor kcd = to_dev(kch), vcd = to_dev(vch);
+        std::vector<int32_t> slots;
+        for (int64_t t = 0; t < T; ++t) slots.push_back(t == 2 ? -1 : int32_t((t * 13 + 5) % (blocks * bs)));
+        Tensor sh = i32_host(slots), sd = to_dev(sh);
+        ops::cpu::kv_write(kh, vh, kch, vch, sh, s);
+        ops::cuda::kv_write(kd, vd, kcd, vcd, sd, s);
+        const Tensor kb = kcd.to(Device::cpu), vb = vcd.to(Device::cpu);
+        EXPECT_EQ(std::memcmp(kb.data, kch.data, size_t(kch.numel())), 0) << "k cache hd=" << hd << " T=" << T << " scale " << s.k;
+        EXPECT_EQ(std::memcmp(vb.data, vch.data, size_t(vch.numel())), 0) << "v cache hd=" << hd << " T=" << T << " scale " << s.v;
+      }
+}

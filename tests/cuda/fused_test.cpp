@@ -94,6 +94,54 @@ TEST(CudaOps, FusedRopeKvWrite) {
   }
 }
 
+// FP8 (e4m3) caches with scales: the fused write stores exactly what rope + kv_write store on the
+// GPU, and decodes close to the CPU oracle's cache (its rotary runs in f32, the GPU's k is bf16).
+TEST(CudaOps, FusedRopeKvWriteFp8) {
+  TS_REQUIRE_CUDA();
+  const int64_t max_pos = 4096;
+  const ops::KvScales s{0.5f, 1.7f};
+  for (int64_t hd : {64, 128}) {
+    ops::Rope rh = models::build_rope(rope_cases()[0].scaling, int(hd), max_pos, max_pos, false, Device::cpu);
+    ops::Rope rd = rh;
+    rd.cos_sin = rh.cos_sin.to(Device::cuda);
+    for (int64_t T : {1, 40})
+      for (bool norm : {false, true}) {
+        const int64_t nh = 8, nkv = 2, blocks = 6, bs = 16, W = (nh + 2 * nkv) * hd;
+        std::vector<int32_t> pos, slots;
+        for (int64_t t = 0; t < T; ++t) {
+          pos.push_back(int32_t((t * 977 + 3) % max_pos));
+          slots.push_back(t == 2 ? -1 : int32_t((t * 13 + 5) % (blocks * bs)));
+        }
+        Tensor ph = i32_host(pos), pd = to_dev(ph), sh = i32_host(slots), sd = to_dev(sh);
+        Pair qkv = Pair::rand({T, W}, 2.0f), wq = Pair::rand({hd}), wk = Pair::rand({hd});
+        Tensor qkv2 = Tensor::empty(qkv.d.dims(), DType::bf16, Device::cuda);
+        ops::cuda::copy_rows(qkv.d, qkv2);
+        auto views = [&](Tensor& buf) {
+          return std::array<Tensor, 3>{heads_view(buf, 0, nh, hd), heads_view(buf, nh * hd, nkv, hd),
+                                       heads_view(buf, (nh + nkv) * hd, nkv, hd)};
+        };
+        auto [qh, kh, vh] = views(qkv.h);
+        auto [qd, kd, vd] = views(qkv.d);
+        auto [q2, k2, v2] = views(qkv2);
+        const std::vector<int64_t> cs{blocks, bs, nkv, hd};
+        Tensor kch = Tensor::zeros(cs, DType::f8_e4m3), vch = Tensor::zeros(cs, DType::f8_e4m3);
+        Tensor kcd = to_dev(kch), vcd = to_dev(vch), kc2 = to_dev(kch), vc2 = to_dev(vch);
+        ops::cpu::rope_kv_write(qh, kh, vh, norm ? &wq.h : nullptr, norm ? &wk.h : nullptr, 1e-6f, ph, rh, kch, vch, sh, s);
+        ops::cuda::rope_kv_write(qd, kd, vd, norm ? &wq.d : nullptr, norm ? &wk.d : nullptr, 1e-6f, pd, rd, kcd, vcd, sd, s);
+        if (norm) ops::cuda::qk_norm_rope(q2, k2, wq.d, wk.d, 1e-6f, pd, rd);
+        else ops::cuda::rope(q2, k2, pd, rd);
+        ops::cuda::kv_write(k2, v2, kc2, vc2, sd, s);
+        const std::string what = fmt::format("rope_kv_write fp8 hd={} T={} norm={}", hd, T, norm);
+        EXPECT_CLOSE(qkv.back(), qkv.h, what + " q/k");
+        EXPECT_CLOSE(e4m3_to_host_f32(kcd, s.k), e4m3_to_host_f32(kch, s.k), what + " k cache");
+        EXPECT_CLOSE(e4m3_to_host_f32(vcd, s.v), e4m3_to_host_f32(vch, s.v), what + " v cache");
+        const Tensor a = kcd.to(Device::cpu), b = kc2.to(Device::cpu), c = vcd.to(Device::cpu), d = vc2.to(Device::cpu);
+        EXPECT_EQ(std::memcmp(a.data, b.data, size_t(a.numel())), 0) << what << " vs unfused k cache";
+        EXPECT_EQ(std::memcmp(c.data, d.data, size_t(c.numel())), 0) << what << " vs unfused v cache";
+      }
+  }
+}
+
 TEST(CudaOps, FusedLinearSiluMul) {
   TS_REQUIRE_CUDA();
   // (I, K): a small weight (GEMV fused up to M = 8) and one over 8 MB (fused at M <= 2 only; the

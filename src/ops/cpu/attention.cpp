@@ -6,7 +6,8 @@
 
 namespace ts::ops::cpu {
 
-void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache, const Tensor& slot_mapping) {
+void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache, const Tensor& slot_mapping,
+              const KvScales& kvs) {
   int64_t t_n = k.size(0);
   if (t_n == 0) return;
   int64_t kw = k.size(1) * k.size(2), vw = v.size(1) * v.size(2);
@@ -15,18 +16,22 @@ void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache
            "kv_write: cache {} vs k {}", k_cache.shape_str(), k.shape_str());
   const int32_t* slot = slot_mapping.ptr<int32_t>();
   if (k_cache.dtype == DType::f8_e4m3) {
-    // FP8 cache: round-to-nearest e4m3 (saturating), the reference for the GPU kernels.
+    // FP8 cache: round-to-nearest e4m3 (saturating) of x times the inverse scale (the CUDA kernels
+    // multiply by the same f32 inverse), the reference for the GPU kernels.
+    TS_CHECK(kvs.k > 0 && kvs.v > 0 && std::isfinite(kvs.k) && std::isfinite(kvs.v),
+             "kv_write: FP8 cache scales k {} v {} must be positive", kvs.k, kvs.v);
+    const float ik = 1.0f / kvs.k, iv = 1.0f / kvs.v;
     for (int64_t t = 0; t < t_n; ++t) {
       if (slot[t] < 0) continue;
       TS_CHECK(slot[t] < slots, "kv_write: slot {} outside the pool of {}", slot[t], slots);
       for (int64_t h = 0; h < k.size(1); ++h)
         for (int64_t d = 0; d < k.size(2); ++d)
           k_cache.ptr<uint8_t>()[slot[t] * kw + h * k.size(2) + d] =
-              f32_to_e4m3(k.ptr<float>()[t * k.stride[0] + h * k.stride[1] + d]);
+              f32_to_e4m3(k.ptr<float>()[t * k.stride[0] + h * k.stride[1] + d] * ik);
       for (int64_t h = 0; h < v.size(1); ++h)
         for (int64_t d = 0; d < v.size(2); ++d)
           v_cache.ptr<uint8_t>()[slot[t] * vw + h * v.size(2) + d] =
-              f32_to_e4m3(v.ptr<float>()[t * v.stride[0] + h * v.stride[1] + d]);
+              f32_to_e4m3(v.ptr<float>()[t * v.stride[0] + h * v.stride[1] + d] * iv);
     }
     return;
   }
@@ -46,7 +51,7 @@ void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache
 // Reference paged attention: for each (query row, head) a two-pass softmax over the
 // sequence's cached keys up to the query's position. fp32 throughout, double for the sum.
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttnMeta& m,
-                     float scale, Tensor& out) {
+                     float scale, Tensor& out, const KvScales& kvs) {
   int64_t t_n = q.size(0);
   if (t_n == 0 || m.num_seqs == 0) return;
   int64_t nh = q.size(1), hd = q.size(2), nkv = k_cache.size(2), hdv = v_cache.size(3);
@@ -92,7 +97,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
         const float* kv;
         if (fp8) {
           const uint8_t* kb = k_cache.ptr<uint8_t>() + (slot * nkv + kvh) * hd;
-          for (int64_t d = 0; d < hd; ++d) krow[size_t(d)] = e4m3_to_f32(kb[d]);
+          for (int64_t d = 0; d < hd; ++d) krow[size_t(d)] = e4m3_to_f32(kb[d]) * kvs.k;
           kv = krow.data();
         } else {
           kv = k_cache.ptr<float>() + (slot * nkv + kvh) * hd;
@@ -113,7 +118,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
         const float* vv;
         if (fp8) {
           const uint8_t* vb = v_cache.ptr<uint8_t>() + (slot * nkv + kvh) * hdv;
-          for (int64_t d = 0; d < hdv; ++d) vrow[size_t(d)] = e4m3_to_f32(vb[d]);
+          for (int64_t d = 0; d < hdv; ++d) vrow[size_t(d)] = e4m3_to_f32(vb[d]) * kvs.v;
           vv = vrow.data();
         } else {
           vv = v_cache.ptr<float>() + (slot * nkv + kvh) * hdv;

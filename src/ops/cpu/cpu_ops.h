@@ -23,17 +23,18 @@ void quantize_act_fp8(const Tensor& x, Tensor& q, Tensor& scale);
 // out f32 [M, K] (contiguous) = the activations W8A8 multiplies: q x scale of quantize_act_fp8(x).
 void fake_quantize_act_fp8(const Tensor& x, Tensor& out);
 void add_inplace(Tensor& y, const Tensor& x);
-void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache, const Tensor& slot_mapping);
+void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache, const Tensor& slot_mapping,
+              const KvScales& kvs = {});
 void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor* wq, const Tensor* wk, float eps,
                    const Tensor& positions, const Rope& rope, Tensor& k_cache, Tensor& v_cache,
-                   const Tensor& slot_mapping);
+                   const Tensor& slot_mapping, const KvScales& kvs = {});
 void linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out, Tensor& gu_scratch, const Tensor* in_norm, float eps,
                      Tensor* x_scratch);
 void rmsnorm_linear(const Tensor& x, const Tensor& norm_w, float eps, const Tensor& w, Tensor& out, const Tensor* bias,
                     Tensor& x_scratch);
 void linear_add(const Tensor& x, const Tensor& w, Tensor& residual, Tensor& scratch);
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                     const AttnMeta& meta, float scale, Tensor& out);
+                     const AttnMeta& meta, float scale, Tensor& out, const KvScales& kvs = {});
 void copy_rows(const Tensor& src, Tensor& dst);
 void cast(const Tensor& src, Tensor& dst);
 void gather_rows(const Tensor& x, const Tensor& index, Tensor& out);

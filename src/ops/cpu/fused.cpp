@@ -7,11 +7,11 @@ namespace ts::ops::cpu {
 
 void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor* wq, const Tensor* wk, float eps,
                    const Tensor& positions, const Rope& rope, Tensor& k_cache, Tensor& v_cache,
-                   const Tensor& slot_mapping) {
+                   const Tensor& slot_mapping, const KvScales& kvs) {
   TS_CHECK((wq == nullptr) == (wk == nullptr), "rope_kv_write: give both q/k norm weights or neither");
   if (wq) ops::cpu::qk_norm_rope(q, k, *wq, *wk, eps, positions, rope);
   else ops::cpu::rope(q, k, positions, rope);
-  ops::cpu::kv_write(k, v, k_cache, v_cache, slot_mapping);
+  ops::cpu::kv_write(k, v, k_cache, v_cache, slot_mapping, kvs);
 }
 
 void linear_silu_mul(const Tensor& x, const Tensor& w, Tensor& out, Tensor& gu_scratch, const Tensor* in_norm, float eps,

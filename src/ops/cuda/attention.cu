@@ -18,9 +18,11 @@
 #include <cmath>
 
 #include <mutex>
+#include <type_traits>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/kv_fp8.cuh"
 #include "ops/cuda/split_kv.h"
 
 namespace ts::ops::cuda {
@@ -57,9 +59,15 @@ constexpr float kLog2e = 1.4426950408889634f;
 struct AttnParams {
   const __nv_bfloat16* q;
   int64_t q_s0, q_s1;
-  const __nv_bfloat16* kc;
+  const __nv_bfloat16* kc;  // bf16 caches (null for FP8 ones)
   const __nv_bfloat16* vc;
+  const uint8_t* kc8;       // FP8 (e4m3) caches (null for bf16 ones)
+  const uint8_t* vc8;
   int64_t kc_tok, vc_tok;  // elements per cache slot (nkv * hd)
+  // FP8 caches' scales (ops::KvScales). The generic kernel dequantizes K/V with k_deq / v_deq as
+  // it loads them (f32); the v2 kernels fold k's into scale_log2 and multiply the normalised
+  // output by v_out (1 for bf16 caches).
+  float k_deq, v_deq, v_out;
   const int32_t* cu_q;
   const int32_t* kv_len;
   const int32_t* bt;
@@ -166,13 +174,19 @@ __global__ void __launch_bounds__(kGThreads) attn_generic_kernel(AttnParams p) {
     for (int i = tid; i < kGN * hd; i += kGThreads) {
       const int t = i / hd, d = i - t * hd;
       float v = 0.0f;
-      if (t < nt) v = __bfloat162float(p.kc[slot_of(p, b, t0 + t) * p.kc_tok + int64_t(g) * hd + d]);
+      if (t < nt) {
+        const int64_t e = slot_of(p, b, t0 + t) * p.kc_tok + int64_t(g) * hd + d;
+        v = p.kc8 ? kvfp8::to_f32(p.kc8[e]) * p.k_deq : __bfloat162float(p.kc[e]);
+      }
       ks[t * (hd + 1) + d] = v;
     }
     for (int i = tid; i < kGN * hd_v; i += kGThreads) {
       const int t = i / hd_v, d = i - t * hd_v;
       float v = 0.0f;
-      if (t < nt) v = __bfloat162float(p.vc[slot_of(p, b, t0 + t) * p.vc_tok + int64_t(g) * hd_v + d]);
+      if (t < nt) {
+        const int64_t e = slot_of(p, b, t0 + t) * p.vc_tok + int64_t(g) * hd_v + d;
+        v = p.vc8 ? kvfp8::to_f32(p.vc8[e]) * p.v_deq : __bfloat162float(p.vc[e]);
+      }
       vs[i] = v;
     }
     __syncthreads();
@@ -462,16 +476,16 @@ void tc_launch(const AttnParams& p, int chunks) {
 
 #include "ops/cuda/attention_v2.cuh"
 
-// Blocks of attn_decode_kernel<HD> resident per SM (registers/smem as compiled), queried once.
-template <int HD>
+// Blocks of attn_decode_kernel<HD, F8> resident per SM (registers/smem as compiled), queried once.
+template <int HD, bool F8>
 int decode_occupancy() {
   static std::atomic<uint32_t> done{0};  // per device: the smem attribute is a device setting
   static std::atomic<int> occ{0};
   if (once_per_device(done)) {
-    constexpr size_t smem = dec_smem<HD>();
-    set_smem(attn_decode_kernel<HD>, smem);
+    constexpr size_t smem = dec_smem<HD, F8>();
+    set_smem(attn_decode_kernel<HD, F8>, smem);
     int n = 0;
-    TS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_decode_kernel<HD>,
+    TS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_decode_kernel<HD, F8>,
                                                                 kDThreads, smem));
     occ.store(std::max(n, 1));
   }
@@ -481,21 +495,21 @@ int decode_occupancy() {
   return v;
 }
 
-template <int HD>
+template <int HD, bool F8>
 void decode_launch(const AttnParams& p, int chunks) {
-  constexpr size_t smem = dec_smem<HD>();
-  (void)decode_occupancy<HD>();  // also opts the kernel into its smem size
-  launch(attn_decode_kernel<HD>,
+  constexpr size_t smem = dec_smem<HD, F8>();
+  (void)decode_occupancy<HD, F8>();  // also opts the kernel into its smem size
+  launch(attn_decode_kernel<HD, F8>,
          dim3(unsigned(p.num_splits), unsigned(p.nkv * chunks), unsigned(p.B + 1)),
          dim3(kDThreads), smem, true, p, chunks);
 }
 
-template <int HD, int MW, int NS>
+template <int HD, int MW, int NS, bool F8>
 void prefill_launch(const AttnParams& p, int chunks) {
-  constexpr size_t smem = prefill_smem<HD, MW>();
+  constexpr size_t smem = prefill_smem<HD, MW, F8>();
   static std::atomic<uint32_t> done{0};  // per device
-  if (once_per_device(done)) set_smem(attn_prefill_kernel<HD, MW, NS>, smem);
-  launch(attn_prefill_kernel<HD, MW, NS>, dim3(unsigned(p.nkv), unsigned(chunks), unsigned(p.B + 1)),
+  if (once_per_device(done)) set_smem(attn_prefill_kernel<HD, MW, NS, F8>, smem);
+  launch(attn_prefill_kernel<HD, MW, NS, F8>, dim3(unsigned(p.nkv), unsigned(chunks), unsigned(p.B + 1)),
          dim3(kPThreads), smem, true, p);
 }
 }  // namespace
@@ -506,10 +520,19 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
 }
 
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttnMeta& meta, float scale,
-                     Tensor& out, const KernelPolicy& policy, const SplitKvOptions& split) {
+                     Tensor& out, const KvScales& kvs, const KernelPolicy& policy) {
+  paged_attention(q, k_cache, v_cache, meta, scale, out, policy, SplitKvOptions{}, kvs);
+}
+
+void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttnMeta& meta, float scale,
+                     Tensor& out, const KernelPolicy& policy, const SplitKvOptions& split, const KvScales& kvs) {
+  const bool f8 = k_cache.dtype == DType::f8_e4m3;
   check_dev(q, DType::bf16, "paged_attention q");
-  check_dev(k_cache, DType::bf16, "paged_attention k_cache");
-  check_dev(v_cache, DType::bf16, "paged_attention v_cache");
+  check_dev(k_cache, f8 ? DType::f8_e4m3 : DType::bf16, "paged_attention k_cache");
+  check_dev(v_cache, f8 ? DType::f8_e4m3 : DType::bf16, "paged_attention v_cache");
+  if (f8)
+    TS_CHECK(kvs.k > 0 && kvs.v > 0 && std::isfinite(kvs.k) && std::isfinite(kvs.v),
+             "paged_attention: FP8 cache scales k {} v {} must be positive", kvs.k, kvs.v);
   check_dev(out, DType::bf16, "paged_attention out");
   check_dev(meta.cu_q, DType::i32, "attention cu_q");
   check_dev(meta.kv_len, DType::i32, "attention kv_len");
@@ -542,8 +565,16 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   p.q = q.ptr<__nv_bfloat16>();
   p.q_s0 = q.stride[0];
   p.q_s1 = q.stride[1];
-  p.kc = k_cache.ptr<__nv_bfloat16>();
-  p.vc = v_cache.ptr<__nv_bfloat16>();
+  if (f8) {
+    p.kc8 = k_cache.ptr<uint8_t>();
+    p.vc8 = v_cache.ptr<uint8_t>();
+  } else {
+    p.kc = k_cache.ptr<__nv_bfloat16>();
+    p.vc = v_cache.ptr<__nv_bfloat16>();
+  }
+  p.k_deq = f8 ? kvs.k : 1.0f;
+  p.v_deq = f8 ? kvs.v : 1.0f;
+  p.v_out = 1.0f;
   p.kc_tok = nkv * hd;
   p.vc_tok = nkv * hd_v;
   p.cu_q = meta.cu_q.ptr<int32_t>();
@@ -571,7 +602,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   const int64_t rows = int64_t(meta.max_q_len) * p.G;
 
   // v2 kernels: head dims 64/128 with hd_v == hd and 16-byte aligned caches.
-  const bool v2_ok = (hd == 64 || hd == 128) && hd_v == hd && aligned16(p.kc) && aligned16(p.vc);
+  const bool v2_ok = (hd == 64 || hd == 128) && hd_v == hd && aligned16(k_cache.data) && aligned16(v_cache.data);
   // A mixed batch (decodes first, then prefill chunks): the decodes through the split-KV decode
   // kernel, the chunks through the kernel their lengths pick — two launches over sub-batches.
   // The metadata are views of the same buffers: cu_q keeps absolute row offsets, so the decode
@@ -596,8 +627,8 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
     pm.lead_decode_seqs = pm.lead_decode_max_q = pm.lead_decode_rows = 0;
     const Tensor qd = q.narrow(0, 0, meta.lead_decode_rows);
     Tensor od = out.narrow(0, 0, meta.lead_decode_rows);
-    paged_attention(qd, k_cache, v_cache, dm, scale, od, policy, split);
-    paged_attention(q, k_cache, v_cache, pm, scale, out, policy, split);
+    paged_attention(qd, k_cache, v_cache, dm, scale, od, policy, split, kvs);
+    paged_attention(q, k_cache, v_cache, pm, scale, out, policy, split, kvs);
     return;
   }
   int path = policy.attn_path;
@@ -612,6 +643,14 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
     else path = hd == 128 ? kPrefillWidePath128 : kPrefillWidePath64;
   }
   if (path >= 2 && !v2_ok) path = 1;  // forced tensor-core path on an unsupported shape
+  if (path == 2 && f8) path = 1;      // the v1 tensor-core kernel reads bf16 caches only
+  if (f8 && path >= 3) {
+    // v2 on FP8: scores = q . (stored x k_scale) = (q . stored) x k_scale, so k's scale joins the
+    // softmax scale; v's multiplies the normalised output (the kernels convert exactly, so the
+    // scales are applied once, in f32).
+    p.scale_log2 *= kvs.k;
+    p.v_out = kvs.v;
+  }
 
   if (path == 3) {
     const int64_t chunks = std::max<int64_t>(1, ceil_div(rows, kDRows));
@@ -638,7 +677,8 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
       splits = policy.attn_splits;
     } else {
       const int64_t base = B * nkv * chunks;
-      const int occ = hd == 64 ? decode_occupancy<64>() : decode_occupancy<128>();
+      const int occ = hd == 64 ? (f8 ? decode_occupancy<64, true>() : decode_occupancy<64, false>())
+                               : (f8 ? decode_occupancy<128, true>() : decode_occupancy<128, false>());
       const int64_t target = int64_t(std::min(occ, kDecodeMaxCtasPerSm)) * sm_count();
       // Round down: base * splits stays within one wave of resident blocks (no 1.2-wave tails).
       splits = std::clamp<int64_t>(target / base, 1,
@@ -660,8 +700,8 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
       p.part_o = ws;
       p.part_ml = ws + n_o;
     }
-    if (hd == 64) decode_launch<64>(p, int(chunks));
-    else decode_launch<128>(p, int(chunks));
+    if (hd == 64) f8 ? decode_launch<64, true>(p, int(chunks)) : decode_launch<64, false>(p, int(chunks));
+    else f8 ? decode_launch<128, true>(p, int(chunks)) : decode_launch<128, false>(p, int(chunks));
     if (splits > 1) {
       // ~kMergeSplitsPerThread splits per thread: groups = pow2 >= splits / that, capped so a
       // row (hd_v / 4 columns x groups) fits the block.
@@ -683,15 +723,20 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
     const int bm = path == 4 ? 64 : 128;
     const int64_t chunks = std::max<int64_t>(1, ceil_div(rows, bm));
     TS_CHECK(chunks <= 65535, "paged_attention: {} row chunks of {}", chunks, bm);
-    if (hd == 64) {
-      if (path == 4) prefill_launch<64, 1, 64>(p, int(chunks));
-      else if (path == 5) prefill_launch<64, 2, 32>(p, int(chunks));
-      else prefill_launch<64, 2, 64>(p, int(chunks));
-    } else {
-      if (path == 4) prefill_launch<128, 1, 64>(p, int(chunks));
-      else if (path == 5) prefill_launch<128, 2, 32>(p, int(chunks));
-      else prefill_launch<128, 2, 64>(p, int(chunks));
-    }
+    auto run = [&](auto f8c) {
+      constexpr bool F8 = decltype(f8c)::value;
+      if (hd == 64) {
+        if (path == 4) prefill_launch<64, 1, 64, F8>(p, int(chunks));
+        else if (path == 5) prefill_launch<64, 2, 32, F8>(p, int(chunks));
+        else prefill_launch<64, 2, 64, F8>(p, int(chunks));
+      } else {
+        if (path == 4) prefill_launch<128, 1, 64, F8>(p, int(chunks));
+        else if (path == 5) prefill_launch<128, 2, 32, F8>(p, int(chunks));
+        else prefill_launch<128, 2, 64, F8>(p, int(chunks));
+      }
+    };
+    if (f8) run(std::true_type{});
+    else run(std::false_type{});
     return;
   }
   if (path == 2) {

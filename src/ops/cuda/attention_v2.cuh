@@ -75,6 +75,46 @@ __device__ __forceinline__ void load_kv_tile(const AttnParams& p, int b, int g, 
   }
 }
 
+// FP8 caches (p.kc8 / p.vc8, e4m3): the same tile as 16-byte cp.async of 16 values each into an
+// e4m3 staging tile [NTOK][HD]; convert_kv_tile turns a landed one into the bf16 tiles the MMA
+// loops read. The staging ring holds the pipeline's stages, one bf16 tile the compute: half the
+// bytes in flight per token, and the MMA code unchanged.
+template <int HD, int NTOK, int NTHR>
+__device__ __forceinline__ void load_kv_tile_f8(const AttnParams& p, int b, int g, int t0, int t_lim,
+                                                uint8_t* sk, uint8_t* sv) {
+  constexpr int CH = HD / 16;
+  static_assert((NTOK * CH) % NTHR == 0, "tile chunks must split evenly over the block");
+  const int tid = threadIdx.x;
+#pragma unroll
+  for (int it = 0; it < NTOK * CH / NTHR; ++it) {
+    const int i = it * NTHR + tid;
+    const int r = i / CH, c = i % CH, tok = t0 + r;
+    uint8_t* kd = sk + r * HD + c * 16;
+    uint8_t* vd = sv + r * HD + c * 16;
+    if (tok < t_lim) {
+      const int64_t slot = slot_of(p, b, tok);
+      cp_async16(kd, p.kc8 + slot * p.kc_tok + int64_t(g) * HD + c * 16);
+      cp_async16(vd, p.vc8 + slot * p.vc_tok + int64_t(g) * HD + c * 16);
+    } else {
+      zero16(kd);
+      zero16(vd);
+    }
+  }
+}
+
+// e4m3 staging tiles [NTOK][HD] -> bf16 tiles [NTOK][HD + 8], exactly (kv_fp8.cuh); the caller
+// syncs the block before (the staging landed, the bf16 tiles are free) and after.
+template <int HD, int NTOK, int NTHR>
+__device__ __forceinline__ void convert_kv_tile(const uint8_t* sk8, const uint8_t* sv8, __nv_bfloat16* sk,
+                                                __nv_bfloat16* sv) {
+  constexpr int LD = HD + 8, CH = HD / 8;
+  for (int i = threadIdx.x; i < NTOK * CH; i += NTHR) {
+    const int r = i / CH, c = i % CH;
+    *reinterpret_cast<uint4*>(sk + r * LD + c * 8) = kvfp8::to_bf16x8(*reinterpret_cast<const uint2*>(sk8 + r * HD + c * 8));
+    *reinterpret_cast<uint4*>(sv + r * LD + c * 8) = kvfp8::to_bf16x8(*reinterpret_cast<const uint2*>(sv8 + r * HD + c * 8));
+  }
+}
+
 // ---- split-KV flash-decoding kernel (tensor cores) -------------------------------------------
 // grid: x = KV split, y = kv head * row chunks + chunk, z = sequence (z == B: padding rows).
 // A block owns up to kDRows packed rows (query i, head-in-group j -> row i*G + j) of one KV head
@@ -84,6 +124,8 @@ __device__ __forceinline__ void load_kv_tile(const AttnParams& p, int b, int g, 
 // every KV tile, each keeping its own online softmax; the warps of an m16 tile are merged
 // through smem at the end. One split: normalised bf16 out; several: fp32 partials (o unnormalised,
 // m in the log2 domain, l) merged by attn_merge_kernel.
+// F8: e4m3 caches staged in a kDStages ring and converted into one bf16 tile per KV tile (two
+// block syncs per tile; load_kv_tile_f8); k's scale is in scale_log2, v's in v_out.
 constexpr int kDTile = 64;
 constexpr int kDStages = 3;
 constexpr int kDThreads = 128;
@@ -100,19 +142,28 @@ __device__ __forceinline__ int seq_split_len(const AttnParams& p, int kv_len) {
   return max(p.split_min_tiles, (tiles + p.split_target - 1) / p.split_target) * kDTile;
 }
 
-template <int HD>
+// bf16 tiles of the compute: the ring's stages (bf16 caches) or the one converted tile (F8).
+template <bool F8>
+constexpr int dec_bf16_stages() {
+  return F8 ? 1 : kDStages;
+}
+
+template <int HD, bool F8 = false>
 constexpr size_t dec_smem() {
-  constexpr size_t pipe = size_t(kDStages) * 2 * kDTile * (HD + 8) * sizeof(__nv_bfloat16);
+  constexpr size_t pipe = size_t(dec_bf16_stages<F8>()) * 2 * kDTile * (HD + 8) * sizeof(__nv_bfloat16) +
+                          (F8 ? size_t(kDStages) * 2 * kDTile * HD : 0);
   constexpr size_t comb = sizeof(float) * (size_t(4) * 16 * (HD + 4) + 2 * 4 * 16 + 2 * kDRows);
   return pipe > comb ? pipe : comb;
 }
 
-template <int HD>
+template <int HD, bool F8>
 __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p, int chunks) {
-  constexpr int LD = HD + 8;
+  constexpr int LD = HD + 8, NB = dec_bf16_stages<F8>();
   TS_DYN_SMEM(smraw);
-  __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(smraw);  // [stages][kDTile][LD]
-  __nv_bfloat16* sV = sK + kDStages * kDTile * LD;               // [stages][kDTile][LD]
+  __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(smraw);  // [NB][kDTile][LD]
+  __nv_bfloat16* sV = sK + NB * kDTile * LD;                     // [NB][kDTile][LD]
+  uint8_t* sK8 = reinterpret_cast<uint8_t*>(sV + NB * kDTile * LD);  // F8: [stages][kDTile][HD]
+  uint8_t* sV8 = sK8 + kDStages * kDTile * HD;                        // F8: [stages][kDTile][HD]
   pdl_wait();
   if (int(blockIdx.z) == p.B) {
     zero_padding_rows(p);
@@ -147,9 +198,14 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
   // Prologue: start the first kDStages-1 tiles.
 #pragma unroll
   for (int s = 0; s < kDStages - 1; ++s) {
-    if (s < n_tiles)
-      load_kv_tile<HD, kDTile, kDThreads>(p, b, g, t_begin + s * kDTile, t_end,
-                                          sK + s * kDTile * LD, sV + s * kDTile * LD);
+    if (s < n_tiles) {
+      if constexpr (F8)
+        load_kv_tile_f8<HD, kDTile, kDThreads>(p, b, g, t_begin + s * kDTile, t_end, sK8 + s * kDTile * HD,
+                                               sV8 + s * kDTile * HD);
+      else
+        load_kv_tile<HD, kDTile, kDThreads>(p, b, g, t_begin + s * kDTile, t_end, sK + s * kDTile * LD,
+                                            sV + s * kDTile * LD);
+    }
     cp_async_commit();
   }
 
@@ -188,12 +244,21 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
       const int nt = it + kDStages - 1;
       if (nt < n_tiles) {
         const int st = nt % kDStages;
-        load_kv_tile<HD, kDTile, kDThreads>(p, b, g, t_begin + nt * kDTile, t_end,
-                                            sK + st * kDTile * LD, sV + st * kDTile * LD);
+        if constexpr (F8)
+          load_kv_tile_f8<HD, kDTile, kDThreads>(p, b, g, t_begin + nt * kDTile, t_end, sK8 + st * kDTile * HD,
+                                                 sV8 + st * kDTile * HD);
+        else
+          load_kv_tile<HD, kDTile, kDThreads>(p, b, g, t_begin + nt * kDTile, t_end, sK + st * kDTile * LD,
+                                              sV + st * kDTile * LD);
       }
       cp_async_commit();
     }
-    const int st = it % kDStages;
+    if constexpr (F8) {  // tile `it` landed (staging); the bf16 tile is free (the sync above)
+      const int s8 = it % kDStages;
+      convert_kv_tile<HD, kDTile, kDThreads>(sK8 + s8 * kDTile * HD, sV8 + s8 * kDTile * HD, sK, sV);
+      __syncthreads();
+    }
+    const int st = F8 ? 0 : it % kDStages;
     const int t0 = t_begin + it * kDTile;
     for (int j = sub; j < kDTile / 16; j += WPM) {
       const int tb = t0 + j * 16;
@@ -292,7 +357,7 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
       if (mk != -INFINITY) L += fast_exp2(mk - M) * cl[(mt * WPM + k) * 16 + rr];
     }
     float w = m[i] == -INFINITY ? 0.0f : fast_exp2(m[i] - M);
-    if (single) w = L > 0.0f ? w / L : 0.0f;
+    if (single) w = L > 0.0f ? w / L * p.v_out : 0.0f;
     float* dst = co + (warp * 16 + rr) * (HD + 4);
 #pragma unroll
     for (int dt = 0; dt < HD / 8; ++dt)
@@ -397,7 +462,7 @@ __global__ void __launch_bounds__(kMThreads) attn_merge_kernel(AttnParams p) {
   }
   pdl_trigger();
   if (!live || grp != 0) return;
-  const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+  const float inv = L > 0.0f ? p.v_out / L : 0.0f;
   __nv_bfloat16* orow = p.out + tok * p.o_s0 + int64_t(h) * p.o_s1 + c * 4;
   if (p.o_vec2) {
     reinterpret_cast<__nv_bfloat162*>(orow)[0] = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
@@ -420,19 +485,24 @@ __global__ void __launch_bounds__(kMThreads) attn_merge_kernel(AttnParams p) {
 constexpr int kPThreads = 128;
 constexpr int kPBN = 64;
 
-template <int HD, int MW>
+// F8: K/V staged as e4m3 ([2][BN][HD] each) and converted into one bf16 tile pair per KV tile.
+template <int HD, int MW, bool F8 = false>
 constexpr size_t prefill_smem() {
-  return (size_t(64) * MW + 4 * kPBN) * (HD + 8) * sizeof(__nv_bfloat16) + 64 * MW * sizeof(int);
+  return (size_t(64) * MW + (F8 ? 2 : 4) * kPBN) * (HD + 8) * sizeof(__nv_bfloat16) + 64 * MW * sizeof(int) +
+         (F8 ? size_t(4) * kPBN * HD : 0);
 }
 
-template <int HD, int MW, int NS>
+template <int HD, int MW, int NS, bool F8>
 __global__ void __launch_bounds__(kPThreads) attn_prefill_kernel(AttnParams p) {
-  constexpr int LD = HD + 8, CH = HD / 8, BM = 64 * MW, BN = kPBN;
+  constexpr int LD = HD + 8, CH = HD / 8, BM = 64 * MW, BN = kPBN, NB = F8 ? 1 : 2;
   static_assert(BN % NS == 0 && NS % 16 == 0, "bad NS");
   TS_DYN_SMEM(smraw);
   __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smraw);  // [BM][LD]
-  __nv_bfloat16* sK = sQ + BM * LD;                              // [2][BN][LD]
-  __nv_bfloat16* sV = sK + 2 * BN * LD;                          // [2][BN][LD]
+  __nv_bfloat16* sK = sQ + BM * LD;                              // [NB][BN][LD]
+  __nv_bfloat16* sV = sK + NB * BN * LD;                         // [NB][BN][LD]
+  int* spos = reinterpret_cast<int*>(sV + NB * BN * LD);         // [BM]
+  uint8_t* sK8 = reinterpret_cast<uint8_t*>(spos + BM);          // F8: [2][BN][HD]
+  uint8_t* sV8 = sK8 + 2 * BN * HD;                              // F8: [2][BN][HD]
   pdl_wait();
   if (int(blockIdx.z) == p.B) {
     zero_padding_rows(p);
@@ -467,7 +537,10 @@ __global__ void __launch_bounds__(kPThreads) attn_prefill_kernel(AttnParams p) {
       zero16(dst);
     }
   }
-  if (n_tiles > 0) load_kv_tile<HD, BN, kPThreads>(p, b, g, 0, t_end, sK, sV);
+  if (n_tiles > 0) {
+    if constexpr (F8) load_kv_tile_f8<HD, BN, kPThreads>(p, b, g, 0, t_end, sK8, sV8);
+    else load_kv_tile<HD, BN, kPThreads>(p, b, g, 0, t_end, sK, sV);
+  }
   cp_async_commit();
 
   const int wrow0 = warp * 16 * MW;                 // warp's first row in the chunk
@@ -480,7 +553,6 @@ __global__ void __launch_bounds__(kPThreads) attn_prefill_kernel(AttnParams p) {
   const int w_min_pos = off + (r0 + wrow0) / p.G;
   const int w_max_pos = warp_live ? off + (r0 + min(wrow0 + 16 * MW, nrows) - 1) / p.G : -1;
   // Row positions live in smem (read only on tiles that need the causal mask: saves registers).
-  int* spos = reinterpret_cast<int*>(sV + 2 * BN * LD);  // [BM]
   for (int r = tid; r < BM; r += kPThreads)
     spos[r] = r < nrows ? off + (r0 + r) / p.G : INT_MAX;  // padding rows: never written
 
@@ -494,13 +566,22 @@ __global__ void __launch_bounds__(kPThreads) attn_prefill_kernel(AttnParams p) {
   for (int mi = 0; mi < MW; ++mi) m[mi][0] = m[mi][1] = -INFINITY, l[mi][0] = l[mi][1] = 0.0f;
 
   for (int j = 0; j < n_tiles; ++j) {
-    if (j + 1 < n_tiles)
-      load_kv_tile<HD, BN, kPThreads>(p, b, g, (j + 1) * BN, t_end, sK + ((j + 1) & 1) * BN * LD,
-                                      sV + ((j + 1) & 1) * BN * LD);
+    if (j + 1 < n_tiles) {
+      if constexpr (F8)
+        load_kv_tile_f8<HD, BN, kPThreads>(p, b, g, (j + 1) * BN, t_end, sK8 + ((j + 1) & 1) * BN * HD,
+                                           sV8 + ((j + 1) & 1) * BN * HD);
+      else
+        load_kv_tile<HD, BN, kPThreads>(p, b, g, (j + 1) * BN, t_end, sK + ((j + 1) & 1) * BN * LD,
+                                        sV + ((j + 1) & 1) * BN * LD);
+    }
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    const int stg = j & 1, t0 = j * BN;
+    if constexpr (F8) {  // tile j landed (staging j & 1); the bf16 tile is free (end-of-tile sync)
+      convert_kv_tile<HD, BN, kPThreads>(sK8 + (j & 1) * BN * HD, sV8 + (j & 1) * BN * HD, sK, sV);
+      __syncthreads();
+    }
+    const int stg = F8 ? 0 : j & 1, t0 = j * BN;
     if (t0 <= w_max_pos) {
 #pragma unroll
       for (int hf = 0; hf < BN / NS; ++hf) {
@@ -604,7 +685,7 @@ __global__ void __launch_bounds__(kPThreads) attn_prefill_kernel(AttnParams p) {
       if (r >= nrows) continue;
       const int pr = r0 + r, qi = pr / p.G, h = g * p.G + pr - qi * p.G;
       __nv_bfloat16* orow = p.out + int64_t(q0 + qi) * p.o_s0 + int64_t(h) * p.o_s1;
-      const float inv = li > 0.0f ? 1.0f / li : 0.0f;
+      const float inv = li > 0.0f ? p.v_out / li : 0.0f;
 #pragma unroll
       for (int dt = 0; dt < HD / 8; ++dt) {
         const float v0 = o[mi][dt][2 * i] * inv, v1 = o[mi][dt][2 * i + 1] * inv;

@@ -50,12 +50,13 @@ bool fp8_block_matmul(int64_t M, int64_t N, int64_t K, const void* xq, const flo
                       int64_t ldw, const float* w_scale, const void* bias, void* out, int64_t ldc,
                       const Fp8ScaleOrder& order);
 
+// Caches bf16 or f8_e4m3 (e4m3(x / kvs), round to nearest, saturating: ops/cpu/attention.cpp).
 void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
-              const Tensor& slot_mapping);
+              const Tensor& slot_mapping, const KvScales& kvs = {});
 // Decode fusions (ops/cuda/fused.cu; ops.h describes them).
 void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor* wq, const Tensor* wk, float eps,
                    const Tensor& positions, const Rope& rope, Tensor& k_cache, Tensor& v_cache,
-                   const Tensor& slot_mapping);
+                   const Tensor& slot_mapping, const KvScales& kvs = {});
 // w bf16, or FP8 / NVFP4 kept as stored (ops/linear_weight.h): those fuse through the
 // tensor-core decode GEMV (quant_linear.h: quant_decode_gemv) where it applies, else run unfused.
 void linear_silu_mul(const Tensor& x, const LinearWeight& w, Tensor& out, Tensor& gu_scratch,
@@ -66,8 +67,12 @@ void rmsnorm_linear(const Tensor& x, const Tensor& norm_w, float eps, const Line
 void linear_add(const Tensor& x, const LinearWeight& w, Tensor& residual, Tensor& scratch,
                 const KernelPolicy& policy = {});
 bool fuses_norm_gemv(int64_t rows);
+// Caches bf16, or both f8_e4m3 (read as stored x kvs; the v2 kernels turn each staged tile into
+// bf16 in shared memory, attention_v2.cuh).
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const AttnMeta& meta, float scale, Tensor& out, const KernelPolicy& policy = {});
+void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttnMeta& meta, float scale,
+                     Tensor& out, const KvScales& kvs, const KernelPolicy& policy = {});
 
 void copy_rows(const Tensor& src, Tensor& dst);  // any dtype, strided rows
 void cast(const Tensor& src, Tensor& dst);       // f32 <-> bf16 (same dtype: copy_rows)

@@ -1,9 +1,11 @@
 // Memory-bound row kernels: embedding, silu_mul, add_inplace, gather_rows, kv_write, casts.
 // Each uses 16-byte vectors when every row start is 16-byte aligned, scalar code otherwise.
 #include <algorithm>
+#include <cmath>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/kv_fp8.cuh"
 
 namespace ts::ops::cuda {
 using namespace ::ts::cuda;
@@ -168,6 +170,41 @@ __global__ void kv_write_kernel(const __nv_bfloat16* __restrict__ k, int64_t k_s
   pdl_trigger();
 }
 
+// FP8 cache (kv_fp8.cuh): as kv_write_kernel, each value times its cache's inverse scale and
+// stored as e4m3; VEC: 8 values per step (16-byte load, 8-byte store).
+template <bool VEC>
+__global__ void kv_write_fp8_kernel(const __nv_bfloat16* __restrict__ k, int64_t k_s0, int64_t k_s1, int hd_k,
+                                    const __nv_bfloat16* __restrict__ v, int64_t v_s0, int64_t v_s1, int hd_v, int nkv,
+                                    uint8_t* k_cache, uint8_t* v_cache, const int32_t* __restrict__ slots, float inv_k,
+                                    float inv_v) {
+  pdl_wait();
+  const int64_t t = blockIdx.x;
+  const int64_t slot = slots[t];
+  if (slot >= 0) {
+    const bool is_v = blockIdx.y == 1;
+    const __nv_bfloat16* src = is_v ? v : k;
+    const int64_t s0 = is_v ? v_s0 : k_s0, s1 = is_v ? v_s1 : k_s1;
+    const int hd = is_v ? hd_v : hd_k;
+    const float inv = is_v ? inv_v : inv_k;
+    uint8_t* dst = (is_v ? v_cache : k_cache) + slot * int64_t(nkv) * hd;
+    if (VEC) {
+      const int per_head = hd / 8, n = nkv * per_head;
+      for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int h = i / per_head, c = i - h * per_head;
+        reinterpret_cast<uint2*>(dst)[i] =
+            kvfp8::from_bf16x8(*reinterpret_cast<const uint4*>(src + t * s0 + h * s1 + c * 8), inv);
+      }
+    } else {
+      const int n = nkv * hd;
+      for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int h = i / hd, c = i - h * hd;
+        dst[i] = kvfp8::from_f32(__bfloat162float(src[t * s0 + h * s1 + c]) * inv);
+      }
+    }
+  }
+  pdl_trigger();
+}
+
 // ---- casts -----------------------------------------------------------------------------------------
 __global__ void bf16_to_f32_kernel(const __nv_bfloat16* __restrict__ x, int64_t x_ld,
                                    float* __restrict__ out, int64_t out_ld, int64_t n) {
@@ -314,16 +351,21 @@ void cast(const Tensor& src, Tensor& dst) {
 }
 
 void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache,
-              const Tensor& slot_mapping) {
+              const Tensor& slot_mapping, const KvScales& kvs) {
   // v / v_cache may be undefined (MLA keeps one latent cache in k).
   const bool has_v = v.defined() && v.ndim == 3 && v_cache.defined() && v_cache.ndim == 4;
+  const bool f8 = k_cache.dtype == DType::f8_e4m3;
+  const DType ct = f8 ? DType::f8_e4m3 : DType::bf16;
   check_dev(k, DType::bf16, "kv_write k");
-  check_dev(k_cache, DType::bf16, "kv_write k_cache");
+  check_dev(k_cache, ct, "kv_write k_cache");
   check_dev(slot_mapping, DType::i32, "kv_write slot_mapping");
   if (has_v) {
     check_dev(v, DType::bf16, "kv_write v");
-    check_dev(v_cache, DType::bf16, "kv_write v_cache");
+    check_dev(v_cache, ct, "kv_write v_cache");
   }
+  if (f8)
+    TS_CHECK(kvs.k > 0 && kvs.v > 0 && std::isfinite(kvs.k) && std::isfinite(kvs.v),
+             "kv_write: FP8 cache scales k {} v {} must be positive", kvs.k, kvs.v);
   TS_CHECK(k.ndim == 3 && k_cache.ndim == 4,
            "kv_write: k must be [T, nkv, hd], caches [blocks, block_size, nkv, hd]");
   TS_CHECK(k_cache.is_contiguous() && slot_mapping.is_contiguous() &&
@@ -349,6 +391,13 @@ void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache
   const int64_t maxrow = nkv * std::max(hdk, hdv) / (vec ? 8 : 1);
   const int threads =
       int(std::min<int64_t>(kThreads, std::max<int64_t>(32, ceil_div(maxrow, 32) * 32)));
+  if (f8) {
+    auto kern = vec ? kv_write_fp8_kernel<true> : kv_write_fp8_kernel<false>;
+    launch(kern, dim3(unsigned(T), has_v ? 2u : 1u), dim3(threads), 0, true, k.ptr<__nv_bfloat16>(), k.stride[0],
+           k.stride[1], int(hdk), vp, vs0, vs1, int(hdv), int(nkv), k_cache.ptr<uint8_t>(),
+           has_v ? v_cache.ptr<uint8_t>() : nullptr, slot_mapping.ptr<int32_t>(), 1.0f / kvs.k, 1.0f / kvs.v);
+    return;
+  }
   auto kern = vec ? kv_write_kernel<true> : kv_write_kernel<false>;
   launch(kern, dim3(unsigned(T), has_v ? 2u : 1u), dim3(threads), 0, true, k.ptr<__nv_bfloat16>(),
          k.stride[0], k.stride[1], int(hdk), vp, vs0, vs1, int(hdv), int(nkv),

@@ -9,10 +9,13 @@
 // All round exactly where the unfused chain rounds (bf16 after each op), so results are
 // bit-identical to it; the CUDA tests compare against the CPU oracle like the unfused ops.
 #include <algorithm>
+#include <cmath>
+#include <type_traits>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/decode_helpers.cuh"
+#include "ops/cuda/kv_fp8.cuh"
 #include "ops/cuda/quant_linear.h"
 #include "ops/lm_head.h"
 
@@ -28,7 +31,13 @@ namespace {
 // back in place; k also into k_cache at its slot. v: copied into v_cache. Shared memory: hd
 // floats per warp. hd, hd_v <= 32 * 16 (one pass per lane of at most 16 elements is not assumed:
 // loops stride by 32).
-template <bool NORM>
+// A cache element from a bf16 value: bf16 caches take it as is, FP8 ones e4m3(value x inv).
+__device__ __forceinline__ void to_cache(__nv_bfloat16* p, __nv_bfloat16 x, float) { *p = x; }
+__device__ __forceinline__ void to_cache(uint8_t* p, __nv_bfloat16 x, float inv) {
+  *p = kvfp8::from_f32(__bfloat162float(x) * inv);
+}
+
+template <bool NORM, typename CacheT>
 __global__ void rope_kv_write_kernel(__nv_bfloat16* q, int64_t q_s0, int64_t q_s1, int nh,
                                      __nv_bfloat16* k, int64_t k_s0, int64_t k_s1, int nkv, int hd,
                                      const __nv_bfloat16* __restrict__ v, int64_t v_s0, int64_t v_s1,
@@ -36,9 +45,8 @@ __global__ void rope_kv_write_kernel(__nv_bfloat16* q, int64_t q_s0, int64_t q_s
                                      const __nv_bfloat16* __restrict__ wk, float eps,
                                      const int32_t* __restrict__ pos, const float* __restrict__ cs,
                                      int max_pos, int rot, int interleaved,
-                                     __nv_bfloat16* __restrict__ k_cache,
-                                     __nv_bfloat16* __restrict__ v_cache,
-                                     const int32_t* __restrict__ slots, int64_t T) {
+                                     CacheT* __restrict__ k_cache, CacheT* __restrict__ v_cache,
+                                     const int32_t* __restrict__ slots, int64_t T, float inv_k, float inv_v) {
   extern __shared__ float smem[];
   pdl_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -52,8 +60,8 @@ __global__ void rope_kv_write_kernel(__nv_bfloat16* q, int64_t q_s0, int64_t q_s
     if (slot >= 0) {
       const int h = u - nh - nkv;
       const __nv_bfloat16* src = v + t * v_s0 + int64_t(h) * v_s1;
-      __nv_bfloat16* dst = v_cache + (slot * nkv + h) * int64_t(hd_v);
-      for (int i = lane; i < hd_v; i += 32) dst[i] = src[i];
+      CacheT* dst = v_cache + (slot * nkv + h) * int64_t(hd_v);
+      for (int i = lane; i < hd_v; i += 32) to_cache(dst + i, src[i], inv_v);
     }
     pdl_trigger();
     return;
@@ -61,12 +69,12 @@ __global__ void rope_kv_write_kernel(__nv_bfloat16* q, int64_t q_s0, int64_t q_s
   const bool is_q = u < nh;
   __nv_bfloat16* p = is_q ? q + t * q_s0 + int64_t(u) * q_s1 : k + t * k_s0 + int64_t(u - nh) * k_s1;
   const __nv_bfloat16* w = is_q ? wq : wk;
-  __nv_bfloat16* kc = (!is_q && slot >= 0) ? k_cache + (slot * nkv + (u - nh)) * int64_t(hd) : nullptr;
+  CacheT* kc = (!is_q && slot >= 0) ? k_cache + (slot * nkv + (u - nh)) * int64_t(hd) : nullptr;
   head_norm_rope<NORM>(p, w, hd, eps, smem + warp * hd, pos[t], cs, max_pos, rot, interleaved, lane,
                        [&](int i, float v) {
                          const __nv_bfloat16 o = __float2bfloat16(v);
                          p[i] = o;
-                         if (kc) kc[i] = o;
+                         if (kc) to_cache(kc + i, o, inv_k);
                        });
   pdl_trigger();
 }
@@ -308,14 +316,18 @@ GemvArgs gemv_args(const Tensor& x, const Tensor& w, Tensor& out, int N) {
 
 void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor* wq, const Tensor* wk, float eps,
                    const Tensor& positions, const Rope& rope, Tensor& k_cache, Tensor& v_cache,
-                   const Tensor& slot_mapping) {
+                   const Tensor& slot_mapping, const KvScales& kvs) {
   TS_CHECK((wq == nullptr) == (wk == nullptr), "rope_kv_write: give both q/k norm weights or neither");
   const bool norm = wq != nullptr;
+  const bool f8 = k_cache.dtype == DType::f8_e4m3;
   check_dev(q, DType::bf16, "rope_kv_write q");
   check_dev(k, DType::bf16, "rope_kv_write k");
   check_dev(v, DType::bf16, "rope_kv_write v");
-  check_dev(k_cache, DType::bf16, "rope_kv_write k_cache");
-  check_dev(v_cache, DType::bf16, "rope_kv_write v_cache");
+  check_dev(k_cache, f8 ? DType::f8_e4m3 : DType::bf16, "rope_kv_write k_cache");
+  check_dev(v_cache, f8 ? DType::f8_e4m3 : DType::bf16, "rope_kv_write v_cache");
+  if (f8)
+    TS_CHECK(kvs.k > 0 && kvs.v > 0 && std::isfinite(kvs.k) && std::isfinite(kvs.v),
+             "rope_kv_write: FP8 cache scales k {} v {} must be positive", kvs.k, kvs.v);
   check_dev(positions, DType::i32, "rope_kv_write positions");
   check_dev(slot_mapping, DType::i32, "rope_kv_write slot_mapping");
   TS_CHECK(q.ndim == 3 && k.ndim == 3 && v.ndim == 3 && k_cache.ndim == 4 && v_cache.ndim == 4,
@@ -354,13 +366,18 @@ void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor* wq, cons
   TS_CHECK(smem <= 48 * 1024, "rope_kv_write: head_dim {} too large", hd);
   const int64_t blocks = ceil_div(warps, kRopeWarps);
   TS_CHECK(blocks <= 0x7fffffff, "rope_kv_write: too many heads");
-  auto kern = norm ? rope_kv_write_kernel<true> : rope_kv_write_kernel<false>;
-  launch(kern, dim3(unsigned(blocks)), dim3(kRopeWarps * 32), smem, true, q.ptr<__nv_bfloat16>(), q.stride[0],
-         q.stride[1], int(nh), k.ptr<__nv_bfloat16>(), k.stride[0], k.stride[1], int(nkv), int(hd),
-         v.ptr<__nv_bfloat16>(), v.stride[0], v.stride[1], int(hdv),
-         norm ? wq->ptr<__nv_bfloat16>() : nullptr, norm ? wk->ptr<__nv_bfloat16>() : nullptr, eps,
-         positions.ptr<int32_t>(), cs, max_pos, rot, rope.interleaved ? 1 : 0, k_cache.ptr<__nv_bfloat16>(),
-         v_cache.ptr<__nv_bfloat16>(), slot_mapping.ptr<int32_t>(), T);
+  auto go = [&](auto* kc, auto* vc) {
+    using C = std::remove_pointer_t<decltype(kc)>;
+    auto kern = norm ? rope_kv_write_kernel<true, C> : rope_kv_write_kernel<false, C>;
+    launch(kern, dim3(unsigned(blocks)), dim3(kRopeWarps * 32), smem, true, q.ptr<__nv_bfloat16>(), q.stride[0],
+           q.stride[1], int(nh), k.ptr<__nv_bfloat16>(), k.stride[0], k.stride[1], int(nkv), int(hd),
+           v.ptr<__nv_bfloat16>(), v.stride[0], v.stride[1], int(hdv),
+           norm ? wq->ptr<__nv_bfloat16>() : nullptr, norm ? wk->ptr<__nv_bfloat16>() : nullptr, eps,
+           positions.ptr<int32_t>(), cs, max_pos, rot, rope.interleaved ? 1 : 0, kc, vc, slot_mapping.ptr<int32_t>(), T,
+           1.0f / kvs.k, 1.0f / kvs.v);
+  };
+  if (f8) go(k_cache.ptr<uint8_t>(), v_cache.ptr<uint8_t>());
+  else go(k_cache.ptr<__nv_bfloat16>(), v_cache.ptr<__nv_bfloat16>());
 }
 
 bool fuses_norm_gemv(int64_t rows) { return rows >= 1 && rows <= kNormMaxM; }

@@ -16,6 +16,6 @@ struct SplitKvOptions {
 };
 
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttnMeta& meta, float scale,
-                     Tensor& out, const KernelPolicy& policy, const SplitKvOptions& split);
+                     Tensor& out, const KernelPolicy& policy, const SplitKvOptions& split, const KvScales& kvs = {});
 
 }  // namespace ts::ops::cuda

@@ -61,3 +61,52 @@ TEST(KvCacheFp8, WriteRoundsAndAttentionMatchesF32OfTheRoundedValues) {
   ops::paged_attention(q, kc, vc, m, 0.35f, o);
   for (int64_t i = 0; i < o.numel(); ++i) ASSERT_EQ(o8.ptr<float>()[i], o.ptr<float>()[i]) << i;
 }
+
+// Per-tensor scales (a checkpoint's k_scale / v_scale): the cache holds e4m3(x / scale) and
+// attention reads stored x scale, i.e. attention over an f32 cache of those values.
+TEST(KvCacheFp8, ScalesDivideOnWriteAndMultiplyOnRead) {
+  std::mt19937 g(7);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  const ops::KvScales s{0.3f, 2.5f};
+  const int64_t T = 9, nkv = 1, nh = 2, hd = 16, bs = 4, blocks = 3;
+  std::vector<int32_t> table = {1, 2, 0}, slots;
+  for (int p = 0; p < T; ++p) slots.push_back(table[size_t(p / bs)] * int32_t(bs) + p % int32_t(bs));
+  ops::AttnMeta m;
+  m.cu_q = i32v({0, int32_t(T)}, {2});
+  m.kv_len = i32v({int32_t(T)}, {1});
+  m.block_tables = i32v(table, {1, blocks});
+  m.block_size = int(bs);
+  m.num_seqs = 1;
+  m.max_q_len = m.max_kv_len = int(T);
+  Tensor slot_t = i32v(slots, {T});
+  auto rnd = [&](std::vector<int64_t> sh) {
+    Tensor t = Tensor::empty(sh, DType::f32);
+    for (int64_t i = 0; i < t.numel(); ++i) t.ptr<float>()[i] = nd(g);
+    return t;
+  };
+  Tensor q = rnd({T, nh, hd}), k = rnd({T, nkv, hd}), v = rnd({T, nkv, hd});
+  Tensor kr = Tensor::empty({T, nkv, hd}, DType::f32), vr = Tensor::empty({T, nkv, hd}, DType::f32);
+  for (int64_t i = 0; i < k.numel(); ++i) {
+    kr.ptr<float>()[i] = e4m3_to_f32(f32_to_e4m3(k.ptr<float>()[i] * (1.0f / s.k))) * s.k;
+    vr.ptr<float>()[i] = e4m3_to_f32(f32_to_e4m3(v.ptr<float>()[i] * (1.0f / s.v))) * s.v;
+  }
+  Tensor kc8 = Tensor::zeros({blocks, bs, nkv, hd}, DType::f8_e4m3), vc8 = Tensor::zeros({blocks, bs, nkv, hd}, DType::f8_e4m3);
+  Tensor kc = Tensor::zeros({blocks, bs, nkv, hd}, DType::f32), vc = Tensor::zeros({blocks, bs, nkv, hd}, DType::f32);
+  ops::kv_write(k, v, kc8, vc8, slot_t, s);
+  ops::kv_write(kr, vr, kc, vc, slot_t, s);  // an f32 cache ignores the scales
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < nkv * hd; ++i) {
+      ASSERT_EQ(kc8.ptr<uint8_t>()[slots[size_t(t)] * nkv * hd + i], f32_to_e4m3(k.ptr<float>()[t * nkv * hd + i] / s.k));
+      ASSERT_EQ(kc.ptr<float>()[slots[size_t(t)] * nkv * hd + i], kr.ptr<float>()[t * nkv * hd + i]);
+    }
+  Tensor o8 = Tensor::empty({T, nh, hd}, DType::f32), o = Tensor::empty({T, nh, hd}, DType::f32);
+  ops::paged_attention(q, kc8, vc8, m, 0.25f, o8, s);
+  ops::paged_attention(q, kc, vc, m, 0.25f, o, s);
+  for (int64_t i = 0; i < o.numel(); ++i) ASSERT_NEAR(o8.ptr<float>()[i], o.ptr<float>()[i], 1e-5f) << i;
+  // Scales 1 read the same bytes as different values: the scales are not ignored.
+  Tensor o1 = Tensor::empty({T, nh, hd}, DType::f32);
+  ops::paged_attention(q, kc8, vc8, m, 0.25f, o1);
+  float diff = 0;
+  for (int64_t i = 0; i < o.numel(); ++i) diff = std::max(diff, std::fabs(o1.ptr<float>()[i] - o.ptr<float>()[i]));
+  EXPECT_GT(diff, 0.1f);
+}

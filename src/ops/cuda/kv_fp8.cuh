@@ -1,0 +1,46 @@
+// The FP8 (e4m3) KV cache's conversions on the device (nvcc only), shared by the cache writers
+// (elementwise.cu's kv_write, fused.cu's rope_kv_write) and the attention kernels:
+//  - writes: e4m3(x * inv_scale), round to nearest even, saturating at +-448 (cvt.rn.satfinite),
+//    as the CPU oracle's f32_to_e4m3 (core/fp8.h) rounds x * (1 / scale);
+//  - reads: e4m3 -> bf16 exactly (a bit move gives e4m3 x 2^-120, subnormals included; one
+//    bf16x2 multiply by 2^120 restores it: qdot::e4m3x2_bf16x2). The per-tensor scales are
+//    applied in f32 by the kernels (the softmax scale takes k's, the output normalisation v's).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "ops/cuda/quant_dot.cuh"
+
+namespace ts::ops::cuda::kvfp8 {
+
+__device__ __forceinline__ uint8_t from_f32(float x) {
+  return uint8_t(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+}
+
+// 8 bf16 (one 16-byte load) -> 8 e4m3 bytes, each value times inv.
+__device__ __forceinline__ uint2 from_bf16x8(const uint4& v, float inv) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float2 f = __bfloat1622float2(h[i]);
+    f.x *= inv;
+    f.y *= inv;
+    w[i] = __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3);  // low byte: f.x
+  }
+  return make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
+}
+
+__device__ __forceinline__ float to_f32(uint8_t b) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(b, __NV_E4M3)));
+}
+
+// 8 e4m3 bytes -> 8 bf16 (exact).
+__device__ __forceinline__ uint4 to_bf16x8(const uint2& v) {
+  return make_uint4(qdot::e4m3x2_bf16x2<0x1404>(v.x), qdot::e4m3x2_bf16x2<0x3424>(v.x),
+                    qdot::e4m3x2_bf16x2<0x1404>(v.y), qdot::e4m3x2_bf16x2<0x3424>(v.y));
+}
+
+}  // namespace ts::ops::cuda::kvfp8
