@@ -148,8 +148,25 @@ inline float bf_at(const unsigned char* p) {
   return __bfloat162float(__ushort_as_bfloat16(u));
 }
 
-// mma.sync.m16n8k16.row.col f32.bf16.bf16.f32, PTX fragment layout.
-inline void mma_bf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+// f16 halves (the FP8 cache's decode MMAs), through GCC's _Float16.
+inline float h_lo(uint32_t u) {
+  const uint16_t b = uint16_t(u & 0xffff);
+  _Float16 h;
+  std::memcpy(&h, &b, 2);
+  return float(h);
+}
+inline float h_hi(uint32_t u) { return h_lo(u >> 16); }
+inline uint32_t pack_f16(float lo, float hi) {
+  const _Float16 h[2] = {_Float16(lo), _Float16(hi)};
+  uint32_t u;
+  std::memcpy(&u, h, 4);
+  return u;
+}
+
+// mma.sync.m16n8k16.row.col f32.{bf16,f16}.{bf16,f16}.f32, PTX fragment layout.
+inline void mma_impl(float* c, const uint32_t* a, uint32_t b0, uint32_t b1, bool f16) {
+  auto lo = [&](uint32_t v) { return f16 ? h_lo(v) : bf_lo(v); };
+  auto hi = [&](uint32_t v) { return f16 ? h_hi(v) : bf_hi(v); };
   uint64_t* me = g_xchg[warp_id()][lane_id()];
   for (int i = 0; i < 4; ++i) me[i] = a[i];
   me[4] = b0;
@@ -158,12 +175,12 @@ inline void mma_bf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
   auto A = [&](int r, int k) {
     const uint64_t* src = g_xchg[warp_id()][(r % 8) * 4 + (k % 8) / 2];
     const uint32_t v = uint32_t(src[(r / 8) + 2 * (k / 8)]);
-    return (k & 1) ? bf_hi(v) : bf_lo(v);
+    return (k & 1) ? hi(v) : lo(v);
   };
   auto Bm = [&](int k, int n) {
     const uint64_t* src = g_xchg[warp_id()][n * 4 + (k % 8) / 2];
     const uint32_t v = uint32_t(src[4 + k / 8]);
-    return (k & 1) ? bf_hi(v) : bf_lo(v);
+    return (k & 1) ? hi(v) : lo(v);
   };
   const int gq = lane_id() >> 2, tq = lane_id() & 3;
   float r[4];
@@ -177,6 +194,9 @@ inline void mma_bf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
   for (int e = 0; e < 4; ++e) c[e] = r[e];
 }
 
+inline void mma_bf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) { mma_impl(c, a, b0, b1, false); }
+inline void mma_f16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) { mma_impl(c, a, b0, b1, true); }
+
 inline void cp_async16(void* smem, const void* gmem) { t_pending.push_back({smem, gmem}); }
 
 }  // namespace
@@ -184,6 +204,15 @@ inline void cp_async16(void* smem, const void* gmem) { t_pending.push_back({smem
 
 // kv_fp8.cuh's reading: 8 e4m3 bytes -> 8 bf16 (exact in bf16: e4m3 has 3 mantissa bits).
 namespace ts::ops::cuda::kvfp8 {
+inline uint4 to_f16x8(const uint2& v) {
+  uint8_t b[8];
+  std::memcpy(b, &v, 8);
+  _Float16 h[8];
+  for (int i = 0; i < 8; ++i) h[i] = _Float16(::ts::e4m3_to_f32(b[i]));
+  uint4 r;
+  std::memcpy(&r, h, 16);
+  return r;
+}
 inline uint4 to_bf16x8(const uint2& v) {
   uint8_t b[8];
   std::memcpy(b, &v, 8);

@@ -66,7 +66,8 @@ int cmd_bench(int argc, char** argv) {
   bool attention_lab = false;
   app.add_flag("--attention-lab", attention_lab,
                "CUDA: instead of a model, time the split-KV decode attention at Llama-3.1-8B shapes per (batch, "
-               "context): the default split count next to batch-invariant splits (each sequence cut by its own length)");
+               "context): the default split count next to batch-invariant splits (each sequence cut by its own length) and "
+               "an FP8 (e4m3) cache of the same values");
   bool moe_lab = false;
   app.add_flag("--moe-lab", moe_lab,
                "CUDA: instead of a model, time one MoE layer's routed experts at Qwen3-30B-A3B shapes (128 experts, "

@@ -133,7 +133,21 @@ TEST(CudaOps, FusedRopeKvWriteFp8) {
         ops::cuda::kv_write(k2, v2, kc2, vc2, sd, s);
         const std::string what = fmt::format("rope_kv_write fp8 hd={} T={} norm={}", hd, T, norm);
         EXPECT_CLOSE(qkv.back(), qkv.h, what + " q/k");
-        EXPECT_CLOSE(e4m3_to_host_f32(kcd, s.k), e4m3_to_host_f32(kch, s.k), what + " k cache");
+        // k: the CPU rotates in f32, the GPU rounds k to bf16 first, so a value near an e4m3
+        // rounding boundary may land one e4m3 step (2^-3 relative, 2^-9 absolute below 2^-6)
+        // away; never more.
+        {
+          const Tensor g = e4m3_to_host_f32(kcd), c = e4m3_to_host_f32(kch);
+          int64_t off = 0;
+          for (int64_t i = 0; i < g.numel(); ++i) {
+            const float x = g.ptr<float>()[i], y = c.ptr<float>()[i];
+            off += std::fabs(x - y) > std::max(std::fabs(x), std::fabs(y)) * 0.125f + 0x1p-9f;
+          }
+          EXPECT_EQ(off, 0) << what << " k cache: values more than one e4m3 step from the CPU's";
+          const double e = rel_err(g, c);
+          std::printf("  [%s k cache] rel err %.3e (e4m3 steps)\n", what.c_str(), e);
+          EXPECT_LT(e, 3e-2) << what;
+        }
         EXPECT_CLOSE(e4m3_to_host_f32(vcd, s.v), e4m3_to_host_f32(vch, s.v), what + " v cache");
         const Tensor a = kcd.to(Device::cpu), b = kc2.to(Device::cpu), c = vcd.to(Device::cpu), d = vc2.to(Device::cpu);
         EXPECT_EQ(std::memcmp(a.data, b.data, size_t(a.numel())), 0) << what << " vs unfused k cache";

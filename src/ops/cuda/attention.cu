@@ -13,6 +13,8 @@
 //    decode-like batches) blocks write unnormalised partials that a second kernel merges.
 //  - Tensor-core kernel (mma.sync m16n8k16 bf16, fp32 accumulation, online softmax) for head
 //    dims 64 and 128: 64 packed rows x 64-token KV tiles per block; used for prefill.
+#include <cuda_fp16.h>
+
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -287,6 +289,19 @@ __device__ __forceinline__ void mma_bf16(float* c, const uint32_t* a, uint32_t b
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+// The f16 forms, for the FP8 cache's decode kernel (attention_v2.cuh: its e4m3 K/V convert to
+// f16 in one instruction per pair).
+__device__ __forceinline__ void mma_f16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
 }
 __device__ __forceinline__ uint32_t pack_bf16(__nv_bfloat16 lo, __nv_bfloat16 hi) {

@@ -1,5 +1,5 @@
 // v2 attention kernels (included by attention.cu inside its anonymous namespace, after
-// AttnParams, slot_of, zero_padding_rows, mma_bf16, pack_bf16 and cp_async16): the split-KV
+// AttnParams, slot_of, zero_padding_rows, mma_bf16 / mma_f16, pack_bf16 / pack_f16 and cp_async16): the split-KV
 // flash-decoding kernel, its merge kernel and the FA2-style prefill kernel.
 // TS_ATTN_EMU builds them as host code for the thread-level emulation harness
 // (bench/kernels/attention_emu.cpp): the few PTX helpers below then come from the harness.
@@ -102,17 +102,34 @@ __device__ __forceinline__ void load_kv_tile_f8(const AttnParams& p, int b, int 
   }
 }
 
-// e4m3 staging tiles [NTOK][HD] -> bf16 tiles [NTOK][HD + 8], exactly (kv_fp8.cuh); the caller
-// syncs the block before (the staging landed, the bf16 tiles are free) and after.
-template <int HD, int NTOK, int NTHR>
+// e4m3 staging tiles [NTOK][HD] -> 16-bit tiles [NTOK][HD + 8] (F16: f16, else bf16), exactly
+// (kv_fp8.cuh); the caller syncs the block before (the staging landed, the 16-bit tiles are free)
+// and after.
+template <int HD, int NTOK, int NTHR, bool F16>
 __device__ __forceinline__ void convert_kv_tile(const uint8_t* sk8, const uint8_t* sv8, __nv_bfloat16* sk,
                                                 __nv_bfloat16* sv) {
   constexpr int LD = HD + 8, CH = HD / 8;
   for (int i = threadIdx.x; i < NTOK * CH; i += NTHR) {
     const int r = i / CH, c = i % CH;
-    *reinterpret_cast<uint4*>(sk + r * LD + c * 8) = kvfp8::to_bf16x8(*reinterpret_cast<const uint2*>(sk8 + r * HD + c * 8));
-    *reinterpret_cast<uint4*>(sv + r * LD + c * 8) = kvfp8::to_bf16x8(*reinterpret_cast<const uint2*>(sv8 + r * HD + c * 8));
+    const uint2 k8 = *reinterpret_cast<const uint2*>(sk8 + r * HD + c * 8);
+    const uint2 v8 = *reinterpret_cast<const uint2*>(sv8 + r * HD + c * 8);
+    *reinterpret_cast<uint4*>(sk + r * LD + c * 8) = F16 ? kvfp8::to_f16x8(k8) : kvfp8::to_bf16x8(k8);
+    *reinterpret_cast<uint4*>(sv + r * LD + c * 8) = F16 ? kvfp8::to_f16x8(v8) : kvfp8::to_bf16x8(v8);
   }
+}
+
+// The decode kernel's MMA operand type: bf16, or f16 over an FP8 cache (its tiles convert to f16
+// in one instruction per pair; q and p are rounded to f16 then: q of the usual magnitudes and
+// p in [0, 1] lose nothing to f16's range, and gain 3 mantissa bits).
+template <bool F16>
+__device__ __forceinline__ void mma_kv(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  if constexpr (F16) mma_f16(c, a, b0, b1);
+  else mma_bf16(c, a, b0, b1);
+}
+template <bool F16>
+__device__ __forceinline__ uint32_t pack_kv(float lo, float hi) {
+  if constexpr (F16) return pack_f16(lo, hi);
+  else return pack_bf16(lo, hi);
 }
 
 // ---- split-KV flash-decoding kernel (tensor cores) -------------------------------------------
@@ -124,8 +141,9 @@ __device__ __forceinline__ void convert_kv_tile(const uint8_t* sk8, const uint8_
 // every KV tile, each keeping its own online softmax; the warps of an m16 tile are merged
 // through smem at the end. One split: normalised bf16 out; several: fp32 partials (o unnormalised,
 // m in the log2 domain, l) merged by attn_merge_kernel.
-// F8: e4m3 caches staged in a kDStages ring and converted into one bf16 tile per KV tile (two
-// block syncs per tile; load_kv_tile_f8); k's scale is in scale_log2, v's in v_out.
+// F8: e4m3 caches staged in a kDStages ring and converted into one f16 tile per KV tile (two
+// block syncs per tile; load_kv_tile_f8), the MMAs in f16; k's scale is in scale_log2, v's in
+// v_out.
 constexpr int kDTile = 64;
 constexpr int kDStages = 3;
 constexpr int kDThreads = 128;
@@ -228,7 +246,11 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int i = j & 1, col = kk * 16 + 2 * tq + (j >> 1) * 8;
-        qf[kk][j] = valid[i] ? pack_bf16(p.q[qoff[i] + col], p.q[qoff[i] + col + 1]) : 0u;
+        if constexpr (F8)
+          qf[kk][j] = valid[i] ? pack_f16(__bfloat162float(p.q[qoff[i] + col]), __bfloat162float(p.q[qoff[i] + col + 1]))
+                               : 0u;
+        else
+          qf[kk][j] = valid[i] ? pack_bf16(p.q[qoff[i] + col], p.q[qoff[i] + col + 1]) : 0u;
       }
   }
 
@@ -255,7 +277,7 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
     }
     if constexpr (F8) {  // tile `it` landed (staging); the bf16 tile is free (the sync above)
       const int s8 = it % kDStages;
-      convert_kv_tile<HD, kDTile, kDThreads>(sK8 + s8 * kDTile * HD, sV8 + s8 * kDTile * HD, sK, sV);
+      convert_kv_tile<HD, kDTile, kDThreads, true>(sK8 + s8 * kDTile * HD, sV8 + s8 * kDTile * HD, sK, sV);
       __syncthreads();
     }
     const int st = F8 ? 0 : it % kDStages;
@@ -270,8 +292,8 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
       for (int kk = 0; kk < HD / 16; ++kk) {
         uint32_t bk[4];
         ldsm_x4(bk, kb + kk * 32);
-        mma_bf16(s[0], qf[kk], bk[0], bk[1]);
-        mma_bf16(s[1], qf[kk], bk[2], bk[3]);
+        mma_kv<F8>(s[0], qf[kk], bk[0], bk[1]);
+        mma_kv<F8>(s[1], qf[kk], bk[2], bk[3]);
       }
       const bool need_mask = tb + 15 >= t_end || tb + 15 > min_pos;
 #pragma unroll
@@ -309,15 +331,15 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
         const float p2 = fast_exp2(s[nt][2] - ref[1]), p3 = fast_exp2(s[nt][3] - ref[1]);
         l[0] += p0 + p1;
         l[1] += p2 + p3;
-        pf[nt * 2 + 0] = pack_bf16(p0, p1);
-        pf[nt * 2 + 1] = pack_bf16(p2, p3);
+        pf[nt * 2 + 0] = pack_kv<F8>(p0, p1);
+        pf[nt * 2 + 1] = pack_kv<F8>(p2, p3);
       }
 #pragma unroll
       for (int dt2 = 0; dt2 < HD / 16; ++dt2) {
         uint32_t bv[4];
         ldsm_x4_t(bv, vb + dt2 * 32);
-        mma_bf16(o[2 * dt2], pf, bv[0], bv[1]);
-        mma_bf16(o[2 * dt2 + 1], pf, bv[2], bv[3]);
+        mma_kv<F8>(o[2 * dt2], pf, bv[0], bv[1]);
+        mma_kv<F8>(o[2 * dt2 + 1], pf, bv[2], bv[3]);
       }
     }
   }
@@ -578,7 +600,7 @@ __global__ void __launch_bounds__(kPThreads) attn_prefill_kernel(AttnParams p) {
     cp_async_wait<1>();
     __syncthreads();
     if constexpr (F8) {  // tile j landed (staging j & 1); the bf16 tile is free (end-of-tile sync)
-      convert_kv_tile<HD, BN, kPThreads>(sK8 + (j & 1) * BN * HD, sV8 + (j & 1) * BN * HD, sK, sV);
+      convert_kv_tile<HD, BN, kPThreads, false>(sK8 + (j & 1) * BN * HD, sV8 + (j & 1) * BN * HD, sK, sV);
       __syncthreads();
     }
     const int stg = F8 ? 0 : j & 1, t0 = j * BN;
