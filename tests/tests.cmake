@@ -71,6 +71,10 @@ add_test(NAME cli_parallel COMMAND bash ${CMAKE_SOURCE_DIR}/tests/cli/parallel_t
 set_tests_properties(cli_parallel PROPERTIES LABELS "cli;parallel")
 # FP8 (e4m3, scale 1.0) KV cache on the CPU ops, dense fixtures: e4m3 keys/values move these
 # random models' logits by 0.11-0.22 (teacher-forced greedy check, near-ties within atol).
+# DeepSeek-V3's FP8 latent cache is not among them: the e4m3 latent flips its random router's
+# expert choices (max |diff| 1.56 on the long prompt, greedy misses; its bf16 CUDA run shows the
+# same effect at 0.62); the latent ops are checked against f32 over the same values instead
+# (tests/unit/ops/kv_fp8_test.cpp, tests/cuda/mla_test.cpp).
 foreach(fixture llama3 llama2_mha qwen3)
   add_test(NAME golden_kv_fp8_${fixture} COMMAND $<TARGET_FILE:tokenspeed> verify-golden ${CMAKE_SOURCE_DIR}/tests/data/${fixture}
     --kv-cache-dtype fp8 --atol 0.3)

@@ -81,6 +81,9 @@ struct MlaWeights {
   Tensor w_uk_t;     // [nh, kv_rank, nope]: per head, W_UK transposed (absorbs q_nope into latent space)
   Tensor kv_b;       // [nh * (nope + v), kv_rank]; W_UV of head h = rows h*(nope+v)+nope ..
   ops::LinearWeight o;      // [H, nh * v]
+  // The FP8 latent cache's scale (--kv-cache-dtype fp8): the checkpoint's k_scale (load_kv_scales;
+  // the latent is the keys, and the values are its first kv_rank features), 1.0 without.
+  float latent_scale = 1.0f;
 };
 
 struct DeepseekLayer {
@@ -142,6 +145,7 @@ class DeepseekV3 final : public DecoderModel {
       L.attn.kv_b = wl.load_parts(
           {Part{at + "kv_b_proj.weight", {nh * (p_.nope + p_.v_dim), r}, 0, ms.kv_b_rows.start, ms.kv_b_rows.count}});
       L.attn.w_uk_t = absorb_uk(L.attn.kv_b);
+      L.attn.latent_scale = load_kv_scales(wl, pre).k;
       L.attn.o = wl.load_linear({Part{at + "o_proj.weight", {H, nh * p_.v_dim}, 1, ms.o_cols.start, ms.o_cols.count}});
       L.sparse = p_.experts > 0 && l >= p_.first_dense;
       if (L.sparse) {
@@ -237,7 +241,7 @@ class DeepseekV3 final : public DecoderModel {
     Tensor q_pe = q3.narrow(2, nope, rd);
     Tensor k_pe = as_heads(ckv.narrow(1, r, rd), 1, rd);
     ops::rope(q_pe, k_pe, b.positions, rope_);
-    ops::cache_write(as_heads(ckv, 1, kvw), cache, b.slot_mapping);
+    ops::cache_write(as_heads(ckv, 1, kvw), cache, b.slot_mapping, w.latent_scale);
     // q in latent space: [q_nope W_UK | q_pe] per head.
     Tensor qc = ws_.alloc({T, nh * kvw}, dtype_);
     for (int64_t hh = 0; hh < nh; ++hh) {
@@ -248,7 +252,7 @@ class DeepseekV3 final : public DecoderModel {
     }
     Tensor olat = ws_.alloc({T, nh * r}, dtype_);
     Tensor olat3 = as_heads(olat, nh, r);
-    ops::mla_attention(as_heads(qc, nh, kvw), cache, b.attn, p_.scale, r, olat3);
+    ops::mla_attention(as_heads(qc, nh, kvw), cache, b.attn, p_.scale, r, olat3, w.latent_scale);
     Tensor attn = ws_.alloc({T, nh * vd}, dtype_);
     for (int64_t hh = 0; hh < nh; ++hh) {
       Tensor dst = attn.narrow(1, hh * vd, vd);

@@ -220,8 +220,8 @@ void apply_token_bitmask(Tensor& logits, const Tensor& bitmask) {
 
 // MoE: ordinary (capturable) ops. The latent / indexer cache writes and MLA / block-sparse
 // attention read per-batch metadata: break ops, like kv_write and paged_attention.
-void cache_write(const Tensor& x, Tensor& cache, const Tensor& slot_mapping) {
-  TS_DISPATCH_BREAK(cache.device, cache_write, x, cache, slot_mapping);
+void cache_write(const Tensor& x, Tensor& cache, const Tensor& slot_mapping, float fp8_scale) {
+  TS_DISPATCH_BREAK(cache.device, cache_write, x, cache, slot_mapping, fp8_scale);
 }
 void glu(const Tensor& x, Tensor& out, const GluAct& act) { TS_DISPATCH(x.device, glu, x, out, act); }
 void moe_route(const Tensor& logits, const Tensor* bias, const MoeRouting& r, Tensor& ids, Tensor& weights) {
@@ -232,8 +232,8 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
   TS_DISPATCH(x.device, moe_experts, x, ids, weights, gate_up, down, act, out);
 }
 void mla_attention(const Tensor& q, const Tensor& latent_cache, const AttnMeta& meta, float scale, int64_t kv_rank,
-                   Tensor& out) {
-  TS_DISPATCH_BREAK(latent_cache.device, mla_attention, q, latent_cache, meta, scale, kv_rank, out);
+                   Tensor& out, float fp8_scale) {
+  TS_DISPATCH_BREAK(latent_cache.device, mla_attention, q, latent_cache, meta, scale, kv_rank, out, fp8_scale);
 }
 void block_indexer(const Tensor& q, const Tensor& k_cache, const AttnMeta& meta, const BlockIndexer& p, Tensor& out) {
   TS_DISPATCH_BREAK(k_cache.device, block_indexer, q, k_cache, meta, p, out);

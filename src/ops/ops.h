@@ -154,7 +154,8 @@ void gather_rows(const Tensor& x, const Tensor& index, Tensor& out);
 // Writes rows x [T, heads, dim] (rows may be strided) into cache [blocks, block_size, heads, dim]
 // at slot_mapping (slot < 0: padding, skipped). For caches with a single tensor per token (the
 // MLA latent, the MiniMax-M3 indexer keys).
-void cache_write(const Tensor& x, Tensor& cache, const Tensor& slot_mapping);
+// An f8_e4m3 cache (the MLA latent under --kv-cache-dtype fp8) stores e4m3(x / fp8_scale).
+void cache_write(const Tensor& x, Tensor& cache, const Tensor& slot_mapping, float fp8_scale = 1.0f);
 
 // Gated activations over x [T, 2I] (gate then up) -> out [T, I].
 //  silu:       silu(gate) * up
@@ -196,8 +197,9 @@ void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, cons
 // [blocks, block_size, 1, kv_rank + rope_dim], each token holding its normed latent c and its
 // roped k_pe. q [T, nh, kv_rank + rope_dim] is (q_nope absorbed through W_UK | roped q_pe).
 // out [T, nh, kv_rank] = softmax(scale * q . [c | k_pe]) @ c, causal as paged_attention.
+// An f8_e4m3 latent cache (--kv-cache-dtype fp8) is read as stored x fp8_scale.
 void mla_attention(const Tensor& q, const Tensor& latent_cache, const AttnMeta& meta, float scale, int64_t kv_rank,
-                   Tensor& out);
+                   Tensor& out, float fp8_scale = 1.0f);
 
 // MiniMax-M3 lightning indexer, one selection per index head h (transformers: per KV / GQA
 // group). For query row r of sequence b at position p (see AttnMeta), key block n (tokens

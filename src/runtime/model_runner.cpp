@@ -29,10 +29,12 @@ DType ModelRunner::check_kv_dtype(const std::string& name, const models::Model& 
   // The FP8 cache (e4m3, per-layer scales from the checkpoint or 1.0: stored = e4m3(x / scale),
   // read = stored x scale) is written and read by the ops of both backends (ops/cpu/attention.cpp,
   // the oracle; ops/cuda: kv_write, rope_kv_write, paged_attention).
-  const models::KvSpec s = m.kv_spec();
-  TS_CHECK(s.v_heads > 0 && m.aux_kv_spec().bytes_per_token(DType::u8) == 0 && !m.state_spec().any(),
-           "--kv-cache-dtype {}: {} keeps a latent, auxiliary or recurrent cache; the FP8 cache covers paged K/V "
-           "attention (Llama family, Qwen3, Qwen3-MoE) only",
+  // Paged K/V (Llama family, Qwen3, Qwen3-MoE) and the MLA latent (DeepSeek-V3: v_heads 0, one
+  // latent row per token, models/deepseek_v3.cpp); not the MiniMax-M3 indexer's auxiliary cache
+  // nor recurrent state.
+  TS_CHECK(m.aux_kv_spec().bytes_per_token(DType::u8) == 0 && !m.state_spec().any(),
+           "--kv-cache-dtype {}: {} keeps an auxiliary (indexer) or recurrent cache; the FP8 cache covers paged K/V "
+           "attention (Llama family, Qwen3, Qwen3-MoE) and the MLA latent (DeepSeek-V3) only",
            name, m.config().architecture);
   return DType::f8_e4m3;
 }

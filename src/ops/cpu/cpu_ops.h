@@ -42,13 +42,13 @@ void argmax_rows(const Tensor& logits, const Tensor* offsets, Tensor& out, int64
 void spec_accept(const Tensor& verify_ids, const Tensor& target_ids, int n, Tensor& acc);
 void spec_select(const Tensor& r, const Tensor& next_ids, const Tensor& acc, const Tensor& slots, int n, Tensor& h_pool,
                  Tensor& next_out);
-void cache_write(const Tensor& x, Tensor& cache, const Tensor& slot_mapping);
+void cache_write(const Tensor& x, Tensor& cache, const Tensor& slot_mapping, float fp8_scale = 1.0f);
 void glu(const Tensor& x, Tensor& out, const GluAct& act);
 void moe_route(const Tensor& logits, const Tensor* bias, const MoeRouting& r, Tensor& ids, Tensor& weights);
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const Tensor& gate_up,
                  const Tensor& down, const GluAct& act, Tensor& out);
 void mla_attention(const Tensor& q, const Tensor& latent_cache, const AttnMeta& meta, float scale, int64_t kv_rank,
-                   Tensor& out);
+                   Tensor& out, float fp8_scale = 1.0f);
 void block_indexer(const Tensor& q, const Tensor& k_cache, const AttnMeta& meta, const BlockIndexer& p, Tensor& out);
 void block_sparse_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttnMeta& meta,
                             float scale, const Tensor& blocks, int sel_block_size, Tensor& out);

@@ -4,13 +4,19 @@
 #include <cmath>
 #include <vector>
 
+#include "core/fp8.h"
 #include "ops/cpu/cpu_ops.h"
 
 namespace ts::ops::cpu {
 
-void cache_write(const Tensor& x, Tensor& cache, const Tensor& slot_mapping) {
+void cache_write(const Tensor& x, Tensor& cache, const Tensor& slot_mapping, float fp8_scale) {
   int64_t t_n = x.size(0);
   if (t_n == 0) return;
+  if (cache.dtype == DType::f8_e4m3) {  // kv_write's FP8 path without the v half
+    Tensor none;
+    ::ts::ops::cpu::kv_write(x, none, cache, none, slot_mapping, KvScales{fp8_scale, 1.0f});
+    return;
+  }
   TS_CHECK(x.ndim == 3 && cache.ndim == 4 && x.dtype == DType::f32 && cache.dtype == DType::f32,
            "cache_write: x {} cache {}", x.shape_str(), cache.shape_str());
   int64_t heads = x.size(1), dim = x.size(2), w = heads * dim;
@@ -27,7 +33,8 @@ void cache_write(const Tensor& x, Tensor& cache, const Tensor& slot_mapping) {
   }
 }
 
-void mla_attention(const Tensor& q, const Tensor& cache, const AttnMeta& m, float scale, int64_t rank, Tensor& out) {
+void mla_attention(const Tensor& q, const Tensor& cache, const AttnMeta& m, float scale, int64_t rank, Tensor& out,
+                   float fp8_scale) {
   int64_t t_n = q.size(0);
   if (t_n == 0 || m.num_seqs == 0) return;
   int64_t nh = q.size(1), dk = q.size(2);
@@ -41,11 +48,24 @@ void mla_attention(const Tensor& q, const Tensor& cache, const AttnMeta& m, floa
   std::vector<int32_t> row_seq(size_t(t_n), -1);
   for (int b = 0; b < m.num_seqs; ++b)
     for (int32_t r = cu[b]; r < cu[b + 1]; ++r) row_seq[size_t(r)] = b;
-  const float* c = cache.ptr<float>();
+  // An FP8 latent cache: each row read is decoded (stored x fp8_scale) into a row buffer first,
+  // the values the CUDA kernel reads.
+  const bool fp8 = cache.dtype == DType::f8_e4m3;
+  TS_CHECK(fp8 || cache.dtype == DType::f32, "mla_attention: latent cache dtype {}", dtype_name(cache.dtype));
+  TS_CHECK(!fp8 || (fp8_scale > 0 && std::isfinite(fp8_scale)), "mla_attention: FP8 cache scale {} must be positive",
+           fp8_scale);
+  const float* c = fp8 ? nullptr : cache.ptr<float>();
+  const uint8_t* c8 = fp8 ? cache.ptr<uint8_t>() : nullptr;
   int64_t items = t_n * nh;
 #pragma omp parallel
   {
-    std::vector<float> scores;
+    std::vector<float> scores, row(size_t(fp8 ? dk : 0));
+    // Cache row `slot` as f32 (decoded into `row` for an FP8 cache).
+    auto row_of = [&](int64_t slot) -> const float* {
+      if (!fp8) return c + slot * dk;
+      for (int64_t d = 0; d < dk; ++d) row[size_t(d)] = e4m3_to_f32(c8[slot * dk + d]) * fp8_scale;
+      return row.data();
+    };
 #pragma omp for schedule(dynamic, 4)
     for (int64_t it = 0; it < items; ++it) {
       int64_t r = it / nh, h = it % nh;
@@ -62,7 +82,7 @@ void mla_attention(const Tensor& q, const Tensor& cache, const AttnMeta& m, floa
       float mx = -INFINITY;
       for (int64_t j = 0; j < n; ++j) {
         int64_t slot = int64_t(bt[b * max_blocks + j / bs]) * bs + j % bs;
-        float s = dot(qv, c + slot * dk, dk) * scale;
+        float s = dot(qv, row_of(slot), dk) * scale;
         scores[size_t(j)] = s;
         mx = std::max(mx, s);
       }
@@ -75,7 +95,7 @@ void mla_attention(const Tensor& q, const Tensor& cache, const AttnMeta& m, floa
       for (int64_t d = 0; d < rank; ++d) o[d] = 0;
       for (int64_t j = 0; j < n; ++j) {
         int64_t slot = int64_t(bt[b * max_blocks + j / bs]) * bs + j % bs;
-        const float* cv = c + slot * dk;
+        const float* cv = row_of(slot);
         float p = scores[size_t(j)] * inv;
         for (int64_t d = 0; d < rank; ++d) o[d] += p * cv[d];
       }

@@ -88,13 +88,13 @@ void apply_token_bitmask(Tensor& logits, const Tensor& bitmask);
 // Mixture of experts, MLA, block-sparse attention (ops/cuda/moe.cu, latent_attention.cu,
 // block_sparse.cu). moe_route takes the correction bias as f32 or bf16; moe_experts uses
 // workspace(2) (grow-only: run the largest token count eagerly before graph capture).
-void cache_write(const Tensor& x, Tensor& cache, const Tensor& slot_mapping);
+void cache_write(const Tensor& x, Tensor& cache, const Tensor& slot_mapping, float fp8_scale = 1.0f);
 void glu(const Tensor& x, Tensor& out, const GluAct& act);
 void moe_route(const Tensor& logits, const Tensor* bias, const MoeRouting& r, Tensor& ids, Tensor& weights);
 void moe_experts(const Tensor& x, const Tensor& ids, const Tensor& weights, const Tensor& gate_up,
                  const Tensor& down, const GluAct& act, Tensor& out, const KernelPolicy& policy = {});
 void mla_attention(const Tensor& q, const Tensor& latent_cache, const AttnMeta& meta, float scale,
-                   int64_t kv_rank, Tensor& out);
+                   int64_t kv_rank, Tensor& out, float fp8_scale = 1.0f);
 void block_indexer(const Tensor& q, const Tensor& k_cache, const AttnMeta& meta, const BlockIndexer& p,
                    Tensor& out);
 void block_sparse_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,

@@ -11,6 +11,7 @@
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/kv_fp8.cuh"
 
 namespace ts::ops::cuda {
 using namespace ::ts::cuda;
@@ -25,9 +26,11 @@ constexpr int kMThreads = 256;
 struct MlaParams {
   const __nv_bfloat16* q;
   int64_t q_s0, q_s1;
-  const __nv_bfloat16* c;  // latent cache, D elements per slot
+  const __nv_bfloat16* c;  // latent cache, D elements per slot (bf16; null for FP8)
+  const uint8_t* c8;       // FP8 (e4m3) latent cache, read as stored x c_deq (null for bf16)
+  float c_deq;
   int D, rank;
-  bool vec;                // D % 8 == 0 and 16-byte aligned cache: tiles move as uint4
+  bool vec;                // D % 8 == 0 and 16-byte aligned cache: tiles move as uint4 (FP8: uint2)
   const int32_t* cu_q;
   const int32_t* kv_len;
   const int32_t* bt;
@@ -111,7 +114,12 @@ __global__ void __launch_bounds__(kMThreads) mla_kernel(MlaParams p) {
       for (int i = tid; i < kMN * cpr; i += kMThreads) {
         const int t = i / cpr, c8 = i - t * cpr;
         float f[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        if (t < nt) {
+        if (t < nt && p.c8) {
+          const uint2 v = *reinterpret_cast<const uint2*>(p.c8 + slot_of(p, b, t0 + t) * D + c8 * 8);
+          const uint8_t* bytes = reinterpret_cast<const uint8_t*>(&v);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) f[j] = kvfp8::to_f32(bytes[j]) * p.c_deq;
+        } else if (t < nt) {
           BF8 v;
           v.u = *reinterpret_cast<const uint4*>(p.c + slot_of(p, b, t0 + t) * D + c8 * 8);
           bf8_to_f32(v, f);
@@ -122,7 +130,8 @@ __global__ void __launch_bounds__(kMThreads) mla_kernel(MlaParams p) {
     } else {
       for (int i = tid; i < kMN * D; i += kMThreads) {
         const int t = i / D, d = i - t * D;
-        ks[t * KLD + d] = t < nt ? __bfloat162float(p.c[slot_of(p, b, t0 + t) * D + d]) : 0.0f;
+        const int64_t e = t < nt ? slot_of(p, b, t0 + t) * D + d : 0;
+        ks[t * KLD + d] = t >= nt ? 0.0f : p.c8 ? kvfp8::to_f32(p.c8[e]) * p.c_deq : __bfloat162float(p.c[e]);
       }
     }
     __syncthreads();
@@ -210,9 +219,12 @@ __global__ void mla_reduce_kernel(MlaParams p) {
 }  // namespace
 
 void mla_attention(const Tensor& q, const Tensor& latent_cache, const AttnMeta& meta, float scale, int64_t kv_rank,
-                   Tensor& out) {
+                   Tensor& out, float fp8_scale) {
+  const bool f8 = latent_cache.dtype == DType::f8_e4m3;
   check_dev(q, DType::bf16, "mla_attention q");
-  check_dev(latent_cache, DType::bf16, "mla_attention latent_cache");
+  check_dev(latent_cache, f8 ? DType::f8_e4m3 : DType::bf16, "mla_attention latent_cache");
+  if (f8)
+    TS_CHECK(fp8_scale > 0 && std::isfinite(fp8_scale), "mla_attention: FP8 cache scale {} must be positive", fp8_scale);
   check_dev(out, DType::bf16, "mla_attention out");
   check_dev(meta.cu_q, DType::i32, "attention cu_q");
   check_dev(meta.kv_len, DType::i32, "attention kv_len");
@@ -239,10 +251,12 @@ void mla_attention(const Tensor& q, const Tensor& latent_cache, const AttnMeta& 
   p.q = q.ptr<__nv_bfloat16>();
   p.q_s0 = q.stride[0];
   p.q_s1 = q.stride[1];
-  p.c = latent_cache.ptr<__nv_bfloat16>();
+  if (f8) p.c8 = latent_cache.ptr<uint8_t>();
+  else p.c = latent_cache.ptr<__nv_bfloat16>();
+  p.c_deq = f8 ? fp8_scale : 1.0f;
   p.D = int(D);
   p.rank = int(kv_rank);
-  p.vec = D % 8 == 0 && aligned16(p.c);
+  p.vec = D % 8 == 0 && aligned16(latent_cache.data);
   p.cu_q = meta.cu_q.ptr<int32_t>();
   p.kv_len = meta.kv_len.ptr<int32_t>();
   p.bt = meta.block_tables.ptr<int32_t>();

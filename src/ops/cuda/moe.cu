@@ -682,11 +682,11 @@ void gemm_dispatch(int nt, const GemmArgs& g, int64_t items, bool vec) {
 }  // namespace
 
 
-void cache_write(const Tensor& x, Tensor& cache, const Tensor& slot_mapping) {
-  // kv_write without the v half is exactly a single-tensor paged write.
+void cache_write(const Tensor& x, Tensor& cache, const Tensor& slot_mapping, float fp8_scale) {
+  // kv_write without the v half is exactly a single-tensor paged write (bf16 or FP8).
   if (x.ndim == 3 && x.size(0) == 0) return;
   Tensor none;
-  kv_write(x, none, cache, none, slot_mapping);
+  ::ts::ops::cuda::kv_write(x, none, cache, none, slot_mapping, KvScales{fp8_scale, 1.0f});
 }
 
 void glu(const Tensor& x, Tensor& out, const GluAct& act) {

@@ -110,3 +110,37 @@ TEST(KvCacheFp8, ScalesDivideOnWriteAndMultiplyOnRead) {
   for (int64_t i = 0; i < o.numel(); ++i) diff = std::max(diff, std::fabs(o1.ptr<float>()[i] - o.ptr<float>()[i]));
   EXPECT_GT(diff, 0.1f);
 }
+
+// The MLA latent cache in FP8 (DeepSeek-V3 under --kv-cache-dtype fp8): cache_write stores
+// e4m3(x / scale), mla_attention over it equals mla_attention over an f32 cache of stored x scale.
+TEST(KvCacheFp8, MlaLatentCache) {
+  std::mt19937 g(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const float s = 0.05f;
+  const int64_t T = 7, nh = 3, rank = 16, rope = 4, D = rank + rope, bs = 4, blocks = 2;
+  std::vector<int32_t> table = {1, 0}, slots;
+  for (int p = 0; p < T; ++p) slots.push_back(table[size_t(p / bs)] * int32_t(bs) + p % int32_t(bs));
+  ops::AttnMeta m;
+  m.cu_q = i32v({0, int32_t(T)}, {2});
+  m.kv_len = i32v({int32_t(T)}, {1});
+  m.block_tables = i32v(table, {1, blocks});
+  m.block_size = int(bs);
+  m.num_seqs = 1;
+  m.max_q_len = m.max_kv_len = int(T);
+  Tensor slot_t = i32v(slots, {T});
+  Tensor x = Tensor::empty({T, 1, D}, DType::f32), q = Tensor::empty({T, nh, D}, DType::f32);
+  for (int64_t i = 0; i < x.numel(); ++i) x.ptr<float>()[i] = nd(g);
+  for (int64_t i = 0; i < q.numel(); ++i) q.ptr<float>()[i] = nd(g);
+  Tensor c8 = Tensor::zeros({blocks, bs, 1, D}, DType::f8_e4m3), c = Tensor::zeros({blocks, bs, 1, D}, DType::f32);
+  ops::cache_write(x, c8, slot_t, s);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t d = 0; d < D; ++d) {
+      const uint8_t b = c8.ptr<uint8_t>()[slots[size_t(t)] * D + d];
+      ASSERT_EQ(b, f32_to_e4m3(x.ptr<float>()[t * D + d] * (1.0f / s)));
+      c.ptr<float>()[slots[size_t(t)] * D + d] = e4m3_to_f32(b) * s;
+    }
+  Tensor o8 = Tensor::empty({T, nh, rank}, DType::f32), o = Tensor::empty({T, nh, rank}, DType::f32);
+  ops::mla_attention(q, c8, m, 0.3f, rank, o8, s);
+  ops::mla_attention(q, c, m, 0.3f, rank, o);
+  for (int64_t i = 0; i < o.numel(); ++i) ASSERT_EQ(o8.ptr<float>()[i], o.ptr<float>()[i]) << i;
+}
