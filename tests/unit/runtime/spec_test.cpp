@@ -127,6 +127,24 @@ TEST(SpecLossless, TrainedDraftWithChunkedPrefillAndPrefixReuse) {
     for (auto& p : prompts) EXPECT_EQ(collect(spec.submit(greedy(p, 20))).tokens, collect(plain.submit(greedy(p, 20))).tokens);
 }
 
+// --kv-cache-dtype fp8 with EAGLE3: the target and the draft caches are both e4m3 (the draft's
+// follows the target's type); speculation stays lossless against plain decoding over the same
+// FP8 cache, across a batch and over cached prefixes.
+TEST(SpecLossless, TrainedDraftOverAnFp8KvCache) {
+  EngineOptions o = spec_engine(demo_draft()), p = small_engine();
+  o.kv_cache_dtype = p.kv_cache_dtype = "fp8";
+  Engine spec(o), plain(p);
+  spec.start();
+  plain.start();
+  auto prompts = code_prompts(plain, 4);
+  for (int round = 0; round < 2; ++round) {
+    std::vector<std::shared_ptr<Stream>> batch;
+    for (auto& q : prompts) batch.push_back(spec.submit(greedy(q, 20)));
+    for (size_t i = 0; i < prompts.size(); ++i)
+      EXPECT_EQ(collect(batch[i]).tokens, collect(plain.submit(greedy(prompts[i], 20))).tokens) << "round " << round << " prompt " << i;
+  }
+}
+
 // Penalties and logprobs force host acceptance between the verify and the catch-up; greedy
 // with a repetition penalty is still deterministic, so speculation must equal plain decoding.
 TEST(SpecLossless, HostAcceptanceWithPenaltiesAndLogprobsEqualsPlain) {
