@@ -20,9 +20,9 @@ expect_error() {  # expect_error "pattern" cmd...
   echo "ok: $pat"
 }
 M=$SRC/tests/data/llama3
-# --kv-cache-dtype: an unknown type, and FP8 on a model with an MLA latent cache.
+# --kv-cache-dtype: an unknown type, and FP8 on a model with an indexer (auxiliary) cache.
 expect_error "--kv-cache-dtype 'fp4' is not supported" "$BIN" generate --model "$M" --device cpu --kv-cache-dtype fp4 --prompt-ids 1,2
-expect_error "latent" "$BIN" generate --model "$SRC/tests/data/deepseek_v3" --device cpu --kv-cache-dtype fp8 --prompt-ids 1,2
+expect_error "auxiliary (indexer) or recurrent" "$BIN" generate --model "$SRC/tests/data/minimax_m3" --device cpu --kv-cache-dtype fp8 --prompt-ids 1,2
 # --bad-words: a whitespace-only word names the field.
 expect_error "bad_words" "$BIN" generate --model "$M" --device cpu --prompt-ids 1,2 --bad-words " "
 # Missing model directory.

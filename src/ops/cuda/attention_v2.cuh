@@ -49,25 +49,26 @@ __device__ __forceinline__ void zero16(void* smem) {
   *reinterpret_cast<uint4*>(smem) = make_uint4(0, 0, 0, 0);
 }
 
-// Copies KV tokens [t0, t0 + NTOK) of sequence b, kv head g, into smem tiles [NTOK][LD] for K
-// and V with 16-byte cp.async; tokens at or past t_lim are zero-filled (so masked scores meet
-// zero V rows, never stale NaN/Inf bytes). All kThreads threads of the block take part.
-template <int HD, int NTOK, int NTHR>
-__device__ __forceinline__ void load_kv_tile(const AttnParams& p, int b, int g, int t0, int t_lim,
-                                             __nv_bfloat16* sk, __nv_bfloat16* sv) {
-  constexpr int LD = HD + 8, CH = HD / 8;
+// Copies KV tokens [t0, t0 + NTOK) of sequence b, kv head g, from caches kc / vc (elements of T)
+// into smem tiles [NTOK][SLD] for K and V with 16-byte cp.async; tokens at or past t_lim are
+// zero-filled (so masked scores meet zero V rows, never stale NaN/Inf bytes). All NTHR threads of
+// the block take part.
+template <int HD, int NTOK, int NTHR, typename T, int SLD>
+__device__ __forceinline__ void load_tile(const AttnParams& p, int b, int g, int t0, int t_lim, const T* kc,
+                                          const T* vc, T* sk, T* sv) {
+  constexpr int E = 16 / int(sizeof(T)), CH = HD / E;  // elements per 16-byte chunk, chunks per row
   static_assert((NTOK * CH) % NTHR == 0, "tile chunks must split evenly over the block");
   const int tid = threadIdx.x;
 #pragma unroll
   for (int it = 0; it < NTOK * CH / NTHR; ++it) {
     const int i = it * NTHR + tid;
     const int r = i / CH, c = i % CH, tok = t0 + r;
-    __nv_bfloat16* kd = sk + r * LD + c * 8;
-    __nv_bfloat16* vd = sv + r * LD + c * 8;
+    T* kd = sk + r * SLD + c * E;
+    T* vd = sv + r * SLD + c * E;
     if (tok < t_lim) {
       const int64_t slot = slot_of(p, b, tok);
-      cp_async16(kd, p.kc + slot * p.kc_tok + int64_t(g) * HD + c * 8);
-      cp_async16(vd, p.vc + slot * p.vc_tok + int64_t(g) * HD + c * 8);
+      cp_async16(kd, kc + slot * p.kc_tok + int64_t(g) * HD + c * E);
+      cp_async16(vd, vc + slot * p.vc_tok + int64_t(g) * HD + c * E);
     } else {
       zero16(kd);
       zero16(vd);
@@ -75,31 +76,21 @@ __device__ __forceinline__ void load_kv_tile(const AttnParams& p, int b, int g, 
   }
 }
 
-// FP8 caches (p.kc8 / p.vc8, e4m3): the same tile as 16-byte cp.async of 16 values each into an
-// e4m3 staging tile [NTOK][HD]; convert_kv_tile turns a landed one into the bf16 tiles the MMA
-// loops read. The staging ring holds the pipeline's stages, one bf16 tile the compute: half the
-// bytes in flight per token, and the MMA code unchanged.
+// bf16 caches: straight into the compute tiles [NTOK][HD + 8] (rows padded by 16 bytes).
+template <int HD, int NTOK, int NTHR>
+__device__ __forceinline__ void load_kv_tile(const AttnParams& p, int b, int g, int t0, int t_lim,
+                                             __nv_bfloat16* sk, __nv_bfloat16* sv) {
+  load_tile<HD, NTOK, NTHR, __nv_bfloat16, HD + 8>(p, b, g, t0, t_lim, p.kc, p.vc, sk, sv);
+}
+
+// FP8 caches (p.kc8 / p.vc8, e4m3): 16 values per cp.async into an e4m3 staging tile [NTOK][HD];
+// convert_kv_tile turns a landed one into the 16-bit tiles the MMA loops read. The staging ring
+// holds the pipeline's stages, one 16-bit tile the compute: half the bytes in flight per token,
+// and the MMA code unchanged.
 template <int HD, int NTOK, int NTHR>
 __device__ __forceinline__ void load_kv_tile_f8(const AttnParams& p, int b, int g, int t0, int t_lim,
                                                 uint8_t* sk, uint8_t* sv) {
-  constexpr int CH = HD / 16;
-  static_assert((NTOK * CH) % NTHR == 0, "tile chunks must split evenly over the block");
-  const int tid = threadIdx.x;
-#pragma unroll
-  for (int it = 0; it < NTOK * CH / NTHR; ++it) {
-    const int i = it * NTHR + tid;
-    const int r = i / CH, c = i % CH, tok = t0 + r;
-    uint8_t* kd = sk + r * HD + c * 16;
-    uint8_t* vd = sv + r * HD + c * 16;
-    if (tok < t_lim) {
-      const int64_t slot = slot_of(p, b, tok);
-      cp_async16(kd, p.kc8 + slot * p.kc_tok + int64_t(g) * HD + c * 16);
-      cp_async16(vd, p.vc8 + slot * p.vc_tok + int64_t(g) * HD + c * 16);
-    } else {
-      zero16(kd);
-      zero16(vd);
-    }
-  }
+  load_tile<HD, NTOK, NTHR, uint8_t, HD>(p, b, g, t0, t_lim, p.kc8, p.vc8, sk, sv);
 }
 
 // e4m3 staging tiles [NTOK][HD] -> 16-bit tiles [NTOK][HD + 8] (F16: f16, else bf16), exactly

@@ -2,6 +2,7 @@
 // Each uses 16-byte vectors when every row start is 16-byte aligned, scalar code otherwise.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
@@ -137,46 +138,14 @@ __global__ void copy_kernel(const char* __restrict__ x, int64_t x_ld_bytes, char
 
 // ---- kv_write --------------------------------------------------------------------------------------
 // blockIdx.x: token, blockIdx.y: 0 = k, 1 = v. Source heads at (token * s0 + head * s1);
-// destination slot rows are packed [nkv, hd].
-template <bool VEC>
+// destination slot rows are packed [nkv, hd]. CacheT: bf16 (copied), or uint8_t for an FP8 cache
+// (each value times its cache's inverse scale, stored as e4m3: kv_fp8.cuh). VEC: 8 values per
+// step (one 16-byte load).
+template <bool VEC, typename CacheT>
 __global__ void kv_write_kernel(const __nv_bfloat16* __restrict__ k, int64_t k_s0, int64_t k_s1,
                                 int hd_k, const __nv_bfloat16* __restrict__ v, int64_t v_s0,
-                                int64_t v_s1, int hd_v, int nkv, __nv_bfloat16* k_cache,
-                                __nv_bfloat16* v_cache, const int32_t* __restrict__ slots) {
-  pdl_wait();
-  const int64_t t = blockIdx.x;
-  const int64_t slot = slots[t];
-  if (slot >= 0) {
-    const bool is_v = blockIdx.y == 1;
-    const __nv_bfloat16* src = is_v ? v : k;
-    const int64_t s0 = is_v ? v_s0 : k_s0, s1 = is_v ? v_s1 : k_s1;
-    const int hd = is_v ? hd_v : hd_k;
-    __nv_bfloat16* dst = (is_v ? v_cache : k_cache) + slot * int64_t(nkv) * hd;
-    if (VEC) {
-      const int per_head = hd / 8, n = nkv * per_head;
-      for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const int h = i / per_head, c = i - h * per_head;
-        reinterpret_cast<uint4*>(dst)[i] =
-            *reinterpret_cast<const uint4*>(src + t * s0 + h * s1 + c * 8);
-      }
-    } else {
-      const int n = nkv * hd;
-      for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const int h = i / hd, c = i - h * hd;
-        dst[i] = src[t * s0 + h * s1 + c];
-      }
-    }
-  }
-  pdl_trigger();
-}
-
-// FP8 cache (kv_fp8.cuh): as kv_write_kernel, each value times its cache's inverse scale and
-// stored as e4m3; VEC: 8 values per step (16-byte load, 8-byte store).
-template <bool VEC>
-__global__ void kv_write_fp8_kernel(const __nv_bfloat16* __restrict__ k, int64_t k_s0, int64_t k_s1, int hd_k,
-                                    const __nv_bfloat16* __restrict__ v, int64_t v_s0, int64_t v_s1, int hd_v, int nkv,
-                                    uint8_t* k_cache, uint8_t* v_cache, const int32_t* __restrict__ slots, float inv_k,
-                                    float inv_v) {
+                                int64_t v_s1, int hd_v, int nkv, CacheT* k_cache,
+                                CacheT* v_cache, const int32_t* __restrict__ slots, float inv_k, float inv_v) {
   pdl_wait();
   const int64_t t = blockIdx.x;
   const int64_t slot = slots[t];
@@ -186,19 +155,18 @@ __global__ void kv_write_fp8_kernel(const __nv_bfloat16* __restrict__ k, int64_t
     const int64_t s0 = is_v ? v_s0 : k_s0, s1 = is_v ? v_s1 : k_s1;
     const int hd = is_v ? hd_v : hd_k;
     const float inv = is_v ? inv_v : inv_k;
-    uint8_t* dst = (is_v ? v_cache : k_cache) + slot * int64_t(nkv) * hd;
+    CacheT* dst = (is_v ? v_cache : k_cache) + slot * int64_t(nkv) * hd;
     if (VEC) {
       const int per_head = hd / 8, n = nkv * per_head;
       for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const int h = i / per_head, c = i - h * per_head;
-        reinterpret_cast<uint2*>(dst)[i] =
-            kvfp8::from_bf16x8(*reinterpret_cast<const uint4*>(src + t * s0 + h * s1 + c * 8), inv);
+        kvfp8::store8(dst + i * 8, *reinterpret_cast<const uint4*>(src + t * s0 + h * s1 + c * 8), inv);
       }
     } else {
       const int n = nkv * hd;
       for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const int h = i / hd, c = i - h * hd;
-        dst[i] = kvfp8::from_f32(__bfloat162float(src[t * s0 + h * s1 + c]) * inv);
+        kvfp8::store(dst + i, src[t * s0 + h * s1 + c], inv);
       }
     }
   }
@@ -391,18 +359,15 @@ void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache
   const int64_t maxrow = nkv * std::max(hdk, hdv) / (vec ? 8 : 1);
   const int threads =
       int(std::min<int64_t>(kThreads, std::max<int64_t>(32, ceil_div(maxrow, 32) * 32)));
-  if (f8) {
-    auto kern = vec ? kv_write_fp8_kernel<true> : kv_write_fp8_kernel<false>;
+  auto go = [&](auto* kc, auto* vc) {
+    using C = std::remove_pointer_t<decltype(kc)>;
+    auto kern = vec ? kv_write_kernel<true, C> : kv_write_kernel<false, C>;
     launch(kern, dim3(unsigned(T), has_v ? 2u : 1u), dim3(threads), 0, true, k.ptr<__nv_bfloat16>(), k.stride[0],
-           k.stride[1], int(hdk), vp, vs0, vs1, int(hdv), int(nkv), k_cache.ptr<uint8_t>(),
-           has_v ? v_cache.ptr<uint8_t>() : nullptr, slot_mapping.ptr<int32_t>(), 1.0f / kvs.k, 1.0f / kvs.v);
-    return;
-  }
-  auto kern = vec ? kv_write_kernel<true> : kv_write_kernel<false>;
-  launch(kern, dim3(unsigned(T), has_v ? 2u : 1u), dim3(threads), 0, true, k.ptr<__nv_bfloat16>(),
-         k.stride[0], k.stride[1], int(hdk), vp, vs0, vs1, int(hdv), int(nkv),
-         k_cache.ptr<__nv_bfloat16>(), has_v ? v_cache.ptr<__nv_bfloat16>() : nullptr,
-         slot_mapping.ptr<int32_t>());
+           k.stride[1], int(hdk), vp, vs0, vs1, int(hdv), int(nkv), kc, vc, slot_mapping.ptr<int32_t>(), 1.0f / kvs.k,
+           1.0f / kvs.v);
+  };
+  if (f8) go(k_cache.ptr<uint8_t>(), has_v ? v_cache.ptr<uint8_t>() : nullptr);
+  else go(k_cache.ptr<__nv_bfloat16>(), has_v ? v_cache.ptr<__nv_bfloat16>() : nullptr);
 }
 
 void cast_bf16_to_f32(const Tensor& x, Tensor& out) {

@@ -31,12 +31,6 @@ namespace {
 // back in place; k also into k_cache at its slot. v: copied into v_cache. Shared memory: hd
 // floats per warp. hd, hd_v <= 32 * 16 (one pass per lane of at most 16 elements is not assumed:
 // loops stride by 32).
-// A cache element from a bf16 value: bf16 caches take it as is, FP8 ones e4m3(value x inv).
-__device__ __forceinline__ void to_cache(__nv_bfloat16* p, __nv_bfloat16 x, float) { *p = x; }
-__device__ __forceinline__ void to_cache(uint8_t* p, __nv_bfloat16 x, float inv) {
-  *p = kvfp8::from_f32(__bfloat162float(x) * inv);
-}
-
 template <bool NORM, typename CacheT>
 __global__ void rope_kv_write_kernel(__nv_bfloat16* q, int64_t q_s0, int64_t q_s1, int nh,
                                      __nv_bfloat16* k, int64_t k_s0, int64_t k_s1, int nkv, int hd,
@@ -61,7 +55,7 @@ __global__ void rope_kv_write_kernel(__nv_bfloat16* q, int64_t q_s0, int64_t q_s
       const int h = u - nh - nkv;
       const __nv_bfloat16* src = v + t * v_s0 + int64_t(h) * v_s1;
       CacheT* dst = v_cache + (slot * nkv + h) * int64_t(hd_v);
-      for (int i = lane; i < hd_v; i += 32) to_cache(dst + i, src[i], inv_v);
+      for (int i = lane; i < hd_v; i += 32) kvfp8::store(dst + i, src[i], inv_v);
     }
     pdl_trigger();
     return;
@@ -74,7 +68,7 @@ __global__ void rope_kv_write_kernel(__nv_bfloat16* q, int64_t q_s0, int64_t q_s
                        [&](int i, float v) {
                          const __nv_bfloat16 o = __float2bfloat16(v);
                          p[i] = o;
-                         if (kc) to_cache(kc + i, o, inv_k);
+                         if (kc) kvfp8::store(kc + i, o, inv_k);
                        });
   pdl_trigger();
 }

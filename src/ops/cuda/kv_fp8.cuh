@@ -39,6 +39,15 @@ __device__ __forceinline__ float to_f32(uint8_t b) {
   return __half2float(__half(__nv_cvt_fp8_to_halfraw(b, __NV_E4M3)));
 }
 
+// A cache element / 8 consecutive ones from bf16 values: bf16 caches take them as they are, FP8
+// ones e4m3(value x inv) (the cache writers' one store rule).
+__device__ __forceinline__ void store(__nv_bfloat16* p, __nv_bfloat16 x, float) { *p = x; }
+__device__ __forceinline__ void store(uint8_t* p, __nv_bfloat16 x, float inv) { *p = from_f32(__bfloat162float(x) * inv); }
+__device__ __forceinline__ void store8(__nv_bfloat16* p, const uint4& x, float) { *reinterpret_cast<uint4*>(p) = x; }
+__device__ __forceinline__ void store8(uint8_t* p, const uint4& x, float inv) {
+  *reinterpret_cast<uint2*>(p) = from_bf16x8(x, inv);
+}
+
 // Two e4m3 (low byte first) -> f16x2, exact (e4m3's range and precision fit f16).
 __device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t v) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v & 0xffffu), __NV_E4M3);
