@@ -8,6 +8,7 @@
 //  - Every op accepts zero rows and then does nothing (no kernel launch).
 //  - Index tensors (ids, positions, slot mappings, block tables, seq lens) are i32.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -33,6 +34,11 @@ struct KvScales {
   float k = 1.0f;
   float v = 1.0f;
 };
+// The FP8 cache ops' precondition on the scales (positive and finite): an error naming `op`.
+inline void check_kv_scales(const KvScales& s, const char* op) {
+  TS_CHECK(s.k > 0 && s.v > 0 && s.k < INFINITY && s.v < INFINITY, "{}: FP8 cache scales k {} v {} must be positive and finite",
+           op, s.k, s.v);
+}
 
 // Step metadata read by paged attention (one struct, as in nano-vllm's context).
 // Sequence b owns query rows [cu_q[b], cu_q[b+1]) and, after this step's KV write, kv_len[b]

@@ -18,8 +18,7 @@ void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache
   if (k_cache.dtype == DType::f8_e4m3) {
     // FP8 cache: round-to-nearest e4m3 (saturating) of x times the inverse scale (the CUDA kernels
     // multiply by the same f32 inverse), the reference for the GPU kernels.
-    TS_CHECK(kvs.k > 0 && kvs.v > 0 && std::isfinite(kvs.k) && std::isfinite(kvs.v),
-             "kv_write: FP8 cache scales k {} v {} must be positive", kvs.k, kvs.v);
+    check_kv_scales(kvs, "kv_write");
     const float ik = 1.0f / kvs.k, iv = 1.0f / kvs.v;
     for (int64_t t = 0; t < t_n; ++t) {
       if (slot[t] < 0) continue;

@@ -546,8 +546,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   check_dev(k_cache, f8 ? DType::f8_e4m3 : DType::bf16, "paged_attention k_cache");
   check_dev(v_cache, f8 ? DType::f8_e4m3 : DType::bf16, "paged_attention v_cache");
   if (f8)
-    TS_CHECK(kvs.k > 0 && kvs.v > 0 && std::isfinite(kvs.k) && std::isfinite(kvs.v),
-             "paged_attention: FP8 cache scales k {} v {} must be positive", kvs.k, kvs.v);
+    check_kv_scales(kvs, "paged_attention");
   check_dev(out, DType::bf16, "paged_attention out");
   check_dev(meta.cu_q, DType::i32, "attention cu_q");
   check_dev(meta.kv_len, DType::i32, "attention kv_len");

@@ -332,8 +332,7 @@ void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache
     check_dev(v_cache, ct, "kv_write v_cache");
   }
   if (f8)
-    TS_CHECK(kvs.k > 0 && kvs.v > 0 && std::isfinite(kvs.k) && std::isfinite(kvs.v),
-             "kv_write: FP8 cache scales k {} v {} must be positive", kvs.k, kvs.v);
+    check_kv_scales(kvs, "kv_write");
   TS_CHECK(k.ndim == 3 && k_cache.ndim == 4,
            "kv_write: k must be [T, nkv, hd], caches [blocks, block_size, nkv, hd]");
   TS_CHECK(k_cache.is_contiguous() && slot_mapping.is_contiguous() &&

@@ -320,8 +320,7 @@ void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor* wq, cons
   check_dev(k_cache, f8 ? DType::f8_e4m3 : DType::bf16, "rope_kv_write k_cache");
   check_dev(v_cache, f8 ? DType::f8_e4m3 : DType::bf16, "rope_kv_write v_cache");
   if (f8)
-    TS_CHECK(kvs.k > 0 && kvs.v > 0 && std::isfinite(kvs.k) && std::isfinite(kvs.v),
-             "rope_kv_write: FP8 cache scales k {} v {} must be positive", kvs.k, kvs.v);
+    check_kv_scales(kvs, "rope_kv_write");
   check_dev(positions, DType::i32, "rope_kv_write positions");
   check_dev(slot_mapping, DType::i32, "rope_kv_write slot_mapping");
   TS_CHECK(q.ndim == 3 && k.ndim == 3 && v.ndim == 3 && k_cache.ndim == 4 && v_cache.ndim == 4,
