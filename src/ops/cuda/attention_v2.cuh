@@ -111,7 +111,9 @@ __device__ __forceinline__ void convert_kv_tile(const uint8_t* sk8, const uint8_
 
 // The decode kernel's MMA operand type: bf16, or f16 over an FP8 cache (its tiles convert to f16
 // in one instruction per pair; q and p are rounded to f16 then: q of the usual magnitudes and
-// p in [0, 1] lose nothing to f16's range, and gain 3 mantissa bits).
+// p in [0, 1] lose nothing to f16's range, and gain 3 mantissa bits; a q element past f16's
+// range is clamped to +-65504 rather than becoming inf, so its row's scores stay finite).
+__device__ __forceinline__ float clamp_f16(float x) { return fminf(fmaxf(x, -65504.0f), 65504.0f); }
 template <bool F16>
 __device__ __forceinline__ void mma_kv(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
   if constexpr (F16) mma_f16(c, a, b0, b1);
@@ -238,7 +240,8 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
       for (int j = 0; j < 4; ++j) {
         const int i = j & 1, col = kk * 16 + 2 * tq + (j >> 1) * 8;
         if constexpr (F8)
-          qf[kk][j] = valid[i] ? pack_f16(__bfloat162float(p.q[qoff[i] + col]), __bfloat162float(p.q[qoff[i] + col + 1]))
+          qf[kk][j] = valid[i] ? pack_f16(clamp_f16(__bfloat162float(p.q[qoff[i] + col])),
+                                          clamp_f16(__bfloat162float(p.q[qoff[i] + col + 1])))
                                : 0u;
         else
           qf[kk][j] = valid[i] ? pack_bf16(p.q[qoff[i] + col], p.q[qoff[i] + col + 1]) : 0u;
