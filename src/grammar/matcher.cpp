@@ -452,7 +452,58 @@ int32_t NodePool::get(int32_t pos, int32_t parent) {
 }
 
 namespace {
-thread_local std::vector<uint64_t> t_path;  // (rule, parent) calls on the current expansion path
+// The (rule, parent) calls already expanded by the current start()/advance(): the closure of a
+// configuration depends on nothing else, so a second arrival adds nothing and is cut. This keeps
+// one step linear in the grammar (chains of nullable rules with several empty ways through --
+// `a ::= b | c`, b and c nullable, repeated n times -- would otherwise be walked 2^n times) and
+// also cuts epsilon cycles. Open addressing with generation stamps: clearing is O(1), and after
+// warm-up the engine thread's grammar steps allocate nothing here.
+class VisitedCalls {
+ public:
+  void clear() {
+    count_ = 0;
+    if (++gen_ == 0) {  // wrapped: forget every stamp
+      std::fill(stamp_.begin(), stamp_.end(), 0u);
+      gen_ = 1;
+    }
+  }
+  // True when `key` was not in the set (and is now).
+  bool insert(uint64_t key) {
+    if ((count_ + 1) * 2 > stamp_.size()) grow();
+    size_t mask = stamp_.size() - 1;
+    for (size_t i = hash(key) & mask;; i = (i + 1) & mask) {
+      if (stamp_[i] != gen_) {
+        stamp_[i] = gen_;
+        key_[i] = key;
+        ++count_;
+        return true;
+      }
+      if (key_[i] == key) return false;
+    }
+  }
+
+ private:
+  static size_t hash(uint64_t k) { return static_cast<size_t>((k * 0x9E3779B97F4A7C15ull) >> 20); }
+  void grow() {
+    std::vector<uint64_t> old_keys;
+    std::vector<uint32_t> old_stamps;
+    old_keys.swap(key_);
+    old_stamps.swap(stamp_);
+    size_t cap = std::max<size_t>(64, old_stamps.size() * 2);
+    key_.assign(cap, 0);
+    stamp_.assign(cap, 0u);
+    uint32_t live = gen_;
+    count_ = 0;
+    gen_ = 1;
+    for (size_t i = 0; i < old_stamps.size(); ++i)
+      if (old_stamps[i] == live) insert(old_keys[i]);
+  }
+  std::vector<uint64_t> key_;
+  std::vector<uint32_t> stamp_;
+  uint32_t gen_ = 1;
+  size_t count_ = 0;
+};
+thread_local VisitedCalls t_visited;
 
 void finish(ParseState& s) {
   std::sort(s.nodes.begin(), s.nodes.end());
@@ -481,14 +532,13 @@ void Stepper::expand(int32_t pos, int32_t parent, ParseState& out, int depth) {
   int32_t rule = FlatGrammar::kRefBase - v;
   int32_t np = g_.elems[pos + 1] == FlatGrammar::kEnd ? parent : pool_.get(pos + 1, parent);  // tail call: no push
   uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(rule)) << 32) | static_cast<uint32_t>(np);
-  if (std::find(t_path.begin(), t_path.end(), key) != t_path.end()) return;  // an epsilon cycle
-  t_path.push_back(key);
+  if (!t_visited.insert(key)) return;  // expanded already in this step (or an epsilon cycle)
   for (int32_t s : g_.alts[rule]) expand(s, np, out, depth + 1);
-  t_path.pop_back();
 }
 
 ParseState Stepper::start(int32_t pos, int32_t parent) {
   ParseState s;
+  t_visited.clear();
   expand(pos, parent, s, 0);
   finish(s);
   return s;
@@ -497,6 +547,7 @@ ParseState Stepper::start(int32_t pos, int32_t parent) {
 void Stepper::advance(const ParseState& in, uint8_t b, ParseState& out) {
   out.nodes.clear();
   out.accept = out.sentinel = false;
+  t_visited.clear();
   for (int32_t id : in.nodes) {
     NodePool::Node n = pool_[id];
     if (g_.has(n.pos, b)) expand(n.pos + 1, n.parent, out, 0);

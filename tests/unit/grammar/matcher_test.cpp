@@ -216,6 +216,26 @@ TEST(Vocab, ByteFallbackAndSpecialsAreHandled) {
     }
 }
 
+// A chain of nullable rules with two empty ways through each: a step's expansion visits each
+// (rule, parent) call once, so 300 links compile and match at once (the fuzzer's timeout on CI:
+// walked path by path, 14 links took 13 s and 300 would never end). The masks stay exact.
+TEST(Matcher, NullableChainsExpandOnce) {
+  std::string src = "root ::=";
+  for (int i = 0; i < 300; ++i) src += " a";
+  src += " \"x\"\na ::= b | c | \"y\"\nb ::= \"\"?\nc ::= d?\nd ::= \"\" | \"z\"\n";
+  auto cg = test::compile(parse_gbnf(src));
+  EXPECT_TRUE(test::matches(cg, "x"));
+  EXPECT_TRUE(test::matches(cg, "yzzyx"));
+  EXPECT_FALSE(test::matches(cg, "xy"));
+  EXPECT_FALSE(test::matches(cg, std::string(301, 'y') + "x"));
+  EXPECT_TRUE(test::matches(cg, std::string(300, 'y') + "x"));
+  Matcher m(cg);
+  std::vector<uint32_t> row(static_cast<size_t>(cg->vocab().mask_words()));
+  m.fill_bitmask(row.data());
+  for (int id = 0; id < 257; ++id)
+    EXPECT_EQ((row[id >> 5] >> (id & 31)) & 1u, id == 'x' || id == 'y' || id == 'z' ? 1u : 0u) << id;
+}
+
 // Speculative decoding: accept drafted tokens, roll back the rejected tail; masks and
 // termination are as if the tail had never been accepted.
 TEST(Matcher, RollbackRestoresMasksOnARealTokenizer) {
