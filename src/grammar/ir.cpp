@@ -100,6 +100,17 @@ int Grammar::rep(int kid, int min, int max) {
     throw InvalidRequest(fmt::format("grammar: invalid repetition {{{},{}}}", min, max));
   if (min == 1 && max == 1) return kid;
   if (max == 0) return empty();
+  // A repetition of a repetition whose language is a plain repetition is written as one:
+  // (x*){c,d} = x*, (x+){c,d} = x{c,} (c >= 1) or x* (c = 0), (x?){c,d} = x{0,d} (d >= 1 here).
+  // Same sentences, one parse each: nested, every split of a run of x between the levels is a
+  // parse, and the matcher (which does not merge stacks) would carry them all -- (x+)+ nested
+  // ten deep, or a regex's stacked a+++, take 2^depth stacks per step.
+  if (const Expr& k = exprs_[size_t(kid)]; k.kind == Expr::kRepeat) {
+    const int x = k.kids[0];
+    if (k.max < 0 && k.min == 0) return kid;
+    if (k.max < 0 && k.min == 1) return rep(x, min >= 1 ? min : 0, -1);
+    if (k.max == 1 && k.min == 0) return rep(x, 0, max);
+  }
   Expr e;
   e.kind = Expr::kRepeat;
   e.kids = {kid};

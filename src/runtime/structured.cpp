@@ -63,6 +63,26 @@ void mask_pool_run(std::function<void()> job, bool urgent) {
   pool.run(std::move(job), urgent);
 }
 
+// A matcher step past the grammar's per-step bound (grammar::Stepper: a grammar too ambiguous at
+// this state) throws; for the request that is a refusal (the output cannot go on), never a
+// failed engine step or a mask thread's uncaught exception.
+namespace {
+bool accepts(grammar::Matcher& m, int32_t t) {
+  try {
+    return m.accept_token(t);
+  } catch (const Error&) {
+    return false;
+  }
+}
+bool accepts(grammar::Matcher& m, std::string_view bytes) {
+  try {
+    return m.accept_bytes(bytes);
+  } catch (const Error&) {
+    return false;
+  }
+}
+}  // namespace
+
 std::vector<int32_t> forced_tokens(const tok::Tokenizer& tok, const grammar::Vocab& vocab, std::string_view bytes) {
   // Whole UTF-8 characters only: a forced run may stop inside one (enum values that share a
   // lead byte), and the tokenizer takes text.
@@ -255,14 +275,18 @@ void LogitsConstraints::compute_forced() {
     std::lock_guard<std::mutex> lk(mu_);
     budget = max_tokens_ - accepted_ - 1;  // one token is left to sample after the run
   }
-  const std::string bytes = budget > 0 ? matcher_->jump_forward() : std::string();
+  std::string bytes;
+  try {
+    if (budget > 0) bytes = matcher_->jump_forward();
+  } catch (const Error&) {  // too ambiguous here: no forced run (the mask ends the output)
+  }
   if (!bytes.empty()) {
     ids = forced_tokens(*tok_, compiled_->vocab(), bytes);
     if (int64_t(ids.size()) > budget) ids.resize(size_t(budget));
     // Accepted as advance() accepts sampled tokens, except that a token the grammar refuses
     // (a tokenizer that normalizes, an added token) ends the run before it instead of failing.
     for (size_t i = 0; i < ids.size(); ++i) {
-      if (!matcher_->accept_token(ids[i])) {
+      if (!accepts(*matcher_, ids[i])) {
         ids.resize(i);
         break;
       }
@@ -286,7 +310,15 @@ void LogitsConstraints::compute_forced() {
 }
 
 void LogitsConstraints::fill_mask(uint32_t* row) {
-  matcher_->fill_bitmask(row);
+  try {
+    matcher_->fill_bitmask(row);
+  } catch (const Error&) {
+    // The grammar is too ambiguous at this state to step through (grammar::Stepper's bound):
+    // only a stop id may follow, so the output ends here instead of leaving the grammar.
+    std::fill(row, row + mask_.size(), 0u);
+    for (int32_t id : compiled_->vocab().stop_ids()) row[size_t(id) >> 5] |= 1u << (id & 31);
+    return;
+  }
   if (phase_ == Phase::first_optional_think && think_start_ >= 0 && think_start_ < int32_t(mask_.size() * 32))
     row[size_t(think_start_ >> 5)] |= 1u << (think_start_ & 31);
 }
@@ -436,7 +468,7 @@ void LogitsConstraints::free_text(int32_t t) {
     tail_.clear();
     trigger_dead_ = true;  // one match per output, whatever the grammar says of its first bytes
     if (!first.empty()) {
-      if (!matcher_->accept_bytes(first)) return;  // rejected: the text stays free
+      if (!accepts(*matcher_, std::string_view(first))) return;  // rejected: the text stays free
       if (spec_) ++matcher_steps_;
     }
     phase_ = Phase::active;
@@ -453,7 +485,7 @@ void LogitsConstraints::free_text(int32_t t) {
   const std::string rest = tail_.substr(at + trigger_.size());
   tail_.clear();
   if (!rest.empty()) {
-    if (!matcher_->accept_bytes(rest)) return;
+    if (!accepts(*matcher_, std::string_view(rest))) return;
     if (spec_) ++matcher_steps_;
   }
   phase_ = Phase::active;
@@ -479,7 +511,7 @@ bool LogitsConstraints::advance(int32_t t) {
       }
       [[fallthrough]];
     case Phase::active:
-      if (!matcher_->accept_token(t)) {
+      if (!accepts(*matcher_, t)) {
         failed_ = true;
         return false;
       }

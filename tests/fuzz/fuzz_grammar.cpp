@@ -2,7 +2,8 @@
 // (GBNF, Lark, regex, JSON Schema or a choice list) up to the first NUL, then bytes that steer a
 // walk: at each step the matcher's bitmask is filled and the walk takes the k-th allowed token.
 // Invariants (abort = finding): a token the mask allows is accepted; a token it forbids is
-// refused; rollback restores the mask exactly. Sources the compiler refuses (ts::Error) are fine.
+// refused; rollback restores the mask exactly. Sources the compiler refuses (ts::Error) are fine, so
+// is a state the matcher refuses to step through (too ambiguous); taking seconds is not.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -39,6 +40,35 @@ std::shared_ptr<const Vocab> small_vocab() {
 
 bool allowed(const std::vector<uint32_t>& row, int32_t id) { return (row[id >> 5] >> (id & 31)) & 1u; }
 
+// Steps the matcher as the input's walk bytes say; abort() on a broken invariant.
+void walk_grammar(const std::shared_ptr<const CompiledGrammar>& cg, const uint8_t* walk, size_t walk_len) {
+  Matcher m(cg);
+  const auto& vocab = small_vocab();
+  const int32_t n = vocab->size();
+  std::vector<uint32_t> row((n + 31) / 32), again(row.size());
+  for (size_t i = 0; i < walk_len && !m.is_terminated(); ++i) {
+    m.fill_bitmask(row.data());
+    std::vector<int32_t> ok;
+    for (int32_t id = 0; id < n; ++id)
+      if (allowed(row, id)) ok.push_back(id);
+    // A forbidden token must be refused (and leave the state unchanged).
+    int32_t probe = walk[i] % n;
+    if (!allowed(row, probe)) {
+      if (m.accept_token(probe)) abort();
+    }
+    if (ok.empty()) break;
+    int32_t pick = ok[walk[i] % ok.size()];
+    if (!m.accept_token(pick)) abort();
+    // Every few steps: undo and redo, the mask must come back the same.
+    if ((walk[i] & 0x30) == 0x30 && m.num_rollback() > 0 && !m.is_terminated()) {
+      m.rollback(1);
+      m.fill_bitmask(again.data());
+      if (again != row) abort();
+      if (!m.accept_token(pick)) abort();
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -73,29 +103,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const ts::Error&) {
     return 0;
   }
-  Matcher m(cg);
-  const int32_t n = vocab->size();
-  std::vector<uint32_t> row((n + 31) / 32), again(row.size());
-  for (size_t i = 0; i < walk_len && !m.is_terminated(); ++i) {
-    m.fill_bitmask(row.data());
-    std::vector<int32_t> ok;
-    for (int32_t id = 0; id < n; ++id)
-      if (allowed(row, id)) ok.push_back(id);
-    // A forbidden token must be refused (and leave the state unchanged).
-    int32_t probe = walk[i] % n;
-    if (!allowed(row, probe)) {
-      if (m.accept_token(probe)) abort();
-    }
-    if (ok.empty()) break;
-    int32_t pick = ok[walk[i] % ok.size()];
-    if (!m.accept_token(pick)) abort();
-    // Every few steps: undo and redo, the mask must come back the same.
-    if ((walk[i] & 0x30) == 0x30 && m.num_rollback() > 0 && !m.is_terminated()) {
-      m.rollback(1);
-      m.fill_bitmask(again.data());
-      if (again != row) abort();
-      if (!m.accept_token(pick)) abort();
-    }
+  try {
+    walk_grammar(cg, walk, walk_len);
+  } catch (const ts::Error&) {
+    // A grammar past the matcher's per-step bound at some state (too ambiguous) or too deep:
+    // refused there (the server ends that request's output), not a finding.
   }
   return 0;
 }

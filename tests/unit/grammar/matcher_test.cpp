@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <tuple>
+
+#include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
 
@@ -234,6 +237,50 @@ TEST(Matcher, NullableChainsExpandOnce) {
   m.fill_bitmask(row.data());
   for (int id = 0; id < 257; ++id)
     EXPECT_EQ((row[id >> 5] >> (id & 31)) & 1u, id == 'x' || id == 'y' || id == 'z' ? 1u : 0u) << id;
+}
+
+// Repetitions of repetitions are one repetition (same sentences, one parse each): the fuzzer's
+// regex (ab|c)+++...+ (60 stacked quantifiers) took over a second for 20 tokens, and GBNF's
+// ((x+)+)+ nested as deep does the same.
+TEST(Matcher, NestedRepetitionsAreOneRepetition) {
+  auto stacked = test::compile(regex_grammar("(ab|c)" + std::string(60, '+') + "d"));
+  EXPECT_TRUE(test::matches(stacked, "abcabd"));
+  EXPECT_TRUE(test::matches(stacked, "cd"));
+  EXPECT_FALSE(test::matches(stacked, "d"));
+  EXPECT_FALSE(test::matches(stacked, "abad"));
+  std::string nested = "\"x\"";
+  for (int i = 0; i < 40; ++i) nested = "(" + nested + (i % 3 == 0 ? ")+" : i % 3 == 1 ? ")*" : ")?");
+  auto g = test::compile(parse_gbnf("root ::= \"<\" " + nested + " \">\""));
+  EXPECT_TRUE(test::matches(g, "<>"));
+  EXPECT_TRUE(test::matches(g, "<" + std::string(500, 'x') + ">"));
+  EXPECT_FALSE(test::matches(g, "<xy>"));
+  for (auto [src, yes, no] : {std::tuple{"(a{2})*", "aaaa", "aaa"}, {"(a?){2,3}", "aaa", "aaaa"}, {"(a+){2,}", "aa", "a"},
+                              {"(a*){0,2}b", "aaab", "ba"}, {"(a{2,}){0,3}", "", "a"}}) {
+    auto cg = test::compile(regex_grammar(src));
+    EXPECT_TRUE(test::matches(cg, yes)) << src;
+    EXPECT_FALSE(test::matches(cg, no)) << src;
+  }
+}
+
+// A grammar whose parse stacks double per level (r_k ::= r_{k-1} | r_{k-1} "z": 2^20 ways to
+// start) is refused at compile time when its first state or first byte is past the per-step
+// bound, and by the step that reaches such a state otherwise -- an error, never seconds per token.
+TEST(Matcher, TooAmbiguousGrammarsAreRefused) {
+  std::string rules = "r0 ::= \"a\"\n";
+  for (int k = 1; k <= 20; ++k) rules += fmt::format("r{} ::= r{} | r{} \"z\"\n", k, k - 1, k - 1);
+  try {
+    test::compile(parse_gbnf("root ::= r20\n" + rules));
+    ADD_FAILURE() << "compiled";
+  } catch (const InvalidRequest& e) {
+    EXPECT_NE(std::string(e.what()).find("too ambiguous"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(test::compile(parse_gbnf("root ::= \"x\" r20\n" + rules)), InvalidRequest);  // the first byte's step
+  auto late = test::compile(parse_gbnf("root ::= \"xy\" r20\n" + rules));
+  Matcher m(late);
+  EXPECT_TRUE(m.accept_token('x'));
+  EXPECT_THROW(m.accept_token('y'), InvalidRequest);
+  EXPECT_FALSE(m.accept_token('z'));  // the state is as before the refused step
+  EXPECT_THROW(m.accept_token('y'), InvalidRequest);
 }
 
 // Speculative decoding: accept drafted tokens, roll back the rejected tail; masks and

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <thread>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "grammar/ir.h"
@@ -101,6 +102,28 @@ TEST(Structured, RejectedTokenFails) {
   p.structured = structured(grammar::choice_grammar({"a"}));
   auto c = LogitsConstraints::make(p, {kStop});
   c->accept('z');
+  EXPECT_TRUE(c->failed());
+}
+
+// A state too ambiguous for the matcher to step through (grammar::Stepper's bound) ends the
+// output: the mask allows only the stop id, and nothing throws on the engine or mask threads.
+TEST(Structured, TooAmbiguousStateAllowsOnlyTheStop) {
+  std::string rules = "root ::= \"xy\" r20\nr0 ::= \"a\"\n";
+  for (int k = 1; k <= 20; ++k) rules += fmt::format("r{} ::= r{} | r{} \"z\"\n", k, k - 1, k - 1);
+  GenerateParams p;
+  p.structured = structured(grammar::parse_gbnf(rules));
+  auto c = LogitsConstraints::make(p, {kStop});
+  auto l = flat_logits();
+  c->apply(l.data(), kV, 0);
+  EXPECT_EQ(allowed(l), 1);
+  EXPECT_NE(l['x'], -INFINITY);
+  c->accept('x');  // the state after 'y' is past the bound: the mask walks through it
+  l = flat_logits();
+  c->apply(l.data(), kV, 1);
+  EXPECT_EQ(allowed(l), 1);
+  EXPECT_NE(l[kStop], -INFINITY);
+  EXPECT_FALSE(c->failed());
+  c->accept('y');  // a token the (unmasked) caller forced: refused, the request fails
   EXPECT_TRUE(c->failed());
 }
 
