@@ -796,7 +796,7 @@ std::string CompiledGrammar::structural_key(const std::vector<int32_t>& key) con
   std::vector<int32_t> queue;
   auto put32 = [&](int32_t v) { out.append(reinterpret_cast<const char*>(&v), 4); };
   auto seq = [&](int32_t pos) {
-    for (;; ++pos) {
+    for (; out.size() <= kMaxStructuralKey; ++pos) {
       const int32_t e = flat_.elems[size_t(pos)];
       if (e == FlatGrammar::kEnd) {
         out += 'E';
@@ -821,6 +821,7 @@ std::string CompiledGrammar::structural_key(const std::vector<int32_t>& key) con
     out += 'U';
     put32(int32_t(alts.size()));
     for (int32_t a : alts) seq(a);
+    if (out.size() > kMaxStructuralKey) return {};  // too large to be worth sharing
   }
   return out;
 }
@@ -838,11 +839,12 @@ const CompiledGrammar::PosMask& CompiledGrammar::context_mask_locked(const std::
     // here walks the same structure.
     SharedMaskCache& shared = vocab_->shared_masks();
     const std::string sk = structural_key(key);
-    pm = shared.find(sk);
+    if (!sk.empty()) pm = shared.find(sk);
     if (!pm) {
       std::vector<int32_t> acc, uncertain;
       probe_tokens(flat_, key, SortedVocabList(*vocab_), vocab_->sorted().data(), acc, uncertain);
-      pm = shared.insert(sk, make_mask(*vocab_, acc, std::move(uncertain)));
+      pm = make_mask(*vocab_, acc, std::move(uncertain));
+      if (!sk.empty()) pm = shared.insert(sk, std::move(pm));
     }
   } else {
     // The cut's verdicts stand; its uncertain tokens are decided (or left uncertain) here.

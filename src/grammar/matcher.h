@@ -155,6 +155,9 @@ class CompiledGrammar {
   // (tokens that cross the cut, e.g. those holding a closing quote) are walked with the deeper
   // context. A new key then costs a walk over a few thousand tokens, not the vocabulary.
   static constexpr int kSharedDepth = 2;
+  // A structural key past this many bytes (the reachable grammar of a long x{0,n} chain: O(n)
+  // per new state) is not built: that context's mask is this grammar's own, not shared.
+  static constexpr size_t kMaxStructuralKey = size_t(1) << 16;
   size_t num_cached_masks() const;
   size_t memory_bytes() const;
 

@@ -262,6 +262,23 @@ TEST(Matcher, NestedRepetitionsAreOneRepetition) {
   }
 }
 
+// A long "up to n" chain (the fuzzer's regex [^x]?{97776}y): every state reaches the rest of the
+// chain, so its structural key (for sharing masks across grammars) would be O(n) per token; past
+// kMaxStructuralKey bytes the mask is the grammar's own. Masks stay exact along the walk.
+TEST(Matcher, LongOptionalChainsKeepMasksCheap) {
+  auto cg = test::compile(regex_grammar("[ab]?{60000}y"));
+  Matcher m(cg);
+  std::vector<uint32_t> row(static_cast<size_t>(cg->vocab().mask_words()));
+  for (int i = 0; i < 200; ++i) {
+    m.fill_bitmask(row.data());
+    for (int id : {int('a'), int('b'), int('y'), int('x'), 256})
+      EXPECT_EQ((row[id >> 5] >> (id & 31)) & 1u, id == 'a' || id == 'b' || id == 'y' ? 1u : 0u) << i << " " << id;
+    ASSERT_TRUE(m.accept_token(i % 2 ? 'a' : 'b'));
+  }
+  EXPECT_TRUE(m.accept_token('y'));
+  EXPECT_TRUE(m.can_terminate());
+}
+
 // A grammar whose parse stacks double per level (r_k ::= r_{k-1} | r_{k-1} "z": 2^20 ways to
 // start) is refused at compile time when its first state or first byte is past the per-step
 // bound, and by the step that reaches such a state otherwise -- an error, never seconds per token.
