@@ -31,6 +31,15 @@ class StreamWaker {
     pending_ = true;
     return true;
   }
+  // Producer: mark(tag) for each of `tags` under one lock (a step's marks, batched by the
+  // engine's outbox: one lock per step instead of one per stream).
+  bool mark_all(const std::vector<uint64_t>& tags) {
+    std::lock_guard<std::mutex> lk(mu_);
+    marks_.insert(marks_.end(), tags.begin(), tags.end());
+    if (pending_ || tags.empty()) return false;
+    pending_ = true;
+    return true;
+  }
   // Producer's thread: the consumer has marks to take. Cheap and non-blocking (e.g. a post to
   // an event loop); must not call back into a producer.
   virtual void wake() = 0;

@@ -341,6 +341,9 @@ class EngineImpl {
   int64_t staged_steps_ = 0;  // steps with rows while a request waited for its host-tier load
   std::vector<double> itl_;  // this step's inter-token latencies (reused)
   double part_us_[3] = {}, part_ewma_[3] = {};  // plan, worker host, apply (this step; EWMA)
+  // This thread's CPU clock before the loop's intake: a step's host time (and its plan part)
+  // counts the intake that preceded it (new requests, disconnect checks over every request).
+  double loop_c0_ = 0;
 };
 
 EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
@@ -749,6 +752,7 @@ void EngineImpl::loop() {
       if (stopping_) break;
     }
     try {
+      loop_c0_ = thread_cpu_us();
       intake();
       if (!sched->idle()) step();
       else drain();
@@ -863,7 +867,7 @@ bool EngineImpl::overlap_ok() {
 }
 
 void EngineImpl::step_sync() {
-  const double c0 = thread_cpu_us();
+  const double c0 = loop_c0_;
   sched->plan(plan_);
   apply_plan(plan_);
   // Host-tier copies first: writebacks read blocks this step overwrites (the forward waits for
@@ -921,7 +925,7 @@ bool EngineImpl::drain() {
 }
 
 void EngineImpl::step_overlap() {
-  const double c0 = thread_cpu_us();
+  const double c0 = loop_c0_;
   const int cur = next_slot_;
   StepPlan& plan = plans_[cur];
   sched->plan(plan);

@@ -112,7 +112,8 @@ class Stream {
   void set_filter(Filter f) { filter_ = std::move(f); }
   void push(StreamEvent ev);
   // Waits up to timeout_ms; returns false on timeout. Events arrive in order; the last one
-  // has finished == true.
+  // has finished == true. Not for a stream with a notifier or waker (its pushes signal those,
+  // not this wait).
   bool pop(StreamEvent& ev, int timeout_ms);
   bool try_pop(StreamEvent& ev);  // never blocks
   // Event-driven consumers: `fn` runs on the pushing thread whenever a push finds the queue
@@ -164,11 +165,18 @@ class StreamOutbox {
   // reset, holding a recycled event's buffers (reuse it for the next event).
   void push(const std::shared_ptr<Stream>& s, StreamEvent& ev);
   void flush();
-  bool empty() const { return due_.empty() && wakers_.empty(); }
+  bool empty() const { return due_.empty() && used_ == 0; }
 
  private:
   std::vector<std::shared_ptr<Stream>> due_;
-  std::vector<std::shared_ptr<StreamWaker>> wakers_;
+  // Waker marks owed, per waker (one, the HTTP event loop's, in a server): marked at flush under
+  // one lock each, not one lock per stream and step on a line the consumer also takes.
+  struct Marks {
+    std::shared_ptr<StreamWaker> waker;
+    std::vector<uint64_t> tags;
+  };
+  std::vector<Marks> marks_;
+  size_t used_ = 0;  // marks_[0, used_) hold this step's tags (the rest keep their capacity)
 };
 
 struct EngineOptions {

@@ -208,7 +208,7 @@ int64_t KvCache::blocks_needed(const std::vector<int32_t>& table, int64_t num_to
 }
 
 bool KvCache::ensure(std::vector<int32_t>& table, int64_t num_tokens, int group) {
-  if (!table.empty()) group = group_of(table[0]);
+  if (!table.empty() && groups() > 1) group = group_of(table[0]);  // (one group: no load of the table's data)
   int64_t extra = blocks_needed(table, num_tokens);
   if (extra > available_blocks(group)) return false;
   for (int64_t i = 0; i < extra; ++i) table.push_back(take_block(group));

@@ -40,10 +40,11 @@ void Histogram::observe(double v) {
 }
 
 bool Stream::enqueue(StreamEvent& ev) {
-  bool due;
+  bool due, evented;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    due = !queued() && (notify_ || waker_);
+    evented = notify_ || waker_;
+    due = !queued() && evented;
     if (count_ == ring_.size()) {  // full: grow, oldest first
       // (4 first: every slot is warm, holding a recycled event's buffers, after 4 pushes)
       std::vector<StreamEvent> bigger(std::max<size_t>(4, 2 * ring_.size()));
@@ -54,7 +55,8 @@ bool Stream::enqueue(StreamEvent& ev) {
     std::swap(ring_[(head_ + count_) % ring_.size()], ev);
     ++count_;
   }
-  cv_.notify_one();
+  // pop() waits on cv_; event-driven consumers (a notifier or a waker, set once) never do.
+  if (!evented) cv_.notify_one();
   return due;
 }
 
@@ -79,13 +81,27 @@ void StreamOutbox::push(const std::shared_ptr<Stream>& s, StreamEvent& ev) {
   const bool due = s->enqueue(ev);
   ev.reset();
   if (!due) return;
-  if (!s->waker_) due_.push_back(s);
-  else if (s->waker_->mark(s->tag_)) wakers_.push_back(s->waker_);
+  if (!s->waker_) {
+    due_.push_back(s);
+    return;
+  }
+  size_t i = 0;
+  while (i < used_ && marks_[i].waker != s->waker_) ++i;
+  if (i == used_) {
+    if (used_ == marks_.size()) marks_.emplace_back();
+    marks_[used_++].waker = s->waker_;
+  }
+  marks_[i].tags.push_back(s->tag_);
 }
 
 void StreamOutbox::flush() {
-  for (auto& w : wakers_) w->wake();
-  wakers_.clear();
+  for (size_t i = 0; i < used_; ++i) {
+    Marks& m = marks_[i];
+    if (m.waker->mark_all(m.tags)) m.waker->wake();
+    m.tags.clear();
+    m.waker.reset();
+  }
+  used_ = 0;
   for (auto& s : due_) s->notify_();
   due_.clear();
 }

@@ -284,8 +284,10 @@ TEST(EngineSampling, SeededSamplingIsReproducible) {
 }  // namespace
 
 namespace {
-// The engine's host-side work per step (schedule + batch build + sampling bookkeeping + stop
-// checks + streaming) at 64 running requests, without HTTP threads competing for the cores.
+// The engine's host-side work per step (intake + schedule + batch build + sampling bookkeeping +
+// stop checks + streaming) at 64 running requests, without HTTP threads competing for the cores.
+// ctest runs the tiny-model cases twice: as is, and with the CPU forward's OpenMP team off the
+// engine's core (runtime.EngineHostTimeQuietForward, tests/tests.cmake).
 void host_time_at(int n, int max_tokens, const std::string& model = demo_model()) {
   EngineOptions o = small_engine(int64_t(n) * 1024, 16);
   o.model_dir = model;

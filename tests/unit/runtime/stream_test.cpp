@@ -131,6 +131,43 @@ TEST(Stream, WakerWakesOncePerFlushForManyStreams) {
   EXPECT_EQ(w->wakes, 2);
 }
 
+// The outbox marks each waker's tags at flush, under one lock per waker and step: two
+// consumers' streams interleaved in one step each get their tags in push order and one wake,
+// and nothing is marked before the flush.
+TEST(Stream, OutboxBatchesMarksPerWaker) {
+  auto a = std::make_shared<Waker>(), b = std::make_shared<Waker>();
+  std::vector<std::shared_ptr<Stream>> st;
+  for (int i = 0; i < 6; ++i) {
+    st.push_back(std::make_shared<Stream>());
+    st.back()->set_waker(i % 2 ? b : a, uint64_t(10 + i));
+  }
+  StreamOutbox out;
+  StreamEvent ev;
+  for (int step = 0; step < 2; ++step) {
+    for (int i : {5, 0, 3, 2, 1, 4}) {
+      ev.tokens = {i};
+      out.push(st[size_t(i)], ev);
+    }
+    EXPECT_FALSE(out.empty());
+    std::vector<uint64_t> tags;
+    a->take(tags);
+    EXPECT_TRUE(tags.empty());  // not marked before the flush
+    out.flush();
+    EXPECT_TRUE(out.empty());
+    EXPECT_EQ(a->wakes, step + 1);
+    EXPECT_EQ(b->wakes, step + 1);
+    a->take(tags);
+    EXPECT_EQ(tags, (std::vector<uint64_t>{10, 12, 14}));
+    b->take(tags);
+    EXPECT_EQ(tags, (std::vector<uint64_t>{15, 13, 11}));
+    StreamEvent got;
+    for (auto& s : st) {
+      ASSERT_TRUE(s->try_pop(got));
+      EXPECT_FALSE(s->try_pop(got));
+    }
+  }
+}
+
 TEST(Stream, WakerRegisteredAfterOutputWakesAtOnce) {
   auto s = std::make_shared<Stream>();
   s->push(tokens_event({1}));
