@@ -2038,9 +2038,10 @@ std::vector<std::pair<Value, Value>> dict_args(const Args& a, const char* fname)
 
 Value g_dict(Interp&, const Args& a) { return Value::dict(dict_args(a, "dict")); }
 
-Value g_namespace(Interp&, const Args& a) {
+Value g_namespace(Interp& in, const Args& a) {
   auto ns = std::make_shared<NamespaceObj>();
   for (auto& [k, v] : dict_args(a, "namespace")) ns->attrs.emplace_back(to_str(k), v);
+  in.track(ns);
   return Value::object(std::move(ns));
 }
 

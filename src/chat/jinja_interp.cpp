@@ -150,6 +150,14 @@ std::string Interp::render(const nlohmann::ordered_json& context) {
       has_global_[size_t(s->second)] = 1;
     }
   }
+  struct ClearNamespaces {  // on every way out (a namespace may hold itself)
+    std::vector<std::weak_ptr<NamespaceObj>>& all;
+    ~ClearNamespaces() {
+      for (auto& w : all)
+        if (auto ns = w.lock()) ns->attrs.clear();
+      all.clear();
+    }
+  } clear_namespaces{namespaces_};
   Frame top;
   top.top = true;
   top_ = frame_ = &top;

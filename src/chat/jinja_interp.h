@@ -86,6 +86,10 @@ class Interp {
   const std::tm& now();
 
   Value call_macro(const MacroDef& def, Frame* closure, const Args& args);
+  // Every namespace() this render makes. Namespaces are the sandbox's only mutable values, so
+  // the only way to a reference cycle (`{% set ns.me = ns %}`): their attributes are cleared when
+  // the render ends, which frees such cycles with the rest.
+  void track(const std::shared_ptr<NamespaceObj>& ns) { namespaces_.push_back(ns); }
   Value run_loop(const ForStmt& s, Frame* frame, const Value& iterable, int depth0, bool capture);
 
  private:
@@ -101,6 +105,7 @@ class Interp {
   Value captured_;  // output of the filter block / block set being filtered
   int call_depth_ = 0;
   size_t loop_iterations_ = 0;  // over the whole render, against kMaxLoopIterations
+  std::vector<std::weak_ptr<NamespaceObj>> namespaces_;
   std::tm now_{};
   bool now_set_ = false;
 

@@ -37,7 +37,8 @@ Value Value::missing(const Value& obj, const Value& key) {
   Value v;
   auto u = std::make_shared<UndefinedInfo>();
   u->form = UndefinedInfo::Missing;
-  u->obj = obj;
+  u->obj_kind = obj.kind;
+  u->obj = obj.p;
   u->key = key;
   v.p = std::move(u);
   return v;
@@ -98,11 +99,15 @@ std::string Value::undefined_message() const {
     case UndefinedInfo::Missing: break;
   }
   // jinja2's wording: "'dict object' has no attribute 'x'", "list object has no element 3".
-  if (u.key.is_string())
-    return fmt::format("{} has no attribute {}", py_str_repr(type_repr(u.obj)), py_str_repr(u.key.str()));
+  Value obj;
+  obj.kind = u.obj_kind;
+  obj.p = u.obj.lock();
+  const bool gone = !obj.p && (obj.kind == Kind::List || obj.kind == Kind::Object);
+  const std::string type = gone ? (obj.kind == Kind::List ? "list object" : "object") : type_repr(obj);
+  if (u.key.is_string()) return fmt::format("{} has no attribute {}", py_str_repr(type), py_str_repr(u.key.str()));
   std::string k;
   append_repr(k, u.key);
-  return fmt::format("{} has no element {}", type_repr(u.obj), k);
+  return fmt::format("{} has no element {}", type, k);
 }
 
 const Value* DictObj::find(const Value& key) const {

@@ -142,7 +142,12 @@ struct Value {
 struct UndefinedInfo {
   enum Form : uint8_t { Text, Name, Missing } form = Text;
   std::string text;
-  Value obj, key;
+  Value key;
+  // Missing: the object searched, for its type in the message. Not owned: `{% set ns.x = ns.y %}`
+  // stores an undefined in the namespace it names, and an owning reference would be a cycle
+  // (a leak per render). Gone by the time the message is formatted: its kind's generic name.
+  Kind obj_kind = Kind::Undefined;
+  std::weak_ptr<void> obj;
 };
 
 struct NamespaceObj : Object {

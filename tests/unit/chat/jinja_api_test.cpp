@@ -72,6 +72,30 @@ TEST(JinjaApi, UndefinedAttributeMessage) {
   EXPECT_EQ(e.message, "'str object' has no attribute 'items'");
 }
 
+// An undefined from a missing attribute names its object's type without owning the object:
+// `{% set ns.x = ns.y %}` stores it in that very namespace (owning it was a reference cycle, a
+// leak per render that the chat-template fuzzer's LeakSanitizer found). The message still reads
+// as jinja2's, also once a temporary object is gone.
+TEST(JinjaApi, MissingAttributeUndefinedDoesNotOwnItsObject) {
+  EXPECT_EQ(render("{% set ns = namespace() %}{% set ns.x = ns.y %}{{ ns.x is defined }}", "{}"), "False");
+  TemplateError e = error_of("{% set ns = namespace() %}{% set ns.x = ns.y %}{{ ns.x + 1 }}");
+  EXPECT_EQ(e.kind, "UndefinedError");
+  EXPECT_EQ(e.message, "'jinja2.utils.Namespace object' has no attribute 'y'");
+  e = error_of("{% set u = [1, 2].foo %}{{ u + 1 }}");
+  EXPECT_EQ(e.message, "'list object' has no attribute 'foo'");
+  e = error_of("{% set u = {'a': 1}.b %}{{ u + 1 }}");
+  EXPECT_EQ(e.message, "'dict object' has no attribute 'b'");
+}
+
+// A namespace stored in itself (directly or through another one) is a reference cycle: the render
+// clears its namespaces when it ends, so LeakSanitizer (scripts/sanitize.sh) finds nothing.
+TEST(JinjaApi, NamespaceCyclesAreFreed) {
+  EXPECT_EQ(render("{% set ns = namespace(a=1) %}{% set ns.me = ns %}{{ ns.me.me.a }}", "{}"), "1");
+  EXPECT_EQ(render("{% set a = namespace(n=1) %}{% set b = namespace(n=2, a=a) %}{% set a.b = b %}{{ a.b.a.b.n }}", "{}"),
+            "2");
+  EXPECT_EQ(error_of("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns.me.x + 1 }}").kind, "UndefinedError");
+}
+
 TEST(JinjaApi, StrftimeNowUsesInjectedDate) {
   RenderOptions opts;
   std::tm tm{};
