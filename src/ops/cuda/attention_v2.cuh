@@ -206,17 +206,19 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
   const uint32_t k_lane = smem_u32(sK) + ((((lane >> 4) << 3) + (lane & 7)) * LD + ((lane >> 3) & 1) * 8) * 2;
   const uint32_t v_lane = smem_u32(sV) + ((((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8) * 2;
 
+  // Starts the split's tile `t` into ring stage `st` (FP8: its e4m3 staging ring).
+  auto load_stage = [&](int t, int st) {
+    if constexpr (F8)
+      load_kv_tile_f8<HD, kDTile, kDThreads>(p, b, g, t_begin + t * kDTile, t_end, sK8 + st * kDTile * HD,
+                                             sV8 + st * kDTile * HD);
+    else
+      load_kv_tile<HD, kDTile, kDThreads>(p, b, g, t_begin + t * kDTile, t_end, sK + st * kDTile * LD,
+                                          sV + st * kDTile * LD);
+  };
   // Prologue: start the first kDStages-1 tiles.
 #pragma unroll
   for (int s = 0; s < kDStages - 1; ++s) {
-    if (s < n_tiles) {
-      if constexpr (F8)
-        load_kv_tile_f8<HD, kDTile, kDThreads>(p, b, g, t_begin + s * kDTile, t_end, sK8 + s * kDTile * HD,
-                                               sV8 + s * kDTile * HD);
-      else
-        load_kv_tile<HD, kDTile, kDThreads>(p, b, g, t_begin + s * kDTile, t_end, sK + s * kDTile * LD,
-                                            sV + s * kDTile * LD);
-    }
+    if (s < n_tiles) load_stage(s, s);
     cp_async_commit();
   }
 
@@ -258,15 +260,7 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
     __syncthreads();  // tile `it` visible to all; tile it-1's stage free for reuse
     {
       const int nt = it + kDStages - 1;
-      if (nt < n_tiles) {
-        const int st = nt % kDStages;
-        if constexpr (F8)
-          load_kv_tile_f8<HD, kDTile, kDThreads>(p, b, g, t_begin + nt * kDTile, t_end, sK8 + st * kDTile * HD,
-                                                 sV8 + st * kDTile * HD);
-        else
-          load_kv_tile<HD, kDTile, kDThreads>(p, b, g, t_begin + nt * kDTile, t_end, sK + st * kDTile * LD,
-                                              sV + st * kDTile * LD);
-      }
+      if (nt < n_tiles) load_stage(nt, nt % kDStages);
       cp_async_commit();
     }
     if constexpr (F8) {  // tile `it` landed (staging); the bf16 tile is free (the sync above)
@@ -553,10 +547,12 @@ __global__ void __launch_bounds__(kPThreads) attn_prefill_kernel(AttnParams p) {
       zero16(dst);
     }
   }
-  if (n_tiles > 0) {
-    if constexpr (F8) load_kv_tile_f8<HD, BN, kPThreads>(p, b, g, 0, t_end, sK8, sV8);
-    else load_kv_tile<HD, BN, kPThreads>(p, b, g, 0, t_end, sK, sV);
-  }
+  // Starts KV tile `j` into double-buffer stage `st` (FP8: its e4m3 staging pair).
+  auto load_stage = [&](int j, int st) {
+    if constexpr (F8) load_kv_tile_f8<HD, BN, kPThreads>(p, b, g, j * BN, t_end, sK8 + st * BN * HD, sV8 + st * BN * HD);
+    else load_kv_tile<HD, BN, kPThreads>(p, b, g, j * BN, t_end, sK + st * BN * LD, sV + st * BN * LD);
+  };
+  if (n_tiles > 0) load_stage(0, 0);
   cp_async_commit();
 
   const int wrow0 = warp * 16 * MW;                 // warp's first row in the chunk
@@ -582,14 +578,7 @@ __global__ void __launch_bounds__(kPThreads) attn_prefill_kernel(AttnParams p) {
   for (int mi = 0; mi < MW; ++mi) m[mi][0] = m[mi][1] = -INFINITY, l[mi][0] = l[mi][1] = 0.0f;
 
   for (int j = 0; j < n_tiles; ++j) {
-    if (j + 1 < n_tiles) {
-      if constexpr (F8)
-        load_kv_tile_f8<HD, BN, kPThreads>(p, b, g, (j + 1) * BN, t_end, sK8 + ((j + 1) & 1) * BN * HD,
-                                           sV8 + ((j + 1) & 1) * BN * HD);
-      else
-        load_kv_tile<HD, BN, kPThreads>(p, b, g, (j + 1) * BN, t_end, sK + ((j + 1) & 1) * BN * LD,
-                                        sV + ((j + 1) & 1) * BN * LD);
-    }
+    if (j + 1 < n_tiles) load_stage(j + 1, (j + 1) & 1);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();

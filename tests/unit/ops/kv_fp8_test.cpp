@@ -19,6 +19,24 @@ Tensor i32v(const std::vector<int32_t>& v, std::vector<int64_t> shape) {
   return t;
 }
 
+// One sequence prefilling T tokens through a (scrambled) block table of block size bs: its
+// attention metadata, and each token's cache slot (as ids and as the kernels' [T] tensor).
+struct OneSeq {
+  ops::AttnMeta meta;
+  std::vector<int32_t> slots;
+  Tensor slot_t;
+  OneSeq(int64_t T, int64_t bs, const std::vector<int32_t>& table) {
+    for (int p = 0; p < T; ++p) slots.push_back(table[size_t(p / bs)] * int32_t(bs) + p % int32_t(bs));
+    meta.cu_q = i32v({0, int32_t(T)}, {2});
+    meta.kv_len = i32v({int32_t(T)}, {1});
+    meta.block_tables = i32v(table, {1, int64_t(table.size())});
+    meta.block_size = int(bs);
+    meta.num_seqs = 1;
+    meta.max_q_len = meta.max_kv_len = int(T);
+    slot_t = i32v(slots, {T});
+  }
+};
+
 }  // namespace
 
 TEST(KvCacheFp8, WriteRoundsAndAttentionMatchesF32OfTheRoundedValues) {
@@ -26,16 +44,10 @@ TEST(KvCacheFp8, WriteRoundsAndAttentionMatchesF32OfTheRoundedValues) {
   std::normal_distribution<float> nd(0.0f, 1.5f);
   const int64_t T = 11, nkv = 2, nh = 4, hd = 8, bs = 4, blocks = 4;
   // One sequence prefilling 11 tokens; block table scrambled.
-  std::vector<int32_t> table = {2, 0, 3, 1}, slots;
-  for (int p = 0; p < T; ++p) slots.push_back(table[size_t(p / bs)] * int32_t(bs) + p % int32_t(bs));
-  ops::AttnMeta m;
-  m.cu_q = i32v({0, int32_t(T)}, {2});
-  m.kv_len = i32v({int32_t(T)}, {1});
-  m.block_tables = i32v(table, {1, blocks});
-  m.block_size = int(bs);
-  m.num_seqs = 1;
-  m.max_q_len = m.max_kv_len = int(T);
-  Tensor slot_t = i32v(slots, {T});
+  const OneSeq seq(T, bs, {2, 0, 3, 1});
+  const ops::AttnMeta& m = seq.meta;
+  const std::vector<int32_t>& slots = seq.slots;
+  const Tensor& slot_t = seq.slot_t;
   auto rnd = [&](std::vector<int64_t> s) {
     Tensor t = Tensor::empty(s, DType::f32);
     for (int64_t i = 0; i < t.numel(); ++i) t.ptr<float>()[i] = nd(g);
@@ -69,16 +81,10 @@ TEST(KvCacheFp8, ScalesDivideOnWriteAndMultiplyOnRead) {
   std::normal_distribution<float> nd(0.0f, 3.0f);
   const ops::KvScales s{0.3f, 2.5f};
   const int64_t T = 9, nkv = 1, nh = 2, hd = 16, bs = 4, blocks = 3;
-  std::vector<int32_t> table = {1, 2, 0}, slots;
-  for (int p = 0; p < T; ++p) slots.push_back(table[size_t(p / bs)] * int32_t(bs) + p % int32_t(bs));
-  ops::AttnMeta m;
-  m.cu_q = i32v({0, int32_t(T)}, {2});
-  m.kv_len = i32v({int32_t(T)}, {1});
-  m.block_tables = i32v(table, {1, blocks});
-  m.block_size = int(bs);
-  m.num_seqs = 1;
-  m.max_q_len = m.max_kv_len = int(T);
-  Tensor slot_t = i32v(slots, {T});
+  const OneSeq seq(T, bs, {1, 2, 0});
+  const ops::AttnMeta& m = seq.meta;
+  const std::vector<int32_t>& slots = seq.slots;
+  const Tensor& slot_t = seq.slot_t;
   auto rnd = [&](std::vector<int64_t> sh) {
     Tensor t = Tensor::empty(sh, DType::f32);
     for (int64_t i = 0; i < t.numel(); ++i) t.ptr<float>()[i] = nd(g);
@@ -118,16 +124,10 @@ TEST(KvCacheFp8, MlaLatentCache) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
   const float s = 0.05f;
   const int64_t T = 7, nh = 3, rank = 16, rope = 4, D = rank + rope, bs = 4, blocks = 2;
-  std::vector<int32_t> table = {1, 0}, slots;
-  for (int p = 0; p < T; ++p) slots.push_back(table[size_t(p / bs)] * int32_t(bs) + p % int32_t(bs));
-  ops::AttnMeta m;
-  m.cu_q = i32v({0, int32_t(T)}, {2});
-  m.kv_len = i32v({int32_t(T)}, {1});
-  m.block_tables = i32v(table, {1, blocks});
-  m.block_size = int(bs);
-  m.num_seqs = 1;
-  m.max_q_len = m.max_kv_len = int(T);
-  Tensor slot_t = i32v(slots, {T});
+  const OneSeq seq(T, bs, {1, 0});
+  const ops::AttnMeta& m = seq.meta;
+  const std::vector<int32_t>& slots = seq.slots;
+  const Tensor& slot_t = seq.slot_t;
   Tensor x = Tensor::empty({T, 1, D}, DType::f32), q = Tensor::empty({T, nh, D}, DType::f32);
   for (int64_t i = 0; i < x.numel(); ++i) x.ptr<float>()[i] = nd(g);
   for (int64_t i = 0; i < q.numel(); ++i) q.ptr<float>()[i] = nd(g);
