@@ -156,8 +156,10 @@ class CompiledGrammar {
   // context. A new key then costs a walk over a few thousand tokens, not the vocabulary.
   static constexpr int kSharedDepth = 2;
   // A structural key past this many bytes (the reachable grammar of a long x{0,n} chain: O(n)
-  // per new state) is not built: that context's mask is this grammar's own, not shared.
-  static constexpr size_t kMaxStructuralKey = size_t(1) << 16;
+  // per new state) is not built: that context's mask is this grammar's own, not shared. The
+  // suite's JSON Schema / GBNF / regex grammars need at most 4.5 KB; a chain's every state is a
+  // new context, so each byte of the bound is paid per token there.
+  static constexpr size_t kMaxStructuralKey = size_t(1) << 14;
   size_t num_cached_masks() const;
   size_t memory_bytes() const;
 
