@@ -467,8 +467,8 @@ class VisitedCalls {
       gen_ = 1;
     }
   }
-  // True when `key` was not in the set (and is now).
   size_t size() const { return count_; }
+  // True when `key` was not in the set (and is now).
   bool insert(uint64_t key) {
     if ((count_ + 1) * 2 > stamp_.size()) grow();
     size_t mask = stamp_.size() - 1;
@@ -821,8 +821,10 @@ std::string CompiledGrammar::structural_key(const std::vector<int32_t>& key) con
     out += 'U';
     put32(int32_t(alts.size()));
     for (int32_t a : alts) seq(a);
-    if (out.size() > kMaxStructuralKey) return {};  // too large to be worth sharing
+    if (out.size() > kMaxStructuralKey) return {};
   }
+  // Too large to be worth sharing (seq stopped part-way: a cut key must never match another).
+  if (out.size() > kMaxStructuralKey) return {};
   return out;
 }
 
