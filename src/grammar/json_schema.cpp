@@ -16,11 +16,21 @@ namespace {
 // Ordered: properties are generated in the schema's order.
 using json = nlohmann::ordered_json;
 
-// Keywords that constrain values in ways this grammar cannot express: rejected, not ignored.
+// Keywords that constrain values in ways this grammar cannot express: rejected, not ignored
+// (ignored under JsonSchemaOptions::lenient).
 const std::set<std::string> kUnsupported = {"not", "if", "then", "else", "patternProperties", "dependentSchemas",
                                             "dependentRequired", "dependencies", "uniqueItems", "contains",
                                             "propertyNames", "unevaluatedProperties", "unevaluatedItems",
                                             "minContains", "maxContains", "multipleOf", "$dynamicRef"};
+
+// Lenient mode: ignored keywords of an object schema that may admit keys beyond its properties
+// and additionalProperties (a pattern's keys, keys a conditional or dependent schema defines).
+bool adds_keys(const json& s) {
+  for (const char* k : {"patternProperties", "dependentSchemas", "dependencies", "if", "then", "else"})
+    if (s.contains(k)) return true;
+  // (unevaluatedProperties: false admits nothing more)
+  return s.contains("unevaluatedProperties") && !(s["unevaluatedProperties"].is_boolean() && !s["unevaluatedProperties"].get<bool>());
+}
 
 class SchemaCompiler {
  public:
@@ -321,11 +331,16 @@ class SchemaCompiler {
         req.push_back(required.count(k) > 0);
       }
     }
+    bool required_elsewhere = false;  // (lenient: a required key the properties do not define)
     for (const auto& r : required)
-      if (!s.contains("properties") || !s["properties"].contains(r))
-        err(path, fmt::format("required property '{}' is not in 'properties'", r));
+      if (!s.contains("properties") || !s["properties"].contains(r)) {
+        if (!opt_.lenient) err(path, fmt::format("required property '{}' is not in 'properties'", r));
+        required_elsewhere = true;
+      }
     int addl = -1;  // value expr of additional properties, -1 = none allowed
-    if (s.contains("additionalProperties")) {
+    if (opt_.lenient && (adds_keys(s) || required_elsewhere)) {
+      addl = g_.ref(any_value());  // keys the ignored keywords may admit: any (a superset)
+    } else if (s.contains("additionalProperties")) {
       const json& a = s["additionalProperties"];
       if (!(a.is_boolean() && !a.get<bool>())) addl = schema(a, path + "/additionalProperties", depth + 1);
     } else if (!opt_.strict || props.empty()) {
@@ -408,8 +423,9 @@ class SchemaCompiler {
       return g_.ref(any_value());
     }
     if (!s.is_object()) err(path, "a schema must be an object or a boolean");
-    for (const auto& [k, v] : s.items())
-      if (kUnsupported.count(k)) err(path, fmt::format("unsupported keyword '{}'", k));
+    if (!opt_.lenient)
+      for (const auto& [k, v] : s.items())
+        if (kUnsupported.count(k)) err(path, fmt::format("unsupported keyword '{}'", k));
     int e = schema_inner(s, path, depth);
     if (s.value("nullable", false)) e = g_.alt({e, g_.lit("null")});
     return e;

@@ -9,7 +9,9 @@
 // ranges exactly up to 18 digits; for numbers the sign only), $ref to #, #/$defs/... and
 // #/definitions/... incl. recursion. Annotations (title, description, default, examples, ...)
 // are ignored. Keywords that constrain but cannot be expressed (not, if/then/else,
-// patternProperties, dependentSchemas, uniqueItems, ...) are rejected with a message naming them.
+// patternProperties, dependentSchemas, uniqueItems, ...) are rejected with a message naming them,
+// or, with JsonSchemaOptions::lenient (tool parameters), ignored so that the grammar admits a
+// superset of the schema.
 #pragma once
 #include <nlohmann/json_fwd.hpp>
 #include <string_view>
@@ -24,6 +26,14 @@ struct JsonSchemaOptions {
   bool strict = true;
   // Whitespace between tokens: any run of [ \t\n] when true, none when false (compact JSON).
   bool any_whitespace = true;
+  // The keywords that constrain in ways a grammar cannot express (not, if/then/else, uniqueItems,
+  // multipleOf, patternProperties, ...) are ignored instead of refused: the grammar then admits
+  // a superset of the schema's values, never fewer -- an object with keywords that may admit more
+  // keys (patternProperties, unevaluatedProperties, dependentSchemas, dependencies, if/then/else)
+  // admits any further keys. For tool parameters (the tools' schemas come from their authors,
+  // e.g. MCP servers, and the grammar only guides the call), not for a response_format the
+  // client asked to be held to.
+  bool lenient = false;
 };
 
 // Properties are generated in the schema's key order: pass the text or an ordered_json (a plain

@@ -420,6 +420,9 @@ int tool_call_bodies(grammar::Grammar& g, const Json& tools, const std::string& 
       } else {
         grammar::JsonSchemaOptions o = opt;
         o.strict = true;  // the call must be parseable against the schema: no invented keys
+        // A tool's schema is its author's (MCP servers write uniqueItems, patternProperties, ...):
+        // what the grammar cannot express is left unconstrained rather than refusing the request.
+        o.lenient = true;
         args = grammar::json_schema_grammar(*pit, o);
       }
     } catch (const InvalidRequest& e) {

@@ -87,7 +87,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 0: g = parse_gbnf(source); break;
       case 1: g = parse_lark(source); break;
       case 2: g = regex_grammar(source); break;
-      case 3: g = json_schema_grammar(std::string_view(source)); break;
+      case 3: g = json_schema_grammar(std::string_view(source), JsonSchemaOptions{.lenient = (data[0] & 0x80) != 0}); break;
       default: {
         std::vector<std::string> choices;
         size_t a = 0;

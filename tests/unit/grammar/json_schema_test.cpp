@@ -304,6 +304,37 @@ TEST(JsonSchema, JsonObjectIsAnyObject) {
   EXPECT_TRUE(matches(json_value_grammar(), "[1, \"2\"]"));
 }
 
+// Lenient mode (tool parameters): what a grammar cannot express is ignored and the grammar admits
+// a superset of the schema -- never a value the schema allows refused, while what it can express
+// (types, required keys, enums) still holds.
+TEST(JsonSchema, LenientAdmitsASupersetOfWhatItCannotExpress) {
+  const JsonSchemaOptions lenient{.strict = true, .any_whitespace = true, .lenient = true};
+  const char* tagged = R"({"type":"object","properties":{"tags":{"type":"array","items":{"type":"string"},"uniqueItems":true},
+    "n":{"type":"integer","multipleOf":5},"s":{"type":"string","not":{"const":"x"}}},"required":["tags"]})";
+  EXPECT_THROW(json_schema_grammar(std::string_view(tagged)), InvalidRequest);
+  auto cg = test::compile(json_schema_grammar(std::string_view(tagged), lenient));
+  EXPECT_TRUE(matches(cg, R"({"tags": ["a", "a"], "n": 3, "s": "x"})"));
+  EXPECT_FALSE(matches(cg, R"({"n": 5})"));          // required
+  EXPECT_FALSE(matches(cg, R"({"tags": [1]})"));     // item type
+  EXPECT_FALSE(matches(cg, R"({"tags": [], "m": 1})"));  // no other keys (strict)
+  // Keywords that may admit more keys: any further key is admitted.
+  const char* patterned = R"({"type":"object","properties":{"a":{"type":"integer"}},
+    "patternProperties":{"^x_":{"type":"string"}},"additionalProperties":false})";
+  auto pg = test::compile(json_schema_grammar(std::string_view(patterned), lenient));
+  EXPECT_TRUE(matches(pg, R"({"a": 1, "x_k": "v"})"));
+  EXPECT_TRUE(matches(pg, R"({"x_k": "v", "zz": 5})"));
+  EXPECT_FALSE(matches(pg, R"(["a", 1])"));  // (further keys take any name, a declared one too, as with additionalProperties)
+  auto ug = test::compile(json_schema_grammar(
+      std::string_view(R"({"type":"object","properties":{"a":{"type":"integer"}},"unevaluatedProperties":false})"), lenient));
+  EXPECT_FALSE(matches(ug, R"({"a": 1, "b": 2})"));  // unevaluatedProperties: false admits nothing more
+  // A required key the properties do not define (JSON Schema allows it): admitted, not refused.
+  const char* elsewhere = R"({"type":"object","properties":{"a":{"type":"integer"}},"required":["b"]})";
+  EXPECT_THROW(json_schema_grammar(std::string_view(elsewhere)), InvalidRequest);
+  auto eg = test::compile(json_schema_grammar(std::string_view(elsewhere), lenient));
+  EXPECT_TRUE(matches(eg, R"({"b": [1]})"));
+  EXPECT_TRUE(matches(eg, R"({"a": 2, "b": null})"));
+}
+
 TEST(JsonSchema, InvalidSchemasNameTheProblem) {
   auto msg = [](const char* s) {
     try {

@@ -191,6 +191,20 @@ TEST(ToolChoiceGrammar, HermesRequiredAndNamed) {
   EXPECT_TRUE(content.empty()) << content;
 }
 
+// A tool whose schema has keywords a grammar cannot express (MCP servers' uniqueItems,
+// patternProperties, ...): the tool grammar leaves them unconstrained instead of a 400 for every
+// request that lists the tool.
+TEST(ToolChoiceGrammar, ToolSchemasWithUnexpressibleKeywordsAreLenient) {
+  Json tools = Json::parse(R"([{"type": "function", "function": {"name": "tag", "parameters": {"type": "object",
+     "properties": {"ids": {"type": "array", "items": {"type": "integer"}, "uniqueItems": true},
+                    "meta": {"type": "object", "patternProperties": {"^x-": {"type": "string"}}}},
+     "required": ["ids"]}}}])");
+  auto any = tool_call_structured(tools, "", true, ToolCallParser::Kind::hermes);
+  EXPECT_TRUE(accepts(*any, "<tool_call>\n{\"name\": \"tag\", \"arguments\": {\"ids\":[1,1],\"meta\":{\"x-a\":\"b\"}}}\n</tool_call>"));
+  EXPECT_FALSE(accepts(*any, "<tool_call>\n{\"name\": \"tag\", \"arguments\": {\"ids\":[\"1\"]}}\n</tool_call>"));
+  EXPECT_NO_THROW(tool_call_triggered(tools, true));
+}
+
 // tool_choice auto: the grammar is what follows the <tool_call> trigger, up to the end tag.
 TEST(ToolChoiceGrammar, AutoIsTriggeredAtTheStartTag) {
   Json tools = Json::parse(kTools);
