@@ -496,7 +496,10 @@ std::shared_ptr<StructuredRequest> build(const std::string& field, const std::st
   return out;
 }
 
-std::shared_ptr<StructuredRequest> schema_request(const std::string& field, const Json& schema, bool strict) {
+// lenient: keywords a grammar cannot express are ignored (a superset; grammar::JsonSchemaOptions)
+// instead of a 400 -- OpenAI's non-strict response_format, which promises no enforcement.
+std::shared_ptr<StructuredRequest> schema_request(const std::string& field, const Json& schema, bool strict,
+                                                  bool lenient = false) {
   Json s = schema;
   if (s.is_string()) {
     try {
@@ -509,7 +512,8 @@ std::shared_ptr<StructuredRequest> schema_request(const std::string& field, cons
   grammar::JsonSchemaOptions opt;
   opt.strict = strict;
   opt.any_whitespace = false;
-  std::string key = fmt::format("strict={}\n{}", strict, s.dump());
+  opt.lenient = lenient;
+  std::string key = fmt::format("strict={} lenient={}\n{}", strict, lenient, s.dump());
   return build(field, "json_schema", key, [&] { return grammar::json_schema_grammar(s, opt); });
 }
 
@@ -556,7 +560,7 @@ std::shared_ptr<StructuredRequest> response_format_request(const Json& rf) {
     auto sc = js->find("schema");
     // OpenAI allows a json_schema without 'schema': any JSON object then.
     if (sc == js->end() || sc->is_null()) return json_object_request("response_format.json_schema");
-    return schema_request("response_format.json_schema.schema", *sc, strict);
+    return schema_request("response_format.json_schema.schema", *sc, strict, !strict);
   }
   bad(fmt::format("'response_format.type' must be text, json_object or json_schema, got '{}'", type), "response_format");
 }

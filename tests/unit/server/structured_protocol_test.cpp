@@ -65,6 +65,21 @@ TEST(StructuredFields, NonStrictAllowsExtraKeys) {
   EXPECT_NE(strict->key, loose->key);
 }
 
+// OpenAI's strict: true holds the output to the schema, so a keyword no grammar can express is
+// a 400; without it (no enforcement promised) such keywords are left unconstrained (lenient).
+TEST(StructuredFields, NonStrictIgnoresWhatAGrammarCannotExpress) {
+  const char* schema = R"("schema": {"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "integer"},
+    "uniqueItems": true}}, "required": ["ids"]})";
+  EXPECT_THROW(parse(std::string(R"({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": true, )") +
+                     schema + "}}}"),
+               ApiError);
+  auto loose = parse(std::string(R"({"response_format": {"type": "json_schema", "json_schema": {"name": "p", )") + schema + "}}}");
+  ASSERT_NE(loose, nullptr);
+  EXPECT_TRUE(accepts(*loose, R"({"ids":[1,1]})"));
+  EXPECT_FALSE(accepts(*loose, R"({"ids":["1"]})"));
+  EXPECT_THROW(parse(std::string(R"({"guided_json": {"type": "array", "uniqueItems": true}})")), ApiError);
+}
+
 TEST(StructuredFields, JsonObject) {
   auto s = parse(R"({"response_format": {"type": "json_object"}})");
   ASSERT_NE(s, nullptr);
