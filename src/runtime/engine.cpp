@@ -675,6 +675,7 @@ void EngineImpl::intake() {
   // pool: never while an overlapped step is in flight.
   if (!passes.empty()) drain();
   for (auto& run : passes) run(true);
+  if (!passes.empty()) loop_c0_ = thread_cpu_us();  // the passes' forwards are not a step's host time
   if (!in.empty()) {
     std::lock_guard<std::mutex> lk(metrics_mu_);
     metrics_.requests_total += int64_t(in.size());
