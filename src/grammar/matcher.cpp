@@ -556,6 +556,17 @@ ParseState Stepper::start(int32_t pos, int32_t parent) {
   return s;
 }
 
+ParseState Stepper::start_root() {
+  ParseState s;
+  for (int32_t a : g_.alts[g_.root]) {
+    ParseState one = start(a, NodePool::kRoot);
+    s.nodes.insert(s.nodes.end(), one.nodes.begin(), one.nodes.end());
+    s.accept = s.accept || one.accept;
+  }
+  finish(s);
+  return s;
+}
+
 void Stepper::advance(const ParseState& in, uint8_t b, ParseState& out) {
   out.nodes.clear();
   out.accept = out.sentinel = false;
@@ -578,11 +589,8 @@ CompiledGrammar::CompiledGrammar(const Grammar& g, std::shared_ptr<const Vocab> 
   // ambiguous to start is refused here (a 400 for its request), not by its first mask.
   NodePool pool;
   Stepper st(flat_, pool);
-  ParseState first, next;
-  for (int32_t s : flat_.alts[flat_.root]) {
-    ParseState a = st.start(s, NodePool::kRoot);
-    first.nodes.insert(first.nodes.end(), a.nodes.begin(), a.nodes.end());
-  }
+  const ParseState first = st.start_root();
+  ParseState next;
   for (int b = 0; b < 256; ++b) st.advance(first, static_cast<uint8_t>(b), next);
 }
 
@@ -890,14 +898,7 @@ Matcher::Matcher(std::shared_ptr<const CompiledGrammar> g, size_t max_rollback)
 }
 
 void Matcher::reset() {
-  Stepper st(g_->flat(), pool_);
-  state_ = ParseState{};
-  for (int32_t s : g_->flat().alts[g_->flat().root]) {
-    ParseState a = st.start(s, NodePool::kRoot);
-    state_.nodes.insert(state_.nodes.end(), a.nodes.begin(), a.nodes.end());
-    state_.accept = state_.accept || a.accept;
-  }
-  finish(state_);
+  state_ = Stepper(g_->flat(), pool_).start_root();
   history_.clear();
   terminated_ = false;
 }

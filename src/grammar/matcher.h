@@ -206,6 +206,8 @@ class Stepper {
   Stepper(const FlatGrammar& g, NodePool& pool) : g_(g), pool_(pool) {}
   // The state whose stacks are the expansions of (pos, parent).
   ParseState start(int32_t pos, int32_t parent);
+  // The grammar's first state: every alternative of the root rule, from the real bottom.
+  ParseState start_root();
   // out = in after byte b (out.accept/sentinel describe only this step).
   void advance(const ParseState& in, uint8_t b, ParseState& out);
 
