@@ -3,7 +3,9 @@
 // shfl / ldmatrix / mma.sync m16n8k16 and a deferred cp.async queue (copies land at
 // cp.async.wait_group, so reading a stage before its wait sees stale bytes), then compares with
 // an fp64 reference. For logic checks without a GPU (indices, masks, pipeline, split merge);
-// not part of the build:
+// and for the deterministic mode's uniform attention, bit-identical rows under any chunking or
+// batch. Built with CUDA on (target attention_emu); ctest emulator.attention_uniform runs
+// `attention_emu uniform` (those cases only); the whole list by hand:
 //   g++ -std=c++20 -O1 -pthread -w -DTS_ATTN_EMU -I src -I /usr/local/cuda/include \
 //       bench/kernels/attention_emu.cpp -o /tmp/attention_emu && /tmp/attention_emu
 #include <cuda_bf16.h>
@@ -112,6 +114,7 @@ struct AttnParams {
   bool o_vec2;
   int bs_shift;
   int merge_groups;
+  int d_rows;
 };
 
 // Copies of attention.cu's helpers (kept in sync by hand: tiny).
@@ -482,8 +485,259 @@ static bool run_case(const std::vector<Seq>& seqs, int nkv, int G, int hd, int b
   return ok;
 }
 
-int main() {
+
+// ---- uniform (deterministic) mode: bit-identical rows under any chunking / batch ------------
+// Master data for a few sequences (paged KV of `len` tokens each, a query row per position);
+// a "call" runs path 3 in uniform mode (16 rows per block, one split; SplitKvOptions::uniform)
+// over parts (seq, first position, rows): part rows are positions [first, first + rows) with
+// kv_len = first + rows. Every (seq, position) row must come out bit-identical in every call
+// that computes it, and close to the fp64 reference.
+struct UniSeq {
+  int len;
+  std::vector<int32_t> blocks;  // physical block of each logical block
+};
+struct UniData {
+  int nkv, G, hd, bs;
+  bool f8;
+  float k_scale = 1.0f, v_scale = 1.0f;
+  std::vector<UniSeq> seqs;
+  std::vector<std::vector<uint16_t>> q;  // per seq: [len][nh * hd]
+  std::vector<uint16_t> kc, vc;          // [blocks][bs][nkv][hd]
+  std::vector<uint8_t> kc8, vc8;
+};
+struct UniPart {
+  int seq, first, rows;
+};
+
+static UniData uni_make(const std::vector<int>& lens, int nkv, int G, int hd, int bs, bool f8) {
+  UniData d{nkv, G, hd, bs, f8};
+  if (f8) d.k_scale = 0.3f, d.v_scale = 2.5f;
+  int total = 0;
+  for (int L : lens) total += (L + bs - 1) / bs;
+  std::vector<int32_t> perm(size_t(total + 1));
+  for (int i = 0; i <= total; ++i) perm[size_t(i)] = i;
+  std::shuffle(perm.begin(), perm.end(), g_rng);
+  size_t next = 0;
+  const int nh = nkv * G;
+  for (int L : lens) {
+    UniSeq u{L, {}};
+    for (int j = 0; j < (L + bs - 1) / bs; ++j) u.blocks.push_back(perm[next++]);
+    d.seqs.push_back(u);
+    std::vector<uint16_t> q(size_t(L) * nh * hd);
+    for (auto& v : q) v = rbf();
+    d.q.push_back(std::move(q));
+  }
+  d.kc.resize(size_t(total + 1) * bs * nkv * hd);
+  d.vc.resize(d.kc.size());
+  for (auto& v : d.kc) v = rbf();
+  for (auto& v : d.vc) v = rbf();
+  d.kc8.resize(d.kc.size());
+  d.vc8.resize(d.vc.size());
+  for (size_t i = 0; i < d.kc.size(); ++i) {
+    d.kc8[i] = ts::f32_to_e4m3(2.0f * bf(d.kc[i]) / d.k_scale);
+    d.vc8[i] = ts::f32_to_e4m3(2.0f * bf(d.vc[i]) / d.v_scale);
+  }
+  return d;
+}
+
+// Runs one call; returns each part's rows [rows][nh * hd] (bf16 bits).
+static std::vector<std::vector<uint16_t>> uni_call(const UniData& d, const std::vector<UniPart>& parts, int pad) {
+  const int B = int(parts.size()), nh = d.nkv * d.G, hd = d.hd;
+  std::vector<int32_t> cu{0}, kvl;
+  int max_q = 0, max_kv = 0, max_blocks = 1;
+  for (auto& pt : parts) {
+    cu.push_back(cu.back() + pt.rows);
+    kvl.push_back(pt.first + pt.rows);
+    max_q = std::max(max_q, pt.rows);
+    max_kv = std::max(max_kv, pt.first + pt.rows);
+    max_blocks = std::max(max_blocks, int(d.seqs[size_t(pt.seq)].blocks.size()));
+  }
+  std::vector<int32_t> bt(size_t(B * max_blocks), -1);
+  for (int b = 0; b < B; ++b) {
+    const auto& blk = d.seqs[size_t(parts[size_t(b)].seq)].blocks;
+    for (size_t j = 0; j < blk.size(); ++j) bt[size_t(b * max_blocks) + j] = blk[j];
+  }
+  const int T = cu.back() + pad;
+  const int64_t qw = int64_t(nh) * hd + 8;  // a wider row stride, as a fused qkv buffer has
+  std::vector<uint16_t> q(size_t(T) * qw, 0);
+  for (int b = 0; b < B; ++b)
+    for (int r = 0; r < parts[size_t(b)].rows; ++r)
+      std::memcpy(&q[size_t(cu[size_t(b)] + r) * qw],
+                  &d.q[size_t(parts[size_t(b)].seq)][size_t(parts[size_t(b)].first + r) * nh * hd], size_t(nh * hd) * 2);
+  const int64_t ow = int64_t(nh) * hd;
+  std::vector<uint16_t> out(size_t(T) * ow, 0x7fc0);
+  AttnParams p{};
+  p.q = reinterpret_cast<const __nv_bfloat16*>(q.data());
+  p.q_s0 = qw;
+  p.q_s1 = hd;
+  if (d.f8) {
+    p.kc8 = d.kc8.data();
+    p.vc8 = d.vc8.data();
+  } else {
+    p.kc = reinterpret_cast<const __nv_bfloat16*>(d.kc.data());
+    p.vc = reinterpret_cast<const __nv_bfloat16*>(d.vc.data());
+  }
+  p.kc_tok = p.vc_tok = int64_t(d.nkv) * hd;
+  p.k_deq = p.v_deq = 1.0f;
+  p.v_out = d.f8 ? d.v_scale : 1.0f;
+  p.cu_q = cu.data();
+  p.kv_len = kvl.data();
+  p.bt = bt.data();
+  p.bt_ld = max_blocks;
+  p.max_blocks = max_blocks;
+  p.block_size = d.bs;
+  p.nh = nh;
+  p.nkv = d.nkv;
+  p.G = d.G;
+  p.hd = p.hd_v = hd;
+  p.scale_log2 = 1.0f / std::sqrt(float(hd)) * 1.4426950408889634f * (d.f8 ? d.k_scale : 1.0f);
+  p.out = reinterpret_cast<__nv_bfloat16*>(out.data());
+  p.o_s0 = ow;
+  p.o_s1 = hd;
+  p.T = T;
+  p.B = B;
+  p.q_vec = true;
+  p.o_vec2 = true;
+  p.bs_shift = -1;
+  for (int sh = 0; sh < 31; ++sh)
+    if ((1 << sh) == d.bs) p.bs_shift = sh;
+  // As paged_attention's uniform mode: 16 rows per block, one split over the longest kv_len.
+  p.d_rows = 16;
+  const int chunks = int(std::max<int64_t>(1, (int64_t(max_q) * d.G + 15) / 16));
+  const int64_t tiles = std::max<int64_t>(1, (max_kv + kDTile - 1) / kDTile);
+  p.num_splits = 1;
+  p.split_len = int(tiles * kDTile);
+  run_grid({1u, unsigned(d.nkv * chunks), unsigned(B + 1)}, kDThreads, [&] {
+    if (hd == 64) d.f8 ? attn_decode_kernel<64, true>(p, chunks) : attn_decode_kernel<64, false>(p, chunks);
+    else d.f8 ? attn_decode_kernel<128, true>(p, chunks) : attn_decode_kernel<128, false>(p, chunks);
+  });
+  std::vector<std::vector<uint16_t>> res;
+  for (int b = 0; b < B; ++b)
+    res.emplace_back(out.begin() + cu[size_t(b)] * ow, out.begin() + cu[size_t(b) + 1] * ow);
+  for (int t = cu.back(); t < T; ++t)
+    for (int64_t i = 0; i < ow; ++i)
+      if (out[size_t(t * ow + i)] != 0) return {};  // padding rows must be zeros
+  return res;
+}
+
+// fp64 reference of one row (seq, pos): relative error of `got` over its nh * hd values.
+static double uni_ref_err(const UniData& d, int seq, int pos, const uint16_t* got) {
+  const int nh = d.nkv * d.G, hd = d.hd;
+  const auto& u = d.seqs[size_t(seq)];
+  double num = 0, den = 0;
+  for (int h = 0; h < nh; ++h) {
+    const int kvh = h / d.G;
+    std::vector<double> sc(size_t(pos + 1)), ref(size_t(hd), 0.0);
+    double mx = -INFINITY;
+    auto kval = [&](size_t i) {
+      return d.f8 ? double(ts::e4m3_to_f32(d.kc8[i])) * d.k_scale : double(bf(d.kc[i]));
+    };
+    auto vval = [&](size_t i) {
+      return d.f8 ? double(ts::e4m3_to_f32(d.vc8[i])) * d.v_scale : double(bf(d.vc[i]));
+    };
+    for (int t = 0; t <= pos; ++t) {
+      const int64_t slot = int64_t(u.blocks[size_t(t / d.bs)]) * d.bs + t % d.bs;
+      double s = 0;
+      for (int k = 0; k < hd; ++k)
+        s += double(bf(d.q[size_t(seq)][size_t(pos) * nh * hd + size_t(h * hd + k)])) * kval(size_t((slot * d.nkv + kvh) * hd + k));
+      sc[size_t(t)] = s / std::sqrt(double(hd));
+      mx = std::max(mx, sc[size_t(t)]);
+    }
+    double sum = 0;
+    for (auto& v : sc) sum += (v = std::exp(v - mx));
+    for (int t = 0; t <= pos; ++t) {
+      const int64_t slot = int64_t(u.blocks[size_t(t / d.bs)]) * d.bs + t % d.bs;
+      for (int k = 0; k < hd; ++k) ref[size_t(k)] += sc[size_t(t)] / sum * vval(size_t((slot * d.nkv + kvh) * hd + k));
+    }
+    for (int k = 0; k < hd; ++k) {
+      const double g = bf(got[h * hd + k]);
+      num += (g - ref[size_t(k)]) * (g - ref[size_t(k)]);
+      den += ref[size_t(k)] * ref[size_t(k)];
+    }
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+// Sequence 0 (length L) computed five ways -- its whole prompt at once; in uneven chunks; in
+// chunks beside other sequences and decodes (a mixed batch); its last rows as decodes in a
+// batch; as a 1-row prefill after a cached prefix -- must give identical bits per row.
+static bool run_uniform_case(int L, int nkv, int G, int hd, int bs, bool f8) {
+  UniData d = uni_make({L, 150, 70}, nkv, G, hd, bs, f8);
+  const int row = nkv * G * hd;
+  std::vector<std::vector<uint16_t>> ref(static_cast<size_t>(L));
   bool ok = true;
+  int compared = 0;
+  auto check = [&](int pos, const uint16_t* r, const char* how) {
+    if (ref[size_t(pos)].empty()) {
+      ref[size_t(pos)].assign(r, r + row);
+      return;
+    }
+    ++compared;
+    if (std::memcmp(ref[size_t(pos)].data(), r, size_t(row) * 2) != 0) {
+      if (ok) std::printf("  row %d differs (%s)\n", pos, how);
+      ok = false;
+    }
+  };
+  auto take = [&](const std::vector<std::vector<uint16_t>>& res, const std::vector<UniPart>& parts, const char* how) {
+    if (res.empty()) {
+      std::printf("  padding rows not zero (%s)\n", how);
+      ok = false;
+      return;
+    }
+    for (size_t i = 0; i < parts.size(); ++i)
+      if (parts[i].seq == 0)
+        for (int r = 0; r < parts[i].rows; ++r) check(parts[i].first + r, &res[i][size_t(r) * row], how);
+  };
+  {  // whole prompt
+    std::vector<UniPart> parts{{0, 0, L}};
+    take(uni_call(d, parts, 0), parts, "whole");
+  }
+  {  // uneven chunks, each its own call
+    for (int a = 0; a < L;) {
+      const int n = std::min(L - a, a == 0 ? 37 : 61);
+      std::vector<UniPart> parts{{0, a, n}};
+      take(uni_call(d, parts, 1), parts, "chunked");
+      a += n;
+    }
+  }
+  {  // mixed batches: decodes of seq 1 first, then seq 0's chunk, then seq 2's prefill
+    for (int a = 0; a < L;) {
+      const int n = std::min(L - a, 23);
+      std::vector<UniPart> parts{{1, 100 + a % 40, 1}, {1, 120, 1}, {0, a, n}, {2, 0, 70}};
+      take(uni_call(d, parts, 3), parts, "mixed");
+      a += n;
+    }
+  }
+  {  // decodes in a batch (the last 5 rows), and a 1-row prefill after its cached prefix
+    for (int pos = L - 5; pos < L; ++pos) {
+      std::vector<UniPart> parts{{2, 0, 9}, {0, pos, 1}, {1, 149, 1}};
+      take(uni_call(d, parts, 0), parts, "decode");
+      std::vector<UniPart> solo{{0, pos, 1}};
+      take(uni_call(d, solo, 0), solo, "decode alone");
+    }
+  }
+  double worst = 0;
+  for (int pos : {0, 1, L / 2, L - 1}) worst = std::max(worst, uni_ref_err(d, 0, pos, ref[size_t(pos)].data()));
+  ok = ok && worst < 1e-2;
+  std::printf("%s uniform L=%d nkv=%d G=%d hd=%d bs=%d fp8=%d: %d rows compared across calls, err=%.2e\n",
+              ok ? "OK  " : "FAIL", L, nkv, G, hd, bs, int(f8), compared, worst);
+  return ok;
+}
+
+// `attention_emu uniform`: the uniform-mode cases only (ctest attention_emu_uniform).
+int main(int argc, char** argv) {
+  const bool uniform_only = argc > 1 && std::strcmp(argv[1], "uniform") == 0;
+  bool ok = true;
+  // Uniform (deterministic) mode first: G 1 / 4 / 12 (a row's heads over several blocks), block
+  // sizes 16 / 64 / 24, FP8 caches.
+  ok &= run_uniform_case(200, 2, 4, 64, 16, false);
+  ok &= run_uniform_case(131, 1, 12, 128, 64, false);
+  ok &= run_uniform_case(150, 2, 1, 128, 24, false);
+  ok &= run_uniform_case(140, 1, 4, 64, 16, true);
+  if (uniform_only) {
+    std::printf(ok ? "ALL OK\n" : "SOME FAILED\n");
+    return ok ? 0 : 1;
+  }
   for (int hd : {64, 128}) {
     // decode / verify: q_len 1..8 mixed, tile/block edges, splits 1/2/3/7, empty splits, padding
     ok &= run_case({{1, 1}, {8, 17}, {3, 65}, {5, 130}}, 2, 4, hd, 16, 3, 1, 2);

@@ -77,7 +77,13 @@ BenchResult run_model_bench(const BenchOptions& o) {
   std::fprintf(stderr, "bench: measuring the ceilings on %s...\n", device_name(dev));
   Ceilings c = measure_ceilings(dev, o.gemm_size, o.copy_bytes);
 
-  // 2. Model and KV pool.
+  // 2. Model and KV pool. Deterministic kernels from here on (load, warm-up, graph capture and
+  // every timed step), as serve installs them on its threads.
+#ifdef TS_WITH_CUDA
+  cuda::LaunchConfig lc = cuda::launch_config();
+  lc.batch_invariant = o.deterministic;
+  cuda::ScopedLaunchConfig launch_scope(lc);
+#endif
   std::fprintf(stderr, "bench: loading %s...\n", o.model_dir.c_str());
   models::LoadOptions lo;
   lo.device = dev;
@@ -440,6 +446,7 @@ BenchResult run_model_bench(const BenchOptions& o) {
                : o.host_logits ? "ModelRunner::run, logits to the host, host greedy sampling"
                                : "ModelRunner::run, logits on the device, device greedy sampling";
   j["graphs"] = o.graphs && dev == Device::cuda;
+  j["deterministic"] = o.deterministic;
   j["results"] = rows;
   const char* f_prefill = "prefill FLOPs = 2*P_layers*T + 2*P_head + 2*L*heads*head_dim*T^2 (linear layers over T tokens, "
                           "the LM head on the last row, causal attention QK^T + PV)";
@@ -466,6 +473,10 @@ BenchResult run_model_bench(const BenchOptions& o) {
                       stored_fmt, fmt_gb(weight_read(1) * stored_ratio), fmt_gb(weight_read(1)), dtype_name(model->dtype()),
                       gpu ? "as stored" : fmt::format("in {} (the CPU reads dequantized weights)", dtype_name(model->dtype())));
   md += fmt::format("device: {} ({})\n\n", device_name(dev), c.device_desc);
+  if (o.deterministic)
+    md += dev == Device::cuda ? "steps: deterministic inference (batch-invariant kernels, serve's "
+                                "--enable-deterministic-inference)\n\n"
+                              : "steps: deterministic inference (the CPU backend is batch-invariant always: no change)\n\n";
   md += "| ceiling | measured | how |\n|---|---|---|\n";
   md += fmt::format("| memory bandwidth | {:.1f} GB/s | {} of {:.0f} MiB, (read + write) bytes / time, median of {}{} |\n",
                     c.copy_gbs, gpu ? "device-to-device cudaMemcpyAsync" : "multi-threaded memcpy",

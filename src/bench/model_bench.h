@@ -51,6 +51,10 @@ struct BenchOptions {
   // steps then take the prefill graph of their padded token bucket, as served mixed steps do.
   bool graphs = false;
   int graph_prefill_tokens = 2048;
+  // CUDA: the model's steps run with serve's --enable-deterministic-inference kernels
+  // (LaunchConfig::batch_invariant; the ceilings are measured before, in the default mode), so
+  // a run with and one without give that mode's cost.
+  bool deterministic = false;
   // Mixed steps (--enable-mixed-batch): after each decode row (B, C), one step of its B decodes
   // plus one P-token prefill chunk of a fresh sequence, per P here, next to that chunk alone; the
   // figure is how much of the prefill rides along with the bandwidth-bound decodes

@@ -52,6 +52,9 @@ int cmd_bench(int argc, char** argv) {
                "CUDA: run every step through the engine's CUDA graphs (decode graphs per batch bucket, breakable "
                "prefill graphs up to --graph-prefill-tokens; mixed steps take the prefill graph of their padded "
                "bucket), as serve does, instead of eagerly");
+  app.add_flag("--deterministic", o.deterministic,
+               "CUDA: the model's steps use serve's --enable-deterministic-inference kernels (batch-invariant; the "
+               "ceilings stay default): compare with a run without it for that mode's cost");
   app.add_option("--graph-prefill-tokens", o.graph_prefill_tokens,
                  "with --graphs: largest prefill captured in a graph (serve's --prefill-graph-max-tokens)");
   app.add_option("--mixed-chunks", o.mixed_chunks,

@@ -71,6 +71,10 @@ void add_engine_flags(CLI::App& app, EngineOptions& o) {
   app.add_option("--cuda-graph-max-bs", o.cuda_graph_max_bs, "largest decode batch captured in a graph");
   app.add_option("--prefill-graph-max-tokens", o.prefill_graph_max_tokens, "largest prefill captured in a graph");
   app.add_flag("--disable-pdl", o.disable_pdl, "no programmatic dependent launch");
+  app.add_flag("--enable-deterministic-inference", o.enable_deterministic_inference,
+               "batch-invariant kernels: a request's output is bit-identical alone or under any load, chunking or graph "
+               "bucket (CUDA: one GEMM algorithm per shape, no GEMV/fused decode kernels, one-split attention; slower. "
+               "The CPU backend is batch-invariant always)");
   // The parallel flags fill a ParallelOptions owned by the parse callback until EngineOptions
   // embeds one (then: add_parallel_flags(app, o.parallel)).
   auto p = std::make_shared<parallel::ParallelOptions>();

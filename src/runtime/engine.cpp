@@ -351,7 +351,7 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   // This engine's launch settings (core/cuda/runtime.h) on the constructing thread (loading,
   // warm-up, graph capture) and, copied at their start, on the TP worker and device threads it
   // creates; loop() installs them on the engine thread.
-  cuda::ScopedLaunchConfig launch_scope({.pdl = !o.disable_pdl});
+  cuda::ScopedLaunchConfig launch_scope({.pdl = !o.disable_pdl, .batch_invariant = o.enable_deterministic_inference});
 #endif
   device = o.device == "cpu" ? Device::cpu : o.device == "cuda" ? Device::cuda : (cuda_available() ? Device::cuda : Device::cpu);
   TS_CHECK(device == Device::cpu || cuda_available(), "--device cuda: no CUDA device available");
@@ -385,6 +385,25 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
              "attention data parallelism does not place per group yet", po.dp_size, cfg.architecture);
     TS_CHECK(po.nnodes == 1, "--data-parallel-size {}: not supported with --nnodes {} yet", po.dp_size, po.nnodes);
   }
+  if (o.enable_deterministic_inference && device == Device::cuda) {
+    // The batch-invariant kernels cover the paged-attention models (linear.cu, attention.cu,
+    // fused.cu, quant_linear.cu, moe.cu); MLA, sparse attention and NCCL sums are not yet.
+    const std::string& a = cfg.architecture;
+    TS_CHECK(a == "LlamaForCausalLM" || a == "MistralForCausalLM" || a == "Qwen2ForCausalLM" || a == "Qwen3ForCausalLM" ||
+                 a == "Qwen3MoeForCausalLM",
+             "--enable-deterministic-inference: {} on CUDA is not supported yet (its MLA / sparse attention kernels are "
+             "not batch-invariant; Llama/Mistral/Qwen2/Qwen3/Qwen3-MoE are, and --device cpu runs every model so)",
+             a);
+    TS_CHECK(po.world_size() == 1,
+             "--enable-deterministic-inference with {} GPUs is not supported yet: NCCL's all-reduce picks its algorithm "
+             "by message size, so a row's sum would depend on the batch (--device cpu ranks sum in rank order)",
+             po.world_size());
+  }
+  if (o.enable_deterministic_inference)
+    spdlog::info("deterministic inference: batch-invariant kernels ({})",
+                 device == Device::cuda ? "one GEMM algorithm per shape, no GEMV / fused decode kernels, uniform "
+                                          "one-split attention"
+                                        : "the CPU backend's own");
   TpModels tpm;
   if (po.world_size() > 1) {  // one shard per rank (GPUs or CPU threads), tp_workers.h
     tpm = load_tp_models(cfg, lo, po);
@@ -745,7 +764,7 @@ void EngineImpl::refresh_gauges() {
 
 void EngineImpl::loop() {
 #ifdef TS_WITH_CUDA
-  cuda::set_launch_config({.pdl = !opts.disable_pdl});
+  cuda::set_launch_config({.pdl = !opts.disable_pdl, .batch_invariant = opts.enable_deterministic_inference});
 #endif
   while (true) {
     {

@@ -232,6 +232,11 @@ struct EngineOptions {
   std::string drafter_attention_backend = "paged";
   // CUDA graphs / kernels
   bool disable_cuda_graph = false, disable_prefill_graph = false, enforce_eager = false, disable_pdl = false;
+  // --enable-deterministic-inference (SGLang's name): batch-invariant kernels on CUDA
+  // (core/cuda/runtime.h LaunchConfig::batch_invariant), so a request's output is bit-identical
+  // whatever runs beside it, however its prompt was chunked, whatever the graph bucket. The CPU
+  // backend is batch-invariant always (ops/cpu: one dot order per element, one pass per row).
+  bool enable_deterministic_inference = false;
   int cuda_graph_max_bs = 160;
   int prefill_graph_max_tokens = 2048;
   // Parallelism (one process, one thread per GPU): tensor-parallel size (attention and dense

@@ -98,8 +98,15 @@ class StreamMarks {
 // engine, device and TP worker threads: each copies its creator's config when it starts).
 // pdl: programmatic dependent launch for the latency-bound kernels that opt in (on by default,
 // `--disable-pdl` turns it off); read at launch time, so it also applies to graph capture.
+// batch_invariant: `--enable-deterministic-inference` (#22). The ops whose kernel choice or
+// reduction order depends on the batch (GEMV vs GEMM by row count, cuBLASLt algorithms per M,
+// fused norm/LM-head GEMVs, split-KV attention cut by the grid, the decode/prefill attention
+// split of a mixed batch, stored-weight decode kernels) take one fixed path instead, so every
+// output row is computed the same way whatever else is in the batch, however the prompt was
+// chunked and whatever the graph bucket (linear.cu, fused.cu, quant_linear.cu, moe.cu, attention.cu).
 struct LaunchConfig {
   bool pdl = true;
+  bool batch_invariant = false;
 };
 LaunchConfig launch_config();
 void set_launch_config(const LaunchConfig& c);

@@ -90,6 +90,9 @@ struct AttnParams {
   bool o_vec2;             // out 4-byte aligned with even strides: bf16x2 stores
   int bs_shift;            // log2(block_size) for power-of-two block sizes, else -1
   int merge_groups;        // attn_merge_kernel: split groups per row (power of two)
+  // v2 decode: packed rows per block (0: kDRows). SplitKvOptions::uniform sets 16, so every
+  // block runs one m16 tile over 4 warps whatever the query length (attention_v2.cuh).
+  int d_rows;
 };
 
 // Rows past cu_q[B] are padding: written as zeros (as the CPU reference does) by the blocks of
@@ -529,14 +532,21 @@ void prefill_launch(const AttnParams& p, int chunks) {
 }
 }  // namespace
 
+// The split options of the launching thread: uniform in the deterministic mode.
+static SplitKvOptions thread_split_options() {
+  SplitKvOptions s;
+  s.uniform = launch_config().batch_invariant;
+  return s;
+}
+
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const AttnMeta& meta, float scale, Tensor& out, const KernelPolicy& policy) {
-  paged_attention(q, k_cache, v_cache, meta, scale, out, policy, SplitKvOptions{});
+  paged_attention(q, k_cache, v_cache, meta, scale, out, policy, thread_split_options());
 }
 
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttnMeta& meta, float scale,
                      Tensor& out, const KvScales& kvs, const KernelPolicy& policy) {
-  paged_attention(q, k_cache, v_cache, meta, scale, out, policy, SplitKvOptions{}, kvs);
+  paged_attention(q, k_cache, v_cache, meta, scale, out, policy, thread_split_options(), kvs);
 }
 
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttnMeta& meta, float scale,
@@ -623,7 +633,10 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   // launch gets the first lead_decode_rows rows of q / out (its split partials and padding
   // logic cover those rows only) and the chunks' launch the whole of them (rows past the
   // decodes': it zeroes the padding rows after the last chunk).
-  if (policy.attn_path == 0 && v2_ok && meta.max_q_len > kDecodeMaxQLen && meta.lead_decode_seqs > 0 &&
+  TS_CHECK(!split.uniform || v2_ok,
+           "paged_attention: deterministic inference needs head dims 64 or 128 with hd_v == hd and aligned caches "
+           "(got {} / {})", hd, hd_v);
+  if (!split.uniform && policy.attn_path == 0 && v2_ok && meta.max_q_len > kDecodeMaxQLen && meta.lead_decode_seqs > 0 &&
       meta.lead_decode_seqs < B && meta.lead_decode_max_q <= kDecodeMaxQLen && meta.lead_decode_rows > 0 &&
       meta.lead_decode_rows <= T) {
     const int64_t nd = meta.lead_decode_seqs;
@@ -645,7 +658,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
     paged_attention(q, k_cache, v_cache, pm, scale, out, policy, split, kvs);
     return;
   }
-  int path = policy.attn_path;
+  int path = split.uniform ? 3 : policy.attn_path;
   if (path == 0) {
     if (!v2_ok) path = 1;
     else if (meta.max_q_len <= kDecodeMaxQLen) path = 3;
@@ -667,7 +680,9 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   }
 
   if (path == 3) {
-    const int64_t chunks = std::max<int64_t>(1, ceil_div(rows, kDRows));
+    // Uniform (deterministic) mode: 16 rows per block, one split (SplitKvOptions::uniform).
+    p.d_rows = split.uniform ? 16 : kDRows;
+    const int64_t chunks = std::max<int64_t>(1, ceil_div(rows, int64_t(p.d_rows)));
     TS_CHECK(nkv * chunks <= 65535, "paged_attention: {} kv heads x {} row chunks", nkv, chunks);
     // Split count from host-side bounds only (graph-safe): max_kv_len bounds every kv_len;
     // blocks whose split starts past their sequence's real length exit, the merge skips them.
@@ -676,7 +691,9 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
     // The split count this batch shape reaches at any context: the scratch is sized for it at
     // once, so decode steps do not grow (allocate) it as their contexts lengthen.
     int64_t ws_splits = 1;
-    if (policy.attn_splits <= 0 && split.target > 0) {
+    if (split.uniform) {
+      splits = 1;
+    } else if (policy.attn_splits <= 0 && split.target > 0) {
       // Batch-invariant splits: each sequence's split length comes from its own kv_len on the
       // device (seq_split_len), never from the batch; the grid covers the most any sequence up to
       // max_kv_len can have: min(target, ceil(tiles / min_tiles)).

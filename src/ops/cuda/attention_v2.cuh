@@ -134,6 +134,12 @@ __device__ __forceinline__ uint32_t pack_kv(float lo, float hi) {
 // every KV tile, each keeping its own online softmax; the warps of an m16 tile are merged
 // through smem at the end. One split: normalised bf16 out; several: fp32 partials (o unnormalised,
 // m in the log2 domain, l) merged by attn_merge_kernel.
+// Uniform mode (p.d_rows = 16, one split: SplitKvOptions::uniform, the deterministic mode): every
+// block is one m16 tile served by 4 warps, so a row's arithmetic is fixed by its own position:
+// its tokens [0, pos] are cut into the same 64-token tiles and 16-token warp slices from token 0,
+// and the tokens a block walks past a row's position (its other rows' causal ranges, a longer
+// kv_len) are masked to exact no-ops (p = 0, alpha = 1). So a row's output is bit-identical
+// whatever its chunk's length, the batch around it, or whether it is a decode or a prefill row.
 // F8: e4m3 caches staged in a kDStages ring and converted into one f16 tile per KV tile (two
 // block syncs per tile; load_kv_tile_f8), the MMAs in f16; k's scale is in scale_log2, v's in
 // v_out.
@@ -183,13 +189,14 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
   const int b = blockIdx.z, g = blockIdx.y / chunks, chunk = blockIdx.y % chunks;
   const int split = blockIdx.x;
   const int q0 = p.cu_q[b], q_len = p.cu_q[b + 1] - q0, kv_len = p.kv_len[b];
-  const int rows_total = q_len * p.G, r0 = chunk * kDRows;
+  const int d_rows = p.d_rows > 0 ? p.d_rows : kDRows;
+  const int rows_total = q_len * p.G, r0 = chunk * d_rows;
   const int split_len = seq_split_len(p, kv_len);
   const int t_begin = split * split_len;
   // Splits at or past the real length write nothing (the merge reads only live splits); split 0
   // always runs, so a (degenerate) empty sequence still gets its zero rows.
   if (r0 >= rows_total || (split > 0 && t_begin >= kv_len)) return;
-  const int nrows = min(kDRows, rows_total - r0);
+  const int nrows = min(d_rows, rows_total - r0);
   const int off = kv_len - q_len;                       // position of query 0
   const int min_pos = off + r0 / p.G;                   // first row's position
   const int max_pos = off + (r0 + nrows - 1) / p.G;     // last row's position

@@ -373,13 +373,17 @@ void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor* wq, cons
   else go(k_cache.ptr<__nv_bfloat16>(), v_cache.ptr<__nv_bfloat16>());
 }
 
-bool fuses_norm_gemv(int64_t rows) { return rows >= 1 && rows <= kNormMaxM; }
+// Deterministic mode (LaunchConfig::batch_invariant): no fused GEMV anywhere -- a row of 1-2
+// would round differently from the same row in a larger batch (the GEMV's dot order is not the
+// GEMM's) -- so the models keep their many-row path (add + norm, then linear) at every size.
+bool fuses_norm_gemv(int64_t rows) { return rows >= 1 && rows <= kNormMaxM && !launch_config().batch_invariant; }
 
 namespace {
 // A weight kept as stored (FP8, NVFP4) takes the tensor-core decode GEMV with this epilogue where
 // it applies (quant_linear.h), unless the policy asks for the GEMM path.
 bool quant_fuses(const Tensor& x, const LinearWeight& w, const Tensor* norm_w, const KernelPolicy& policy) {
-  return policy.linear != LinearPath::cublaslt && quant_decode_automatic(x, w, norm_w != nullptr) &&
+  return policy.linear != LinearPath::cublaslt && !launch_config().batch_invariant &&
+         quant_decode_automatic(x, w, norm_w != nullptr) &&
          (!norm_w || norm_weight_ok(norm_w, x.size(-1)));
 }
 }  // namespace
@@ -404,7 +408,8 @@ void linear_silu_mul(const Tensor& x, const LinearWeight& w, Tensor& out, Tensor
     if (quant_fuses(x, w, in_norm, policy)) return quant_decode_gemv(x, w, in_norm, eps, DecodeEpilogue::silu_mul, out);
   } else {
     const bool small_w = N2 * K * 2 <= kSmallBytes || policy.linear == LinearPath::gemv;
-    const bool gemv = policy.linear != LinearPath::cublaslt && M <= (small_w ? kMaxMSmall : kMaxM) &&
+    const bool gemv = policy.linear != LinearPath::cublaslt && !launch_config().batch_invariant &&
+                      M <= (small_w ? kMaxMSmall : kMaxM) &&
                       vec8_ok(x.data, K, x.row_stride()) && vec8_ok(w.data, K, w.row_stride());
     if (gemv && (!norm || norm_fusable(M, x, in_norm))) {
       GemvArgs a = gemv_args(x, w, out, int(I));
@@ -447,8 +452,8 @@ void rmsnorm_linear(const Tensor& x, const Tensor& norm_w, float eps, const Line
     quant_linear(x_scratch, w, out, bias, policy);
     return;
   }
-  const bool fused = policy.linear != LinearPath::cublaslt && N <= 0x7fffffff && K <= 0x7fffffff &&
-                     vec8_ok(x.data, K, x.row_stride()) && vec8_ok(w.data, K, w.row_stride()) &&
+  const bool fused = policy.linear != LinearPath::cublaslt && !launch_config().batch_invariant && N <= 0x7fffffff &&
+                     K <= 0x7fffffff && vec8_ok(x.data, K, x.row_stride()) && vec8_ok(w.data, K, w.row_stride()) &&
                      norm_fusable(M, x, &norm_w) && bias_ok;
   if (fused) {
     GemvArgs a = gemv_args(x, w, out, int(N));
@@ -478,8 +483,9 @@ void linear_add(const Tensor& x, const LinearWeight& w, Tensor& residual, Tensor
     cuda::add_inplace(residual, scratch);
     return;
   }
-  const bool fused = policy.linear != LinearPath::cublaslt && M <= kNormMaxM && N <= 0x7fffffff && K <= 0x7fffffff &&
-                     vec8_ok(x.data, K, x.row_stride()) && vec8_ok(w.data, K, w.row_stride());
+  const bool fused = policy.linear != LinearPath::cublaslt && !launch_config().batch_invariant && M <= kNormMaxM &&
+                     N <= 0x7fffffff && K <= 0x7fffffff && vec8_ok(x.data, K, x.row_stride()) &&
+                     vec8_ok(w.data, K, w.row_stride());
   if (fused) {
     gemv_fused(int(M), false, kAddInto, gemv_args(x, w, residual, int(N)));
     return;
@@ -490,7 +496,9 @@ void linear_add(const Tensor& x, const LinearWeight& w, Tensor& residual, Tensor
 
 bool lm_head_argmax_fusable(const Tensor& x, const Tensor* norm_w, const Tensor& head) {
   const int64_t M = x.rows(), K = x.size(-1);
-  return M >= 1 && M <= kMaxM && x.device == Device::cuda && x.dtype == DType::bf16 && head.device == Device::cuda &&
+  // Deterministic mode: the LM head is the GEMM at every batch (logits, then argmax).
+  return M >= 1 && M <= kMaxM && !launch_config().batch_invariant && x.device == Device::cuda &&
+         x.dtype == DType::bf16 && head.device == Device::cuda &&
          head.dtype == DType::bf16 && head.ndim == 2 && head.size(1) == K && head.size(0) <= 0x7fffffff &&
          K <= 0x7fffffff && vec8_ok(x.data, K, x.row_stride()) && vec8_ok(head.data, K, head.row_stride()) &&
          (!norm_w || norm_fusable(M, x, norm_w));

@@ -136,6 +136,10 @@ struct Lt {
   std::mutex mu;
   std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;
   std::map<AlgoKey, bool> fp8_unsupported;  // block-scaled FP8 shapes the heuristic refused
+  // Deterministic mode: the algorithm of each shape without its M (key.m = -1), and the exact
+  // shapes it was checked to run.
+  std::map<AlgoKey, cublasLtMatmulAlgo_t> invariant_algos;
+  std::map<AlgoKey, bool> invariant_checked;
   Lt() {
     TS_CUBLAS_CHECK(cublasLtCreate(&handle));
     ws = alloc(ws_size);
@@ -204,6 +208,64 @@ int lt_heuristic(Lt& L, const Layouts& d, const AlgoKey& key, int want, cublasLt
   return st == CUBLAS_STATUS_SUCCESS ? n : 0;
 }
 
+// Deterministic mode (LaunchConfig::batch_invariant): one algorithm per shape for every M, the
+// heuristic's pick for this many rows with split-K off. A per-M pick (the default) changes the
+// tile shape and splits K at small M, so a row's dot products would be summed in another order
+// alone than in a batch; with one algorithm, every output element is the same sequence of
+// k-tile MMAs whatever M is. 128 rows: tiles that still spread a decode's few rows over N.
+constexpr int64_t kInvariantRows = 128;
+
+cublasLtMatmulAlgo_t invariant_algo(Lt& L, const Layouts& d, AlgoKey key, int64_t M, int64_t N, int64_t K,
+                                    int64_t ldx, int64_t ldw, int64_t ldc, const void* bias, bool f32out) {
+  const AlgoKey exact = key;
+  key.m = -1;
+  cublasLtMatmulAlgo_t algo;
+  bool have = false, checked = false;
+  {
+    std::lock_guard<std::mutex> g(L.mu);
+    auto it = L.invariant_algos.find(key);
+    if (it != L.invariant_algos.end()) algo = it->second, have = true;
+    checked = have && L.invariant_checked.count(exact) > 0;
+  }
+  if (!have) {
+    Layouts rep;
+    const int64_t rows = kInvariantRows, ldx_rep = std::max(ldx, K), ldc_rep = std::max(ldc, N);
+    bf16_layouts(rep, rows, N, K, ldx_rep, ldw, ldc_rep, bias, f32out);
+    cublasLtMatmulHeuristicResult_t res[8] = {};
+    const int n = lt_heuristic(L, rep, key, 8, res);
+    TS_CHECK(n > 0, "cuBLASLt: no algorithm for linear N={} K={} (deterministic inference)", N, K);
+    // The first candidate that takes split-K off (most have it off already).
+    int pick = -1;
+    for (int i = 0; i < n && pick < 0; ++i) {
+      int32_t one = 1;
+      uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+      cublasLtMatmulAlgo_t a = res[i].algo;
+      if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof(one)) !=
+              CUBLAS_STATUS_SUCCESS ||
+          cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none, sizeof(none)) !=
+              CUBLAS_STATUS_SUCCESS)
+        continue;
+      cublasLtMatmulHeuristicResult_t chk = {};
+      if (cublasLtMatmulAlgoCheck(L.handle, rep.op, rep.a, rep.b, rep.c, rep.c, &a, &chk) != CUBLAS_STATUS_SUCCESS) continue;
+      algo = a;
+      pick = i;
+    }
+    TS_CHECK(pick >= 0, "cuBLASLt: no algorithm without split-K for linear N={} K={} (deterministic inference)", N, K);
+    std::lock_guard<std::mutex> g(L.mu);
+    L.invariant_algos[key] = algo;
+  }
+  if (!checked) {
+    // Host-only (graph-safe): the shape's algorithm must run these M rows as they are.
+    cublasLtMatmulHeuristicResult_t chk = {};
+    TS_CHECK(cublasLtMatmulAlgoCheck(L.handle, d.op, d.a, d.b, d.c, d.c, &algo, &chk) == CUBLAS_STATUS_SUCCESS,
+             "cuBLASLt: the deterministic algorithm of linear N={} K={} does not run M={} (ldx {} ldc {})", N, K, M, ldx,
+             ldc);
+    std::lock_guard<std::mutex> g(L.mu);
+    L.invariant_checked[exact] = true;
+  }
+  return algo;
+}
+
 void lt_matmul(int64_t M, int64_t N, int64_t K, const void* x, int64_t ldx, const void* w,
                int64_t ldw, const void* bias, void* out, int64_t ldc, bool f32out) {
   Lt& L = lt();
@@ -211,6 +273,13 @@ void lt_matmul(int64_t M, int64_t N, int64_t K, const void* x, int64_t ldx, cons
   bf16_layouts(d, M, N, K, ldx, ldw, ldc, bias, f32out);
   const AlgoKey key{M, N, K, ldx, ldw, ldc, bias ? 1 : 0, align_bytes(x), align_bytes(w),
                     align_bytes(out), bias ? align_bytes(bias) : 16, f32out ? 1 : 0};
+  if (launch_config().batch_invariant) {
+    const cublasLtMatmulAlgo_t algo = invariant_algo(L, d, key, M, N, K, ldx, ldw, ldc, bias, f32out);
+    const float alpha = 1.0f, beta = 0.0f;
+    TS_CUBLAS_CHECK(cublasLtMatmul(L.handle, d.op, &alpha, w, d.a, x, d.b, &beta, out, d.c, out, d.c, &algo, L.ws.get(),
+                                   L.ws_size, stream()));
+    return;
+  }
   // The key holds everything the heuristic is asked about (shape, strides, alignments, bias,
   // output type), so a cached algorithm fits this call.
   cublasLtMatmulAlgo_t algo;
@@ -327,7 +396,10 @@ void linear(const Tensor& x, const Tensor& w, Tensor& out, const Tensor* bias, c
   const int64_t ldx = x.row_stride(), ldw = w.row_stride(), ldc = out.row_stride();
   const bool small_w = N * K * 2 <= kGemvSmallBytes || policy.linear == LinearPath::gemv;
   const bool gemv_ok = M <= (small_w ? kGemvMaxMSmall : kGemvMaxM) && vec8_ok(x.data, K, ldx) && vec8_ok(w.data, K, ldw);
-  const bool use_gemv = gemv_ok && policy.linear != LinearPath::cublaslt;
+  // Deterministic mode: never the GEMV (its dot order is not cuBLASLt's; rows would round
+  // differently at M <= 8 than in a larger batch), unless a lab forces it.
+  const bool use_gemv = gemv_ok && policy.linear != LinearPath::cublaslt &&
+                        (policy.linear == LinearPath::gemv || !launch_config().batch_invariant);
   if (use_gemv) {
     if (f32out)
       gemv(int(M), x.ptr<__nv_bfloat16>(), ldx, w.ptr<__nv_bfloat16>(), ldw, bp, out.ptr<float>(), ldc, int(N), int(K));

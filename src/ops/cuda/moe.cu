@@ -915,7 +915,11 @@ void moe_experts_stored(const Tensor& x, const Tensor& ids, const Tensor& weight
   d.out_ld = H;
   const bool vec_x = vec8_ok(x.data, H, x.row_stride()) && H % 8 == 0;
   const LinearPath qp = policy.linear;  // stored experts: gemv / cublaslt force the GEMV / the tiles
-  if (quant && vec_x && (qp == LinearPath::gemv || (qp == LinearPath::automatic && avg <= kQuantGemvAutoRows))) {
+  // Deterministic mode: stored experts always take the dequantized bf16 grouped GEMM (the
+  // decode GEMV rounds differently), which is batch-invariant (see the header).
+  const bool decode_ok = qp == LinearPath::gemv ||
+                         (qp == LinearPath::automatic && avg <= kQuantGemvAutoRows && !launch_config().batch_invariant);
+  if (quant && vec_x && decode_ok) {
     // Decode: the stored bytes of the active experts, once per pass of up to R rows.
     const int R = avg <= 1 ? 1 : avg <= 2 ? 2 : avg <= 4 ? 4 : 8;
     const bool fp4 = gate_up.quant.nvfp4;

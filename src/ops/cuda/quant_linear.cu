@@ -749,9 +749,13 @@ void dequantize_rows(const LinearWeight& w, int64_t row0, int64_t rows, Tensor& 
 }
 
 void quant_linear(const Tensor& x, const LinearWeight& w, Tensor& out, const Tensor* bias, const KernelPolicy& policy) {
-  const QuantKernel k = policy.linear == LinearPath::gemv       ? QuantKernel::gemv
-                        : policy.linear == LinearPath::cublaslt ? QuantKernel::tiles
-                                                                : QuantKernel::automatic;
+  // Deterministic mode (LaunchConfig::batch_invariant): the stored weight dequantized to bf16
+  // tiles, then the bf16 GEMM's per-shape algorithm (linear.cu) at every M -- exact
+  // dequantization, so rows round the same in any batch; the decode kernels (GEMV, tensor-core
+  // GEMV, small-M MMA) and the W8A8 GEMM are each exact for one batch size only.
+  const QuantKernel k = policy.linear == LinearPath::gemv                                      ? QuantKernel::gemv
+                        : policy.linear == LinearPath::cublaslt || launch_config().batch_invariant ? QuantKernel::tiles
+                                                                                                   : QuantKernel::automatic;
   quant_linear_kernel(x, w, out, bias, k);
 }
 

@@ -13,6 +13,14 @@ namespace ts::ops::cuda {
 struct SplitKvOptions {
   int target = 0;
   int min_tiles = 0;
+  // The deterministic mode (`--enable-deterministic-inference`, LaunchConfig::batch_invariant;
+  // target / min_tiles unused): every row, of any query length, through the split-KV kernel
+  // with one split and 16 rows per block (attention_v2.cuh, "uniform mode"): a row's output
+  // depends on its own query, position and KV only -- not on the batch, the chunking of its
+  // prompt, a mixed batch's decode/prefill split or the graph bucket. SGLang's FA3 backend
+  // does the same (num_splits = 1). Its cost: no KV split for long contexts at small batches,
+  // and prefill on a decode kernel. Needs the v2 head dims (64/128, hd_v == hd).
+  bool uniform = false;
 };
 
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttnMeta& meta, float scale,
