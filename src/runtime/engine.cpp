@@ -386,14 +386,9 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
     TS_CHECK(po.nnodes == 1, "--data-parallel-size {}: not supported with --nnodes {} yet", po.dp_size, po.nnodes);
   }
   if (o.enable_deterministic_inference && device == Device::cuda) {
-    // The batch-invariant kernels cover the paged-attention models (linear.cu, attention.cu,
-    // fused.cu, quant_linear.cu, moe.cu); MLA, sparse attention and NCCL sums are not yet.
-    const std::string& a = cfg.architecture;
-    TS_CHECK(a == "LlamaForCausalLM" || a == "MistralForCausalLM" || a == "Qwen2ForCausalLM" || a == "Qwen3ForCausalLM" ||
-                 a == "Qwen3MoeForCausalLM",
-             "--enable-deterministic-inference: {} on CUDA is not supported yet (its MLA / sparse attention kernels are "
-             "not batch-invariant; Llama/Mistral/Qwen2/Qwen3/Qwen3-MoE are, and --device cpu runs every model so)",
-             a);
+    // The batch-invariant kernels (linear.cu, fused.cu, quant_linear.cu, moe.cu, attention.cu,
+    // latent_attention.cu; MiniMax-M3's block-sparse kernels are one block per row already)
+    // cover every model CUDA runs; NCCL sums do not yet.
     TS_CHECK(po.world_size() == 1,
              "--enable-deterministic-inference with {} GPUs is not supported yet: NCCL's all-reduce picks its algorithm "
              "by message size, so a row's sum would depend on the batch (--device cpu ranks sum in rank order)",

@@ -5,7 +5,7 @@
 //    a 1-, 2-, 3-, 8-... row call (one cuBLASLt algorithm per shape, no GEMV);
 //  - paged attention: a sequence's rows equal across its prompt at once, in uneven chunks, in a
 //    mixed batch behind decodes, and as decodes (uniform mode: one split, 16 rows per block);
-//    bf16 and FP8 caches;
+//    bf16 and FP8 caches; MLA (one split) likewise;
 //  - the engine on the demo model, CUDA graphs on: tokens and logprob bits under chunking,
 //    mixed batches and retraction equal one-at-a-time runs.
 // The kernels' logic is also checked on the CPU by bench/kernels/attention_emu.cpp ("uniform").
@@ -97,6 +97,7 @@ namespace {
 // kv_len = first + rows, decode-like parts first (as the scheduler orders a mixed batch).
 struct AttnWorld {
   int nkv, G, hd, bs;
+  int mla_rank = 0;  // > 0: MLA over the latent cache k (nkv 1, hd = D), out [T, nh, rank]
   DType kv_dtype;
   std::vector<std::vector<int32_t>> blocks;  // per seq
   std::vector<Tensor> q;                     // per seq: device bf16 [len, nh, hd]
@@ -107,7 +108,7 @@ struct AttnPart {
 };
 
 AttnWorld make_world(const std::vector<int>& lens, int nkv, int G, int hd, int bs, bool fp8) {
-  AttnWorld w{nkv, G, hd, bs, fp8 ? DType::f8_e4m3 : DType::bf16, {}, {}, {}, {}};
+  AttnWorld w{nkv, G, hd, bs, 0, fp8 ? DType::f8_e4m3 : DType::bf16, {}, {}, {}, {}};
   int next = 0, total = 0;
   for (int L : lens) total += (L + bs - 1) / bs;
   std::vector<int32_t> perm(size_t(total) + 2);
@@ -171,9 +172,12 @@ std::vector<Tensor> attn_call(const AttnWorld& w, const std::vector<AttnPart>& p
   m.max_q_len = max_q;
   m.max_kv_len = max_kv;
   ops::set_decode_lead(m, cu.data());
-  Tensor out = Tensor::empty({T, nh, w.hd}, DType::bf16, Device::cuda);
+  Tensor out = Tensor::empty({T, nh, w.mla_rank > 0 ? w.mla_rank : w.hd}, DType::bf16, Device::cuda);
   const ops::KvScales kvs{0.25f, 0.25f};
-  ops::paged_attention(q, w.kc, w.vc, m, 1.0f / std::sqrt(float(w.hd)), out, kvs);
+  if (w.mla_rank > 0)
+    ops::mla_attention(q, w.kc, m, 1.0f / std::sqrt(float(w.hd)), w.mla_rank, out, w.kc.dtype == DType::f8_e4m3 ? 0.25f : 1.0f);
+  else
+    ops::paged_attention(q, w.kc, w.vc, m, 1.0f / std::sqrt(float(w.hd)), out, kvs);
   std::vector<Tensor> res;
   for (int b = 0; b < B; ++b) res.push_back(out.slice_rows(cu[size_t(b)], cu[size_t(b) + 1]));
   return res;
@@ -181,15 +185,19 @@ std::vector<Tensor> attn_call(const AttnWorld& w, const std::vector<AttnPart>& p
 
 }  // namespace
 
-TEST(DeterministicOps, AttentionRowsDoNotDependOnChunkingOrBatch) {
+TEST(DeterministicOps, AttentionAndMlaRowsDoNotDependOnChunkingOrBatch) {
   TS_REQUIRE_CUDA();
   cuda::ScopedLaunchConfig inv(kInvariant);
   struct Case {
     int L, nkv, G, hd, bs;
     bool fp8;
   };
-  for (const Case& c : {Case{700, 8, 4, 128, 64, false}, Case{333, 2, 8, 64, 16, false}, Case{520, 4, 4, 128, 16, true}}) {
+  // The last two: MLA (DeepSeek-V3's absorbed form: one latent head of D = 576, rank 512, 16
+  // query heads) over bf16 and FP8 latent caches.
+  for (const Case& c : {Case{700, 8, 4, 128, 64, false}, Case{333, 2, 8, 64, 16, false}, Case{520, 4, 4, 128, 16, true},
+                        Case{410, 1, 16, 576, 64, false}, Case{300, 1, 16, 576, 16, true}}) {
     AttnWorld w = make_world({c.L, 300, 90}, c.nkv, c.G, c.hd, c.bs, c.fp8);
+    if (c.hd == 576) w.mla_rank = 512;
     const std::string name = "L=" + std::to_string(c.L) + " hd=" + std::to_string(c.hd) + (c.fp8 ? " fp8" : "");
     const std::vector<uint8_t> whole = row_bytes(attn_call(w, {{0, 0, c.L}}, 0)[0], c.L);
     const size_t row = whole.size() / size_t(c.L);

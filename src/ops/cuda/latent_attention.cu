@@ -6,6 +6,8 @@
 // sequence, so every latent tile is loaded once into shared memory and used by all the chunk's
 // heads, as keys and values both. Decode-like batches split the KV range (flash-decoding); the
 // blocks then write unnormalised partials that a second kernel merges. CUDA cores, fp32 math.
+// With one split (every batch in the deterministic mode) a row's arithmetic is its own: 16 rows
+// per block each on its own warp, tiles aligned to token 0.
 #include <algorithm>
 #include <cmath>
 
@@ -275,7 +277,11 @@ void mla_attention(const Tensor& q, const Tensor& latent_cache, const AttnMeta& 
   TS_CHECK(chunks <= 0x7fffffff, "mla_attention: too many rows");
   const int64_t max_kv = std::max(meta.max_kv_len, 1);
   int splits = 1;
-  if (meta.max_q_len <= 8) {
+  // Deterministic mode (LaunchConfig::batch_invariant): one split for every batch. A row then
+  // walks its tokens [0, pos] in 32-token tiles from token 0 whatever its chunk, batch or
+  // kv_len (tokens past pos add exact zeros), so its bits depend on its own query and KV only;
+  // split counts chosen from the grid would not.
+  if (meta.max_q_len <= 8 && !launch_config().batch_invariant) {
     const int64_t base = B * chunks;
     const int64_t target = 2 * int64_t(sm_count());
     const int64_t by_len = ceil_div(max_kv, 256);  // at least 256 tokens per split
