@@ -80,6 +80,25 @@ RopeScaling parse_rope(const nlohmann::json& j, const std::string& path) {
   return r;
 }
 
+// The window of the layers that slide (0: none slide); see ModelConfig::sliding_window.
+static int64_t parse_sliding_window(const ModelConfig& c) {
+  const std::string& a = c.architecture;
+  bool slides = false;
+  if (c.has("layer_types")) {
+    for (const std::string& t : c.get<std::vector<std::string>>("layer_types", {})) slides = slides || t == "sliding_attention";
+  } else if (a == "MistralForCausalLM") {
+    slides = c.has("sliding_window");  // null: full attention (Mistral v0.2+)
+  } else if (a == "Qwen2ForCausalLM" || a == "Qwen3ForCausalLM" || a == "Qwen3MoeForCausalLM") {
+    // transformers: layer i slides when use_sliding_window and i >= max_window_layers.
+    slides = c.get<bool>("use_sliding_window", false) && c.get<int64_t>("max_window_layers", 28) < c.num_layers;
+  }
+  if (!slides) return 0;
+  TS_CHECK(c.has("sliding_window"), "{}: layers use sliding-window attention but field sliding_window is missing", c.path);
+  const int64_t w = c.get<int64_t>("sliding_window", 0);
+  TS_CHECK(w >= 1, "{}: field sliding_window = {} must be at least 1", c.path, w);
+  return w;
+}
+
 ModelConfig parse_config(const nlohmann::json& j0, const std::string& path) {
   ModelConfig c;
   c.path = path;
@@ -120,6 +139,7 @@ ModelConfig parse_config(const nlohmann::json& j0, const std::string& path) {
   c.attention_bias = c.get<bool>("attention_bias", false);
   c.mlp_bias = c.get<bool>("mlp_bias", false);
   c.rope = parse_rope(j, path);
+  c.sliding_window = parse_sliding_window(c);
   c.partial_rotary_factor = c.get<double>("partial_rotary_factor", 1.0);
   if (j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
       j["rope_parameters"].contains("partial_rotary_factor"))

@@ -86,6 +86,12 @@ struct ModelConfig {
   double partial_rotary_factor = 1.0;
   RopeScaling rope;
   bool tie_word_embeddings = false, attention_bias = false, mlp_bias = false;
+  // Sliding-window attention as transformers applies it (0: every layer attends to the whole
+  // context): Mistral's `sliding_window` (all layers), Qwen2/Qwen3's `use_sliding_window` with the
+  // layers from `max_window_layers` on, or any `layer_types` entry "sliding_attention". A query
+  // sees the last `sliding_window` tokens, itself included. No kernel here slides, so the engine
+  // caps the context at the window (runtime/engine.cpp), where both agree exactly.
+  int64_t sliding_window = 0;
   std::vector<int32_t> eos_token_ids;
   std::optional<int32_t> bos_token_id;
 

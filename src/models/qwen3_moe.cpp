@@ -49,7 +49,6 @@ Qwen3MoeParams qwen3_moe_params(const io::ModelConfig& c) {
   TS_CHECK(!c.mlp_bias, "{}: mlp_bias=true is not supported", c.path);
   TS_CHECK(c.partial_rotary_factor == 1.0, "{}: partial_rotary_factor != 1 is not supported for {}", c.path,
            c.architecture);
-  TS_CHECK(!c.get<bool>("use_sliding_window", false), "{}: sliding-window attention is not supported", c.path);
   return p;
 }
 

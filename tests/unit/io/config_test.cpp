@@ -135,3 +135,42 @@ TEST(Config, ModelFieldGetNamesTheField) {
 }
 
 }  // namespace
+
+// Sliding-window attention as transformers decides it: Mistral's sliding_window (null: none),
+// Qwen2/Qwen3 only with use_sliding_window and a layer at or past max_window_layers, any
+// layer_types "sliding_attention"; Llama ignores the field.
+TEST(Config, SlidingWindowAsTransformersAppliesIt) {
+  auto cfg = [](const char* arch, std::initializer_list<std::pair<const char*, nlohmann::json>> fields) {
+    nlohmann::json j = base();
+    j["architectures"] = {arch};
+    for (auto& [k, v] : fields) j[k] = v;
+    return parse_config(j, "m/config.json");
+  };
+  EXPECT_EQ(cfg("MistralForCausalLM", {{"sliding_window", 4096}}).sliding_window, 4096);
+  EXPECT_EQ(cfg("MistralForCausalLM", {{"sliding_window", nullptr}}).sliding_window, 0);
+  EXPECT_EQ(cfg("MistralForCausalLM", {}).sliding_window, 0);
+  EXPECT_EQ(cfg("LlamaForCausalLM", {{"sliding_window", 4096}}).sliding_window, 0);
+  // Qwen2.5 / Qwen3 as published: use_sliding_window false, sliding_window set.
+  EXPECT_EQ(cfg("Qwen2ForCausalLM", {{"use_sliding_window", false}, {"sliding_window", 131072}}).sliding_window, 0);
+  EXPECT_EQ(cfg("Qwen3ForCausalLM", {{"use_sliding_window", true}, {"sliding_window", 512}, {"max_window_layers", 2}})
+                .sliding_window,
+            0);  // 2 layers, none at or past 2
+  EXPECT_EQ(cfg("Qwen3MoeForCausalLM", {{"use_sliding_window", true}, {"sliding_window", 512}, {"max_window_layers", 1}})
+                .sliding_window,
+            512);
+  EXPECT_EQ(cfg("Qwen2ForCausalLM", {{"layer_types", {"full_attention", "sliding_attention"}}, {"sliding_window", 256}})
+                .sliding_window,
+            256);
+  EXPECT_EQ(cfg("Qwen2ForCausalLM", {{"layer_types", {"full_attention", "full_attention"}}, {"use_sliding_window", true},
+                                     {"sliding_window", 256}, {"max_window_layers", 0}})
+                .sliding_window,
+            0);  // layer_types decides where given
+  expect_error(
+      [] {
+        nlohmann::json j = base();
+        j["architectures"] = {"MistralForCausalLM"};
+        j["sliding_window"] = 0;
+        return j;
+      }(),
+      {"sliding_window"});
+}

@@ -3,6 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "engine_test_util.h"
 #include "runtime/structured.h"
@@ -314,3 +318,38 @@ TEST(EngineHostTime, SixtyFourRunningRequests) { host_time_at(64, 48); }
 TEST(EngineHostTime, SixtyFourRunningRequestsTinyModel) { host_time_at(64, 48, TS_SOURCE_DIR "/tests/data/llama3"); }
 TEST(EngineHostTime, OneHundredSixtyRunningRequestsTinyModel) { host_time_at(160, 48, TS_SOURCE_DIR "/tests/data/llama3"); }
 }  // namespace
+
+// A Mistral checkpoint with a sliding window (Mistral-7B-v0.1: 4096) runs at most that many
+// tokens of context, where full attention equals the window's (no kernel slides): the context
+// is capped, a longer request is refused, and outputs within it match the Llama twin's.
+TEST(EngineSlidingWindow, ContextIsCappedAtTheWindow) {
+  namespace fs = std::filesystem;
+  const fs::path src = fs::path(TS_SOURCE_DIR) / "tests/data/llama3";
+  const fs::path dir = fs::temp_directory_path() / "ts_sliding_window_mistral";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const char* f : {"model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"})
+    fs::create_symlink(src / f, dir / f);
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(src / "config.json"));
+  cfg["architectures"] = {"MistralForCausalLM"};
+  cfg["model_type"] = "mistral";
+  cfg["sliding_window"] = 96;
+  std::ofstream(dir / "config.json") << cfg.dump();
+
+  EngineOptions o = small_engine();
+  o.model_dir = dir.string();
+  Engine mistral(o);
+  mistral.start();
+  EXPECT_EQ(mistral.context_length(), 96);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 90; ++i) prompt.push_back(100 + i % 50);
+  EXPECT_THROW(mistral.submit(greedy(prompt, 8)), InvalidRequest);
+  const Result in_window = collect(mistral.submit(greedy(prompt, 6)));
+  EXPECT_TRUE(in_window.error.empty()) << in_window.error;
+  o.model_dir = src.string();
+  Engine llama(o);
+  llama.start();
+  EXPECT_GT(llama.context_length(), 96);
+  EXPECT_EQ(collect(llama.submit(greedy(prompt, 6))).tokens, in_window.tokens);
+  fs::remove_all(dir);
+}
