@@ -151,6 +151,12 @@ ModelConfig parse_config(const nlohmann::json& j0, const std::string& path) {
   return c;
 }
 
+void ModelConfig::require_silu_mlp() const {
+  const std::string act = get<std::string>("hidden_act", "silu");
+  TS_CHECK(act == "silu" || act == "swish", "{}: field hidden_act = '{}' is not supported for {} (silu only)", path, act,
+           architecture);
+}
+
 void validate_config(const ModelConfig& c) {
   const std::string& path = c.path;
   auto range = [&](const char* field, int64_t v, int64_t lo, int64_t hi) {

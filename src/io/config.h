@@ -96,6 +96,9 @@ struct ModelConfig {
   std::optional<int32_t> bos_token_id;
 
   bool has(const char* key) const { return raw.contains(key) && !raw[key].is_null(); }
+  // For the model files whose MLP is SiLU-gated: hidden_act must say so ("silu" / "swish", the
+  // default when absent); another activation is a load error naming it, never silently SiLU.
+  void require_silu_mlp() const;
   template <typename T>
   T get(const char* key, T def) const {
     return has(key) ? json_field<T>(raw[key], path, key) : def;

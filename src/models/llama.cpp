@@ -34,6 +34,7 @@ LlamaParams llama_params(const io::ModelConfig& c) {
   p.tied = c.tie_word_embeddings;
   TS_CHECK(p.inter > 0, "{}: missing field intermediate_size", c.path);
   TS_CHECK(!c.mlp_bias, "{}: mlp_bias=true is not supported", c.path);
+  c.require_silu_mlp();
   TS_CHECK(c.partial_rotary_factor == 1.0, "{}: partial_rotary_factor != 1 is not supported for {}", c.path, c.architecture);
   return p;
 }

@@ -47,6 +47,7 @@ Qwen3MoeParams qwen3_moe_params(const io::ModelConfig& c) {
     p.sparse.push_back(!dense && p.experts > 0 && (l + 1) % step == 0);
   }
   TS_CHECK(!c.mlp_bias, "{}: mlp_bias=true is not supported", c.path);
+  c.require_silu_mlp();
   TS_CHECK(c.partial_rotary_factor == 1.0, "{}: partial_rotary_factor != 1 is not supported for {}", c.path,
            c.architecture);
   return p;

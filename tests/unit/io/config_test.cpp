@@ -174,3 +174,17 @@ TEST(Config, SlidingWindowAsTransformersAppliesIt) {
       }(),
       {"sliding_window"});
 }
+
+TEST(Config, HiddenActOtherThanSiluIsNamed) {
+  nlohmann::json j = base();
+  EXPECT_NO_THROW(parse_config(j, "m/config.json").require_silu_mlp());
+  j["hidden_act"] = "swish";
+  EXPECT_NO_THROW(parse_config(j, "m/config.json").require_silu_mlp());
+  j["hidden_act"] = "gelu_pytorch_tanh";
+  try {
+    parse_config(j, "m/config.json").require_silu_mlp();
+    ADD_FAILURE() << "gelu accepted";
+  } catch (const ts::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("hidden_act = 'gelu_pytorch_tanh'"), std::string::npos) << e.what();
+  }
+}
