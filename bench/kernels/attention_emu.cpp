@@ -310,6 +310,28 @@ static uint16_t rbf() {
 }
 static float bf(uint16_t u) { return __bfloat162float(__ushort_as_bfloat16(u)); }
 
+// The block table, head layout, row counts and output strides (hd_v = hd, o row stride ow).
+static void set_layout(AttnParams& p, const int32_t* bt, int max_blocks, int bs, int nkv, int G, int hd, int T, int B,
+                       int64_t ow) {
+  p.bt = bt;
+  p.bt_ld = max_blocks;
+  p.max_blocks = max_blocks;
+  p.block_size = bs;
+  p.nh = nkv * G;
+  p.nkv = nkv;
+  p.G = G;
+  p.hd = p.hd_v = hd;
+  p.o_s0 = ow;
+  p.o_s1 = hd;
+  p.T = T;
+  p.B = B;
+  p.q_vec = true;
+  p.o_vec2 = true;
+  p.bs_shift = -1;
+  for (int sh = 0; sh < 31; ++sh)
+    if ((1 << sh) == bs) p.bs_shift = sh;
+}
+
 struct Seq {
   int q_len, kv_len;
 };
@@ -377,26 +399,10 @@ static bool run_case(const std::vector<Seq>& seqs, int nkv, int G, int hd, int b
   p.v_out = f8 ? v_scale : 1.0f;
   p.cu_q = cu.data();
   p.kv_len = kvl.data();
-  p.bt = bt.data();
-  p.bt_ld = max_blocks;
-  p.max_blocks = max_blocks;
-  p.block_size = bs;
-  p.nh = nh;
-  p.nkv = nkv;
-  p.G = G;
-  p.hd = p.hd_v = hd;
+  set_layout(p, bt.data(), max_blocks, bs, nkv, G, hd, T, B, ow);
   const float scale = 1.0f / std::sqrt(float(hd));
   p.scale_log2 = scale * 1.4426950408889634f * (f8 ? k_scale : 1.0f);
   p.out = reinterpret_cast<__nv_bfloat16*>(out.data()) + 8;
-  p.o_s0 = ow;
-  p.o_s1 = hd;
-  p.T = T;
-  p.B = B;
-  p.q_vec = true;
-  p.o_vec2 = true;
-  p.bs_shift = -1;
-  for (int sh = 0; sh < 31; ++sh)
-    if ((1 << sh) == bs) p.bs_shift = sh;
   const int64_t rows = int64_t(max_q) * G;
   std::vector<float> ws;
   if (path == 3) {
@@ -582,25 +588,9 @@ static std::vector<std::vector<uint16_t>> uni_call(const UniData& d, const std::
   p.v_out = d.f8 ? d.v_scale : 1.0f;
   p.cu_q = cu.data();
   p.kv_len = kvl.data();
-  p.bt = bt.data();
-  p.bt_ld = max_blocks;
-  p.max_blocks = max_blocks;
-  p.block_size = d.bs;
-  p.nh = nh;
-  p.nkv = d.nkv;
-  p.G = d.G;
-  p.hd = p.hd_v = hd;
+  set_layout(p, bt.data(), max_blocks, d.bs, d.nkv, d.G, hd, T, B, ow);
   p.scale_log2 = 1.0f / std::sqrt(float(hd)) * 1.4426950408889634f * (d.f8 ? d.k_scale : 1.0f);
   p.out = reinterpret_cast<__nv_bfloat16*>(out.data());
-  p.o_s0 = ow;
-  p.o_s1 = hd;
-  p.T = T;
-  p.B = B;
-  p.q_vec = true;
-  p.o_vec2 = true;
-  p.bs_shift = -1;
-  for (int sh = 0; sh < 31; ++sh)
-    if ((1 << sh) == d.bs) p.bs_shift = sh;
   // As paged_attention's uniform mode: 16 rows per block, one split over the longest kv_len.
   p.d_rows = 16;
   const int chunks = int(std::max<int64_t>(1, (int64_t(max_q) * d.G + 15) / 16));
