@@ -115,6 +115,7 @@ struct AttnParams {
   int bs_shift;
   int merge_groups;
   int d_rows;
+  bool uniform, split_loop;
 };
 
 // Copies of attention.cu's helpers (kept in sync by hand: tiny).
@@ -263,6 +264,10 @@ inline void cp_async_wait() {
   }
 }
 inline float fast_exp2(float x) { return std::exp2(x); }
+// Rounded arithmetic without contraction (-std=c++20: GCC does not contract across statements).
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
 }  // namespace
 }  // namespace ts::ops::cuda
 
@@ -546,8 +551,11 @@ static UniData uni_make(const std::vector<int>& lens, int nkv, int G, int hd, in
   return d;
 }
 
-// Runs one call; returns each part's rows [rows][nh * hd] (bf16 bits).
-static std::vector<std::vector<uint16_t>> uni_call(const UniData& d, const std::vector<UniPart>& parts, int pad) {
+// Runs one call with splits of split_tiles tiles: loop = one block walks its splits (as
+// paged_attention runs queries longer than 8), else a block per split and the merge kernel (as
+// it runs decodes); returns each part's rows [rows][nh * hd] (bf16 bits).
+static std::vector<std::vector<uint16_t>> uni_call(const UniData& d, const std::vector<UniPart>& parts, int pad,
+                                                   int split_tiles, bool loop) {
   const int B = int(parts.size()), nh = d.nkv * d.G, hd = d.hd;
   std::vector<int32_t> cu{0}, kvl;
   int max_q = 0, max_kv = 0, max_blocks = 1;
@@ -591,16 +599,31 @@ static std::vector<std::vector<uint16_t>> uni_call(const UniData& d, const std::
   set_layout(p, bt.data(), max_blocks, d.bs, d.nkv, d.G, hd, T, B, ow);
   p.scale_log2 = 1.0f / std::sqrt(float(hd)) * 1.4426950408889634f * (d.f8 ? d.k_scale : 1.0f);
   p.out = reinterpret_cast<__nv_bfloat16*>(out.data());
-  // As paged_attention's uniform mode: 16 rows per block, one split over the longest kv_len.
+  // As paged_attention's uniform mode: 16 rows per block, fixed splits from token 0.
   p.d_rows = 16;
+  p.uniform = true;
+  p.split_loop = loop;
   const int chunks = int(std::max<int64_t>(1, (int64_t(max_q) * d.G + 15) / 16));
   const int64_t tiles = std::max<int64_t>(1, (max_kv + kDTile - 1) / kDTile);
-  p.num_splits = 1;
-  p.split_len = int(tiles * kDTile);
-  run_grid({1u, unsigned(d.nkv * chunks), unsigned(B + 1)}, kDThreads, [&] {
-    if (hd == 64) d.f8 ? attn_decode_kernel<64, true>(p, chunks) : attn_decode_kernel<64, false>(p, chunks);
-    else d.f8 ? attn_decode_kernel<128, true>(p, chunks) : attn_decode_kernel<128, false>(p, chunks);
+  const int ns = loop ? 1 : int((tiles + split_tiles - 1) / split_tiles);
+  p.num_splits = ns;
+  p.split_len = split_tiles * kDTile;
+  std::vector<float> ws;
+  if (!loop) {
+    ws.assign(size_t(ns) * T * nh * (hd + 2), std::nanf(""));
+    p.part_o = ws.data();
+    p.part_ml = ws.data() + size_t(ns) * T * nh * hd;
+  }
+  run_grid({unsigned(ns), unsigned(d.nkv * chunks), unsigned(B + 1)}, kDThreads, [&] {
+    if (hd == 64) d.f8 ? attn_decode_kernel<64, true, true>(p, chunks) : attn_decode_kernel<64, false, true>(p, chunks);
+    else d.f8 ? attn_decode_kernel<128, true, true>(p, chunks) : attn_decode_kernel<128, false, true>(p, chunks);
   });
+  if (!loop) {
+    p.merge_groups = 1;
+    const int rpb = kMThreads / (hd / 4);
+    run_grid({unsigned((std::max(max_q, 1) * nh + rpb - 1) / rpb), unsigned(B), 1}, kMThreads,
+             [&] { attn_merge_kernel(p); });
+  }
   std::vector<std::vector<uint16_t>> res;
   for (int b = 0; b < B; ++b)
     res.emplace_back(out.begin() + cu[size_t(b)] * ow, out.begin() + cu[size_t(b) + 1] * ow);
@@ -651,7 +674,7 @@ static double uni_ref_err(const UniData& d, int seq, int pos, const uint16_t* go
 // Sequence 0 (length L) computed five ways -- its whole prompt at once; in uneven chunks; in
 // chunks beside other sequences and decodes (a mixed batch); its last rows as decodes in a
 // batch; as a 1-row prefill after a cached prefix -- must give identical bits per row.
-static bool run_uniform_case(int L, int nkv, int G, int hd, int bs, bool f8) {
+static bool run_uniform_case(int L, int nkv, int G, int hd, int bs, bool f8, int split_tiles) {
   UniData d = uni_make({L, 150, 70}, nkv, G, hd, bs, f8);
   const int row = nkv * G * hd;
   std::vector<std::vector<uint16_t>> ref(static_cast<size_t>(L));
@@ -678,39 +701,42 @@ static bool run_uniform_case(int L, int nkv, int G, int hd, int bs, bool f8) {
       if (parts[i].seq == 0)
         for (int r = 0; r < parts[i].rows; ++r) check(parts[i].first + r, &res[i][size_t(r) * row], how);
   };
-  {  // whole prompt
+  const int S = split_tiles;
+  {  // whole prompt: one block walks each row chunk's splits
     std::vector<UniPart> parts{{0, 0, L}};
-    take(uni_call(d, parts, 0), parts, "whole");
+    take(uni_call(d, parts, 0, S, true), parts, "whole (split loop)");
   }
-  {  // uneven chunks, each its own call
-    for (int a = 0; a < L;) {
+  {  // uneven chunks, each its own call, alternating the two split schedules
+    bool loop = false;
+    for (int a = 0; a < L; loop = !loop) {
       const int n = std::min(L - a, a == 0 ? 37 : 61);
       std::vector<UniPart> parts{{0, a, n}};
-      take(uni_call(d, parts, 1), parts, "chunked");
+      take(uni_call(d, parts, 1, S, loop), parts, loop ? "chunked (split loop)" : "chunked (split blocks + merge)");
       a += n;
     }
   }
   {  // mixed batches: decodes of seq 1 first, then seq 0's chunk, then seq 2's prefill
-    for (int a = 0; a < L;) {
+    bool loop = true;
+    for (int a = 0; a < L; loop = !loop) {
       const int n = std::min(L - a, 23);
       std::vector<UniPart> parts{{1, 100 + a % 40, 1}, {1, 120, 1}, {0, a, n}, {2, 0, 70}};
-      take(uni_call(d, parts, 3), parts, "mixed");
+      take(uni_call(d, parts, 3, S, loop), parts, loop ? "mixed (split loop)" : "mixed (split blocks + merge)");
       a += n;
     }
   }
   {  // decodes in a batch (the last 5 rows), and a 1-row prefill after its cached prefix
     for (int pos = L - 5; pos < L; ++pos) {
       std::vector<UniPart> parts{{2, 0, 9}, {0, pos, 1}, {1, 149, 1}};
-      take(uni_call(d, parts, 0), parts, "decode");
+      take(uni_call(d, parts, 0, S, false), parts, "decode (split blocks + merge)");
       std::vector<UniPart> solo{{0, pos, 1}};
-      take(uni_call(d, solo, 0), solo, "decode alone");
+      take(uni_call(d, solo, 0, S, pos % 2 == 0), solo, "decode alone");
     }
   }
   double worst = 0;
   for (int pos : {0, 1, L / 2, L - 1}) worst = std::max(worst, uni_ref_err(d, 0, pos, ref[size_t(pos)].data()));
   ok = ok && worst < 1e-2;
-  std::printf("%s uniform L=%d nkv=%d G=%d hd=%d bs=%d fp8=%d: %d rows compared across calls, err=%.2e\n",
-              ok ? "OK  " : "FAIL", L, nkv, G, hd, bs, int(f8), compared, worst);
+  std::printf("%s uniform L=%d nkv=%d G=%d hd=%d bs=%d fp8=%d split=%d tiles: %d rows compared across calls, err=%.2e\n",
+              ok ? "OK  " : "FAIL", L, nkv, G, hd, bs, int(f8), S, compared, worst);
   return ok;
 }
 
@@ -720,10 +746,11 @@ int main(int argc, char** argv) {
   bool ok = true;
   // Uniform (deterministic) mode first: G 1 / 4 / 12 (a row's heads over several blocks), block
   // sizes 16 / 64 / 24, FP8 caches.
-  ok &= run_uniform_case(200, 2, 4, 64, 16, false);
-  ok &= run_uniform_case(131, 1, 12, 128, 64, false);
-  ok &= run_uniform_case(150, 2, 1, 128, 24, false);
-  ok &= run_uniform_case(140, 1, 4, 64, 16, true);
+  // Splits of 1 and 2 tiles (64 / 128 tokens) so every case spans several.
+  ok &= run_uniform_case(200, 2, 4, 64, 16, false, 1);
+  ok &= run_uniform_case(131, 1, 12, 128, 64, false, 2);
+  ok &= run_uniform_case(150, 2, 1, 128, 24, false, 1);
+  ok &= run_uniform_case(140, 1, 4, 64, 16, true, 2);
   if (uniform_only) {
     std::printf(ok ? "ALL OK\n" : "SOME FAILED\n");
     return ok ? 0 : 1;

@@ -4,7 +4,8 @@
 //  - linear / the fused decode ops / the LM head: rows of an M-row call equal the same rows of
 //    a 1-, 2-, 3-, 8-... row call (one cuBLASLt algorithm per shape, no GEMV);
 //  - paged attention: a sequence's rows equal across its prompt at once, in uneven chunks, in a
-//    mixed batch behind decodes, and as decodes (uniform mode: one split, 16 rows per block);
+//    mixed batch behind decodes, and as decodes (uniform mode: fixed 1024-token splits, 16 rows
+//    per block; decodes take a block per split + the merge, longer queries one block per chunk);
 //    bf16 and FP8 caches; MLA (one split) likewise;
 //  - the engine on the demo model, CUDA graphs on: tokens and logprob bits under chunking,
 //    mixed batches and retraction equal one-at-a-time runs.
@@ -194,7 +195,9 @@ TEST(DeterministicOps, AttentionAndMlaRowsDoNotDependOnChunkingOrBatch) {
   };
   // The last two: MLA (DeepSeek-V3's absorbed form: one latent head of D = 576, rank 512, 16
   // query heads) over bf16 and FP8 latent caches.
+  // 2600 / 1500 tokens span 3 / 2 of uniform mode's 1024-token splits.
   for (const Case& c : {Case{700, 8, 4, 128, 64, false}, Case{333, 2, 8, 64, 16, false}, Case{520, 4, 4, 128, 16, true},
+                        Case{2600, 8, 4, 128, 64, false}, Case{1500, 2, 8, 64, 16, true},
                         Case{410, 1, 16, 576, 64, false}, Case{300, 1, 16, 576, 16, true}}) {
     AttnWorld w = make_world({c.L, 300, 90}, c.nkv, c.G, c.hd, c.bs, c.fp8);
     if (c.hd == 576) w.mla_rank = 512;

@@ -93,6 +93,10 @@ struct AttnParams {
   // v2 decode: packed rows per block (0: kDRows). SplitKvOptions::uniform sets 16, so every
   // block runs one m16 tile over 4 warps whatever the query length (attention_v2.cuh).
   int d_rows;
+  // Uniform (deterministic) mode: fixed split_len from token 0, splits folded in order by the
+  // running merge (attention_v2.cuh uni_*); split_loop: one block walks its splits (prefill
+  // rows), else a block per split and attn_merge_kernel folds their partials (decode rows).
+  bool uniform, split_loop;
 };
 
 // Rows past cu_q[B] are padding: written as zeros (as the CPU reference does) by the blocks of
@@ -517,6 +521,13 @@ template <int HD, bool F8>
 void decode_launch(const AttnParams& p, int chunks) {
   constexpr size_t smem = dec_smem<HD, F8>();
   (void)decode_occupancy<HD, F8>();  // also opts the kernel into its smem size
+  if (p.uniform) {
+    static std::atomic<uint32_t> done{0};  // per device
+    if (once_per_device(done)) set_smem(attn_decode_kernel<HD, F8, true>, smem);
+    launch(attn_decode_kernel<HD, F8, true>, dim3(unsigned(p.num_splits), unsigned(p.nkv * chunks), unsigned(p.B + 1)),
+           dim3(kDThreads), smem, true, p, chunks);
+    return;
+  }
   launch(attn_decode_kernel<HD, F8>,
          dim3(unsigned(p.num_splits), unsigned(p.nkv * chunks), unsigned(p.B + 1)),
          dim3(kDThreads), smem, true, p, chunks);
@@ -636,7 +647,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   TS_CHECK(!split.uniform || v2_ok,
            "paged_attention: deterministic inference needs head dims 64 or 128 with hd_v == hd and aligned caches "
            "(got {} / {})", hd, hd_v);
-  if (!split.uniform && policy.attn_path == 0 && v2_ok && meta.max_q_len > kDecodeMaxQLen && meta.lead_decode_seqs > 0 &&
+  if (policy.attn_path == 0 && v2_ok && meta.max_q_len > kDecodeMaxQLen && meta.lead_decode_seqs > 0 &&
       meta.lead_decode_seqs < B && meta.lead_decode_max_q <= kDecodeMaxQLen && meta.lead_decode_rows > 0 &&
       meta.lead_decode_rows <= T) {
     const int64_t nd = meta.lead_decode_seqs;
@@ -692,7 +703,15 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
     // once, so decode steps do not grow (allocate) it as their contexts lengthen.
     int64_t ws_splits = 1;
     if (split.uniform) {
-      splits = 1;
+      // Fixed splits of kUniformSplitTiles tiles from token 0. Decode rows: a block per split
+      // (the long-context parallelism) and the merge kernel folds them; longer queries: one block
+      // per row chunk walks its splits (no partials for thousands of rows). Same bits either way.
+      p.uniform = true;
+      p.split_len = kUniformSplitTiles * kDTile;
+      p.split_loop = meta.max_q_len > kDecodeMaxQLen;
+      splits = p.split_loop ? 1 : ceil_div(tiles, int64_t(kUniformSplitTiles));
+      TS_CHECK(splits <= 0x7fffffff, "paged_attention: bad split");
+      p.num_splits = int(splits);
     } else if (policy.attn_splits <= 0 && split.target > 0) {
       // Batch-invariant splits: each sequence's split length comes from its own kv_len on the
       // device (seq_split_len), never from the batch; the grid covers the most any sequence up to
@@ -716,14 +735,17 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
                                    std::max<int64_t>(1, std::min<int64_t>(tiles / kDecodeMinSplitTiles, kDecodeMaxSplits)));
       ws_splits = std::clamp<int64_t>(target / base, 1, kDecodeMaxSplits);
     }
-    if (p.split_target == 0) {
+    if (p.split_target == 0 && !p.uniform) {
       const int64_t split_len = ceil_div(tiles, splits) * kDTile;
       splits = ceil_div(tiles * kDTile, split_len);
       TS_CHECK(splits <= 0x7fffffff && split_len <= 0x7fffffff, "paged_attention: bad split");
       p.num_splits = int(splits);
       p.split_len = int(split_len);
     }
-    if (splits > 1) {
+    // Partials + merge: several splits, or every uniform-mode launch without split_loop (its
+    // rows' splits fold in the merge kernel even when there is one).
+    const bool partials = p.uniform ? !p.split_loop : splits > 1;
+    if (partials) {
       const size_t n_o = size_t(splits) * size_t(T) * size_t(nh) * size_t(hd_v);
       const size_t n_ml = size_t(splits) * size_t(T) * size_t(nh) * 2;
       const size_t cap = size_t(std::max(splits, ws_splits)) * size_t(T) * size_t(nh) * size_t(hd_v + 2);
@@ -733,15 +755,16 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
     }
     if (hd == 64) f8 ? decode_launch<64, true>(p, int(chunks)) : decode_launch<64, false>(p, int(chunks));
     else f8 ? decode_launch<128, true>(p, int(chunks)) : decode_launch<128, false>(p, int(chunks));
-    if (splits > 1) {
+    if (partials) {
       // ~kMergeSplitsPerThread splits per thread: groups = pow2 >= splits / that, capped so a
-      // row (hd_v / 4 columns x groups) fits the block.
+      // row (hd_v / 4 columns x groups) fits the block. Uniform mode: one group (the fold is
+      // sequential by design).
       const int nc = int(hd_v / 4);
       int groups = 1;
       // Batch-invariant mode: from the policy's split bound, not the grid, so a row's partials
       // are summed in the same order under any batch or bound.
       const int64_t gs = p.split_target > 0 ? int64_t(p.split_target) : splits;
-      while (groups * nc < kMThreads && groups * kMergeSplitsPerThread < gs) groups *= 2;
+      while (!p.uniform && groups * nc < kMThreads && groups * kMergeSplitsPerThread < gs) groups *= 2;
       p.merge_groups = groups;
       const int rpb = kMThreads / (nc * groups);
       const int64_t mx = ceil_div(int64_t(std::max(meta.max_q_len, 1)) * nh, rpb);

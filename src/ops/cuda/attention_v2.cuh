@@ -134,12 +134,15 @@ __device__ __forceinline__ uint32_t pack_kv(float lo, float hi) {
 // every KV tile, each keeping its own online softmax; the warps of an m16 tile are merged
 // through smem at the end. One split: normalised bf16 out; several: fp32 partials (o unnormalised,
 // m in the log2 domain, l) merged by attn_merge_kernel.
-// Uniform mode (p.d_rows = 16, one split: SplitKvOptions::uniform, the deterministic mode): every
-// block is one m16 tile served by 4 warps, so a row's arithmetic is fixed by its own position:
-// its tokens [0, pos] are cut into the same 64-token tiles and 16-token warp slices from token 0,
-// and the tokens a block walks past a row's position (its other rows' causal ranges, a longer
-// kv_len) are masked to exact no-ops (p = 0, alpha = 1). So a row's output is bit-identical
-// whatever its chunk's length, the batch around it, or whether it is a decode or a prefill row.
+// Uniform mode (UNI, p.uniform: SplitKvOptions::uniform, the deterministic mode): every block is
+// one m16 tile (16 rows) served by 4 warps, and splits are fixed token ranges of split_len from
+// token 0, so a row's arithmetic is fixed by its own position: its tokens [0, pos] are cut into
+// the same splits, 64-token tiles and 16-token warp slices whatever the call, the tokens a block
+// walks past a row's position (its other rows' causal ranges, a longer kv_len) are masked to
+// exact no-ops (p = 0, alpha = 1), and its splits fold in order through one running merge
+// (uni_fold) -- inside the block (split_loop) or in attn_merge_kernel -- where an empty split is
+// a no-op too. So a row's output is bit-identical whatever its chunk's length, the batch around
+// it, or whether it is a decode or a prefill row.
 // F8: e4m3 caches staged in a kDStages ring and converted into one f16 tile per KV tile (two
 // block syncs per tile; load_kv_tile_f8), the MMAs in f16; k's scale is in scale_log2, v's in
 // v_out.
@@ -147,6 +150,9 @@ constexpr int kDTile = 64;
 constexpr int kDStages = 3;
 constexpr int kDThreads = 128;
 constexpr int kDRows = 64;
+// Uniform (deterministic) mode: split length in tiles (1024 tokens). A batch-1 decode at 32k then
+// runs 32 splits per KV head, about one wave of blocks on an H100/H200.
+constexpr int kUniformSplitTiles = 16;
 
 // Split length (tokens) of sequence b's KV range. Batch-invariant mode (split_target > 0): from
 // the sequence's own kv_len alone — tiles per split = max(min_tiles, ceil(tiles / target)), so a
@@ -157,6 +163,24 @@ __device__ __forceinline__ int seq_split_len(const AttnParams& p, int kv_len) {
   if (p.split_target <= 0) return p.split_len;
   const int tiles = max(1, (kv_len + kDTile - 1) / kDTile);
   return max(p.split_min_tiles, (tiles + p.split_target - 1) / p.split_target) * kDTile;
+}
+
+// Uniform mode's fixed-split merge (attention_v2 "uniform", SplitKvOptions::uniform): a row's
+// splits s = 0, 1, ... (fixed token ranges [s * split_len, +split_len)) fold into a running
+// (M, L, O) in that order, whether one block walks the splits (split_loop) or each split is its
+// own block and attn_merge_kernel folds their partials: the same operations on the same values,
+// so the same bits. Rounded explicitly (_rn: no FMA contraction that could differ between the two
+// kernels); an empty split (m = -inf, l = 0, o = 0) is an exact no-op.
+__device__ __forceinline__ void uni_weights(float m_run, float m_s, float& m_new, float& a, float& b) {
+  m_new = fmaxf(m_run, m_s);
+  a = m_run == -INFINITY ? 0.0f : fast_exp2(m_run - m_new);
+  b = m_s == -INFINITY ? 0.0f : fast_exp2(m_s - m_new);
+}
+__device__ __forceinline__ float uni_fold(float x_run, float a, float x_s, float b) {
+  return __fadd_rn(__fmul_rn(x_run, a), __fmul_rn(x_s, b));
+}
+__device__ __forceinline__ float uni_out(float o, float l, float v_out) {
+  return l > 0.0f ? __fmul_rn(__fdiv_rn(o, l), v_out) : 0.0f;
 }
 
 // bf16 tiles of the compute: the ring's stages (bf16 caches) or the one converted tile (F8).
@@ -173,7 +197,10 @@ constexpr size_t dec_smem() {
   return pipe > comb ? pipe : comb;
 }
 
-template <int HD, bool F8>
+// UNI: uniform mode (p.uniform; 16 rows per block, fixed split_len, always partials or the
+// running merge, never the per-grid single-split shortcut); a separate instantiation, so the
+// default kernel is compiled as before.
+template <int HD, bool F8, bool UNI = false>
 __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p, int chunks) {
   constexpr int LD = HD + 8, NB = dec_bf16_stages<F8>();
   TS_DYN_SMEM(smraw);
@@ -192,7 +219,11 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
   const int d_rows = p.d_rows > 0 ? p.d_rows : kDRows;
   const int rows_total = q_len * p.G, r0 = chunk * d_rows;
   const int split_len = seq_split_len(p, kv_len);
-  const int t_begin = split * split_len;
+  // Uniform mode with split_loop: this block walks the splits 0..s_last itself (the grid has
+  // one); otherwise it computes the grid's split.
+  const bool loop = UNI && p.split_loop;
+  int cur = loop ? 0 : split;
+  int t_begin = cur * split_len;
   // Splits at or past the real length write nothing (the merge reads only live splits); split 0
   // always runs, so a (degenerate) empty sequence still gets its zero rows.
   if (r0 >= rows_total || (split > 0 && t_begin >= kv_len)) return;
@@ -200,8 +231,10 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
   const int off = kv_len - q_len;                       // position of query 0
   const int min_pos = off + r0 / p.G;                   // first row's position
   const int max_pos = off + (r0 + nrows - 1) / p.G;     // last row's position
-  const int t_end = min(min(t_begin + split_len, kv_len), max_pos + 1);
-  const int n_tiles = t_end > t_begin ? (t_end - t_begin + kDTile - 1) / kDTile : 0;
+  const int t_stop = min(kv_len, max_pos + 1);          // no row of the block reads past it
+  const int s_last = loop ? max(t_stop - 1, 0) / split_len : cur;
+  int t_end = min(t_begin + split_len, t_stop);
+  int n_tiles = t_end > t_begin ? (t_end - t_begin + kDTile - 1) / kDTile : 0;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int gq = lane >> 2, tq = lane & 3;
@@ -222,12 +255,15 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
       load_kv_tile<HD, kDTile, kDThreads>(p, b, g, t_begin + t * kDTile, t_end, sK + st * kDTile * LD,
                                           sV + st * kDTile * LD);
   };
-  // Prologue: start the first kDStages-1 tiles.
+  // Prologue: start the first kDStages-1 tiles of the split.
+  auto prologue = [&]() {
 #pragma unroll
-  for (int s = 0; s < kDStages - 1; ++s) {
-    if (s < n_tiles) load_stage(s, s);
-    cp_async_commit();
-  }
+    for (int s = 0; s < kDStages - 1; ++s) {
+      if (s < n_tiles) load_stage(s, s);
+      cp_async_commit();
+    }
+  };
+  prologue();
 
   // This thread's rows (mt*16 + gq, + 8) and Q fragments (registers for the whole split).
   int pos[2];
@@ -257,6 +293,14 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
       }
   }
 
+  // split_loop: the running (M, L, O) of this thread's output elements i = tid + j * kDThreads
+  // (j < HD / 8: 16 rows x HD over the block's threads), folded split by split (uni_fold).
+  constexpr int NJ = UNI ? HD / 8 : 1;
+  float run_o[NJ], run_m[NJ], run_l[NJ];
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) run_o[j] = 0.0f, run_m[j] = -INFINITY, run_l[j] = 0.0f;
+
+  for (;;) {  // once, or (split_loop) once per split
   float o[HD / 8][4];
 #pragma unroll
   for (int i = 0; i < HD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
@@ -340,7 +384,7 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
   }
   cp_async_wait<0>();
   __syncthreads();  // all warps done with the ring: reuse it for the cross-warp merge
-  pdl_trigger();
+  if (cur == s_last) pdl_trigger();
 
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -362,7 +406,7 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
   __syncthreads();
   // One split: the normalised output straight away. Batch-invariant mode decides per sequence
   // (its own split count), so a sequence rounds the same whatever the grid is.
-  const bool single = p.split_target > 0 ? kv_len <= split_len : p.num_splits == 1;
+  const bool single = UNI ? false : p.split_target > 0 ? kv_len <= split_len : p.num_splits == 1;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int rr = gq + 8 * i;
@@ -385,6 +429,34 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
     }
   }
   __syncthreads();
+  if constexpr (UNI) {
+    if (loop) {
+      // Fold this split's (rowM, rowL, acc) -- the partial a split block would write -- into the
+      // running merge, as attn_merge_kernel does in uniform mode.
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) {
+        const int i = tid + j * kDThreads;
+        if (i < nrows * HD) {
+          const int r = i / HD, d = i % HD, rm = r >> 4, rr = r & 15;
+          float acc = 0.0f;
+          for (int k = 0; k < WPM; ++k) acc += co[((rm * WPM + k) * 16 + rr) * (HD + 4) + d];
+          float mn, wa, wb;
+          uni_weights(run_m[j], rowM[r], mn, wa, wb);
+          run_o[j] = uni_fold(run_o[j], wa, acc, wb);
+          run_l[j] = uni_fold(run_l[j], wa, rowL[r], wb);
+          run_m[j] = mn;
+        }
+      }
+      if (cur == s_last) break;
+      __syncthreads();  // co / rowM / rowL read: the next split's loads reuse the ring
+      ++cur;
+      t_begin = cur * split_len;
+      t_end = min(t_begin + split_len, t_stop);
+      n_tiles = t_end > t_begin ? (t_end - t_begin + kDTile - 1) / kDTile : 0;
+      prologue();
+      continue;
+    }
+  }
   for (int i = tid; i < nrows * HD; i += kDThreads) {
     const int r = i / HD, d = i % HD, rm = r >> 4, rr = r & 15;
     float acc = 0.0f;
@@ -399,6 +471,20 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
       if (d == 0) {
         p.part_ml[row * 2] = rowM[r];
         p.part_ml[row * 2 + 1] = rowL[r];
+      }
+    }
+  }
+  break;
+  }  // splits
+  if constexpr (UNI) {
+    if (loop) {
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) {
+        const int i = tid + j * kDThreads;
+        if (i < nrows * HD) {
+          const int r = i / HD, d = i % HD, pr = r0 + r, qi = pr / p.G, h = g * p.G + pr % p.G;
+          p.out[int64_t(q0 + qi) * p.o_s0 + int64_t(h) * p.o_s1 + d] = __float2bfloat16(uni_out(run_o[j], run_l[j], p.v_out));
+        }
       }
     }
   }
@@ -430,6 +516,29 @@ __global__ void __launch_bounds__(kMThreads) attn_merge_kernel(AttnParams p) {
   // Batch-invariant mode: a one-split sequence was written by the decode kernel (uniform over
   // the block: one sequence per blockIdx.y).
   if (p.split_target > 0 && kv_len <= split_len) return;
+  if (p.uniform) {
+    // Uniform mode (merge_groups 1): the row's live splits folded in order, exactly as a
+    // split_loop block folds them (uni_fold); no block-wide reduction, so no sync to meet.
+    pdl_trigger();
+    if (!live) return;
+    const int n = min(p.num_splits, (kv_len + split_len - 1) / split_len);
+    const int64_t stride1 = int64_t(p.T) * p.nh, base1 = tok * p.nh + h;
+    float M = -INFINITY, L = 0.0f, O[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int s = 0; s < n; ++s) {
+      const int64_t r = s * stride1 + base1;
+      const float ms = p.part_ml[r * 2], ls = p.part_ml[r * 2 + 1];
+      float mn, wa, wb;
+      uni_weights(M, ms, mn, wa, wb);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) O[e] = uni_fold(O[e], wa, p.part_o[r * p.hd_v + c * 4 + e], wb);
+      L = uni_fold(L, wa, ls, wb);
+      M = mn;
+    }
+    __nv_bfloat16* orow = p.out + tok * p.o_s0 + int64_t(h) * p.o_s1 + c * 4;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) orow[e] = __float2bfloat16(uni_out(O[e], L, p.v_out));
+    return;
+  }
   const int n_live = live ? min(p.num_splits, (kv_len + split_len - 1) / split_len) : 0;
   const int64_t stride = int64_t(p.T) * p.nh;  // rows per split
   const int64_t base = tok * p.nh + h;

@@ -15,11 +15,13 @@ struct SplitKvOptions {
   int min_tiles = 0;
   // The deterministic mode (`--enable-deterministic-inference`, LaunchConfig::batch_invariant;
   // target / min_tiles unused): every row, of any query length, through the split-KV kernel
-  // with one split and 16 rows per block (attention_v2.cuh, "uniform mode"): a row's output
-  // depends on its own query, position and KV only -- not on the batch, the chunking of its
-  // prompt, a mixed batch's decode/prefill split or the graph bucket. SGLang's FA3 backend
-  // does the same (num_splits = 1). Its cost: no KV split for long contexts at small batches,
-  // and prefill on a decode kernel. Needs the v2 head dims (64/128, hd_v == hd).
+  // with 16 rows per block and fixed 1024-token splits from token 0 folded in order by one
+  // running merge (attention_v2.cuh, "uniform mode"; decode rows: a block per split, then the
+  // merge kernel; longer queries: one block walks its splits): a row's output depends on its
+  // own query, position and KV only -- not on the batch, the chunking of its prompt, a mixed
+  // batch's decode/prefill split or the graph bucket. Its cost: prefill on a decode kernel, and
+  // splits fixed by length rather than sized to fill the GPU. Needs the v2 head dims (64/128,
+  // hd_v == hd).
   bool uniform = false;
 };
 
