@@ -73,7 +73,7 @@ void add_engine_flags(CLI::App& app, EngineOptions& o) {
   app.add_flag("--disable-pdl", o.disable_pdl, "no programmatic dependent launch");
   app.add_flag("--enable-deterministic-inference", o.enable_deterministic_inference,
                "batch-invariant kernels: a request's output is bit-identical alone or under any load, chunking or graph "
-               "bucket (CUDA: one GEMM algorithm per shape, no GEMV/fused decode kernels, one-split attention; slower. "
+               "bucket (CUDA: one GEMM algorithm per shape, no GEMV/fused decode kernels, fixed-split attention; slower. "
                "The CPU backend is batch-invariant always)");
   // The parallel flags fill a ParallelOptions owned by the parse callback until EngineOptions
   // embeds one (then: add_parallel_flags(app, o.parallel)).

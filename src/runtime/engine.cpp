@@ -396,8 +396,8 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   }
   if (o.enable_deterministic_inference)
     spdlog::info("deterministic inference: batch-invariant kernels ({})",
-                 device == Device::cuda ? "one GEMM algorithm per shape, no GEMV / fused decode kernels, uniform "
-                                          "one-split attention"
+                 device == Device::cuda ? "one GEMM algorithm per shape, no GEMV / fused decode kernels, "
+                                          "fixed-split attention"
                                         : "the CPU backend's own");
   TpModels tpm;
   if (po.world_size() > 1) {  // one shard per rank (GPUs or CPU threads), tp_workers.h
