@@ -429,6 +429,15 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
     }
   }
   __syncthreads();
+  // Element (r, d) of this split's unnormalised output: its warps' weighted o, summed in warp
+  // order. One expression for the partial a split block writes and the value split_loop folds, so
+  // the two uniform-mode schedules agree bit for bit.
+  auto split_out = [&](int r, int d) {
+    const int rm = r >> 4, rr = r & 15;
+    float acc = 0.0f;
+    for (int k = 0; k < WPM; ++k) acc += co[((rm * WPM + k) * 16 + rr) * (HD + 4) + d];
+    return acc;
+  };
   if constexpr (UNI) {
     if (loop) {
       // Fold this split's (rowM, rowL, acc) -- the partial a split block would write -- into the
@@ -437,9 +446,8 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
       for (int j = 0; j < NJ; ++j) {
         const int i = tid + j * kDThreads;
         if (i < nrows * HD) {
-          const int r = i / HD, d = i % HD, rm = r >> 4, rr = r & 15;
-          float acc = 0.0f;
-          for (int k = 0; k < WPM; ++k) acc += co[((rm * WPM + k) * 16 + rr) * (HD + 4) + d];
+          const int r = i / HD, d = i % HD;
+          const float acc = split_out(r, d);
           float mn, wa, wb;
           uni_weights(run_m[j], rowM[r], mn, wa, wb);
           run_o[j] = uni_fold(run_o[j], wa, acc, wb);
@@ -458,9 +466,8 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
     }
   }
   for (int i = tid; i < nrows * HD; i += kDThreads) {
-    const int r = i / HD, d = i % HD, rm = r >> 4, rr = r & 15;
-    float acc = 0.0f;
-    for (int k = 0; k < WPM; ++k) acc += co[((rm * WPM + k) * 16 + rr) * (HD + 4) + d];
+    const int r = i / HD, d = i % HD;
+    const float acc = split_out(r, d);
     const int pr = r0 + r, qi = pr / p.G, h = g * p.G + pr % p.G;
     const int64_t tok = q0 + qi;
     if (single) {

@@ -379,10 +379,16 @@ void rope_kv_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor* wq, cons
 bool fuses_norm_gemv(int64_t rows) { return rows >= 1 && rows <= kNormMaxM && !launch_config().batch_invariant; }
 
 namespace {
+// A fused decode GEMV may run: the policy does not force the GEMM path, and the thread is not in
+// the deterministic mode (LaunchConfig::batch_invariant: the GEMV's dot order is not the GEMM's).
+bool gemv_allowed(const KernelPolicy& policy) {
+  return policy.linear != LinearPath::cublaslt && !launch_config().batch_invariant;
+}
+
 // A weight kept as stored (FP8, NVFP4) takes the tensor-core decode GEMV with this epilogue where
 // it applies (quant_linear.h), unless the policy asks for the GEMM path.
 bool quant_fuses(const Tensor& x, const LinearWeight& w, const Tensor* norm_w, const KernelPolicy& policy) {
-  return policy.linear != LinearPath::cublaslt && !launch_config().batch_invariant &&
+  return gemv_allowed(policy) &&
          quant_decode_automatic(x, w, norm_w != nullptr) &&
          (!norm_w || norm_weight_ok(norm_w, x.size(-1)));
 }
@@ -408,7 +414,7 @@ void linear_silu_mul(const Tensor& x, const LinearWeight& w, Tensor& out, Tensor
     if (quant_fuses(x, w, in_norm, policy)) return quant_decode_gemv(x, w, in_norm, eps, DecodeEpilogue::silu_mul, out);
   } else {
     const bool small_w = N2 * K * 2 <= kSmallBytes || policy.linear == LinearPath::gemv;
-    const bool gemv = policy.linear != LinearPath::cublaslt && !launch_config().batch_invariant &&
+    const bool gemv = gemv_allowed(policy) &&
                       M <= (small_w ? kMaxMSmall : kMaxM) &&
                       vec8_ok(x.data, K, x.row_stride()) && vec8_ok(w.data, K, w.row_stride());
     if (gemv && (!norm || norm_fusable(M, x, in_norm))) {
@@ -452,7 +458,7 @@ void rmsnorm_linear(const Tensor& x, const Tensor& norm_w, float eps, const Line
     quant_linear(x_scratch, w, out, bias, policy);
     return;
   }
-  const bool fused = policy.linear != LinearPath::cublaslt && !launch_config().batch_invariant && N <= 0x7fffffff &&
+  const bool fused = gemv_allowed(policy) && N <= 0x7fffffff &&
                      K <= 0x7fffffff && vec8_ok(x.data, K, x.row_stride()) && vec8_ok(w.data, K, w.row_stride()) &&
                      norm_fusable(M, x, &norm_w) && bias_ok;
   if (fused) {
@@ -483,7 +489,7 @@ void linear_add(const Tensor& x, const LinearWeight& w, Tensor& residual, Tensor
     cuda::add_inplace(residual, scratch);
     return;
   }
-  const bool fused = policy.linear != LinearPath::cublaslt && !launch_config().batch_invariant && M <= kNormMaxM &&
+  const bool fused = gemv_allowed(policy) && M <= kNormMaxM &&
                      N <= 0x7fffffff && K <= 0x7fffffff && vec8_ok(x.data, K, x.row_stride()) &&
                      vec8_ok(w.data, K, w.row_stride());
   if (fused) {
