@@ -5,7 +5,8 @@
 // an fp64 reference. For logic checks without a GPU (indices, masks, pipeline, split merge);
 // and for the deterministic mode's uniform attention, bit-identical rows under any chunking or
 // batch. Built with CUDA on (target attention_emu); ctest emulator.attention_uniform runs
-// `attention_emu uniform` (those cases only); the whole list by hand:
+// `attention_emu uniform` (those cases only), emulator.attention_window `attention_emu window`
+// (sliding-window cases); the whole list by hand:
 //   g++ -std=c++20 -O1 -pthread -w -DTS_ATTN_EMU -I src -I /usr/local/cuda/include \
 //       bench/kernels/attention_emu.cpp -o /tmp/attention_emu && /tmp/attention_emu
 #include <cuda_bf16.h>
@@ -116,6 +117,7 @@ struct AttnParams {
   int merge_groups;
   int d_rows;
   bool uniform, split_loop;
+  int window;
 };
 
 // Copies of attention.cu's helpers (kept in sync by hand: tiny).
@@ -343,8 +345,9 @@ struct Seq {
 
 // path 3: decode (forced splits; 0 = 1 split), 4/5/6: prefill variants.
 // fp8: e4m3 caches (kv_fp8.cuh) with per-tensor scales k_scale / v_scale (0: bf16 caches).
+// window > 0: sliding-window attention (keys (pos - window, pos]).
 static bool run_case(const std::vector<Seq>& seqs, int nkv, int G, int hd, int bs, int path, int splits,
-                     int pad, int bound = 0, float k_scale = 0.0f, float v_scale = 0.0f) {
+                     int pad, int bound = 0, float k_scale = 0.0f, float v_scale = 0.0f, int window = 0) {
   const bool f8 = k_scale > 0.0f;
   const int B = int(seqs.size()), nh = nkv * G;
   std::vector<int32_t> cu{0}, kvl;
@@ -404,6 +407,7 @@ static bool run_case(const std::vector<Seq>& seqs, int nkv, int G, int hd, int b
   p.v_out = f8 ? v_scale : 1.0f;
   p.cu_q = cu.data();
   p.kv_len = kvl.data();
+  p.window = window;
   set_layout(p, bt.data(), max_blocks, bs, nkv, G, hd, T, B, ow);
   const float scale = 1.0f / std::sqrt(float(hd));
   p.scale_log2 = scale * 1.4426950408889634f * (f8 ? k_scale : 1.0f);
@@ -412,7 +416,9 @@ static bool run_case(const std::vector<Seq>& seqs, int nkv, int G, int hd, int b
   std::vector<float> ws;
   if (path == 3) {
     const int chunks = int(std::max<int64_t>(1, (rows + kDRows - 1) / kDRows));
-    const int64_t tiles = std::max<int64_t>(1, (max_kv + kDTile - 1) / kDTile);
+    // (as paged_attention: a window bounds the span the splits cover)
+    const int64_t span = window > 0 ? std::min<int64_t>(max_kv, int64_t(window) + max_q + kDTile) : max_kv;
+    const int64_t tiles = std::max<int64_t>(1, (span + kDTile - 1) / kDTile);
     int64_t ns = std::max(splits, 1);
     const int64_t split_len = (tiles + ns - 1) / ns * kDTile;
     ns = (tiles * kDTile + split_len - 1) / split_len;
@@ -464,9 +470,10 @@ static bool run_case(const std::vector<Seq>& seqs, int nkv, int G, int hd, int b
         std::vector<double> ref(size_t(hd), 0.0);
         if (b >= 0) {
           const int pos = kvl[size_t(b)] - (r_end - r_begin) + (r - r_begin), kvh = h / G;
-          std::vector<double> sc(size_t(std::max(pos + 1, 0)));
+          const int lo = window > 0 ? std::max(0, pos - window + 1) : 0;
+          std::vector<double> sc(size_t(std::max(pos + 1, 0)), 0.0);
           double mx = -INFINITY;
-          for (int t = 0; t <= pos; ++t) {
+          for (int t = lo; t <= pos; ++t) {
             const int64_t slot = int64_t(bt[size_t(b * max_blocks + t / bs)]) * bs + t % bs;
             double d = 0;
             for (int k = 0; k < hd; ++k) d += double(bf(q[size_t(r * qw + h * hd + k)])) * kref[size_t((slot * nkv + kvh) * hd + k)];
@@ -474,8 +481,8 @@ static bool run_case(const std::vector<Seq>& seqs, int nkv, int G, int hd, int b
             mx = std::max(mx, sc[size_t(t)]);
           }
           double sum = 0;
-          for (auto& v : sc) sum += (v = std::exp(v - mx));
-          for (int t = 0; t <= pos; ++t) {
+          for (int t = lo; t <= pos; ++t) sum += (sc[size_t(t)] = std::exp(sc[size_t(t)] - mx));
+          for (int t = lo; t <= pos; ++t) {
             const int64_t slot = int64_t(bt[size_t(b * max_blocks + t / bs)]) * bs + t % bs;
             for (int k = 0; k < hd; ++k) ref[size_t(k)] += sc[size_t(t)] / sum * vref[size_t((slot * nkv + kvh) * hd + k)];
           }
@@ -490,9 +497,9 @@ static bool run_case(const std::vector<Seq>& seqs, int nkv, int G, int hd, int b
   }
   const double err = std::sqrt(num / std::max(den, 1e-30));
   const bool ok = !nan && err < 1e-2;
-  std::printf("%s path=%d splits=%d B=%d q0=%d kv0=%d nkv=%d G=%d hd=%d bs=%d pad=%d bound=%d fp8=%g/%g err=%.2e%s\n",
+  std::printf("%s path=%d splits=%d B=%d q0=%d kv0=%d nkv=%d G=%d hd=%d bs=%d pad=%d bound=%d fp8=%g/%g window=%d err=%.2e%s\n",
               ok ? "OK  " : "FAIL", path, splits, B, seqs[0].q_len, seqs[0].kv_len, nkv, G, hd, bs, pad, bound,
-              k_scale, v_scale, err, nan ? " (NaN/unwritten)" : "");
+              k_scale, v_scale, window, err, nan ? " (NaN/unwritten)" : "");
   return ok;
 }
 
@@ -511,6 +518,7 @@ struct UniData {
   int nkv, G, hd, bs;
   bool f8;
   float k_scale = 1.0f, v_scale = 1.0f;
+  int window = 0;  // sliding window of the attention (0: none)
   std::vector<UniSeq> seqs;
   std::vector<std::vector<uint16_t>> q;  // per seq: [len][nh * hd]
   std::vector<uint16_t> kc, vc;          // [blocks][bs][nkv][hd]
@@ -596,6 +604,7 @@ static std::vector<std::vector<uint16_t>> uni_call(const UniData& d, const std::
   p.v_out = d.f8 ? d.v_scale : 1.0f;
   p.cu_q = cu.data();
   p.kv_len = kvl.data();
+  p.window = d.window;
   set_layout(p, bt.data(), max_blocks, d.bs, d.nkv, d.G, hd, T, B, ow);
   p.scale_log2 = 1.0f / std::sqrt(float(hd)) * 1.4426950408889634f * (d.f8 ? d.k_scale : 1.0f);
   p.out = reinterpret_cast<__nv_bfloat16*>(out.data());
@@ -640,7 +649,8 @@ static double uni_ref_err(const UniData& d, int seq, int pos, const uint16_t* go
   double num = 0, den = 0;
   for (int h = 0; h < nh; ++h) {
     const int kvh = h / d.G;
-    std::vector<double> sc(size_t(pos + 1)), ref(size_t(hd), 0.0);
+    const int lo = d.window > 0 ? std::max(0, pos - d.window + 1) : 0;
+    std::vector<double> sc(size_t(pos + 1), 0.0), ref(size_t(hd), 0.0);
     double mx = -INFINITY;
     auto kval = [&](size_t i) {
       return d.f8 ? double(ts::e4m3_to_f32(d.kc8[i])) * d.k_scale : double(bf(d.kc[i]));
@@ -648,7 +658,7 @@ static double uni_ref_err(const UniData& d, int seq, int pos, const uint16_t* go
     auto vval = [&](size_t i) {
       return d.f8 ? double(ts::e4m3_to_f32(d.vc8[i])) * d.v_scale : double(bf(d.vc[i]));
     };
-    for (int t = 0; t <= pos; ++t) {
+    for (int t = lo; t <= pos; ++t) {
       const int64_t slot = int64_t(u.blocks[size_t(t / d.bs)]) * d.bs + t % d.bs;
       double s = 0;
       for (int k = 0; k < hd; ++k)
@@ -657,8 +667,8 @@ static double uni_ref_err(const UniData& d, int seq, int pos, const uint16_t* go
       mx = std::max(mx, sc[size_t(t)]);
     }
     double sum = 0;
-    for (auto& v : sc) sum += (v = std::exp(v - mx));
-    for (int t = 0; t <= pos; ++t) {
+    for (int t = lo; t <= pos; ++t) sum += (sc[size_t(t)] = std::exp(sc[size_t(t)] - mx));
+    for (int t = lo; t <= pos; ++t) {
       const int64_t slot = int64_t(u.blocks[size_t(t / d.bs)]) * d.bs + t % d.bs;
       for (int k = 0; k < hd; ++k) ref[size_t(k)] += sc[size_t(t)] / sum * vval(size_t((slot * d.nkv + kvh) * hd + k));
     }
@@ -674,8 +684,9 @@ static double uni_ref_err(const UniData& d, int seq, int pos, const uint16_t* go
 // Sequence 0 (length L) computed five ways -- its whole prompt at once; in uneven chunks; in
 // chunks beside other sequences and decodes (a mixed batch); its last rows as decodes in a
 // batch; as a 1-row prefill after a cached prefix -- must give identical bits per row.
-static bool run_uniform_case(int L, int nkv, int G, int hd, int bs, bool f8, int split_tiles) {
+static bool run_uniform_case(int L, int nkv, int G, int hd, int bs, bool f8, int split_tiles, int window = 0) {
   UniData d = uni_make({L, 150, 70}, nkv, G, hd, bs, f8);
+  d.window = window;
   const int row = nkv * G * hd;
   std::vector<std::vector<uint16_t>> ref(static_cast<size_t>(L));
   bool ok = true;
@@ -735,14 +746,49 @@ static bool run_uniform_case(int L, int nkv, int G, int hd, int bs, bool f8, int
   double worst = 0;
   for (int pos : {0, 1, L / 2, L - 1}) worst = std::max(worst, uni_ref_err(d, 0, pos, ref[size_t(pos)].data()));
   ok = ok && worst < 1e-2;
-  std::printf("%s uniform L=%d nkv=%d G=%d hd=%d bs=%d fp8=%d split=%d tiles: %d rows compared across calls, err=%.2e\n",
-              ok ? "OK  " : "FAIL", L, nkv, G, hd, bs, int(f8), S, compared, worst);
+  std::printf("%s uniform L=%d nkv=%d G=%d hd=%d bs=%d fp8=%d split=%d tiles window=%d: %d rows compared across calls, err=%.2e\n",
+              ok ? "OK  " : "FAIL", L, nkv, G, hd, bs, int(f8), S, window, compared, worst);
   return ok;
 }
 
 // `attention_emu uniform`: the uniform-mode cases only (ctest attention_emu_uniform).
+// Sliding-window attention (ops::paged_attention's window): the decode kernel with splits that
+// start below, inside and past the window, the merge, the prefill variants with windows shorter
+// than, equal to and longer than a tile and than the chunk, FP8 caches, and the uniform mode.
+// quick (ctest emulator.attention_window): head dim 128 and two prefill variants only.
+static bool run_window_cases(bool quick) {
+  bool ok = true;
+  for (int hd : {64, 128}) {
+    if (quick && hd == 64) continue;
+    ok &= run_case({{1, 1}, {8, 17}, {3, 65}, {5, 130}}, 2, 4, hd, 16, 3, 1, 2, 0, 0.0f, 0.0f, 5);
+    ok &= run_case({{1, 300}, {8, 200}, {2, 15}, {1, 140}}, 2, 8, hd, 64, 3, 3, 0, 0, 0.0f, 0.0f, 100);
+    ok &= run_case({{4, 700}, {1, 63}}, 1, 1, hd, 16, 3, 7, 1, 0, 0.0f, 0.0f, 64);
+    ok &= run_case({{1, 500}, {6, 470}}, 1, 8, hd, 16, 3, 5, 2, 4096, 0.0f, 0.0f, 1);
+    ok &= run_case({{2, 900}, {1, 7}}, 2, 2, hd, 24, 3, 4, 0, 1200, 0.0f, 0.0f, 257);
+    ok &= run_case({{3, 400}}, 1, 12, hd, 64, 3, 1, 0, 0, 0.3f, 2.5f, 130);
+    for (int path : {4, 5, 6}) {
+      if (quick && path == 5) continue;
+      ok &= run_case({{70, 70}, {1, 1}, {33, 200}}, 2, 4, hd, 16, path, 0, 3, 0, 0.0f, 0.0f, 20);
+      ok &= run_case({{300, 300}}, 1, 1, hd, 64, path, 0, 0, 0, 0.0f, 0.0f, 64);
+      ok &= run_case({{130, 450}, {9, 9}}, 1, 8, hd, 16, path, 0, 1, 0, 0.0f, 0.0f, 200);
+      ok &= run_case({{100, 100}}, 1, 3, hd, 24, path, 0, 0, 0, 0.0f, 0.0f, 1);
+      ok &= run_case({{90, 400}}, 2, 2, hd, 16, path, 0, 0, 0, 0.3f, 2.5f, 77);
+    }
+  }
+  // Uniform (deterministic) mode: rows bit-identical under any chunking with a window shorter
+  // and longer than a split.
+  if (!quick) ok &= run_uniform_case(300, 2, 4, 64, 16, false, 1, 90);
+  ok &= run_uniform_case(260, 1, 4, 128, 24, true, 2, 200);
+  return ok;
+}
+
 int main(int argc, char** argv) {
   const bool uniform_only = argc > 1 && std::strcmp(argv[1], "uniform") == 0;
+  if (argc > 1 && std::strcmp(argv[1], "window") == 0) {
+    const bool ok = run_window_cases(true);
+    std::printf(ok ? "ALL OK\n" : "SOME FAILED\n");
+    return ok ? 0 : 1;
+  }
   bool ok = true;
   // Uniform (deterministic) mode first: G 1 / 4 / 12 (a row's heads over several blocks), block
   // sizes 16 / 64 / 24, FP8 caches.
@@ -791,6 +837,7 @@ int main(int argc, char** argv) {
         ok &= run_case({{20, 150}, {9, 9}}, 1, 8, hd, 16, path, 0, 1, 0, ks, vs);
       }
     }
+  ok &= run_window_cases(false);
   std::printf(ok ? "ALL OK\n" : "SOME FAILED\n");
   return ok ? 0 : 1;
 }

@@ -190,8 +190,8 @@ bool fuses_norm_gemv(Device device, int64_t rows) {
   return false;
 }
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttnMeta& meta, float scale,
-                     Tensor& out, const KvScales& kvs) {
-  TS_DISPATCH_BREAK(k_cache.device, paged_attention, q, k_cache, v_cache, meta, scale, out, kvs);
+                     Tensor& out, const KvScales& kvs, int window) {
+  TS_DISPATCH_BREAK(k_cache.device, paged_attention, q, k_cache, v_cache, meta, scale, out, kvs, window);
 }
 void argmax_rows(const Tensor& logits, const Tensor* offsets, Tensor& out, int64_t out_stride, Tensor* out2) {
   TS_DISPATCH(out.device, argmax_rows, logits, offsets, out, out_stride, out2);

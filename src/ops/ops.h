@@ -143,8 +143,11 @@ bool fuses_norm_gemv(Device device, int64_t rows);
 // Causal paged attention for a mixed batch (prefill chunks and decodes together).
 // q [T, nh, hd]; caches as above (nkv heads, nh % nkv == 0, GQA); out [T, nh, hd_v].
 // f8_e4m3 caches are read as stored x kvs (both caches of one dtype).
+// window > 0: a sliding-window layer (Mistral, Qwen2 past max_window_layers): the query at
+// position p attends to the keys at positions (p - window, p] only -- `window` keys, itself
+// included, as transformers' sliding mask and FlashAttention's window (window - 1, 0). 0: all.
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                     const AttnMeta& meta, float scale, Tensor& out, const KvScales& kvs = {});
+                     const AttnMeta& meta, float scale, Tensor& out, const KvScales& kvs = {}, int window = 0);
 
 // dst = src row by row (either may be strided); same dtype and shape.
 void copy_rows(const Tensor& src, Tensor& dst);

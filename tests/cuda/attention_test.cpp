@@ -32,7 +32,7 @@ Pair fp8_cache(std::vector<int64_t> shape, float scale) {
 void check_attention(const std::vector<Seq>& seqs, int64_t nkv, int64_t G, int64_t hd, int bs,
                      int path, int splits = 0, int pad_rows = 0, int64_t hd_v = 0,
                      int max_kv_bound = 0, int split_target = 0, int split_min = 0,
-                     const ops::KvScales* fp8 = nullptr) {
+                     const ops::KvScales* fp8 = nullptr, int window = 0) {
   if (hd_v == 0) hd_v = hd;
   const int64_t nh = nkv * G, B = int64_t(seqs.size());
   std::vector<int32_t> cu{0}, kvl;
@@ -84,12 +84,13 @@ void check_attention(const std::vector<Seq>& seqs, int64_t nkv, int64_t G, int64
   Pair obuf = Pair::rand({T, nh * hd_v + 16});
   Tensor oh = heads_view(obuf.h, 8, nh, hd_v), od = heads_view(obuf.d, 8, nh, hd_v);
   const float scale = 1.0f / std::sqrt(float(hd));
-  ops::cpu::paged_attention(qh, kc.h, vc.h, mh, scale, oh, kvs);
+  ops::cpu::paged_attention(qh, kc.h, vc.h, mh, scale, oh, kvs, window);
   ops::cuda::paged_attention(qd, kc.d, vc.d, md, scale, od, ops::KernelPolicy{.attn_path = path, .attn_splits = splits},
-                             ops::cuda::SplitKvOptions{split_target, split_min}, kvs);
-  std::string desc = fmt::format("attn B={} q0={} kv0={} maxq={} maxkv={} bound={} nkv={} G={} hd={} hd_v={} bs={} path={} splits={} pad={} target={} min={} fp8={} ({}, {})",
+                             ops::cuda::SplitKvOptions{split_target, split_min}, kvs, window);
+  std::string desc = fmt::format("attn B={} q0={} kv0={} maxq={} maxkv={} bound={} nkv={} G={} hd={} hd_v={} bs={} path={} splits={} pad={} target={} min={} fp8={} ({}, {}) window={}",
                                  B, seqs[0].q_len, seqs[0].kv_len, max_q, max_kv, mh.max_kv_len, nkv, G, hd,
-                                 hd_v, bs, path, splits, pad_rows, split_target, split_min, fp8 != nullptr, kvs.k, kvs.v);
+                                 hd_v, bs, path, splits, pad_rows, split_target, split_min, fp8 != nullptr, kvs.k, kvs.v,
+                                 window);
   EXPECT_CLOSE(obuf.back(), obuf.h, desc);
 }
 
@@ -105,6 +106,32 @@ TEST(CudaAttention, Decode) {
             if (path == 2 && hd == 16) continue;
             check_attention({{1, kv}, {1, std::max(1, kv / 2)}, {1, kv + 3}}, 2, G, hd, bs, path);
           }
+}
+
+// Sliding-window layers (window 1, shorter / longer than a 64-token tile, longer than the
+// context): every path -- the dispatcher (decodes, long-prefix chunks, mixed batches), the
+// generic kernel (head dims 16 / 96, forced splits), v2 split-KV with forced and empty splits and
+// a graph bound, batch-invariant splits, the prefill variants, FP8 caches.
+TEST(CudaAttention, SlidingWindow) {
+  TS_REQUIRE_CUDA();
+  const ops::KvScales f8{0.5f, 1.5f};
+  for (int window : {1, 33, 64, 300, 5000}) {
+    for (int64_t hd : {64, 128}) {
+      check_attention({{1, 1000}, {1, 40}, {3, 700}, {8, 129}}, 2, 4, hd, 16, 0, 0, 1, 0, 0, 0, 0, nullptr, window);
+      check_attention({{1, 900}, {2, 300}, {100, 600}, {50, 50}}, 2, 4, hd, 16, 0, 0, 2, 0, 0, 0, 0, nullptr, window);
+      check_attention({{1, 2000}, {5, 333}}, 2, 8, hd, 64, 3, 7, 0, 0, 4096, 0, 0, nullptr, window);
+      check_attention({{1, 2000}, {1, 70}}, 1, 4, hd, 16, 3, 0, 0, 0, 0, 8, 2, nullptr, window);
+      for (int path : {4, 5, 6}) {
+        check_attention({{300, 300}, {77, 500}, {1, 1}}, 2, 4, hd, 16, path, 0, 3, 0, 0, 0, 0, nullptr, window);
+        check_attention({{200, 900}}, 2, 2, hd, 16, path, 0, 0, 0, 0, 0, 0, &f8, window);
+      }
+      check_attention({{1, 1500}, {4, 90}}, 2, 4, hd, 16, 3, 0, 0, 0, 0, 0, 0, &f8, window);
+    }
+    for (int64_t hd : {16, 96}) {
+      check_attention({{1, 700}, {6, 200}, {90, 90}}, 2, 4, hd, 16, 0, 0, 1, 0, 0, 0, 0, nullptr, window);
+      check_attention({{1, 700}, {1, 30}}, 2, 4, hd, 16, 1, 5, 0, 0, 0, 0, 0, nullptr, window);
+    }
+  }
 }
 
 TEST(CudaAttention, DecodeForcedSplits) {

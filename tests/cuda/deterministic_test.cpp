@@ -99,6 +99,7 @@ namespace {
 struct AttnWorld {
   int nkv, G, hd, bs;
   int mla_rank = 0;  // > 0: MLA over the latent cache k (nkv 1, hd = D), out [T, nh, rank]
+  int window = 0;    // sliding-window attention (ops::paged_attention's window)
   DType kv_dtype;
   std::vector<std::vector<int32_t>> blocks;  // per seq
   std::vector<Tensor> q;                     // per seq: device bf16 [len, nh, hd]
@@ -109,7 +110,7 @@ struct AttnPart {
 };
 
 AttnWorld make_world(const std::vector<int>& lens, int nkv, int G, int hd, int bs, bool fp8) {
-  AttnWorld w{nkv, G, hd, bs, 0, fp8 ? DType::f8_e4m3 : DType::bf16, {}, {}, {}, {}};
+  AttnWorld w{nkv, G, hd, bs, 0, 0, fp8 ? DType::f8_e4m3 : DType::bf16, {}, {}, {}, {}};
   int next = 0, total = 0;
   for (int L : lens) total += (L + bs - 1) / bs;
   std::vector<int32_t> perm(size_t(total) + 2);
@@ -178,7 +179,7 @@ std::vector<Tensor> attn_call(const AttnWorld& w, const std::vector<AttnPart>& p
   if (w.mla_rank > 0)
     ops::mla_attention(q, w.kc, m, 1.0f / std::sqrt(float(w.hd)), w.mla_rank, out, w.kc.dtype == DType::f8_e4m3 ? 0.25f : 1.0f);
   else
-    ops::paged_attention(q, w.kc, w.vc, m, 1.0f / std::sqrt(float(w.hd)), out, kvs);
+    ops::paged_attention(q, w.kc, w.vc, m, 1.0f / std::sqrt(float(w.hd)), out, kvs, w.window);
   std::vector<Tensor> res;
   for (int b = 0; b < B; ++b) res.push_back(out.slice_rows(cu[size_t(b)], cu[size_t(b) + 1]));
   return res;
@@ -192,16 +193,21 @@ TEST(DeterministicOps, AttentionAndMlaRowsDoNotDependOnChunkingOrBatch) {
   struct Case {
     int L, nkv, G, hd, bs;
     bool fp8;
+    int window = 0;
   };
   // The last two: MLA (DeepSeek-V3's absorbed form: one latent head of D = 576, rank 512, 16
   // query heads) over bf16 and FP8 latent caches.
   // 2600 / 1500 tokens span 3 / 2 of uniform mode's 1024-token splits.
   for (const Case& c : {Case{700, 8, 4, 128, 64, false}, Case{333, 2, 8, 64, 16, false}, Case{520, 4, 4, 128, 16, true},
                         Case{2600, 8, 4, 128, 64, false}, Case{1500, 2, 8, 64, 16, true},
-                        Case{410, 1, 16, 576, 64, false}, Case{300, 1, 16, 576, 16, true}}) {
+                        Case{410, 1, 16, 576, 64, false}, Case{300, 1, 16, 576, 16, true},
+                        // sliding windows shorter and longer than a uniform-mode split
+                        Case{2600, 8, 4, 128, 64, false, 700}, Case{2200, 2, 8, 64, 16, true, 1100}}) {
     AttnWorld w = make_world({c.L, 300, 90}, c.nkv, c.G, c.hd, c.bs, c.fp8);
     if (c.hd == 576) w.mla_rank = 512;
-    const std::string name = "L=" + std::to_string(c.L) + " hd=" + std::to_string(c.hd) + (c.fp8 ? " fp8" : "");
+    w.window = c.window;
+    const std::string name = "L=" + std::to_string(c.L) + " hd=" + std::to_string(c.hd) + (c.fp8 ? " fp8" : "") +
+                             " window=" + std::to_string(c.window);
     const std::vector<uint8_t> whole = row_bytes(attn_call(w, {{0, 0, c.L}}, 0)[0], c.L);
     const size_t row = whole.size() / size_t(c.L);
     auto expect_part = [&](const Tensor& got, int first, int rows, const std::string& how) {

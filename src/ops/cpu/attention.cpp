@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -48,9 +49,11 @@ void kv_write(const Tensor& k, const Tensor& v, Tensor& k_cache, Tensor& v_cache
 }
 
 // Reference paged attention: for each (query row, head) a two-pass softmax over the
-// sequence's cached keys up to the query's position. fp32 throughout, double for the sum.
+// sequence's cached keys up to the query's position (from position - window + 1 with a
+// window). fp32 throughout, double for the sum.
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttnMeta& m,
-                     float scale, Tensor& out, const KvScales& kvs) {
+                     float scale, Tensor& out, const KvScales& kvs, int window) {
+  TS_CHECK(window >= 0, "paged_attention: window {} < 0", window);
   int64_t t_n = q.size(0);
   if (t_n == 0 || m.num_seqs == 0) return;
   int64_t nh = q.size(1), hd = q.size(2), nkv = k_cache.size(2), hdv = v_cache.size(3);
@@ -88,10 +91,13 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
       int64_t q_len = cu[b + 1] - cu[b];
       int64_t pos = kv_len[b] - q_len + (r - cu[b]);
       const float* qv = q.ptr<float>() + r * q.stride[0] + h * q.stride[1];
-      int64_t n = pos + 1;
+      // Keys [lo, pos]: scores[j - lo].
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+      int64_t n = pos + 1 - lo;
       scores.resize(size_t(n));
       float mx = -INFINITY;
-      for (int64_t j = 0; j < n; ++j) {
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t j = lo + i;
         int64_t slot = int64_t(bt[b * max_blocks + j / bs]) * bs + j % bs;
         const float* kv;
         if (fp8) {
@@ -102,7 +108,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
           kv = k_cache.ptr<float>() + (slot * nkv + kvh) * hd;
         }
         float s = dot(qv, kv, hd) * scale;
-        scores[size_t(j)] = s;
+        scores[size_t(i)] = s;
         mx = std::max(mx, s);
       }
       double sum = 0;
@@ -112,7 +118,8 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
       }
       float inv = float(1.0 / sum);
       for (int64_t d = 0; d < hdv; ++d) o[d] = 0;
-      for (int64_t j = 0; j < n; ++j) {
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t j = lo + i;
         int64_t slot = int64_t(bt[b * max_blocks + j / bs]) * bs + j % bs;
         const float* vv;
         if (fp8) {
@@ -122,7 +129,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
         } else {
           vv = v_cache.ptr<float>() + (slot * nkv + kvh) * hdv;
         }
-        float p = scores[size_t(j)] * inv;
+        float p = scores[size_t(i)] * inv;
         for (int64_t d = 0; d < hdv; ++d) o[d] += p * vv[d];
       }
     }

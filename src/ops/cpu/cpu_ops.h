@@ -34,7 +34,7 @@ void rmsnorm_linear(const Tensor& x, const Tensor& norm_w, float eps, const Tens
                     Tensor& x_scratch);
 void linear_add(const Tensor& x, const Tensor& w, Tensor& residual, Tensor& scratch);
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                     const AttnMeta& meta, float scale, Tensor& out, const KvScales& kvs = {});
+                     const AttnMeta& meta, float scale, Tensor& out, const KvScales& kvs = {}, int window = 0);
 void copy_rows(const Tensor& src, Tensor& dst);
 void cast(const Tensor& src, Tensor& dst);
 void gather_rows(const Tensor& x, const Tensor& index, Tensor& out);

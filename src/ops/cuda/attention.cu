@@ -97,6 +97,10 @@ struct AttnParams {
   // running merge (attention_v2.cuh uni_*); split_loop: one block walks its splits (prefill
   // rows), else a block per split and attn_merge_kernel folds their partials (decode rows).
   bool uniform, split_loop;
+  // Sliding window (ops::paged_attention's window; 0: none): the query at position pos reads the
+  // keys (pos - window, pos] only. The kernels skip the tiles below a block's lowest such key
+  // and mask the rest; the split-KV kernels count a sequence's splits from seq_kv_base.
+  int window;
 };
 
 // Rows past cu_q[B] are padding: written as zeros (as the CPU reference does) by the blocks of
@@ -159,8 +163,10 @@ __global__ void __launch_bounds__(kGThreads) attn_generic_kernel(AttnParams p) {
   // Row r -> query qi = (r0 + r) / G, head g*G + (r0 + r) % G, position kv_len - q_len + qi.
   int max_pos = -1;
   for (int r = 0; r < nrows; ++r) max_pos = max(max_pos, kv_len - q_len + (r0 + r) / p.G);
-  const int t_begin = split * p.split_len;
-  const int t_end = min(min(t_begin + p.split_len, kv_len), max_pos + 1);
+  // A window: no row of the block reads below its first row's lowest key.
+  const int w_lo = p.window > 0 ? max(0, kv_len - q_len + r0 / p.G - p.window + 1) : 0;
+  const int t_begin = max(split * p.split_len, w_lo);
+  const int t_end = min(min(split * p.split_len + p.split_len, kv_len), max_pos + 1);
 
   for (int i = tid; i < kGR * hd; i += kGThreads) {
     const int r = i / hd, d = i - r * hd;
@@ -204,7 +210,7 @@ __global__ void __launch_bounds__(kGThreads) attn_generic_kernel(AttnParams p) {
       const int pos = kv_len - q_len + (r0 + r) / p.G;
       const int t = lane;
       float s = -INFINITY;
-      if (t < nt && t0 + t <= pos) {
+      if (t < nt && t0 + t <= pos && (p.window <= 0 || t0 + t + p.window > pos)) {
         const float* qr = qs + r * hd;
         const float* kr = ks + t * (hd + 1);
         float d0 = 0.0f;
@@ -556,12 +562,13 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
 }
 
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttnMeta& meta, float scale,
-                     Tensor& out, const KvScales& kvs, const KernelPolicy& policy) {
-  paged_attention(q, k_cache, v_cache, meta, scale, out, policy, thread_split_options(), kvs);
+                     Tensor& out, const KvScales& kvs, int window, const KernelPolicy& policy) {
+  paged_attention(q, k_cache, v_cache, meta, scale, out, policy, thread_split_options(), kvs, window);
 }
 
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttnMeta& meta, float scale,
-                     Tensor& out, const KernelPolicy& policy, const SplitKvOptions& split, const KvScales& kvs) {
+                     Tensor& out, const KernelPolicy& policy, const SplitKvOptions& split, const KvScales& kvs,
+                     int window) {
   const bool f8 = k_cache.dtype == DType::f8_e4m3;
   check_dev(q, DType::bf16, "paged_attention q");
   check_dev(k_cache, f8 ? DType::f8_e4m3 : DType::bf16, "paged_attention k_cache");
@@ -592,6 +599,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
            meta.cu_q.shape_str(), meta.kv_len.shape_str(), meta.block_tables.shape_str(), B);
   if (T == 0 || B == 0 || nh == 0) return;
   TS_CHECK(scale > 0.0f && std::isfinite(scale), "paged_attention: scale {} must be positive", scale);
+  TS_CHECK(window >= 0, "paged_attention: window {} < 0", window);
   TS_CHECK(meta.block_size > 0 && meta.max_q_len >= 0 && meta.max_kv_len >= 0,
            "paged_attention: bad block_size/max lens");
   TS_CHECK(B < 65535 && nkv * 64 <= 65535, "paged_attention: batch or heads too large");
@@ -629,6 +637,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   p.o_s1 = out.stride[1];
   p.T = int(T);
   p.B = int(B);
+  p.window = window;
   p.bs_shift = -1;
   for (int sh = 0; sh < 31; ++sh)
     if ((1 << sh) == meta.block_size) p.bs_shift = sh;
@@ -665,8 +674,8 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
     pm.lead_decode_seqs = pm.lead_decode_max_q = pm.lead_decode_rows = 0;
     const Tensor qd = q.narrow(0, 0, meta.lead_decode_rows);
     Tensor od = out.narrow(0, 0, meta.lead_decode_rows);
-    paged_attention(qd, k_cache, v_cache, dm, scale, od, policy, split, kvs);
-    paged_attention(q, k_cache, v_cache, pm, scale, out, policy, split, kvs);
+    paged_attention(qd, k_cache, v_cache, dm, scale, od, policy, split, kvs, window);
+    paged_attention(q, k_cache, v_cache, pm, scale, out, policy, split, kvs, window);
     return;
   }
   int path = split.uniform ? 3 : policy.attn_path;
@@ -682,6 +691,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   }
   if (path >= 2 && !v2_ok) path = 1;  // forced tensor-core path on an unsupported shape
   if (path == 2 && f8) path = 1;      // the v1 tensor-core kernel reads bf16 caches only
+  if (path == 2 && window > 0) path = 4;  // nor slides: the v2 prefill kernel does
   if (f8 && path >= 3) {
     // v2 on FP8: scores = q . (stored x k_scale) = (q . stored) x k_scale, so k's scale joins the
     // softmax scale; v's multiplies the normalised output (the kernels convert exactly, so the
@@ -697,7 +707,12 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
     TS_CHECK(nkv * chunks <= 65535, "paged_attention: {} kv heads x {} row chunks", nkv, chunks);
     // Split count from host-side bounds only (graph-safe): max_kv_len bounds every kv_len;
     // blocks whose split starts past their sequence's real length exit, the merge skips them.
-    const int64_t tiles = std::max<int64_t>(1, ceil_div(meta.max_kv_len, kDTile));
+    // A window bounds the range a sequence's splits cover (from seq_kv_base, a tile -- uniform
+    // mode: a split -- below its first query's lowest key, to kv_len).
+    const int64_t span = window > 0 ? std::min<int64_t>(meta.max_kv_len, int64_t(window) + meta.max_q_len +
+                                                                             (split.uniform ? kUniformSplitTiles : 1) * kDTile)
+                                    : meta.max_kv_len;
+    const int64_t tiles = std::max<int64_t>(1, ceil_div(span, kDTile));
     int64_t splits;
     // The split count this batch shape reaches at any context: the scratch is sized for it at
     // once, so decode steps do not grow (allocate) it as their contexts lengthen.

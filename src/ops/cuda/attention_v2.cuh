@@ -165,6 +165,18 @@ __device__ __forceinline__ int seq_split_len(const AttnParams& p, int kv_len) {
   return max(p.split_min_tiles, (tiles + p.split_target - 1) / p.split_target) * kDTile;
 }
 
+// Where sequence b's splits start: token 0, or with a sliding window the lowest key its first
+// query reads (pos - window + 1), rounded down to a tile -- in uniform mode to a split, so the
+// split boundaries stay the fixed ones from token 0 and a split below a row's window is an
+// exact no-op wherever the cut falls. From the sequence's own kv_len / q_len: the decode and
+// merge kernels agree on it. Split s of b covers [base + s * split_len, +split_len), the split
+// length sized (seq_split_len) from kv_len - base.
+__device__ __forceinline__ int seq_kv_base(const AttnParams& p, int kv_len, int q_len) {
+  if (p.window <= 0) return 0;
+  const int unit = p.uniform ? p.split_len : kDTile;
+  return max(0, kv_len - q_len - p.window + 1) / unit * unit;
+}
+
 // Uniform mode's fixed-split merge (attention_v2 "uniform", SplitKvOptions::uniform): a row's
 // splits s = 0, 1, ... (fixed token ranges [s * split_len, +split_len)) fold into a running
 // (M, L, O) in that order, whether one block walks the splits (split_loop) or each split is its
@@ -218,23 +230,30 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
   const int q0 = p.cu_q[b], q_len = p.cu_q[b + 1] - q0, kv_len = p.kv_len[b];
   const int d_rows = p.d_rows > 0 ? p.d_rows : kDRows;
   const int rows_total = q_len * p.G, r0 = chunk * d_rows;
-  const int split_len = seq_split_len(p, kv_len);
-  // Uniform mode with split_loop: this block walks the splits 0..s_last itself (the grid has
-  // one); otherwise it computes the grid's split.
-  const bool loop = UNI && p.split_loop;
-  int cur = loop ? 0 : split;
-  int t_begin = cur * split_len;
-  // Splits at or past the real length write nothing (the merge reads only live splits); split 0
-  // always runs, so a (degenerate) empty sequence still gets its zero rows.
-  if (r0 >= rows_total || (split > 0 && t_begin >= kv_len)) return;
-  const int nrows = min(d_rows, rows_total - r0);
+  const int kv_base = seq_kv_base(p, kv_len, q_len);
+  const int split_len = seq_split_len(p, kv_len - kv_base);
+  const int nrows = min(d_rows, max(rows_total - r0, 1));
   const int off = kv_len - q_len;                       // position of query 0
   const int min_pos = off + r0 / p.G;                   // first row's position
   const int max_pos = off + (r0 + nrows - 1) / p.G;     // last row's position
+  // A window: no row of the block reads below w_lo (its first row's lowest key), and keys
+  // below w_hi (its last row's lowest) need the mask.
+  const int w_lo = p.window > 0 ? max(0, min_pos - p.window + 1) : 0;
+  const int w_hi = p.window > 0 ? max_pos - p.window + 1 : INT_MIN;
+  // Uniform mode with split_loop: this block walks its splits itself, from the first that holds
+  // a key of its rows to s_last (the grid has one); otherwise it computes the grid's split.
+  const bool loop = UNI && p.split_loop;
+  int cur = loop ? (w_lo - kv_base) / split_len : split;
+  int t_begin = kv_base + cur * split_len;
+  // Splits at or past the real length write nothing (the merge reads only live splits); split 0
+  // always runs, so a (degenerate) empty sequence still gets its zero rows.
+  if (r0 >= rows_total || (split > 0 && t_begin >= kv_len)) return;
   const int t_stop = min(kv_len, max_pos + 1);          // no row of the block reads past it
-  const int s_last = loop ? max(t_stop - 1, 0) / split_len : cur;
+  const int s_last = loop ? max(t_stop - 1 - kv_base, 0) / split_len : cur;
+  // The split's tiles from the one holding w_lo (the tiles below it are masked for every row).
+  int t_first = max(t_begin, w_lo / kDTile * kDTile);
   int t_end = min(t_begin + split_len, t_stop);
-  int n_tiles = t_end > t_begin ? (t_end - t_begin + kDTile - 1) / kDTile : 0;
+  int n_tiles = t_end > t_first ? (t_end - t_first + kDTile - 1) / kDTile : 0;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int gq = lane >> 2, tq = lane & 3;
@@ -249,10 +268,10 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
   // Starts the split's tile `t` into ring stage `st` (FP8: its e4m3 staging ring).
   auto load_stage = [&](int t, int st) {
     if constexpr (F8)
-      load_kv_tile_f8<HD, kDTile, kDThreads>(p, b, g, t_begin + t * kDTile, t_end, sK8 + st * kDTile * HD,
+      load_kv_tile_f8<HD, kDTile, kDThreads>(p, b, g, t_first + t * kDTile, t_end, sK8 + st * kDTile * HD,
                                              sV8 + st * kDTile * HD);
     else
-      load_kv_tile<HD, kDTile, kDThreads>(p, b, g, t_begin + t * kDTile, t_end, sK + st * kDTile * LD,
+      load_kv_tile<HD, kDTile, kDThreads>(p, b, g, t_first + t * kDTile, t_end, sK + st * kDTile * LD,
                                           sV + st * kDTile * LD);
   };
   // Prologue: start the first kDStages-1 tiles of the split.
@@ -320,7 +339,7 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
       __syncthreads();
     }
     const int st = F8 ? 0 : it % kDStages;
-    const int t0 = t_begin + it * kDTile;
+    const int t0 = t_first + it * kDTile;
     for (int j = sub; j < kDTile / 16; j += WPM) {
       const int tb = t0 + j * 16;
       if (tb >= t_end) break;
@@ -334,7 +353,7 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
         mma_kv<F8>(s[0], qf[kk], bk[0], bk[1]);
         mma_kv<F8>(s[1], qf[kk], bk[2], bk[3]);
       }
-      const bool need_mask = tb + 15 >= t_end || tb + 15 > min_pos;
+      const bool need_mask = tb + 15 >= t_end || tb + 15 > min_pos || tb < w_hi;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -342,7 +361,7 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
           float v = s[nt][e] * p.scale_log2;
           if (need_mask) {
             const int tok = tb + nt * 8 + 2 * tq + (e & 1);
-            if (tok >= t_end || tok > pos[e >> 1]) v = -INFINITY;
+            if (tok >= t_end || tok > pos[e >> 1] || (p.window > 0 && tok + p.window <= pos[e >> 1])) v = -INFINITY;
           }
           s[nt][e] = v;
         }
@@ -406,7 +425,7 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
   __syncthreads();
   // One split: the normalised output straight away. Batch-invariant mode decides per sequence
   // (its own split count), so a sequence rounds the same whatever the grid is.
-  const bool single = UNI ? false : p.split_target > 0 ? kv_len <= split_len : p.num_splits == 1;
+  const bool single = UNI ? false : p.split_target > 0 ? kv_len - kv_base <= split_len : p.num_splits == 1;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int rr = gq + 8 * i;
@@ -458,9 +477,10 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
       if (cur == s_last) break;
       __syncthreads();  // co / rowM / rowL read: the next split's loads reuse the ring
       ++cur;
-      t_begin = cur * split_len;
+      t_begin = kv_base + cur * split_len;
+      t_first = max(t_begin, w_lo / kDTile * kDTile);
       t_end = min(t_begin + split_len, t_stop);
-      n_tiles = t_end > t_begin ? (t_end - t_begin + kDTile - 1) / kDTile : 0;
+      n_tiles = t_end > t_first ? (t_end - t_first + kDTile - 1) / kDTile : 0;
       prologue();
       continue;
     }
@@ -519,16 +539,18 @@ __global__ void __launch_bounds__(kMThreads) attn_merge_kernel(AttnParams p) {
   const bool live = lr < rpb && row < q_len * p.nh;
   const int qi = live ? row / p.nh : 0, h = live ? row % p.nh : 0;
   const int64_t tok = q0 + qi;
-  const int split_len = seq_split_len(p, kv_len);
+  const int kv_base = seq_kv_base(p, kv_len, q_len);
+  const int kv_span = kv_len - kv_base;  // the splits' range (all of kv_len without a window)
+  const int split_len = seq_split_len(p, kv_span);
   // Batch-invariant mode: a one-split sequence was written by the decode kernel (uniform over
   // the block: one sequence per blockIdx.y).
-  if (p.split_target > 0 && kv_len <= split_len) return;
+  if (p.split_target > 0 && kv_span <= split_len) return;
   if (p.uniform) {
     // Uniform mode (merge_groups 1): the row's live splits folded in order, exactly as a
     // split_loop block folds them (uni_fold); no block-wide reduction, so no sync to meet.
     pdl_trigger();
     if (!live) return;
-    const int n = min(p.num_splits, (kv_len + split_len - 1) / split_len);
+    const int n = min(p.num_splits, (kv_span + split_len - 1) / split_len);
     const int64_t stride1 = int64_t(p.T) * p.nh, base1 = tok * p.nh + h;
     float M = -INFINITY, L = 0.0f, O[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int s = 0; s < n; ++s) {
@@ -546,7 +568,7 @@ __global__ void __launch_bounds__(kMThreads) attn_merge_kernel(AttnParams p) {
     for (int e = 0; e < 4; ++e) orow[e] = __float2bfloat16(uni_out(O[e], L, p.v_out));
     return;
   }
-  const int n_live = live ? min(p.num_splits, (kv_len + split_len - 1) / split_len) : 0;
+  const int n_live = live ? min(p.num_splits, (kv_span + split_len - 1) / split_len) : 0;
   const int64_t stride = int64_t(p.T) * p.nh;  // rows per split
   const int64_t base = tok * p.nh + h;
   // Row max of m over the live splits: strided over the row's threads, then reduced over them
@@ -650,6 +672,8 @@ __global__ void __launch_bounds__(kPThreads) attn_prefill_kernel(AttnParams p) {
   const int off = kv_len - q_len;
   const int t_end = min(kv_len, off + (r0 + nrows - 1) / p.G + 1);
   const int n_tiles = t_end > 0 ? (t_end + BN - 1) / BN : 0;
+  // A window: the tiles below the block's first row's lowest key are masked for every row.
+  const int j_first = p.window > 0 ? max(0, off + r0 / p.G - p.window + 1) / BN : 0;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int gq = lane >> 2, tq = lane & 3;
 
@@ -675,7 +699,7 @@ __global__ void __launch_bounds__(kPThreads) attn_prefill_kernel(AttnParams p) {
     if constexpr (F8) load_kv_tile_f8<HD, BN, kPThreads>(p, b, g, j * BN, t_end, sK8 + st * BN * HD, sV8 + st * BN * HD);
     else load_kv_tile<HD, BN, kPThreads>(p, b, g, j * BN, t_end, sK + st * BN * LD, sV + st * BN * LD);
   };
-  if (n_tiles > 0) load_stage(0, 0);
+  if (j_first < n_tiles) load_stage(j_first, j_first & 1);
   cp_async_commit();
 
   const int wrow0 = warp * 16 * MW;                 // warp's first row in the chunk
@@ -687,6 +711,9 @@ __global__ void __launch_bounds__(kPThreads) attn_prefill_kernel(AttnParams p) {
   const bool warp_live = wrow0 < nrows;
   const int w_min_pos = off + (r0 + wrow0) / p.G;
   const int w_max_pos = warp_live ? off + (r0 + min(wrow0 + 16 * MW, nrows) - 1) / p.G : -1;
+  // Window: keys below w_max_pos - window + 1 are masked for some row of the warp; slices that
+  // end below w_min_pos - window + 1, for all of them (skipped).
+  const int w_win_hi = p.window > 0 ? w_max_pos - p.window + 1 : INT_MIN;
   // Row positions live in smem (read only on tiles that need the causal mask: saves registers).
   for (int r = tid; r < BM; r += kPThreads)
     spos[r] = r < nrows ? off + (r0 + r) / p.G : INT_MAX;  // padding rows: never written
@@ -700,7 +727,7 @@ __global__ void __launch_bounds__(kPThreads) attn_prefill_kernel(AttnParams p) {
 #pragma unroll
   for (int mi = 0; mi < MW; ++mi) m[mi][0] = m[mi][1] = -INFINITY, l[mi][0] = l[mi][1] = 0.0f;
 
-  for (int j = 0; j < n_tiles; ++j) {
+  for (int j = j_first; j < n_tiles; ++j) {
     if (j + 1 < n_tiles) load_stage(j + 1, (j + 1) & 1);
     cp_async_commit();
     cp_async_wait<1>();
@@ -715,6 +742,7 @@ __global__ void __launch_bounds__(kPThreads) attn_prefill_kernel(AttnParams p) {
       for (int hf = 0; hf < BN / NS; ++hf) {
         const int tb = t0 + hf * NS;
         if (tb > w_max_pos) break;
+        if (p.window > 0 && tb + NS - 1 + p.window <= w_min_pos) continue;
         const uint32_t kb = k_lane + (stg * BN + hf * NS) * LD * 2;
         const uint32_t vb = v_lane + (stg * BN + hf * NS) * LD * 2;
         float s[MW][NS / 8][4];
@@ -740,15 +768,16 @@ __global__ void __launch_bounds__(kPThreads) attn_prefill_kernel(AttnParams p) {
           }
         }
         // Scores stay raw (m too); scale_log2 > 0 folds into the exponent: p = 2^(s*c - m*c).
-        if (tb + NS - 1 > w_min_pos) {
+        if (tb + NS - 1 > w_min_pos || tb < w_win_hi) {
 #pragma unroll
           for (int mi = 0; mi < MW; ++mi)
 #pragma unroll
             for (int nt = 0; nt < NS / 8; ++nt)
 #pragma unroll
-              for (int e = 0; e < 4; ++e)
-                if (tb + nt * 8 + 2 * tq + (e & 1) > spos[wrow0 + mi * 16 + gq + 8 * (e >> 1)])
-                  s[mi][nt][e] = -INFINITY;
+              for (int e = 0; e < 4; ++e) {
+                const int tok = tb + nt * 8 + 2 * tq + (e & 1), rp = spos[wrow0 + mi * 16 + gq + 8 * (e >> 1)];
+                if (tok > rp || (p.window > 0 && tok + p.window <= rp)) s[mi][nt][e] = -INFINITY;
+              }
         }
         const float sl2 = p.scale_log2;
         uint32_t pf[MW][NS / 16][4];

@@ -71,8 +71,9 @@ bool fuses_norm_gemv(int64_t rows);
 // bf16 in shared memory, attention_v2.cuh).
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const AttnMeta& meta, float scale, Tensor& out, const KernelPolicy& policy = {});
+// window: ops::paged_attention's sliding window (0: full causal).
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttnMeta& meta, float scale,
-                     Tensor& out, const KvScales& kvs, const KernelPolicy& policy = {});
+                     Tensor& out, const KvScales& kvs, int window = 0, const KernelPolicy& policy = {});
 
 void copy_rows(const Tensor& src, Tensor& dst);  // any dtype, strided rows
 void cast(const Tensor& src, Tensor& dst);       // f32 <-> bf16 (same dtype: copy_rows)

@@ -26,6 +26,7 @@ struct SplitKvOptions {
 };
 
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const AttnMeta& meta, float scale,
-                     Tensor& out, const KernelPolicy& policy, const SplitKvOptions& split, const KvScales& kvs = {});
+                     Tensor& out, const KernelPolicy& policy, const SplitKvOptions& split, const KvScales& kvs = {},
+                     int window = 0);
 
 }  // namespace ts::ops::cuda

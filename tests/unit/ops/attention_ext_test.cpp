@@ -239,3 +239,38 @@ TEST(BlockSparse, ZeroTokens) {
   EXPECT_NO_THROW(ops::block_indexer(q, kc, bt.meta, ops::BlockIndexer{4, 4, 1}, sel));
   EXPECT_NO_THROW(ops::block_sparse_attention(q, kc, vc, bt.meta, 1.0f, sel, 4, out));
 }
+
+// Sliding-window paged attention (ops::paged_attention's window): the query at position p reads
+// keys (p - window, p]. With q = 0 every key weighs the same, and with V[t] = t the output is
+// the mean of the positions read, (lo + p) / 2: an off-by-one either way changes it. A window
+// covering the whole context is full attention, bit for bit.
+TEST(SlidingWindowAttention, ReadsTheLastWindowPositions) {
+  std::mt19937 g(11);
+  const int bs = 4, max_blocks = 12, nh = 4, nkv = 2, hd = 8;
+  Batch bt({{0, 20}, {30, 1}, {5, 3}, {0, 1}}, bs, max_blocks, g);
+  const int64_t nblocks = int64_t(bt.meta.num_seqs) * max_blocks;
+  Tensor kc = random_tensor({nblocks, bs, nkv, hd}, g), vc = Tensor::empty({nblocks, bs, nkv, hd}, DType::f32);
+  for (int b = 0; b < bt.meta.num_seqs; ++b)
+    for (int t = 0; t < bt.kv_len[size_t(b)]; ++t) {
+      const int64_t slot = int64_t(bt.tables[size_t(b * max_blocks + t / bs)]) * bs + t % bs;
+      for (int i = 0; i < nkv * hd; ++i) vc.ptr<float>()[slot * nkv * hd + i] = float(t);
+    }
+  Tensor q0 = Tensor::zeros({bt.tokens, nh, hd}, DType::f32);
+  for (int window : {1, 4, 7, 100}) {
+    Tensor out = Tensor::empty({bt.tokens, nh, hd}, DType::f32);
+    ops::paged_attention(q0, kc, vc, bt.meta, 0.5f, out, {}, window);
+    for (int64_t r = 0; r < bt.tokens; ++r) {
+      const int p = bt.posv[size_t(r)], lo = std::max(0, p - window + 1);
+      for (int i = 0; i < nh * hd; ++i)
+        ASSERT_NEAR(out.ptr<float>()[r * nh * hd + i], 0.5f * float(lo + p), 1e-4f) << "row " << r << " window " << window;
+    }
+  }
+  Tensor q = random_tensor({bt.tokens, nh, hd}, g);
+  Tensor full = Tensor::empty({bt.tokens, nh, hd}, DType::f32), wide = Tensor::empty({bt.tokens, nh, hd}, DType::f32);
+  ops::paged_attention(q, kc, vc, bt.meta, 0.5f, full);
+  ops::paged_attention(q, kc, vc, bt.meta, 0.5f, wide, {}, 31);  // the longest context is 31
+  EXPECT_EQ(std::memcmp(full.data, wide.data, size_t(full.numel()) * 4), 0);
+  Tensor narrow = Tensor::empty({bt.tokens, nh, hd}, DType::f32);
+  ops::paged_attention(q, kc, vc, bt.meta, 0.5f, narrow, {}, 30);
+  EXPECT_NE(std::memcmp(full.data, narrow.data, size_t(full.numel()) * 4), 0);  // row at 30 loses key 0
+}
