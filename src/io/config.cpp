@@ -1,5 +1,6 @@
 #include "io/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -80,23 +81,33 @@ RopeScaling parse_rope(const nlohmann::json& j, const std::string& path) {
   return r;
 }
 
-// The window of the layers that slide (0: none slide); see ModelConfig::sliding_window.
-static int64_t parse_sliding_window(const ModelConfig& c) {
+// The window of the layers that slide (0: none slide) and which layers slide; see
+// ModelConfig::sliding_window.
+static void parse_sliding_window(ModelConfig& c) {
   const std::string& a = c.architecture;
-  bool slides = false;
+  if (c.num_layers < 1 || c.num_layers > kMaxLayers) return;  // validate_config names it
+  std::vector<uint8_t> slides(size_t(c.num_layers), 0);
   if (c.has("layer_types")) {
-    for (const std::string& t : c.get<std::vector<std::string>>("layer_types", {})) slides = slides || t == "sliding_attention";
+    const auto types = c.get<std::vector<std::string>>("layer_types", {});
+    const bool any = std::find(types.begin(), types.end(), "sliding_attention") != types.end();
+    TS_CHECK(!any || int64_t(types.size()) == c.num_layers, "{}: field layer_types has {} entries for {} layers",
+             c.path, types.size(), c.num_layers);
+    for (size_t i = 0; i < types.size() && i < slides.size(); ++i) slides[i] = types[i] == "sliding_attention";
   } else if (a == "MistralForCausalLM") {
-    slides = c.has("sliding_window");  // null: full attention (Mistral v0.2+)
+    // null: full attention (Mistral v0.2+)
+    if (c.has("sliding_window")) std::fill(slides.begin(), slides.end(), 1);
   } else if (a == "Qwen2ForCausalLM" || a == "Qwen3ForCausalLM" || a == "Qwen3MoeForCausalLM") {
     // transformers: layer i slides when use_sliding_window and i >= max_window_layers.
-    slides = c.get<bool>("use_sliding_window", false) && c.get<int64_t>("max_window_layers", 28) < c.num_layers;
+    if (c.get<bool>("use_sliding_window", false))
+      for (int64_t i = std::max<int64_t>(0, c.get<int64_t>("max_window_layers", 28)); i < c.num_layers; ++i)
+        slides[size_t(i)] = 1;
   }
-  if (!slides) return 0;
+  if (std::find(slides.begin(), slides.end(), 1) == slides.end()) return;
   TS_CHECK(c.has("sliding_window"), "{}: layers use sliding-window attention but field sliding_window is missing", c.path);
   const int64_t w = c.get<int64_t>("sliding_window", 0);
-  TS_CHECK(w >= 1, "{}: field sliding_window = {} must be at least 1", c.path, w);
-  return w;
+  TS_CHECK(w >= 1 && w <= 0x7fffffff, "{}: field sliding_window = {} is out of range [1, 2^31)", c.path, w);
+  c.sliding_window = w;
+  c.sliding_layers = std::move(slides);
 }
 
 ModelConfig parse_config(const nlohmann::json& j0, const std::string& path) {
@@ -139,7 +150,7 @@ ModelConfig parse_config(const nlohmann::json& j0, const std::string& path) {
   c.attention_bias = c.get<bool>("attention_bias", false);
   c.mlp_bias = c.get<bool>("mlp_bias", false);
   c.rope = parse_rope(j, path);
-  c.sliding_window = parse_sliding_window(c);
+  parse_sliding_window(c);
   c.partial_rotary_factor = c.get<double>("partial_rotary_factor", 1.0);
   if (j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
       j["rope_parameters"].contains("partial_rotary_factor"))

@@ -88,10 +88,17 @@ struct ModelConfig {
   bool tie_word_embeddings = false, attention_bias = false, mlp_bias = false;
   // Sliding-window attention as transformers applies it (0: every layer attends to the whole
   // context): Mistral's `sliding_window` (all layers), Qwen2/Qwen3's `use_sliding_window` with the
-  // layers from `max_window_layers` on, or any `layer_types` entry "sliding_attention". A query
-  // sees the last `sliding_window` tokens, itself included. No kernel here slides, so the engine
-  // caps the context at the window (runtime/engine.cpp), where both agree exactly.
+  // layers from `max_window_layers` on, or the `layer_types` entries "sliding_attention". A query
+  // in a sliding layer sees the last `sliding_window` tokens, itself included
+  // (ops::paged_attention's window); sliding_layers[i] says whether layer i slides. The
+  // architectures whose model file passes the window on: llama.cpp (Mistral, Qwen2/3) and
+  // qwen3_moe.cpp; the others validate their own layer_types.
   int64_t sliding_window = 0;
+  std::vector<uint8_t> sliding_layers;
+  // The attention window of layer i (0: full causal attention).
+  int window_of(int64_t layer) const {
+    return layer >= 0 && size_t(layer) < sliding_layers.size() && sliding_layers[size_t(layer)] ? int(sliding_window) : 0;
+  }
   std::vector<int32_t> eos_token_ids;
   std::optional<int32_t> bos_token_id;
 

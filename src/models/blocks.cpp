@@ -40,7 +40,7 @@ void attention_block(const Tensor& h, const AttentionWeights& w, const Attention
   ops::rope_kv_write(q, k, v, qk_norm ? &w.q_norm : nullptr, qk_norm ? &w.k_norm : nullptr, s.eps, batch.positions,
                      rope, kv_k, kv_v, batch.slot_mapping, w.kv_scales);
   Tensor attn = ws.alloc({t_n, s.num_heads, s.head_dim}, h.dtype);
-  ops::paged_attention(q, kv_k, kv_v, batch.attn, s.scale, attn, w.kv_scales);
+  ops::paged_attention(q, kv_k, kv_v, batch.attn, s.scale, attn, w.kv_scales, w.window);
   Tensor flat = attn.view({t_n, qw});
   if (w.output_gate) ops::sigmoid_gate(flat, qkv.narrow(1, qw + 2 * kw, qw));
   ops::linear(flat, w.o, out);
@@ -73,7 +73,7 @@ void attention_block_residual(Tensor& residual, const Tensor& in_norm, float eps
   ops::rope_kv_write(q, k, v, qk_norm ? &w.q_norm : nullptr, qk_norm ? &w.k_norm : nullptr, s.eps, batch.positions,
                      rope, kv_k, kv_v, batch.slot_mapping, w.kv_scales);
   Tensor attn = ws.alloc({t_n, s.num_heads, s.head_dim}, residual.dtype);
-  ops::paged_attention(q, kv_k, kv_v, batch.attn, s.scale, attn, w.kv_scales);
+  ops::paged_attention(q, kv_k, kv_v, batch.attn, s.scale, attn, w.kv_scales, w.window);
   Tensor flat = attn.view({t_n, qw});
   if (w.output_gate) ops::sigmoid_gate(flat, qkv.narrow(1, qw + 2 * kw, qw));
   ops::linear_add(flat, w.o, residual, xs);

@@ -34,6 +34,8 @@ struct AttentionWeights {
   bool output_gate = false;
   // The FP8 KV cache's per-tensor scales from the checkpoint (load_kv_scales; 1.0 without).
   ops::KvScales kv_scales;
+  // The layer's sliding window (io::ModelConfig::window_of; 0: full causal attention).
+  int window = 0;
 };
 
 // The FP8 KV cache's scales of the attention module `pre` + "self_attn." as checkpoints ship

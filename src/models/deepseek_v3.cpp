@@ -50,6 +50,7 @@ DeepseekParams deepseek_params(const io::ModelConfig& c) {
   TS_CHECK(!p.attn_bias, "{}: attention_bias=true is not supported for {}", c.path, c.architecture);
   TS_CHECK(!c.mlp_bias, "{}: mlp_bias=true is not supported", c.path);
   c.require_silu_mlp();
+  TS_CHECK(c.sliding_window == 0, "{}: sliding-window layers are not supported for {} (MLA attends to the whole context)", c.path, c.architecture);
   TS_CHECK(p.rope_dim % 2 == 0 && p.kv_rank > 0, "{}: bad MLA dimensions", c.path);
   // Softmax scale: 1/sqrt(qk_head_dim), times mscale^2 under YaRN with mscale_all_dim (the
   // config's own `factor`, as transformers reads it).

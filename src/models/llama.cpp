@@ -76,6 +76,7 @@ class Llama final : public DecoderModel {
       L.input_norm = wl.load(pre + "input_layernorm.weight", {H});
       L.post_norm = wl.load(pre + "post_attention_layernorm.weight", {H});
       L.attn = load_attention_shard(wl, pre, H, p_.heads, p_.kv_heads, hd, p_.qkv_bias, p_.qk_norm, hs);
+      L.attn.window = cfg.window_of(l);  // Mistral, Qwen2/3 sliding layers
       L.mlp = load_mlp_shard(wl, pre + "mlp.", H, p_.inter, ir);
       layers_.push_back(std::move(L));
     }

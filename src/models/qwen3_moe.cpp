@@ -93,6 +93,7 @@ class Qwen3Moe final : public DecoderModel {
       L.input_norm = wl.load(pre + "input_layernorm.weight", {H});
       L.post_norm = wl.load(pre + "post_attention_layernorm.weight", {H});
       L.attn = load_attention_shard(wl, pre, H, p_.heads, p_.kv_heads, hd, p_.qkv_bias, /*qk_norm=*/true, hs);
+      L.attn.window = cfg.window_of(l);
       if (p_.sparse[size_t(l)]) {
         L.moe.router = wl.load(pre + "mlp.gate.weight", {p_.experts, H});  // replicated
         load_experts_shard(wl, pre + "mlp.experts", p_.experts, p_.moe_inter, H, er, mr, L.moe);

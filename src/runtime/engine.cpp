@@ -510,15 +510,6 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   if (device == Device::cuda) sync_clock_.use_device_events();
   if (overlap_) thread_steps_ = std::make_unique<StepThread>(*plain, device == Device::cuda);
   context_len = o.context_length > 0 ? std::min(o.context_length, cfg.max_position_embeddings) : cfg.max_position_embeddings;
-  if (cfg.sliding_window > 0 && context_len > cfg.sliding_window) {
-    // No kernel slides: up to the window, full causal attention is exactly what transformers
-    // computes (io/config.h ModelConfig::sliding_window); past it, it is not. So the window is the
-    // context, and a longer request is refused rather than answered by another model.
-    spdlog::warn("{}: sliding-window attention (window {}) is not implemented: the context is capped at {} tokens "
-                 "(from {}), where full attention computes the same",
-                 cfg.architecture, cfg.sliding_window, cfg.sliding_window, context_len);
-    context_len = cfg.sliding_window;
-  }
   context_len = std::min<int64_t>(context_len, blocks * bs - so.decode_tokens);
   io::GenerationConfig gc = io::load_generation_config(o.model_dir);
   for (auto id : cfg.eos_token_ids) eos.insert(id);

@@ -165,6 +165,27 @@ TEST(Config, SlidingWindowAsTransformersAppliesIt) {
                                      {"sliding_window", 256}, {"max_window_layers", 0}})
                 .sliding_window,
             0);  // layer_types decides where given
+  // Which layers slide: every Mistral layer; Qwen's from max_window_layers on; layer_types' entries.
+  auto windows = [](const ts::io::ModelConfig& c) {
+    std::vector<int> w;
+    for (int64_t l = 0; l < c.num_layers; ++l) w.push_back(c.window_of(l));
+    return w;
+  };
+  EXPECT_EQ(windows(cfg("MistralForCausalLM", {{"sliding_window", 4096}})), (std::vector<int>{4096, 4096}));
+  EXPECT_EQ(windows(cfg("Qwen3MoeForCausalLM", {{"use_sliding_window", true}, {"sliding_window", 512}, {"max_window_layers", 1}})),
+            (std::vector<int>{0, 512}));
+  EXPECT_EQ(windows(cfg("Qwen2ForCausalLM", {{"layer_types", {"sliding_attention", "full_attention"}}, {"sliding_window", 256}})),
+            (std::vector<int>{256, 0}));
+  EXPECT_EQ(windows(cfg("Qwen2ForCausalLM", {{"use_sliding_window", false}, {"sliding_window", 131072}})),
+            (std::vector<int>{0, 0}));
+  expect_error(
+      [] {
+        nlohmann::json j = base();
+        j["layer_types"] = {"sliding_attention"};  // one entry for two layers
+        j["sliding_window"] = 64;
+        return j;
+      }(),
+      {"layer_types has 1 entries for 2 layers"});
   expect_error(
       [] {
         nlohmann::json j = base();

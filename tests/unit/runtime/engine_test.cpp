@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <filesystem>
 #include <fstream>
 
@@ -319,10 +320,13 @@ TEST(EngineHostTime, SixtyFourRunningRequestsTinyModel) { host_time_at(64, 48, T
 TEST(EngineHostTime, OneHundredSixtyRunningRequestsTinyModel) { host_time_at(160, 48, TS_SOURCE_DIR "/tests/data/llama3"); }
 }  // namespace
 
-// A Mistral checkpoint with a sliding window (Mistral-7B-v0.1: 4096) runs at most that many
-// tokens of context, where full attention equals the window's (no kernel slides): the context
-// is capped, a longer request is refused, and outputs within it match the Llama twin's.
-TEST(EngineSlidingWindow, ContextIsCappedAtTheWindow) {
+// A Mistral checkpoint with a sliding window (Mistral-7B-v0.1: 4096): each layer attends to the
+// last `window` positions only. The Llama fixture's weights as a Mistral with window 8: its
+// context is not capped; within the window it computes what the Llama does; past it, a position
+// of the 6-layer stack depends only on the last 6 x 7 + 1 tokens -- two prompts that differ
+// only before those give the same tokens and logprob bits (the Llama's differ), on every kernel
+// path the engine takes (prefill chunks, decodes, mixed steps).
+TEST(EngineSlidingWindow, LayersAttendToTheLastWindowTokens) {
   namespace fs = std::filesystem;
   const fs::path src = fs::path(TS_SOURCE_DIR) / "tests/data/llama3";
   const fs::path dir = fs::temp_directory_path() / "ts_sliding_window_mistral";
@@ -333,23 +337,58 @@ TEST(EngineSlidingWindow, ContextIsCappedAtTheWindow) {
   nlohmann::json cfg = nlohmann::json::parse(std::ifstream(src / "config.json"));
   cfg["architectures"] = {"MistralForCausalLM"};
   cfg["model_type"] = "mistral";
-  cfg["sliding_window"] = 96;
+  constexpr int kWindow = 8;
+  cfg["sliding_window"] = kWindow;
   std::ofstream(dir / "config.json") << cfg.dump();
+  const int layers = cfg["num_hidden_layers"].get<int>();
 
   EngineOptions o = small_engine();
   o.model_dir = dir.string();
+  o.chunked_prefill_size = 32;  // prompts in several chunks, beside other requests' decodes
   Engine mistral(o);
   mistral.start();
-  EXPECT_EQ(mistral.context_length(), 96);
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < 90; ++i) prompt.push_back(100 + i % 50);
-  EXPECT_THROW(mistral.submit(greedy(prompt, 8)), InvalidRequest);
-  const Result in_window = collect(mistral.submit(greedy(prompt, 6)));
-  EXPECT_TRUE(in_window.error.empty()) << in_window.error;
   o.model_dir = src.string();
   Engine llama(o);
   llama.start();
-  EXPECT_GT(llama.context_length(), 96);
-  EXPECT_EQ(collect(llama.submit(greedy(prompt, 6))).tokens, in_window.tokens);
+  EXPECT_EQ(mistral.context_length(), llama.context_length());
+  EXPECT_GT(mistral.context_length(), 4 * kWindow);
+
+  // Within the window (prompt + output <= 8 tokens) the two models are the same computation.
+  const std::vector<int32_t> short_prompt{101, 102, 103, 104};
+  EXPECT_EQ(collect(mistral.submit(greedy(short_prompt, 4))).tokens, collect(llama.submit(greedy(short_prompt, 4))).tokens);
+
+  // Prompts a and b differ in their first 10 tokens only; 100 tokens long, so position 99 and
+  // later see identical tokens within the stack's reach (layers x (window - 1) back).
+  std::vector<int32_t> a, b;
+  for (int i = 0; i < 100; ++i) a.push_back(100 + (i * 37) % 300);
+  b = a;
+  for (int i = 0; i < 10; ++i) b[size_t(i)] = 900 + i;
+  ASSERT_LT(10 + layers * (kWindow - 1), 100);
+  auto run = [&](Engine& e, const std::vector<int32_t>& prompt) {
+    GenerateParams p = greedy(prompt, 12);
+    p.logprobs = 3;
+    // Beside other requests: their decodes and this prompt's chunks share steps.
+    std::vector<std::shared_ptr<Stream>> others;
+    for (int k = 0; k < 3; ++k) others.push_back(e.submit(greedy({int32_t(200 + k), 201, 202}, 20)));
+    Result r = collect(e.submit(p));
+    for (auto& s : others) EXPECT_TRUE(collect(s).error.empty());
+    return r;
+  };
+  auto bits = [](const Result& r) {
+    std::vector<uint32_t> v;
+    for (const TokenLogprob& lp : r.logprobs) {
+      v.push_back(std::bit_cast<uint32_t>(lp.logprob));
+      for (auto& [id, l] : lp.top) v.push_back(uint32_t(id)), v.push_back(std::bit_cast<uint32_t>(l));
+    }
+    return v;
+  };
+  const Result ma = run(mistral, a), mb = run(mistral, b);
+  ASSERT_TRUE(ma.error.empty() && mb.error.empty()) << ma.error << mb.error;
+  ASSERT_EQ(ma.logprobs.size(), 12u);
+  EXPECT_EQ(ma.tokens, mb.tokens);
+  EXPECT_EQ(bits(ma), bits(mb)) << "a sliding-window layer read a token outside its window";
+  const Result la = run(llama, a), lb = run(llama, b);
+  EXPECT_NE(bits(la), bits(lb)) << "full attention: the first tokens reach every position";
+  EXPECT_NE(bits(ma), bits(la)) << "the window changed nothing past it";
   fs::remove_all(dir);
 }
