@@ -729,7 +729,16 @@ void EngineImpl::intake() {
       finish(*r, FinishReason::stop, ev);
     }
   };
-  for (auto& r : sched->running()) check(r);
+  // A step's first pass over the running requests: their lines (and streams) are fetched 4
+  // ahead -- the forward since the last step evicted them; the passes after this one find them
+  // cached (overlap_ok does the same where this one found nothing to do).
+  const auto& running = sched->running();
+  for (size_t k = 0; k < std::min<size_t>(running.size(), 4); ++k) prefetch_step_lines(running[k].get());
+  for (size_t k = 0; k < running.size(); ++k) {
+    if (k + 4 < running.size()) prefetch_step_lines(running[k + 4].get());
+    if (k + 2 < running.size() && running[k + 2]->stream) running[k + 2]->stream->prefetch();
+    check(running[k]);
+  }
   for (auto& r : sched->waiting()) check(r);
   sched->reap();
   refresh_gauges();
@@ -874,8 +883,13 @@ bool EngineImpl::overlap_ok() {
     ++want_slots;
     return true;
   };
-  for (auto& r : sched->running())
-    if (!ok(*r)) return false;
+  // Lines fetched 4 ahead, as in intake (a step's first pass when it ran nothing).
+  const auto& running = sched->running();
+  for (size_t k = 0; k < std::min<size_t>(running.size(), 4); ++k) prefetch_step_lines(running[k].get());
+  for (size_t k = 0; k < running.size(); ++k) {
+    if (k + 4 < running.size()) prefetch_step_lines(running[k + 4].get());
+    if (!ok(*running[k])) return false;
+  }
   for (auto& r : sched->waiting())
     if (!ok(*r)) return false;
   return want_slots == 0 || want_slots <= runner->logits_proc_if_any()->free_slots();
@@ -1013,7 +1027,19 @@ void EngineImpl::apply_overlapped(int slot) {
   const std::vector<size_t>& pos = future_pos_[slot];
   const auto now = Clock::now();
   itl_.clear();
-  for (size_t k = 0; k < plan.chunks.size(); ++k) {
+  // The forward of the step just launched runs beside this loop and evicts the requests: their
+  // lines are fetched kLinesAhead rows ahead, their token slot and stream kSlotsAhead rows ahead
+  // (reading the then-cached tokens pointer), so the rows' misses overlap.
+  constexpr size_t kLinesAhead = 4, kSlotsAhead = 2;
+  const size_t n = plan.chunks.size();
+  for (size_t k = 0; k < std::min(n, kLinesAhead); ++k) prefetch_step_lines(plan.chunks[k].req.get());
+  for (size_t k = 0; k < n; ++k) {
+    if (k + kLinesAhead < n) prefetch_step_lines(plan.chunks[k + kLinesAhead].req.get());
+    if (k + kSlotsAhead < n && pos[k + kSlotsAhead] != SIZE_MAX) {
+      const Request& a = *plan.chunks[k + kSlotsAhead].req;
+      if (pos[k + kSlotsAhead] < a.tokens.size()) __builtin_prefetch(a.tokens.data() + pos[k + kSlotsAhead]);
+      if (a.stream) a.stream->prefetch();
+    }
     Request& r = *plan.chunks[k].req;
     if (r.terminal()) continue;  // aborted, or ended by the step before (its row here is waste)
     const RowResult& row = res.rows[k];

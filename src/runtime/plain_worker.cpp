@@ -38,6 +38,12 @@ void PlainWorker::stage(const StepPlan& plan, StagedStep& s) const {
   TS_CHECK(!proc || int64_t(n) <= proc->rows_cap(), "a step of {} rows: device logits processing holds {}", n,
            proc ? proc->rows_cap() : 0);
   for (size_t k = 0; k < n; ++k) {
+    if (k + 2 < n) {  // the copies' sources and destination two rows ahead (their misses overlap)
+      const Request& a = *plan.chunks[k + 2].req;
+      __builtin_prefetch(a.tokens.data() + a.num_computed);
+      __builtin_prefetch(a.block_table.data());
+      __builtin_prefetch(s.tables[k + 2].data(), 1);
+    }
     const ScheduledChunk& c = plan.chunks[k];
     const Request& r = *c.req;
     const bool last = r.num_computed + c.num_tokens == int(r.tokens.size());

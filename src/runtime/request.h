@@ -13,6 +13,7 @@
 // admissions and retractions of a plan; Engine::apply_plan/apply make every transition.
 #pragma once
 #include <chrono>
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -62,14 +63,35 @@ bool transition_allowed(const RequestState& from, const RequestState& to);
 using Clock = std::chrono::steady_clock;
 
 struct Request {
-  int64_t id = 0;
-  GenerateParams params;
-  std::shared_ptr<Stream> stream;
+  // What every step of a running request reads or writes, first and together (three cache
+  // lines; prefetch_step_lines): a step's passes over hundreds of requests otherwise miss the
+  // cache on each scattered line, after the forward between two steps evicted them.
   RequestState state = state::Waiting{};
-
   std::vector<int32_t> tokens;  // prompt followed by generated tokens
   int prompt_len = 0;
   int num_computed = 0;         // tokens whose K/V are in the cache
+  int tokens_emitted = 0;       // generated tokens already sent
+  // Overlap loop: the step in flight ends this request (max_tokens or context reached), so
+  // the scheduler plans nothing more for it. tokens.back() < 0 is a future id (see
+  // PlainWorker: the id the step in flight samples), resolved when that step is applied.
+  bool finishing = false;
+  // Overlap loop, jump-forward: tokens the grammar forced replaced the future id of the step in
+  // flight, whose row for this request is then void (applied as nothing but its KV).
+  bool future_voided = false;
+  bool has_first_token = false;
+  std::vector<int32_t> block_table;
+  std::vector<uint64_t> block_hashes;
+  std::shared_ptr<Stream> stream;
+  // Row of the runner's device logits-processing state (runtime/device_logits.h: penalties,
+  // logit_bias, min_tokens on a CUDA runner) while it runs; dropped when it ends or is retracted.
+  std::shared_ptr<const int> logits_slot;
+  // Grammar matcher, logit_bias, min_tokens (null when the request has none of them).
+  std::shared_ptr<LogitsConstraints> constraints;
+  Clock::time_point last_token;
+  bool has_future() const { return !tokens.empty() && tokens.back() < 0; }
+
+  int64_t id = 0;
+  GenerateParams params;
   int cached_tokens = 0;        // prompt tokens served from the prefix cache (first admission)
   int host_cached_tokens = 0;   // of those, loaded back from the host tier (KvStore)
   bool admitted_once = false;
@@ -78,31 +100,13 @@ struct Request {
   uint64_t kv_wait_seq = 0;
   Clock::time_point kv_wait_since;  // when it started waiting
   double kv_load_wait_s = 0;        // seconds it waited for loads (all admissions)
-  std::vector<int32_t> block_table;
-  std::vector<uint64_t> block_hashes;
   // Hybrid models: the row of the ModelRunner's recurrent-state pool this request holds while
   // it runs (taken at its first chunk, dropped when it ends or is retracted).
   std::shared_ptr<const int> state_slot;
   uint64_t seed = 0;
-  // Row of the runner's device logits-processing state (runtime/device_logits.h: penalties,
-  // logit_bias, min_tokens on a CUDA runner) while it runs; dropped when it ends or is retracted.
-  std::shared_ptr<const int> logits_slot;
-  // Grammar matcher, logit_bias, min_tokens (null when the request has none of them).
-  std::shared_ptr<LogitsConstraints> constraints;
 
-  int tokens_emitted = 0;       // generated tokens already sent
-  // Overlap loop: the step in flight ends this request (max_tokens or context reached), so
-  // the scheduler plans nothing more for it. tokens.back() < 0 is a future id (see
-  // PlainWorker: the id the step in flight samples), resolved when that step is applied.
-  bool finishing = false;
-  bool has_future() const { return !tokens.empty() && tokens.back() < 0; }
-  // Overlap loop, jump-forward: tokens the grammar forced replaced the future id of the step in
-  // flight, whose row for this request is then void (applied as nothing but its KV).
-  bool future_voided = false;
-
-  Clock::time_point submitted, first_token, last_token;
+  Clock::time_point submitted, first_token;
   Clock::time_point scheduled;  // first admission (queue time = scheduled - submitted)
-  bool has_first_token = false;
 
   // Speculative decoding state (EAGLE3). The draft cache shares the target's block table
   // (draft entry p sits at position p), so only the next draft input is kept here: the token,
@@ -140,5 +144,17 @@ struct Request {
  private:
   [[noreturn]] void bad_transition(const char* to) const;
 };
+
+// Starts loading the lines of r a step reads: the hot block at its head, and the lines of
+// params with the stop fields (max_tokens, stop_token_ids, ignore_eos, logprobs). A loop over a
+// step's rows calls it a few rows ahead, so the rows' cache misses overlap instead of queueing.
+inline void prefetch_step_lines(const Request* r) {
+  const char* p = reinterpret_cast<const char*>(r);
+  for (size_t o = 0; o < offsetof(Request, id) + 64; o += 64) __builtin_prefetch(p + o);  // (any alignment)
+  const char* q = reinterpret_cast<const char*>(&r->params);
+  __builtin_prefetch(q + offsetof(GenerateParams, max_tokens));
+  __builtin_prefetch(q + offsetof(GenerateParams, stop_token_ids));
+  __builtin_prefetch(q + offsetof(GenerateParams, logprobs));
+}
 
 }  // namespace ts
