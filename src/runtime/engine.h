@@ -87,16 +87,20 @@ struct StreamEvent {
   // On the final event with speculative decoding and GenerateParams::return_spec_trace: each
   // verify step's drafts and accepted count.
   std::vector<std::pair<std::vector<int32_t>, int>> spec_trace;
-  // Back to a default event, keeping the token and text buffers' capacity (Stream recycles
-  // events between its producer and consumer, so a steady stream allocates nothing).
+  // Back to a default event, keeping the buffers' capacity (Stream recycles events between its
+  // producer and consumer, so a steady stream allocates nothing). Field by field: the engine
+  // resets two events per row and step, and a whole new event to move from costs more. Every
+  // field: a new one is reset here too.
   void reset() {
-    std::vector<int32_t> t = std::move(tokens);
-    std::string s = std::move(text);
-    *this = StreamEvent{};
-    t.clear();
-    s.clear();
-    tokens = std::move(t);
-    text = std::move(s);
+    tokens.clear();
+    text.clear();
+    logprobs.clear();
+    finished = false;
+    reason = FinishReason::none;
+    error.clear();
+    prompt_tokens = completion_tokens = cached_tokens = 0;
+    ttft_s = 0;
+    spec_trace.clear();
   }
 };
 
