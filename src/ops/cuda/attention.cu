@@ -684,8 +684,12 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
     else if (meta.max_q_len <= kDecodeMaxQLen) path = 3;
     // A short chunk over a long cached prefix (the agentic turn): the prefill kernel has one
     // block per 64-128 query rows and walks the whole prefix serially (41 ms for 64 new tokens
-    // after 32k on H200); split-KV spreads the prefix over the GPU instead.
-    else if (meta.max_q_len <= kSplitMaxQLen && meta.max_kv_len >= kSplitMinKvPerQ * meta.max_q_len) path = 3;
+    // after 32k on H200); split-KV spreads the prefix over the GPU instead. (A window bounds the
+    // prefix a query reads.)
+    else if (meta.max_q_len <= kSplitMaxQLen &&
+             (window > 0 ? std::min<int64_t>(meta.max_kv_len, int64_t(window) + meta.max_q_len) : meta.max_kv_len) >=
+                 kSplitMinKvPerQ * meta.max_q_len)
+      path = 3;
     else if (rows < kPrefillWideMinRows) path = 4;
     else path = hd == 128 ? kPrefillWidePath128 : kPrefillWidePath64;
   }
