@@ -325,7 +325,8 @@ TEST(EngineHostTime, OneHundredSixtyRunningRequestsTinyModel) { host_time_at(160
 // context is not capped; within the window it computes what the Llama does; past it, a position
 // of the 6-layer stack depends only on the last 6 x 7 + 1 tokens -- two prompts that differ
 // only before those give the same tokens and logprob bits (the Llama's differ), on every kernel
-// path the engine takes (prefill chunks, decodes, mixed steps).
+// path the engine takes (prefill chunks, decodes, mixed steps). Per-layer windows from
+// layer_types: all sliding is the Mistral bit for bit; a full last layer reaches back again.
 TEST(EngineSlidingWindow, LayersAttendToTheLastWindowTokens) {
   namespace fs = std::filesystem;
   const fs::path src = fs::path(TS_SOURCE_DIR) / "tests/data/llama3";
@@ -390,5 +391,26 @@ TEST(EngineSlidingWindow, LayersAttendToTheLastWindowTokens) {
   const Result la = run(llama, a), lb = run(llama, b);
   EXPECT_NE(bits(la), bits(lb)) << "full attention: the first tokens reach every position";
   EXPECT_NE(bits(ma), bits(la)) << "the window changed nothing past it";
+
+  // Per-layer windows from layer_types (Qwen2 / Gemma-style configs): only the last layer
+  // full reaches back to the first tokens again; every layer sliding is the Mistral.
+  auto with_types = [&](const std::vector<std::string>& types) {
+    nlohmann::json c = cfg;
+    c["layer_types"] = types;
+    std::ofstream(dir / "config.json") << c.dump();
+    o.model_dir = dir.string();
+    Engine e(o);
+    e.start();
+    const Result ra = run(e, a), rb = run(e, b);
+    return std::make_pair(bits(ra), bits(rb));
+  };
+  std::vector<std::string> types(size_t(layers), "sliding_attention");
+  const auto all_sliding = with_types(types);
+  EXPECT_EQ(all_sliding.first, bits(ma));
+  EXPECT_EQ(all_sliding.second, bits(mb));
+  types.back() = "full_attention";
+  const auto last_full = with_types(types);
+  EXPECT_NE(last_full.first, last_full.second) << "a full layer reads the first tokens";
+  EXPECT_NE(last_full.first, bits(ma));
   fs::remove_all(dir);
 }
