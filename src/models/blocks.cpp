@@ -43,7 +43,7 @@ void attention_block(const Tensor& h, const AttentionWeights& w, const Attention
   ops::paged_attention(q, kv_k, kv_v, batch.attn, s.scale, attn, w.kv_scales, w.window);
   Tensor flat = attn.view({t_n, qw});
   if (w.output_gate) ops::sigmoid_gate(flat, qkv.narrow(1, qw + 2 * kw, qw));
-  ops::linear(flat, w.o, out);
+  ops::linear(flat, w.o, out, w.o_bias.data ? &w.o_bias : nullptr);
 }
 
 void mlp_block(const Tensor& h, const MlpWeights& w, Workspace& ws, Tensor& out) {
@@ -76,7 +76,12 @@ void attention_block_residual(Tensor& residual, const Tensor& in_norm, float eps
   ops::paged_attention(q, kv_k, kv_v, batch.attn, s.scale, attn, w.kv_scales, w.window);
   Tensor flat = attn.view({t_n, qw});
   if (w.output_gate) ops::sigmoid_gate(flat, qkv.narrow(1, qw + 2 * kw, qw));
-  ops::linear_add(flat, w.o, residual, xs);
+  if (w.o_bias.data) {  // o_proj's output rounded with its bias, then the residual add (as unfused)
+    ops::linear(flat, w.o, xs, &w.o_bias);
+    ops::add_inplace(residual, xs);
+  } else {
+    ops::linear_add(flat, w.o, residual, xs);
+  }
 }
 
 void mlp_block_residual(Tensor& residual, const Tensor& in_norm, float eps, const MlpWeights& w, Workspace& ws) {
@@ -191,6 +196,7 @@ AttentionWeights load_attention_shard(WeightLoader& wl, const std::string& pre, 
                                 Part{pre + "self_attn.k_proj.bias", {kw}, 0, k0, kn},
                                 Part{pre + "self_attn.v_proj.bias", {kw}, 0, k0, kn}});
   a.o = wl.load_linear({Part{pre + "self_attn.o_proj.weight", {H, qw}, 1, q0, qn}});
+  if (wl.has(pre + "self_attn.o_proj.bias") && hs.q.start == 0) a.o_bias = wl.load(pre + "self_attn.o_proj.bias", {H});
   if (qk_norm) {
     a.q_norm = wl.load(pre + "self_attn.q_norm.weight", {hd});
     a.k_norm = wl.load(pre + "self_attn.k_norm.weight", {hd});

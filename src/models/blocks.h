@@ -28,6 +28,10 @@ struct AttentionWeights {
   ops::LinearWeight qkv;  // [(nh + 2 nkv) * hd, H_in]  q | k | v rows stacked
   Tensor qkv_bias;  // optional [(nh + 2 nkv) * hd]
   ops::LinearWeight o;    // [H, nh * hd]
+  // optional [H]: o_proj.bias (transformers' Llama / Qwen3 with attention_bias, which biases
+  // o_proj as well as q/k/v). Held by the rank of the first head shard only: the row-parallel
+  // o_proj's partial sums are reduced over the attention ranks, so it is added once.
+  Tensor o_bias;
   Tensor q_norm, k_norm;  // optional per-head norms [hd] (Qwen3)
   // Qwen3.5: qkv also emits an output gate (nh * hd rows after v); attention output is
   // multiplied by sigmoid(gate) before o.
@@ -108,7 +112,8 @@ Tensor lm_head_logits_tp(ForwardBatch& batch, const Tensor& x, const Tensor& nor
 
 // --- this rank's shard at load time (the whole tensors at TP 1) ---------------------------------
 // q|k|v rows of this rank's heads (shard_heads: KV heads replicated past num_kv_heads), their
-// biases, o_proj's matching columns and the optional per-head q/k norms (replicated).
+// biases, o_proj's matching columns (its bias on the first head shard's rank) and the optional
+// per-head q/k norms (replicated).
 AttentionWeights load_attention_shard(WeightLoader& wl, const std::string& pre, int64_t hidden, int64_t heads,
                                       int64_t kv_heads, int64_t head_dim, bool qkv_bias, bool qk_norm,
                                       const parallel::HeadShard& hs);

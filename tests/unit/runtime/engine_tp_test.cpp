@@ -4,7 +4,15 @@
 // the demo model's top-2 logit gaps on these prompts.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
 #include "engine_test_util.h"
+#include "io/safetensors.h"
 
 using namespace ts;
 using namespace ts::test;
@@ -109,4 +117,87 @@ TEST(EngineTp, Eagle3EqualsTp1Eagle3AndPlain) {
       }
     }
   }
+}
+
+namespace {
+
+// The llama3 fixture as transformers' Llama with attention_bias: true, which biases o_proj as
+// well as q/k/v: zero q/k/v biases, o_proj.bias drawn N(0, o_scale) (o_scale 0: the fixture
+// without any bias tensor, attention_bias false).
+std::string llama_with_o_bias(const std::string& name, float o_scale) {
+  namespace fs = std::filesystem;
+  const fs::path src = fs::path(TS_SOURCE_DIR) / "tests/data/llama3";
+  const fs::path dir = fs::temp_directory_path() / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json"}) fs::create_symlink(src / f, dir / f);
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(src / "config.json"));
+  io::Checkpoint ck = io::Checkpoint::open(src.string());
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const std::string& n : ck.names()) tensors.emplace_back(n, ck.get(n));
+  std::mt19937 g(3);
+  std::normal_distribution<float> d(0.0f, o_scale);
+  const int64_t H = cfg["hidden_size"].get<int64_t>(), hd = cfg["head_dim"].get<int64_t>();
+  const int64_t nh = cfg["num_attention_heads"].get<int64_t>(), nkv = cfg["num_key_value_heads"].get<int64_t>();
+  auto filled = [&](int64_t n, bool random) {
+    Tensor t = Tensor::zeros({n}, DType::f32);
+    if (random)
+      for (int64_t i = 0; i < n; ++i) t.ptr<float>()[i] = d(g);
+    return t;
+  };
+  if (o_scale > 0.0f) {
+    cfg["attention_bias"] = true;
+    for (int l = 0; l < cfg["num_hidden_layers"].get<int>(); ++l) {
+      const std::string pre = "model.layers." + std::to_string(l) + ".self_attn.";
+      tensors.emplace_back(pre + "q_proj.bias", filled(nh * hd, false));
+      tensors.emplace_back(pre + "k_proj.bias", filled(nkv * hd, false));
+      tensors.emplace_back(pre + "v_proj.bias", filled(nkv * hd, false));
+      tensors.emplace_back(pre + "o_proj.bias", filled(H, true));
+    }
+  }
+  io::write_safetensors((dir / "model.safetensors").string(), tensors);
+  std::ofstream(dir / "config.json") << cfg.dump();
+  return dir.string();
+}
+
+}  // namespace
+
+// o_proj.bias (Llama / Qwen3 attention_bias): applied -- the outputs move -- and added once at
+// TP 2, where o_proj is row-parallel and only the first head shard's rank holds the bias: its
+// logprobs equal TP 1's to fp32 rounding (a bias added on both ranks moves them by far more).
+TEST(EngineTp, OProjBiasIsAddedOnce) {
+  const std::string plain = llama_with_o_bias("ts_o_bias_plain", 0.0f), biased = llama_with_o_bias("ts_o_bias", 0.5f);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back(100 + (i * 13) % 400);
+  GenerateParams p = greedy(prompt, 8);
+  p.logprobs = 4;
+  auto run = [&](const std::string& model, int tp) {
+    EngineOptions o = small_engine();
+    o.model_dir = model;
+    o.parallel.tp_size = tp;
+    Engine e(o);
+    e.start();
+    Result r = collect(e.submit(p));
+    EXPECT_TRUE(r.error.empty()) << r.error;
+    return r;
+  };
+  const Result base = run(plain, 1), one = run(biased, 1), two = run(biased, 2);
+  ASSERT_EQ(one.logprobs.size(), 8u);
+  ASSERT_EQ(two.logprobs.size(), 8u);
+  ASSERT_EQ(base.logprobs.size(), 8u);
+  EXPECT_EQ(one.tokens, two.tokens);
+  double moved = 0, tp_diff = 0;
+  for (size_t i = 0; i < 8; ++i) {
+    ASSERT_EQ(one.logprobs[i].top.size(), two.logprobs[i].top.size());
+    for (size_t j = 0; j < one.logprobs[i].top.size(); ++j) {
+      EXPECT_EQ(one.logprobs[i].top[j].first, two.logprobs[i].top[j].first) << "token " << i << " rank " << j;
+      tp_diff = std::max(tp_diff, double(std::fabs(one.logprobs[i].top[j].second - two.logprobs[i].top[j].second)));
+    }
+  }
+  moved = std::fabs(double(one.logprobs[0].top[0].second) - double(base.logprobs[0].top[0].second)) +
+          (one.logprobs[0].top[0].first != base.logprobs[0].top[0].first ? 1.0 : 0.0);
+  EXPECT_LT(tp_diff, 1e-3) << "TP 2's logprobs vs TP 1's";
+  EXPECT_GT(moved, 1e-2) << "the bias changed nothing";
+  std::filesystem::remove_all(plain);
+  std::filesystem::remove_all(biased);
 }
