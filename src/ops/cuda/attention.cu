@@ -644,6 +644,10 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   p.q_vec = vec8_ok(p.q, hd, p.q_s1) && p.q_s0 % 8 == 0;
   p.o_vec2 = (reinterpret_cast<uintptr_t>(p.out) & 3) == 0 && p.o_s0 % 2 == 0 && p.o_s1 % 2 == 0;
   const int64_t rows = int64_t(meta.max_q_len) * p.G;
+  // The most keys a sequence's rows read: max_kv_len, or with a window at most window + the
+  // longest query (its first row's window to its last row).
+  const int64_t kv_read =
+      window > 0 ? std::min<int64_t>(meta.max_kv_len, int64_t(window) + meta.max_q_len) : meta.max_kv_len;
 
   // v2 kernels: head dims 64/128 with hd_v == hd and 16-byte aligned caches.
   const bool v2_ok = (hd == 64 || hd == 128) && hd_v == hd && aligned16(k_cache.data) && aligned16(v_cache.data);
@@ -684,12 +688,8 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
     else if (meta.max_q_len <= kDecodeMaxQLen) path = 3;
     // A short chunk over a long cached prefix (the agentic turn): the prefill kernel has one
     // block per 64-128 query rows and walks the whole prefix serially (41 ms for 64 new tokens
-    // after 32k on H200); split-KV spreads the prefix over the GPU instead. (A window bounds the
-    // prefix a query reads.)
-    else if (meta.max_q_len <= kSplitMaxQLen &&
-             (window > 0 ? std::min<int64_t>(meta.max_kv_len, int64_t(window) + meta.max_q_len) : meta.max_kv_len) >=
-                 kSplitMinKvPerQ * meta.max_q_len)
-      path = 3;
+    // after 32k on H200); split-KV spreads the prefix over the GPU instead.
+    else if (meta.max_q_len <= kSplitMaxQLen && kv_read >= kSplitMinKvPerQ * meta.max_q_len) path = 3;
     else if (rows < kPrefillWideMinRows) path = 4;
     else path = hd == 128 ? kPrefillWidePath128 : kPrefillWidePath64;
   }
@@ -711,11 +711,11 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
     TS_CHECK(nkv * chunks <= 65535, "paged_attention: {} kv heads x {} row chunks", nkv, chunks);
     // Split count from host-side bounds only (graph-safe): max_kv_len bounds every kv_len;
     // blocks whose split starts past their sequence's real length exit, the merge skips them.
-    // A window bounds the range a sequence's splits cover (from seq_kv_base, a tile -- uniform
-    // mode: a split -- below its first query's lowest key, to kv_len).
-    const int64_t span = window > 0 ? std::min<int64_t>(meta.max_kv_len, int64_t(window) + meta.max_q_len +
-                                                                             (split.uniform ? kUniformSplitTiles : 1) * kDTile)
-                                    : meta.max_kv_len;
+    // A window bounds the range a sequence's splits cover: kv_read plus the rounding of
+    // seq_kv_base (a tile; uniform mode: a split) below its first query's lowest key.
+    const int64_t span =
+        window > 0 ? std::min<int64_t>(meta.max_kv_len, kv_read + (split.uniform ? kUniformSplitTiles : 1) * kDTile)
+                   : meta.max_kv_len;
     const int64_t tiles = std::max<int64_t>(1, ceil_div(span, kDTile));
     int64_t splits;
     // The split count this batch shape reaches at any context: the scratch is sized for it at
