@@ -623,7 +623,10 @@ static std::vector<std::vector<uint16_t>> uni_call(const UniData& d, const std::
     p.part_o = ws.data();
     p.part_ml = ws.data() + size_t(ns) * T * nh * hd;
   }
-  run_grid({unsigned(ns), unsigned(d.nkv * chunks), unsigned(B + 1)}, kDThreads, [&] {
+  // As decode_launch: split_loop grids put (kv head, row chunk) on x.
+  const Idx3 grid = loop ? Idx3{unsigned(d.nkv * chunks), 1, unsigned(B + 1)}
+                         : Idx3{unsigned(ns), unsigned(d.nkv * chunks), unsigned(B + 1)};
+  run_grid(grid, kDThreads, [&] {
     if (hd == 64) d.f8 ? attn_decode_kernel<64, true, true>(p, chunks) : attn_decode_kernel<64, false, true>(p, chunks);
     else d.f8 ? attn_decode_kernel<128, true, true>(p, chunks) : attn_decode_kernel<128, false, true>(p, chunks);
   });

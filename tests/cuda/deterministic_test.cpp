@@ -232,6 +232,23 @@ TEST(DeterministicOps, AttentionAndMlaRowsDoNotDependOnChunkingOrBatch) {
   }
 }
 
+// A long prefill chunk: 16,400 rows at G = 8 and 8 kv heads are 8 x 8,200 blocks of 16 rows,
+// past grid.y's 65,535 (the uniform split_loop grid puts them on x). Its first and last rows equal
+// the same rows computed in small calls (whose grids are small), bit for bit.
+TEST(DeterministicOps, AChunkPastTheGridYLimitRuns) {
+  TS_REQUIRE_CUDA();
+  cuda::ScopedLaunchConfig inv(kInvariant);
+  const int L = 16400;
+  AttnWorld w = make_world({L}, 8, 8, 128, 64, false);
+  const std::vector<uint8_t> whole = row_bytes(attn_call(w, {{0, 0, L}}, 0)[0], L);
+  const size_t row = whole.size() / size_t(L);
+  for (const AttnPart part : {AttnPart{0, 0, 40}, AttnPart{0, 8000, 33}, AttnPart{0, L - 40, 40}}) {
+    const std::vector<uint8_t> b = row_bytes(attn_call(w, {part}, 0)[0], part.rows);
+    EXPECT_TRUE(std::equal(b.begin(), b.end(), whole.begin() + ptrdiff_t(size_t(part.first) * row)))
+        << "rows [" << part.first << ", " << part.first + part.rows << ") differ from the 16,400-row call's";
+  }
+}
+
 namespace {
 
 std::vector<GenerateParams> engine_requests() {

@@ -530,8 +530,10 @@ void decode_launch(const AttnParams& p, int chunks) {
   if (p.uniform) {
     static std::atomic<uint32_t> done{0};  // per device
     if (once_per_device(done)) set_smem(attn_decode_kernel<HD, F8, true>, smem);
-    launch(attn_decode_kernel<HD, F8, true>, dim3(unsigned(p.num_splits), unsigned(p.nkv * chunks), unsigned(p.B + 1)),
-           dim3(kDThreads), smem, true, p, chunks);
+    // split_loop: one split, (kv head, row chunk) on grid.x (no 65535 bound; see the kernel).
+    const dim3 grid = p.split_loop ? dim3(unsigned(p.nkv * chunks), 1u, unsigned(p.B + 1))
+                                   : dim3(unsigned(p.num_splits), unsigned(p.nkv * chunks), unsigned(p.B + 1));
+    launch(attn_decode_kernel<HD, F8, true>, grid, dim3(kDThreads), smem, true, p, chunks);
     return;
   }
   launch(attn_decode_kernel<HD, F8>,
@@ -708,7 +710,10 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
     // Uniform (deterministic) mode: 16 rows per block, one split (SplitKvOptions::uniform).
     p.d_rows = split.uniform ? 16 : kDRows;
     const int64_t chunks = std::max<int64_t>(1, ceil_div(rows, int64_t(p.d_rows)));
-    TS_CHECK(nkv * chunks <= 65535, "paged_attention: {} kv heads x {} row chunks", nkv, chunks);
+    // Grid y = nkv x chunks, except uniform split_loop launches (x, 2^31 - 1): see decode_launch.
+    const bool uni_loop = split.uniform && meta.max_q_len > kDecodeMaxQLen;
+    TS_CHECK(nkv * chunks <= (uni_loop ? int64_t(0x7fffffff) : int64_t(65535)),
+             "paged_attention: {} kv heads x {} row chunks", nkv, chunks);
     // Split count from host-side bounds only (graph-safe): max_kv_len bounds every kv_len;
     // blocks whose split starts past their sequence's real length exit, the merge skips them.
     // A window bounds the range a sequence's splits cover: kv_read plus the rounding of

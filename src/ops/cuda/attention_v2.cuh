@@ -225,8 +225,14 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
     zero_padding_rows(p);
     return;
   }
-  const int b = blockIdx.z, g = blockIdx.y / chunks, chunk = blockIdx.y % chunks;
-  const int split = blockIdx.x;
+  // Uniform mode with split_loop: this block walks its splits itself, from the first that holds
+  // a key of its rows to s_last (the grid has one); otherwise it computes the grid's split. The
+  // split_loop grid puts (kv head, row chunk) on x: a long chunk's nkv x rows/16 blocks exceed
+  // grid.y's 65535 (16k rows at G = 8, nkv = 8).
+  const bool loop = UNI && p.split_loop;
+  const int gc = loop ? int(blockIdx.x) : int(blockIdx.y);
+  const int b = blockIdx.z, g = gc / chunks, chunk = gc % chunks;
+  const int split = loop ? 0 : int(blockIdx.x);
   const int q0 = p.cu_q[b], q_len = p.cu_q[b + 1] - q0, kv_len = p.kv_len[b];
   const int d_rows = p.d_rows > 0 ? p.d_rows : kDRows;
   const int rows_total = q_len * p.G, r0 = chunk * d_rows;
@@ -240,9 +246,6 @@ __global__ void __launch_bounds__(kDThreads, 2) attn_decode_kernel(AttnParams p,
   // below w_hi (its last row's lowest) need the mask.
   const int w_lo = p.window > 0 ? max(0, min_pos - p.window + 1) : 0;
   const int w_hi = p.window > 0 ? max_pos - p.window + 1 : INT_MIN;
-  // Uniform mode with split_loop: this block walks its splits itself, from the first that holds
-  // a key of its rows to s_last (the grid has one); otherwise it computes the grid's split.
-  const bool loop = UNI && p.split_loop;
   int cur = loop ? (w_lo - kv_base) / split_len : split;
   int t_begin = kv_base + cur * split_len;
   // Splits at or past the real length write nothing (the merge reads only live splits); split 0
