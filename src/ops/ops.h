@@ -146,8 +146,12 @@ bool fuses_norm_gemv(Device device, int64_t rows);
 // window > 0: a sliding-window layer (Mistral, Qwen2 past max_window_layers): the query at
 // position p attends to the keys at positions (p - window, p] only -- `window` keys, itself
 // included, as transformers' sliding mask and FlashAttention's window (window - 1, 0). 0: all.
+// With a window, no backend reads (even to mask) a key below p - window + 1 - kWindowReadSlack
+// for a query at p (the CUDA kernels start at the 64-token tile holding a block's lowest key):
+// the block table's entries wholly below that may be anything (KvCache's window release).
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const AttnMeta& meta, float scale, Tensor& out, const KvScales& kvs = {}, int window = 0);
+inline constexpr int kWindowReadSlack = 128;
 
 // dst = src row by row (either may be strided); same dtype and shape.
 void copy_rows(const Tensor& src, Tensor& dst);

@@ -464,6 +464,17 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   // Attention DP: every rank's pool has `blocks` blocks of its group; the cache hands out ids of
   // all groups (a request's context still fits in one group's blocks).
   kv = std::make_unique<KvCache>(blocks * po.dp_size, bs, prefix_cache, po.dp_size);
+  // Every layer slides (Mistral): blocks below the window are released as sequences advance,
+  // so a context longer than the pool runs (vLLM's sliding-window manager). Not with EAGLE3:
+  // its draft layer attends to the whole context through the same table.
+  const bool all_slide = cfg.sliding_window > 0 && int64_t(cfg.sliding_layers.size()) == cfg.num_layers &&
+                         std::all_of(cfg.sliding_layers.begin(), cfg.sliding_layers.end(), [](uint8_t s) { return s != 0; });
+  if (all_slide && o.speculative_algorithm.empty()) {
+    kv->set_window_release(int(cfg.sliding_window));
+    spdlog::info("KV cache: every layer attends to the last {} tokens: blocks below that are released as "
+                 "sequences advance",
+                 cfg.sliding_window);
+  }
   SchedulerOptions so;
   so.token_budget = std::max(o.chunked_prefill_size, 1);
   so.max_num_seqs = max_seqs;
@@ -510,7 +521,11 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   if (device == Device::cuda) sync_clock_.use_device_events();
   if (overlap_) thread_steps_ = std::make_unique<StepThread>(*plain, device == Device::cuda);
   context_len = o.context_length > 0 ? std::min(o.context_length, cfg.max_position_embeddings) : cfg.max_position_embeddings;
-  context_len = std::min<int64_t>(context_len, blocks * bs - so.decode_tokens);
+  // The pool caps it, unless a window release keeps any context's blocks within the pool.
+  if (kv->window_release() == 0 ||
+      kv->peak_blocks(context_len + so.decode_tokens, std::max(so.token_budget, so.decode_tokens) + so.extra_decode_slots) >
+          kv->group_blocks())
+    context_len = std::min<int64_t>(context_len, blocks * bs - so.decode_tokens);
   io::GenerationConfig gc = io::load_generation_config(o.model_dir);
   for (auto id : cfg.eos_token_ids) eos.insert(id);
   for (auto id : gc.eos_token_ids) eos.insert(id);

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "ops/ops.h"
 
 namespace ts {
 
@@ -208,29 +209,62 @@ int64_t KvCache::blocks_needed(const std::vector<int32_t>& table, int64_t num_to
 }
 
 bool KvCache::ensure(std::vector<int32_t>& table, int64_t num_tokens, int group) {
-  if (!table.empty() && groups() > 1) group = group_of(table[0]);  // (one group: no load of the table's data)
+  if (!table.empty() && groups() > 1) group = table_group(table);  // (one group: no load of the table's data)
   int64_t extra = blocks_needed(table, num_tokens);
   if (extra > available_blocks(group)) return false;
   for (int64_t i = 0; i < extra; ++i) table.push_back(take_block(group));
   return true;
 }
 
-void KvCache::commit(const int32_t* tokens, int64_t computed, const std::vector<int32_t>& table,
+void KvCache::commit(const int32_t* tokens, int64_t computed, std::vector<int32_t>& table,
                      std::vector<uint64_t>& hashes) {
-  if (!prefix_) return;
-  int64_t full = std::min<int64_t>(computed / block_size_, int64_t(table.size()));
-  while (int64_t(hashes.size()) < full) {
-    size_t i = hashes.size();
-    uint64_t parent = i ? hashes[i - 1] : group_seed(group_of(table[0]));
-    uint64_t h = hash_block(tokens + i * size_t(block_size_), block_size_, parent);
-    hashes.push_back(h);
-    index_block(table[i], h, i, tokens + i * size_t(block_size_), hashes);
+  if (prefix_) {
+    int64_t full = std::min<int64_t>(computed / block_size_, int64_t(table.size()));
+    while (int64_t(hashes.size()) < full) {
+      size_t i = hashes.size();
+      uint64_t parent = i ? hashes[i - 1] : group_seed(table_group(table));
+      uint64_t h = hash_block(tokens + i * size_t(block_size_), block_size_, parent);
+      hashes.push_back(h);
+      index_block(table[i], h, i, tokens + i * size_t(block_size_), hashes);
+    }
   }
+  release_below_window(table, computed);
+}
+
+void KvCache::release_below_window(std::vector<int32_t>& table, int64_t computed) {
+  if (window_release_ == 0) return;
+  // Blocks [0, upto) end at or below the lowest key a query at `computed` or later may read
+  // (never the last block). Released ones form a prefix of the table: walk down from upto - 1
+  // to the last released one (O(newly released) a step), the later blocks first so the earlier
+  // ones are the more recently used on the LRU (a chain is only found from its start).
+  const int64_t lowest = computed - window_release_ + 1 - window_slack_;
+  const int64_t upto = std::min<int64_t>(lowest > 0 ? lowest / block_size_ : 0, int64_t(table.size()) - 1);
+  for (int64_t i = upto - 1; i >= 0 && table[size_t(i)] != kNoBlock; --i) {
+    unref(table[size_t(i)]);
+    table[size_t(i)] = kNoBlock;
+  }
+}
+
+void KvCache::set_window_release(int window) { set_window_release(window, ops::kWindowReadSlack); }
+
+void KvCache::set_window_release(int window, int slack) {
+  TS_CHECK(window >= 0 && slack >= 0, "KvCache: window {} or read slack {} < 0", window, slack);
+  window_release_ = window;
+  window_slack_ = slack;
+}
+
+int64_t KvCache::peak_blocks(int64_t tokens, int64_t step_tokens) const {
+  const int64_t all = blocks_needed({}, tokens);
+  if (window_release_ == 0) return all;
+  // Live: [computed - window + 1 - slack, computed + step) rounded out to blocks at both ends.
+  const int64_t live = (window_release_ - 1 + window_slack_ + step_tokens + block_size_ - 1) / block_size_ + 1;
+  return std::min(all, live);
 }
 
 void KvCache::release(std::vector<int32_t>& table, std::vector<uint64_t>& hashes) {
   // Release the tail first so the LRU evicts a sequence's last blocks before its prefix.
-  for (auto it = table.rbegin(); it != table.rend(); ++it) unref(*it);
+  for (auto it = table.rbegin(); it != table.rend(); ++it)
+    if (*it != kNoBlock) unref(*it);
   table.clear();
   hashes.clear();
 }
@@ -238,7 +272,7 @@ void KvCache::release(std::vector<int32_t>& table, std::vector<uint64_t>& hashes
 void KvCache::truncate(std::vector<int32_t>& table, std::vector<uint64_t>& hashes, int64_t num_tokens) {
   size_t keep = size_t((num_tokens + block_size_ - 1) / block_size_);
   while (table.size() > keep) {
-    unref(table.back());
+    if (table.back() != kNoBlock) unref(table.back());
     table.pop_back();
   }
   size_t full = size_t(num_tokens / block_size_);

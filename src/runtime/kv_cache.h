@@ -16,6 +16,10 @@
 // id). A sequence takes all its blocks from one group — the group of its first block, or the
 // group passed in for an empty table — and prefix hashes are seeded per group, so a lookup only
 // finds blocks that its group's ranks hold. With one group everything is as without DP.
+// Sliding-window release (set_window_release; every attention layer slides): a sequence's blocks
+// wholly below what its later queries can read are dropped as it advances (commit), their table
+// entries left as kNoBlock, so a 100k-token conversation over a 4k window holds ~4k tokens of
+// blocks. The group of a table is its last block's (the last block is never released).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -60,10 +64,30 @@ class KvCache {
   // of `group`). Returns false (and changes nothing) when the group cannot supply the blocks.
   bool ensure(std::vector<int32_t>& table, int64_t num_tokens, int group = 0);
   int64_t blocks_needed(const std::vector<int32_t>& table, int64_t num_tokens) const;
-  // Registers the hashes of blocks that became full with computed tokens [0, computed).
-  void commit(const int32_t* tokens, int64_t computed, const std::vector<int32_t>& table, std::vector<uint64_t>& hashes);
+  // Registers the hashes of blocks that became full with computed tokens [0, computed). With a
+  // window release, then drops the blocks wholly below computed - window + 1 -
+  // ops::kWindowReadSlack (no later query of the sequence reads them): their hashed blocks stay
+  // cached (LRU, earlier blocks more recent) for prefix hits of later turns.
+  void commit(const int32_t* tokens, int64_t computed, std::vector<int32_t>& table, std::vector<uint64_t>& hashes);
   // Drops the sequence's references (blocks with a hash stay cached, others become free).
   void release(std::vector<int32_t>& table, std::vector<uint64_t>& hashes);
+  // Window release: every attention layer of the model reads the last `window` keys only (0:
+  // off), and the kernels no key more than `slack` below that (ops::kWindowReadSlack; tests
+  // pass less). Not with speculative decoding (the draft model attends to the whole context).
+  void set_window_release(int window);  // slack: ops::kWindowReadSlack
+  void set_window_release(int window, int slack);
+  int window_release() const { return window_release_; }
+  // Window release alone (commit does it after hashing): drops the table's blocks wholly below
+  // what a query at `computed` or later reads. No-op without a window release.
+  void release_below_window(std::vector<int32_t>& table, int64_t computed);
+  // A released entry of a table (no block; never read).
+  static constexpr int32_t kNoBlock = -1;
+  // The group of a non-empty table (its last block's).
+  int table_group(const std::vector<int32_t>& table) const { return group_of(table.back()); }
+  // The most blocks one sequence of `tokens` tokens holds while a step computes `step_tokens` of
+  // them: all of its blocks, or with a window release the window's (plus the read slack) and the
+  // step's. A request whose bound exceeds a group's blocks can never run.
+  int64_t peak_blocks(int64_t tokens, int64_t step_tokens) const;
   // Truncates a table to cover `num_tokens` (speculative rollback); blocks past it are released.
   void truncate(std::vector<int32_t>& table, std::vector<uint64_t>& hashes, int64_t num_tokens);
 
@@ -126,6 +150,7 @@ class KvCache {
 
   int block_size_;
   bool prefix_;
+  int window_release_ = 0, window_slack_ = 0;
   std::vector<Block> blocks_;
   // The LRU lists' and the hash index's nodes (at most one of each per block): set aside at
   // construction, so committing and evicting blocks allocates nothing (declared before them).

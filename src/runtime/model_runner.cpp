@@ -322,9 +322,9 @@ const Tensor& ModelRunner::run_local(const std::vector<SeqChunk>& chunks, bool c
 const Tensor& ModelRunner::run_dp(const std::vector<SeqChunk>& chunks, bool capture_aux) {
   auto group_of = [&](const SeqChunk& c) {
     TS_CHECK(c.block_table && !c.block_table->empty(), "data parallel step: a chunk without blocks");
-    const int64_t g = (*c.block_table)[0] / num_blocks();
+    const int64_t g = c.block_table->back() / num_blocks();  // (KvCache::table_group)
     TS_CHECK(g >= 0 && g < dp_groups_, "data parallel step: block {} outside {} groups of {} blocks",
-             (*c.block_table)[0], dp_groups_, num_blocks());
+             c.block_table->back(), dp_groups_, num_blocks());
     return int(g);
   };
   tp_->run([&](int r) {

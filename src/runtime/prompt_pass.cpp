@@ -48,16 +48,24 @@ PromptPassResult run_prompt_pass(ModelRunner& runner, KvCache& kv, const PromptP
   std::vector<int32_t> table;
   std::vector<uint64_t> hashes;
   // With a host tier, taking blocks may evict cached ones whose write-back must run before the
-  // pass overwrites them (the same plan boundary the scheduler keeps).
-  kv.begin_plan();
-  const bool ok = kv.ensure(table, n);
-  KvBlockOps ops;
-  kv.take_ops(ops);
-  if (kv.store() && !ops.empty()) kv.store()->execute(ops);
-  if (!ok) {
-    out.error = fmt::format("the KV cache has no room for a {}-token pass now; retry later", n);
-    return out;
-  }
+  // pass overwrites them (the same plan boundary the scheduler keeps). With a window release
+  // (every layer slides) the blocks are taken chunk by chunk and those below the window given
+  // back, so a prompt longer than the pool passes; else all at once, before the first chunk.
+  const int chunk = std::max(1, max_chunk);
+  const bool sliding = kv.window_release() > 0;
+  auto take = [&](int64_t upto) {
+    kv.begin_plan();
+    const bool ok = kv.ensure(table, upto);
+    KvBlockOps ops;
+    kv.take_ops(ops);
+    if (kv.store() && !ops.empty()) kv.store()->execute(ops);
+    if (!ok) {
+      kv.release(table, hashes);
+      out.error = fmt::format("the KV cache has no room for a {}-token pass now; retry later", n);
+    }
+    return ok;
+  };
+  if (!take(sliding ? std::min<int64_t>(chunk, n) : n)) return out;
   std::shared_ptr<const int> state;
   if (runner.has_state()) {
     state = runner.take_state_slot();
@@ -70,10 +78,18 @@ PromptPassResult run_prompt_pass(ModelRunner& runner, KvCache& kv, const PromptP
   try {
     const int64_t hdim = model.config().hidden_size;
     if (req.hidden) out.hidden.assign(size_t(hdim), 0.0f);
-    const int chunk = std::max(1, max_chunk);
     for (int64_t start = 0; start < n; start += chunk) {
       const int len = int(std::min<int64_t>(chunk, n - start));
       const bool last = start + len == n;
+      if (sliding && start > 0) {
+        kv.release_below_window(table, start);
+        if (!take(start + len)) {
+          out.logprobs.clear();
+          out.ranks.clear();
+          out.hidden.clear();
+          return out;
+        }
+      }
       SeqChunk c;
       c.tokens = req.ids.data() + start;
       c.num_tokens = len;

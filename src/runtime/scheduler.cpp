@@ -30,7 +30,7 @@ bool Scheduler::retract_newest(size_t after, StepPlan& plan, int group) {
   for (size_t j = running_.size(); j-- > after + 1;) {
     if (running_[j]->terminal()) continue;
     const std::vector<int32_t>& t = running_[j]->block_table;
-    if (group >= 0 && (t.empty() || kv_.group_of(t[0]) != group)) continue;
+    if (group >= 0 && (t.empty() || kv_.table_group(t) != group)) continue;
     retract_at(j, plan);
     return true;
   }
@@ -55,7 +55,7 @@ void Scheduler::plan(StepPlan& plan) {
     int n = opts_.decode_tokens == 1 ? std::max(r.remaining_to_compute(), 1)
                                      : std::min(r.remaining_to_compute(), opts_.decode_tokens);
     int64_t need = int64_t(r.num_computed) + std::max(n, opts_.decode_tokens) + opts_.extra_decode_slots;
-    const int group = kv_.groups() > 1 && !r.block_table.empty() ? kv_.group_of(r.block_table[0]) : -1;
+    const int group = kv_.groups() > 1 && !r.block_table.empty() ? kv_.table_group(r.block_table) : -1;
     bool self_retracted = false;
     while (!kv_.ensure(r.block_table, need)) {
       if (!retract_newest(i, plan, group)) {  // nothing newer to preempt: r itself waits
@@ -107,7 +107,9 @@ void Scheduler::plan(StepPlan& plan) {
   while (budget > 0 && !waiting_.empty() && int(running_.size()) < opts_.max_num_seqs) {
     std::shared_ptr<Request> rp = waiting_.front();
     Request& r = *rp;
-    int64_t total_need = kv_.blocks_needed({}, int64_t(r.tokens.size()) + opts_.decode_tokens + opts_.extra_decode_slots);
+    // (With a window release the request holds the window's blocks, not its whole context.)
+    const int64_t step = std::max(opts_.token_budget, opts_.decode_tokens) + opts_.extra_decode_slots;
+    int64_t total_need = kv_.peak_blocks(int64_t(r.tokens.size()) + opts_.decode_tokens + opts_.extra_decode_slots, step);
     if (total_need > kv_.group_blocks()) {
       waiting_.pop_front();
       rejected.push_back(rp);
@@ -116,6 +118,8 @@ void Scheduler::plan(StepPlan& plan) {
     // Reuse cached full blocks; the last token is always computed (its logits are needed).
     const int group = kv_.pick_group(r.tokens.data(), int(r.tokens.size()) - 1);
     int cached = kv_.match_prefix(r.tokens.data(), int(r.tokens.size()) - 1, r.block_table, r.block_hashes, group);
+    // Window release: the hit's blocks below what its first chunk reads go back at once.
+    if (kv_.window_release() > 0 && cached > 0) kv_.commit(r.tokens.data(), cached, r.block_table, r.block_hashes);
     int n = std::min(int(r.tokens.size()) - cached, budget);
     if (!kv_.ensure(r.block_table, cached + n, group)) {
       kv_.release(r.block_table, r.block_hashes);

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine_test_util.h"
+#include "runtime/prompt_pass.h"
 #include "runtime/structured.h"
 #include "tokenizer/tokenizer.h"
 
@@ -327,10 +328,14 @@ TEST(EngineHostTime, OneHundredSixtyRunningRequestsTinyModel) { host_time_at(160
 // only before those give the same tokens and logprob bits (the Llama's differ), on every kernel
 // path the engine takes (prefill chunks, decodes, mixed steps). Per-layer windows from
 // layer_types: all sliding is the Mistral bit for bit; a full last layer reaches back again.
-TEST(EngineSlidingWindow, LayersAttendToTheLastWindowTokens) {
+namespace {
+
+// The Llama fixture's weights as a Mistral with sliding window `window`, in a fresh temp dir
+// `name`; its config.json's JSON in *cfg.
+std::filesystem::path mistral_fixture(const std::string& name, int window, nlohmann::json* cfg_out = nullptr) {
   namespace fs = std::filesystem;
   const fs::path src = fs::path(TS_SOURCE_DIR) / "tests/data/llama3";
-  const fs::path dir = fs::temp_directory_path() / "ts_sliding_window_mistral";
+  const fs::path dir = fs::temp_directory_path() / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   for (const char* f : {"model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"})
@@ -338,9 +343,20 @@ TEST(EngineSlidingWindow, LayersAttendToTheLastWindowTokens) {
   nlohmann::json cfg = nlohmann::json::parse(std::ifstream(src / "config.json"));
   cfg["architectures"] = {"MistralForCausalLM"};
   cfg["model_type"] = "mistral";
-  constexpr int kWindow = 8;
-  cfg["sliding_window"] = kWindow;
+  cfg["sliding_window"] = window;
   std::ofstream(dir / "config.json") << cfg.dump();
+  if (cfg_out) *cfg_out = cfg;
+  return dir;
+}
+
+}  // namespace
+
+TEST(EngineSlidingWindow, LayersAttendToTheLastWindowTokens) {
+  namespace fs = std::filesystem;
+  const fs::path src = fs::path(TS_SOURCE_DIR) / "tests/data/llama3";
+  constexpr int kWindow = 8;
+  nlohmann::json cfg;
+  const fs::path dir = mistral_fixture("ts_sliding_window_mistral", kWindow, &cfg);
   const int layers = cfg["num_hidden_layers"].get<int>();
 
   EngineOptions o = small_engine();
@@ -412,5 +428,67 @@ TEST(EngineSlidingWindow, LayersAttendToTheLastWindowTokens) {
   const auto last_full = with_types(types);
   EXPECT_NE(last_full.first, last_full.second) << "a full layer reads the first tokens";
   EXPECT_NE(last_full.first, bits(ma));
+  fs::remove_all(dir);
+}
+
+// Every layer slides: a sequence's blocks below its window (plus the kernels' read slack) go
+// back to the pool as it advances (KvCache::set_window_release), so a 760-token conversation
+// runs in a 320-token pool -- with the tokens and logprob bits of a pool that never reuses a
+// released block (a read below the window would see another position's K/V there). The Llama
+// (full attention) cannot take that request in that pool.
+TEST(EngineSlidingWindow, BlocksBelowTheWindowGoBackToThePool) {
+  namespace fs = std::filesystem;
+  constexpr int kWindow = 24;
+  const fs::path dir = mistral_fixture("ts_sliding_window_release", kWindow);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 700; ++i) prompt.push_back(100 + (i * 53) % 700);
+  auto run = [&](const std::string& model, int64_t pool) {
+    EngineOptions o = small_engine(pool, 16);
+    o.model_dir = model;
+    o.chunked_prefill_size = 48;
+    Engine e(o);
+    e.start();
+    GenerateParams p = greedy(prompt, 60);
+    p.logprobs = 2;
+    std::vector<std::shared_ptr<Stream>> others;  // decodes beside its chunks
+    for (int k = 0; k < 2; ++k) others.push_back(e.submit(greedy({int32_t(300 + k), 301, 302}, 30)));
+    Result r = collect(e.submit(p));
+    for (auto& s : others) EXPECT_TRUE(collect(s).error.empty());
+    // The same conversation's next turn: the blocks it left cached are reused where present.
+    std::vector<int32_t> turn2 = prompt;
+    turn2.insert(turn2.end(), r.tokens.begin(), r.tokens.end());
+    for (int i = 0; i < 20; ++i) turn2.push_back(200 + i);
+    Result r2 = collect(e.submit(greedy(turn2, 10)));
+    EXPECT_TRUE(r2.error.empty()) << r2.error;
+    // Prompt logprobs of the whole prompt: a pass that takes and gives back blocks per chunk.
+    PromptPassRequest pp;
+    pp.ids = prompt;
+    pp.logprobs = 1;
+    PromptPassResult pr = e.prompt_pass(pp);
+    EXPECT_TRUE(pr.error.empty()) << pr.error;
+    EXPECT_EQ(pr.logprobs.size(), prompt.size() - 1);
+    for (const TokenLogprob& lp : pr.logprobs) r2.tokens.push_back(int32_t(std::bit_cast<uint32_t>(lp.logprob)));
+    return std::make_pair(r, r2.tokens);
+  };
+  auto bits = [](const Result& r) {
+    std::vector<uint32_t> v;
+    for (const TokenLogprob& lp : r.logprobs) {
+      v.push_back(std::bit_cast<uint32_t>(lp.logprob));
+      for (auto& [id, l] : lp.top) v.push_back(uint32_t(id)), v.push_back(std::bit_cast<uint32_t>(l));
+    }
+    return v;
+  };
+  const auto small = run(dir.string(), 320), big = run(dir.string(), 16384);
+  ASSERT_TRUE(small.first.error.empty()) << small.first.error;
+  ASSERT_EQ(small.first.tokens.size(), 60u);
+  EXPECT_EQ(small.first.tokens, big.first.tokens);
+  EXPECT_EQ(bits(small.first), bits(big.first)) << "a layer read a released block";
+  EXPECT_EQ(small.second, big.second);
+  EngineOptions o = small_engine(320, 16);
+  o.model_dir = (fs::path(TS_SOURCE_DIR) / "tests/data/llama3").string();
+  Engine llama(o);
+  llama.start();
+  EXPECT_LT(llama.context_length(), 320);
+  EXPECT_THROW(llama.submit(greedy(prompt, 60)), InvalidRequest);
   fs::remove_all(dir);
 }

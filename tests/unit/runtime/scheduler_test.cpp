@@ -357,10 +357,14 @@ struct FakeKv {
     const int bs = pool.block_size;
     return pool.k[0].ptr<float>()[size_t(r.block_table[size_t(pos / bs)]) * size_t(bs) + size_t(pos % bs)];
   }
-  // A row: reads positions [0, num_computed) (attention over the prefix), writes its own.
-  ::testing::AssertionResult row(Request& r, int n) {
-    for (int64_t p = 0; p < r.num_computed; ++p)
-      if (at(r, p) != float(r.tokens[size_t(p)] + 1))
+  // A row: reads positions [0, num_computed) (attention over the prefix; with a window, from
+  // num_computed - window + 1 - slack: what the kernels may read), writes its own.
+  ::testing::AssertionResult row(Request& r, int n, int window = 0, int slack = 0) {
+    const int64_t lo = window > 0 ? std::max<int64_t>(0, r.num_computed - window + 1 - slack) : 0;
+    for (int64_t p = lo; p < r.num_computed; ++p)
+      if (r.block_table[size_t(p / pool.block_size)] == KvCache::kNoBlock)
+        return ::testing::AssertionFailure() << "request " << r.id << " reads position " << p << " of a released block";
+      else if (at(r, p) != float(r.tokens[size_t(p)] + 1))
         return ::testing::AssertionFailure() << "request " << r.id << " reads position " << p << " of "
                                              << r.num_computed << ": " << at(r, p) - 1 << " instead of "
                                              << r.tokens[size_t(p)] << " (wait seq " << r.kv_wait_seq << ")";
@@ -507,11 +511,17 @@ struct SimConfig {
   int64_t host_blocks = 0;
   int max_load_delay = 0;
   bool write_through = false;
+  // Sliding-window release (KvCache::set_window_release): window and read slack (0: off). The
+  // fake forward then checks the window's content too (decode_tokens 1).
+  int window = 0, window_slack = 0;
 };
 
 void simulate(const SimConfig& cfg) {
   KvCache kv(cfg.blocks, cfg.block_size, cfg.prefix, cfg.groups);
+  if (cfg.window > 0) kv.set_window_release(cfg.window, cfg.window_slack);
   const bool tier = cfg.host_blocks > 0;
+  const bool content = tier || cfg.window > 0;  // the fake forward's reads are checked
+  int64_t released_seen = 0;                     // running tables' released entries (window)
   std::unique_ptr<KvStore> store;
   FakeKv fkv(cfg.blocks, cfg.block_size);
   if (tier) {
@@ -599,8 +609,9 @@ void simulate(const SimConfig& cfg) {
       ASSERT_GE(int64_t(c.req->block_table.size()) * cfg.block_size, c.req->num_computed + c.num_tokens);
       ASSERT_EQ(c.req->kv_wait_seq, 0u) << "request " << c.req->id << " planned while its blocks load";
       budget_used += c.req->is<Decoding>() ? cfg.decode_tokens : c.num_tokens;
-      if (tier) {
-        ASSERT_TRUE(fkv.row(*c.req, c.req->is<Decoding>() ? 1 : c.num_tokens)) << "step " << steps;
+      if (content) {
+        ASSERT_TRUE(fkv.row(*c.req, c.req->is<Decoding>() ? 1 : c.num_tokens, cfg.window, cfg.window_slack))
+            << "step " << steps;
       }
     }
     ASSERT_LE(budget_used, cfg.budget + cfg.max_seqs * cfg.decode_tokens);
@@ -611,11 +622,21 @@ void simulate(const SimConfig& cfg) {
     // No leak, no double free: referenced blocks are exactly the live requests' tables.
     kv.check();
     std::set<int32_t> live;
-    for (auto& r : s.running())
+    const int64_t step_tokens = std::max(cfg.budget, cfg.decode_tokens) + cfg.extra_slots;
+    for (auto& r : s.running()) {
+      int64_t held = 0;
       for (int32_t b : r->block_table) {
+        if (b == KvCache::kNoBlock) {
+          ++released_seen;
+          continue;
+        }
+        ++held;
         live.insert(b);
-        ASSERT_EQ(kv.group_of(b), kv.group_of(r->block_table[0])) << "request " << r->id << " spans DP groups";
+        ASSERT_EQ(kv.group_of(b), kv.table_group(r->block_table)) << "request " << r->id << " spans DP groups";
       }
+      ASSERT_LE(held, kv.peak_blocks(int64_t(r->tokens.size()) + cfg.decode_tokens + cfg.extra_slots, step_tokens))
+          << "request " << r->id << " holds more blocks than its bound";
+    }
     if (tier) {  // blocks a load batch still holds (their request may be gone)
       store->check();
       std::vector<int32_t> pending;
@@ -648,6 +669,9 @@ void simulate(const SimConfig& cfg) {
   EXPECT_GT(s.retractions(), 0) << "the pool should be small enough to retract";
   if (cfg.prefix) {
     EXPECT_GT(cached, 0) << "no prefix hits";
+  }
+  if (cfg.window > 0) {
+    EXPECT_GT(released_seen, 0) << "no block was released below the window";
   }
   std::printf("  %lld finished, %lld aborted, %lld rejected, %lld retractions, %lld cached tokens, %d steps\n",
               static_cast<long long>(finished), static_cast<long long>(aborted), static_cast<long long>(rejected),
@@ -720,6 +744,11 @@ TEST(SchedulerSimulation, HostTierImmediateLoads) { simulate({24, 4, 32, 16, 1, 
 TEST(SchedulerSimulation, HostTierSlowLoadsAbortsAndRetractions) { simulate({24, 4, 32, 16, 1, 0, true, 15, 1, 48, 4}); }
 TEST(SchedulerSimulation, HostTierSmallerThanTheDevicePool) { simulate({32, 4, 24, 8, 1, 0, true, 16, 1, 12, 2}); }
 TEST(SchedulerSimulation, HostTierWriteThroughSlowLoads) { simulate({24, 4, 32, 16, 1, 0, true, 17, 1, 48, 3, true}); }
+// Sliding-window release: every table drops its blocks below window 6 (+ slack 3) as it advances;
+// the fake forward checks the window's content, and requests longer than the pool run.
+TEST(SchedulerSimulation, SlidingWindowRelease) { simulate({24, 4, 32, 16, 1, 0, true, 18, 1, 0, 0, false, 6, 3}); }
+TEST(SchedulerSimulation, SlidingWindowReleaseNoPrefixCache) { simulate({24, 4, 32, 16, 1, 0, false, 19, 1, 0, 0, false, 6, 3}); }
+TEST(SchedulerSimulation, SlidingWindowReleaseHostTier) { simulate({24, 4, 32, 16, 1, 0, true, 20, 1, 48, 3, false, 6, 3}); }
 
 }  // namespace
 }  // namespace ts
