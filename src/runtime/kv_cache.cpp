@@ -159,11 +159,64 @@ int KvCache::pick_group(const int32_t* tokens, int max_tokens) const {
   return best;
 }
 
+// Window release: the longest hit end (whole blocks, at most max_tokens) whose blocks a query
+// there reads are all cached on the device (the chain's hashes need the tokens, not the blocks);
+// *chain: the leading run of device hits (the usual walk's device part). Hashes of the blocks
+// up to max_tokens in window_hashes_.
+int KvCache::window_hit(const int32_t* tokens, int max_tokens, int group, int* chain) {
+  const int nb = max_tokens / block_size_;
+  window_hashes_.clear();
+  uint64_t h = group_seed(group);
+  int best = 0, run = 0;
+  *chain = 0;
+  for (int i = 0; i < nb; ++i) {
+    h = hash_block(tokens + size_t(i) * size_t(block_size_), block_size_, h);
+    window_hashes_.push_back(h);
+    const bool hit = by_hash_.count(h) > 0;
+    run = hit ? run + 1 : 0;
+    if (hit && *chain == i) *chain = i + 1;
+    // Blocks [lowest / bs, i] must all be there: the run ending at i covers [i + 1 - run, i].
+    const int64_t lowest = std::max<int64_t>(0, int64_t(i + 1) * block_size_ - window_release_ + 1 - window_slack_);
+    if (run > 0 && i + 1 - run <= lowest / block_size_) best = i + 1;
+  }
+  *chain *= block_size_;
+  return best * block_size_;
+}
+
 int KvCache::match_prefix(const int32_t* tokens, int max_tokens, std::vector<int32_t>& table,
                           std::vector<uint64_t>& hashes, int group) {
   last_host_tokens_ = 0;
   last_wait_seq_ = 0;
   if (!prefix_) return 0;
+  // Window release: a hit needs only the blocks its continuation reads (vLLM's sliding-window
+  // cache hit), so one whose earlier blocks were evicted still counts -- from the device tier
+  // alone, taken where it reaches past the device chain (else the usual walk, which may go on
+  // into the host tier). Its blocks below what the first chunk reads stay kNoBlock.
+  if (window_release_ > 0) {
+    int chain = 0;
+    const int win = window_hit(tokens, max_tokens, group, &chain);
+    if (win > chain) {
+      const int64_t first = std::max<int64_t>(0, int64_t(win) - window_release_ + 1 - window_slack_) / block_size_;
+      for (int i = 0; i < win / block_size_; ++i) {
+        hashes.push_back(window_hashes_[size_t(i)]);
+        if (i < first) {
+          table.push_back(kNoBlock);
+          continue;
+        }
+        const int32_t id = by_hash_.find(window_hashes_[size_t(i)])->second;
+        Block& b = blocks_[size_t(id)];
+        if (b.in_lru) {
+          parts_[size_t(group_of(id))].lru.erase(b.lru_it);
+          b.in_lru = false;
+        }
+        ++b.ref;
+        last_wait_seq_ = std::max(last_wait_seq_, b.load_seq);  // a block another lookup is loading
+        table.push_back(id);
+      }
+      ++window_hits_;
+      return win;
+    }
+  }
   uint64_t h = group_seed(group);
   int n = 0;
   while (n + block_size_ <= max_tokens) {

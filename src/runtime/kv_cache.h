@@ -57,7 +57,8 @@ class KvCache {
 
   // Looks up the longest cached run of full blocks for `tokens` (at most `max_tokens` tokens),
   // takes a reference on each, appends them to `table` (which must be empty) and their hashes
-  // to `hashes`. Returns the number of tokens covered. group: the DP group (see above).
+  // to `hashes`. Returns the number of tokens covered. group: the DP group (see above). With a
+  // window release a hit needs only the blocks a query at its end reads (the others kNoBlock).
   int match_prefix(const int32_t* tokens, int max_tokens, std::vector<int32_t>& table, std::vector<uint64_t>& hashes,
                    int group = 0);
   // Grows `table` to cover `num_tokens` tokens (blocks of the table's group; an empty table:
@@ -77,6 +78,8 @@ class KvCache {
   void set_window_release(int window);  // slack: ops::kWindowReadSlack
   void set_window_release(int window, int slack);
   int window_release() const { return window_release_; }
+  // Prefix hits that took the window path (their earlier blocks evicted; match_prefix).
+  int64_t window_hits() const { return window_hits_; }
   // Window release alone (commit does it after hashing): drops the table's blocks wholly below
   // what a query at `computed` or later reads. No-op without a window release.
   void release_below_window(std::vector<int32_t>& table, int64_t computed);
@@ -146,11 +149,14 @@ class KvCache {
   static uint64_t group_seed(int group) { return group == 0 ? 0 : 0x9E3779B97F4A7C15ull * uint64_t(group); }
   // Tokens of the longest run of full blocks of `tokens` cached in the device tier of `group`.
   int cached_tokens(const int32_t* tokens, int max_tokens, int group) const;
+  int window_hit(const int32_t* tokens, int max_tokens, int group, int* chain);
   void index_block(int32_t id, uint64_t h, size_t pos, const int32_t* block_tokens, const std::vector<uint64_t>& hashes);
 
   int block_size_;
   bool prefix_;
   int window_release_ = 0, window_slack_ = 0;
+  std::vector<uint64_t> window_hashes_;  // window_hit's scratch
+  int64_t window_hits_ = 0;
   std::vector<Block> blocks_;
   // The LRU lists' and the hash index's nodes (at most one of each per block): set aside at
   // construction, so committing and evicting blocks allocates nothing (declared before them).

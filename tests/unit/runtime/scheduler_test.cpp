@@ -116,6 +116,59 @@ TEST(KvCache, PrefixReuseRefcountsAndEviction) {
   kv.check();
 }
 
+// Window release (window 6, read slack 2, blocks of 4): a 40-token sequence keeps the blocks a
+// query at 40 reads (positions >= 33: blocks 8 and 9); the others go to the LRU. After LRU
+// evicted blocks 4-7, a continuation still hits all 40 tokens through blocks 8-9 alone (the
+// chain from block 0 breaks at block 4).
+TEST(KvCache, WindowReleaseKeepsTheWindowAndHitsWithoutTheEarlierBlocks) {
+  KvCache kv(16, 4, true);
+  kv.set_window_release(6, 2);
+  EXPECT_EQ(kv.peak_blocks(1000, 4), 4);    // (6 - 1 + 2 + 4) tokens over blocks, + 1 for the ends
+  EXPECT_EQ(kv.peak_blocks(10, 4), 3);      // a short sequence: all of its blocks
+  std::vector<int32_t> a(40), b;
+  for (int i = 0; i < 40; ++i) a[size_t(i)] = 100 + i;
+  std::vector<int32_t> ta;
+  std::vector<uint64_t> ha;
+  ASSERT_TRUE(kv.ensure(ta, 40));
+  const std::vector<int32_t> ids = ta;
+  kv.commit(a.data(), 40, ta, ha);
+  ASSERT_EQ(ha.size(), 10u);
+  const std::vector<uint64_t> hashes_a = ha;
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(ta[size_t(i)], KvCache::kNoBlock) << "block " << i;
+  EXPECT_EQ(ta[8], ids[8]);
+  EXPECT_EQ(ta[9], ids[9]);
+  EXPECT_EQ(kv.used_blocks(), 2);
+  kv.check();
+  kv.release(ta, ha);  // skips the released entries
+  kv.check();
+  std::vector<int32_t> tb;
+  std::vector<uint64_t> hb;
+  ASSERT_TRUE(kv.ensure(tb, 40));  // 6 free blocks + 4 evicted from the LRU: A's blocks 7, 6, 5, 4
+  b = a;
+  for (int i = 0; i < 8; ++i) b.push_back(500 + i);
+  std::vector<int32_t> tc;
+  std::vector<uint64_t> hc;
+  EXPECT_EQ(kv.match_prefix(b.data(), 47, tc, hc), 40);
+  EXPECT_EQ(kv.window_hits(), 1);
+  ASSERT_EQ(tc.size(), 10u);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(tc[size_t(i)], KvCache::kNoBlock) << "block " << i;
+  EXPECT_EQ(tc[8], ids[8]);
+  EXPECT_EQ(tc[9], ids[9]);
+  EXPECT_EQ(hc, hashes_a);
+  EXPECT_EQ(kv.refs(ids[8]), 1);
+  kv.check();
+  kv.release(tc, hc);
+  kv.release(tb, hb);
+  // Without the window, the same lookup stops where the chain breaks (blocks 0-3).
+  KvCache plain(16, 4, true);
+  std::vector<int32_t> tp;
+  std::vector<uint64_t> hp;
+  ASSERT_TRUE(plain.ensure(tp, 40));
+  plain.commit(a.data(), 40, tp, hp);
+  EXPECT_EQ(plain.used_blocks(), 10);
+  kv.check();
+}
+
 TEST(KvCache, DoubleReleaseIsCaught) {
   KvCache kv(2, 4, false);
   std::vector<int32_t> t;
@@ -672,6 +725,9 @@ void simulate(const SimConfig& cfg) {
   }
   if (cfg.window > 0) {
     EXPECT_GT(released_seen, 0) << "no block was released below the window";
+    if (cfg.prefix) {
+      EXPECT_GT(kv.window_hits(), 0) << "no prefix hit through the window alone";
+    }
   }
   std::printf("  %lld finished, %lld aborted, %lld rejected, %lld retractions, %lld cached tokens, %d steps\n",
               static_cast<long long>(finished), static_cast<long long>(aborted), static_cast<long long>(rejected),
