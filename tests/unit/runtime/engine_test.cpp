@@ -349,6 +349,16 @@ std::filesystem::path mistral_fixture(const std::string& name, int window, nlohm
   return dir;
 }
 
+// A result's logprobs as bits: the chosen token's, then each top entry's id and logprob.
+std::vector<uint32_t> bits(const Result& r) {
+  std::vector<uint32_t> v;
+  for (const TokenLogprob& lp : r.logprobs) {
+    v.push_back(std::bit_cast<uint32_t>(lp.logprob));
+    for (auto& [id, l] : lp.top) v.push_back(uint32_t(id)), v.push_back(std::bit_cast<uint32_t>(l));
+  }
+  return v;
+}
+
 }  // namespace
 
 TEST(EngineSlidingWindow, LayersAttendToTheLastWindowTokens) {
@@ -390,14 +400,6 @@ TEST(EngineSlidingWindow, LayersAttendToTheLastWindowTokens) {
     Result r = collect(e.submit(p));
     for (auto& s : others) EXPECT_TRUE(collect(s).error.empty());
     return r;
-  };
-  auto bits = [](const Result& r) {
-    std::vector<uint32_t> v;
-    for (const TokenLogprob& lp : r.logprobs) {
-      v.push_back(std::bit_cast<uint32_t>(lp.logprob));
-      for (auto& [id, l] : lp.top) v.push_back(uint32_t(id)), v.push_back(std::bit_cast<uint32_t>(l));
-    }
-    return v;
   };
   const Result ma = run(mistral, a), mb = run(mistral, b);
   ASSERT_TRUE(ma.error.empty() && mb.error.empty()) << ma.error << mb.error;
@@ -471,14 +473,6 @@ TEST(EngineSlidingWindow, BlocksBelowTheWindowGoBackToThePool) {
     for (const TokenLogprob& lp : pr.logprobs) r2.tokens.push_back(int32_t(std::bit_cast<uint32_t>(lp.logprob)));
     cached2 = r2.cached_tokens;
     return std::make_pair(r, r2.tokens);
-  };
-  auto bits = [](const Result& r) {
-    std::vector<uint32_t> v;
-    for (const TokenLogprob& lp : r.logprobs) {
-      v.push_back(std::bit_cast<uint32_t>(lp.logprob));
-      for (auto& [id, l] : lp.top) v.push_back(uint32_t(id)), v.push_back(std::bit_cast<uint32_t>(l));
-    }
-    return v;
   };
   const auto small = run(dir.string(), 320);
   // The pool evicted the turn's first blocks, but the blocks its window reads were cached: the
