@@ -511,7 +511,13 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   // Grammar mask rows (runtime/token_mask.h): one per request that can sample in a step, made
   // before the decode graphs capture the buffer.
   if (plain) runner->token_mask(max_seqs);
-  start_graphs(o, so);
+  context_len = o.context_length > 0 ? std::min(o.context_length, cfg.max_position_embeddings) : cfg.max_position_embeddings;
+  // The pool caps it, unless a window release keeps any context's blocks within the pool.
+  if (kv->window_release() == 0 ||
+      kv->peak_blocks(context_len + so.decode_tokens, std::max(so.token_budget, so.decode_tokens) + so.extra_decode_slots) >
+          kv->group_blocks())
+    context_len = std::min<int64_t>(context_len, blocks * bs - so.decode_tokens);
+  start_graphs(o, so);  // (its decode graphs' table width from context_len)
   // Overlap scheduling for the plain worker; the EAGLE3 worker keeps the simple loop (its
   // drafts and acceptance need the previous step's ids on the host before it is planned).
   overlap_ = !o.disable_overlap_schedule && plain;
@@ -520,12 +526,6 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   if (plain && device == Device::cuda) runner->logits_proc();
   if (device == Device::cuda) sync_clock_.use_device_events();
   if (overlap_) thread_steps_ = std::make_unique<StepThread>(*plain, device == Device::cuda);
-  context_len = o.context_length > 0 ? std::min(o.context_length, cfg.max_position_embeddings) : cfg.max_position_embeddings;
-  // The pool caps it, unless a window release keeps any context's blocks within the pool.
-  if (kv->window_release() == 0 ||
-      kv->peak_blocks(context_len + so.decode_tokens, std::max(so.token_budget, so.decode_tokens) + so.extra_decode_slots) >
-          kv->group_blocks())
-    context_len = std::min<int64_t>(context_len, blocks * bs - so.decode_tokens);
   io::GenerationConfig gc = io::load_generation_config(o.model_dir);
   for (auto id : cfg.eos_token_ids) eos.insert(id);
   for (auto id : gc.eos_token_ids) eos.insert(id);
@@ -629,7 +629,10 @@ void EngineImpl::start_graphs(const EngineOptions& o, const SchedulerOptions& so
   g.prefill = !o.disable_prefill_graph;
   g.max_bs = std::min(o.cuda_graph_max_bs, so.max_num_seqs);
   g.max_prefill_tokens = o.prefill_graph_max_tokens;
-  g.max_context = int(std::min<int64_t>(model->config().max_position_embeddings, kv->num_blocks() * kv->block_size()));
+  // A window release lets a sequence's table outgrow the pool (its early entries released).
+  g.max_context = int(std::min<int64_t>(model->config().max_position_embeddings,
+                                        kv->window_release() > 0 ? context_len + so.decode_tokens
+                                                                 : kv->num_blocks() * kv->block_size()));
   g.eager_max_tokens = so.token_budget + so.max_num_seqs * so.decode_tokens;
   g.capture_aux = spec != nullptr;
   if (spec) spec->size_for_graphs(g);
