@@ -445,9 +445,10 @@ TEST(EngineSlidingWindow, BlocksBelowTheWindowGoBackToThePool) {
   std::vector<int32_t> prompt;
   for (int i = 0; i < 700; ++i) prompt.push_back(100 + (i * 53) % 700);
   int cached2 = 0;  // the next turn's prefix hit
-  auto run = [&](const std::string& model, int64_t pool) {
+  auto run = [&](const std::string& model, int64_t pool, int tp = 1) {
     EngineOptions o = small_engine(pool, 16);
     o.model_dir = model;
+    o.parallel.tp_size = tp;
     o.chunked_prefill_size = 48;
     Engine e(o);
     e.start();
@@ -479,11 +480,14 @@ TEST(EngineSlidingWindow, BlocksBelowTheWindowGoBackToThePool) {
   // next turn hits (KvCache::match_prefix's window path) most of its 760 + 20 tokens.
   EXPECT_GT(cached2, 700);
   const auto big = run(dir.string(), 16384);
+  const auto tp2 = run(dir.string(), 320, 2);  // two CPU ranks, each its shard of the same blocks
   ASSERT_TRUE(small.first.error.empty()) << small.first.error;
   ASSERT_EQ(small.first.tokens.size(), 60u);
   EXPECT_EQ(small.first.tokens, big.first.tokens);
   EXPECT_EQ(bits(small.first), bits(big.first)) << "a layer read a released block";
   EXPECT_EQ(small.second, big.second);
+  EXPECT_EQ(tp2.first.tokens, small.first.tokens);
+  EXPECT_EQ(tp2.second.size(), small.second.size());
   EngineOptions o = small_engine(320, 16);
   o.model_dir = (fs::path(TS_SOURCE_DIR) / "tests/data/llama3").string();
   Engine llama(o);
