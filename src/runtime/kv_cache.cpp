@@ -159,28 +159,79 @@ int KvCache::pick_group(const int32_t* tokens, int max_tokens) const {
   return best;
 }
 
-// Window release: the longest hit end (whole blocks, at most max_tokens) whose blocks a query
-// there reads are all cached on the device (the chain's hashes need the tokens, not the blocks);
-// *chain: the leading run of device hits (the usual walk's device part). Hashes of the blocks
-// up to max_tokens in window_hashes_.
-int KvCache::window_hit(const int32_t* tokens, int max_tokens, int group, int* chain) {
+// Window release, lookup only: the longest hit end (whole blocks, at most max_tokens) whose
+// blocks a query there reads are all cached -- on the device (WindowHit::device), or on the
+// device or in the host tier (WindowHit::any, with the host blocks it would load). The chain's
+// hashes need the tokens, not the blocks: they are left in window_hashes_ (all full blocks).
+KvCache::WindowHit KvCache::window_hit(const int32_t* tokens, int max_tokens, int group) {
   const int nb = max_tokens / block_size_;
   window_hashes_.clear();
+  window_host_.assign(size_t(nb) + 1, 0);  // prefix counts of host-only blocks
+  WindowHit w;
   uint64_t h = group_seed(group);
-  int best = 0, run = 0;
-  *chain = 0;
+  int run_dev = 0, run_any = 0;  // consecutive hits ending at block i
   for (int i = 0; i < nb; ++i) {
     h = hash_block(tokens + size_t(i) * size_t(block_size_), block_size_, h);
     window_hashes_.push_back(h);
-    const bool hit = by_hash_.count(h) > 0;
-    run = hit ? run + 1 : 0;
-    if (hit && *chain == i) *chain = i + 1;
-    // Blocks [lowest / bs, i] must all be there: the run ending at i covers [i + 1 - run, i].
-    const int64_t lowest = std::max<int64_t>(0, int64_t(i + 1) * block_size_ - window_release_ + 1 - window_slack_);
-    if (run > 0 && i + 1 - run <= lowest / block_size_) best = i + 1;
+    const bool dev = by_hash_.count(h) > 0, host = !dev && store_ && store_->contains(h);
+    run_dev = dev ? run_dev + 1 : 0;
+    run_any = dev || host ? run_any + 1 : 0;
+    window_host_[size_t(i) + 1] = window_host_[size_t(i)] + (host ? 1 : 0);
+    if (dev && w.chain == i) w.chain = i + 1;
+    // Blocks [lo, i] must all be there: the run ending at i covers [i + 1 - run, i].
+    const int lo = int(std::max<int64_t>(0, int64_t(i + 1) * block_size_ - window_release_ + 1 - window_slack_) / block_size_);
+    if (run_dev > 0 && i + 1 - run_dev <= lo) w.device = i + 1;
+    if (run_any > 0 && i + 1 - run_any <= lo) {
+      w.any = i + 1;
+      w.any_loads = window_host_[size_t(i) + 1] - window_host_[size_t(lo)];
+    }
   }
-  *chain *= block_size_;
-  return best * block_size_;
+  return w;
+}
+
+// Takes the window hit ending at block `end` (window_hashes_ from window_hit): entries below
+// what a query there reads stay kNoBlock, device blocks are referenced, host ones loaded into
+// fresh device blocks (the caller checked that the group has the blocks for them).
+int KvCache::take_window(const int32_t* tokens, int end, std::vector<int32_t>& table, std::vector<uint64_t>& hashes,
+                         int group) {
+  const int lo = int(std::max<int64_t>(0, int64_t(end) * block_size_ - window_release_ + 1 - window_slack_) / block_size_);
+  std::vector<int32_t>& host = window_host_ids_;
+  host.assign(size_t(end), -1);
+  // Pin the host blocks first (a writeback that taking a device block causes must not pick
+  // them), then reference the device ones (so taking blocks cannot evict them), then load.
+  for (int i = lo; i < end; ++i)
+    if (!by_hash_.count(window_hashes_[size_t(i)])) host[size_t(i)] = store_->find(window_hashes_[size_t(i)]);
+  for (int i = 0; i < end; ++i) {
+    hashes.push_back(window_hashes_[size_t(i)]);
+    if (i < lo || host[size_t(i)] >= 0) {
+      table.push_back(kNoBlock);
+      continue;
+    }
+    const int32_t id = by_hash_.find(window_hashes_[size_t(i)])->second;
+    Block& b = blocks_[size_t(id)];
+    if (b.in_lru) {
+      parts_[size_t(group_of(id))].lru.erase(b.lru_it);
+      b.in_lru = false;
+    }
+    ++b.ref;
+    last_wait_seq_ = std::max(last_wait_seq_, b.load_seq);  // a block another lookup is loading
+    table.push_back(id);
+  }
+  for (int i = lo; i < end; ++i) {
+    if (host[size_t(i)] < 0) continue;
+    const int32_t id = take_block(group);
+    table[size_t(i)] = id;
+    index_block(id, hashes[size_t(i)], size_t(i), tokens + size_t(i) * size_t(block_size_), hashes);
+    store_->queue_load(host[size_t(i)], id);
+    Block& nb = blocks_[size_t(id)];
+    nb.load_seq = store_->plan_seq();
+    ++nb.ref;  // the batch's, dropped when the copy has completed
+    last_wait_seq_ = nb.load_seq;
+    ++host_hits_;
+    last_host_tokens_ += block_size_;
+  }
+  ++window_hits_;
+  return end * block_size_;
 }
 
 int KvCache::match_prefix(const int32_t* tokens, int max_tokens, std::vector<int32_t>& table,
@@ -189,33 +240,23 @@ int KvCache::match_prefix(const int32_t* tokens, int max_tokens, std::vector<int
   last_wait_seq_ = 0;
   if (!prefix_) return 0;
   // Window release: a hit needs only the blocks its continuation reads (vLLM's sliding-window
-  // cache hit), so one whose earlier blocks were evicted still counts -- from the device tier
-  // alone, taken where it reaches past the device chain (else the usual walk, which may go on
-  // into the host tier). Its blocks below what the first chunk reads stay kNoBlock.
+  // cache hit), so one whose earlier blocks were evicted still counts; the entries below what
+  // its first chunk reads stay kNoBlock and only the blocks from there are loaded from the host
+  // tier. Taken where it reaches past the device chain; the usual walk is the fallback when the
+  // group lacks the blocks for the host tier's part.
   if (window_release_ > 0) {
-    int chain = 0;
-    const int win = window_hit(tokens, max_tokens, group, &chain);
-    if (win > chain) {
-      const int64_t first = std::max<int64_t>(0, int64_t(win) - window_release_ + 1 - window_slack_) / block_size_;
-      for (int i = 0; i < win / block_size_; ++i) {
-        hashes.push_back(window_hashes_[size_t(i)]);
-        if (i < first) {
-          table.push_back(kNoBlock);
-          continue;
-        }
-        const int32_t id = by_hash_.find(window_hashes_[size_t(i)])->second;
-        Block& b = blocks_[size_t(id)];
-        if (b.in_lru) {
-          parts_[size_t(group_of(id))].lru.erase(b.lru_it);
-          b.in_lru = false;
-        }
-        ++b.ref;
-        last_wait_seq_ = std::max(last_wait_seq_, b.load_seq);  // a block another lookup is loading
-        table.push_back(id);
+    const WindowHit w = window_hit(tokens, max_tokens, group);
+    if (w.any > w.chain && w.any > w.device) {
+      // The window's device blocks on the LRU stop being available once referenced.
+      const int lo = int(std::max<int64_t>(0, int64_t(w.any) * block_size_ - window_release_ + 1 - window_slack_) / block_size_);
+      int64_t lru_held = 0;
+      for (int i = lo; i < w.any; ++i) {
+        auto it = by_hash_.find(window_hashes_[size_t(i)]);
+        if (it != by_hash_.end() && blocks_[size_t(it->second)].in_lru) ++lru_held;
       }
-      ++window_hits_;
-      return win;
+      if (w.any_loads <= available_blocks(group) - lru_held) return take_window(tokens, w.any, table, hashes, group);
     }
+    if (w.device > w.chain) return take_window(tokens, w.device, table, hashes, group);
   }
   uint64_t h = group_seed(group);
   int n = 0;

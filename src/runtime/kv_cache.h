@@ -149,13 +149,22 @@ class KvCache {
   static uint64_t group_seed(int group) { return group == 0 ? 0 : 0x9E3779B97F4A7C15ull * uint64_t(group); }
   // Tokens of the longest run of full blocks of `tokens` cached in the device tier of `group`.
   int cached_tokens(const int32_t* tokens, int max_tokens, int group) const;
-  int window_hit(const int32_t* tokens, int max_tokens, int group, int* chain);
+  struct WindowHit {
+    int chain = 0;      // blocks: the leading run on the device
+    int device = 0;     // blocks: the longest window hit on the device alone
+    int any = 0;        // blocks: the longest window hit on the device or in the host tier
+    int any_loads = 0;  // host-tier blocks `any` loads
+  };
+  WindowHit window_hit(const int32_t* tokens, int max_tokens, int group);
+  int take_window(const int32_t* tokens, int end, std::vector<int32_t>& table, std::vector<uint64_t>& hashes, int group);
   void index_block(int32_t id, uint64_t h, size_t pos, const int32_t* block_tokens, const std::vector<uint64_t>& hashes);
 
   int block_size_;
   bool prefix_;
   int window_release_ = 0, window_slack_ = 0;
-  std::vector<uint64_t> window_hashes_;  // window_hit's scratch
+  std::vector<uint64_t> window_hashes_;  // window_hit's scratch: the chain's hashes
+  std::vector<int32_t> window_host_;     // window_hit's scratch: prefix counts of host-only blocks
+  std::vector<int32_t> window_host_ids_; // take_window's scratch: host block per table entry
   int64_t window_hits_ = 0;
   std::vector<Block> blocks_;
   // The LRU lists' and the hash index's nodes (at most one of each per block): set aside at

@@ -550,6 +550,51 @@ TEST(Scheduler, AbortDuringALoadFreesTheBlocksOnlyAfterTheCopy) {
   t.kv.release(table, hashes);
 }
 
+// Window release with a host tier (window 6, slack 2, blocks of 4): a 40-token sequence's
+// blocks all went to the host tier; a continuation's hit loads back only blocks 8-9, the ones a
+// query at 40 reads, and leaves 0-7 kNoBlock.
+TEST(KvCache, WindowHitLoadsOnlyTheWindowFromTheHostTier) {
+  KvCache kv(12, 4, true);
+  KvStore store(32, 4);
+  FakeKv fkv(12, 4);
+  store.attach(fkv.pool);
+  kv.set_store(&store);
+  kv.set_window_release(6, 2);
+  std::vector<int32_t> a(40);
+  for (int i = 0; i < 40; ++i) a[size_t(i)] = 100 + i;
+  KvBlockOps ops;
+  auto plan = [&](const std::function<void()>& f) {  // one plan boundary, its copies run
+    kv.begin_plan();
+    f();
+    kv.take_ops(ops);
+    store.execute(ops);
+  };
+  std::vector<int32_t> ta, tb, tc;
+  std::vector<uint64_t> ha, hb, hc;
+  plan([&] {
+    ASSERT_TRUE(kv.ensure(ta, 40));
+    kv.commit(a.data(), 40, ta, ha);  // blocks 0-7 released (cached on the LRU)
+    kv.release(ta, ha);
+  });
+  plan([&] { ASSERT_TRUE(kv.ensure(tb, 48)); });  // all 12 blocks: A's 10 evicted, written back
+  plan([&] { kv.release(tb, hb); });
+  EXPECT_EQ(store.cached_blocks(), 10);
+  std::vector<int32_t> b = a;
+  for (int i = 0; i < 8; ++i) b.push_back(500 + i);
+  plan([&] { EXPECT_EQ(kv.match_prefix(b.data(), 47, tc, hc), 40); });
+  EXPECT_EQ(ops.load.size(), 2u) << "only the window's blocks come back";
+  EXPECT_EQ(kv.last_host_tokens(), 8);
+  ASSERT_EQ(tc.size(), 10u);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(tc[size_t(i)], KvCache::kNoBlock) << "block " << i;
+  EXPECT_NE(tc[8], KvCache::kNoBlock);
+  EXPECT_NE(tc[9], KvCache::kNoBlock);
+  EXPECT_EQ(hc.size(), 10u);
+  for (int i = 0; i < 4; ++i) plan([] {});  // the loads complete
+  kv.check();
+  kv.release(tc, hc);
+  kv.check();
+}
+
 // --- The randomized simulation --------------------------------------------------------------
 
 struct SimConfig {
