@@ -159,6 +159,35 @@ int KvCache::pick_group(const int32_t* tokens, int max_tokens) const {
   return best;
 }
 
+// A sequence's reference on cached device block `id` (off the LRU if it was there).
+void KvCache::ref_cached(int32_t id) {
+  Block& b = blocks_[size_t(id)];
+  if (b.in_lru) {
+    parts_[size_t(group_of(id))].lru.erase(b.lru_it);
+    b.in_lru = false;
+  }
+  ++b.ref;
+  last_wait_seq_ = std::max(last_wait_seq_, b.load_seq);  // a block another lookup is loading
+}
+
+// A fresh device block of `group` for full block `pos` of a sequence (hash hashes[pos]) that
+// host block `host` holds: indexed, its load queued in this plan's batch, which holds a
+// reference until the copy has completed; the sequence's reference is the one taken here.
+// (Taking the block may evict another cached device block: that one is written back.)
+int32_t KvCache::load_host_block(int32_t host, size_t pos, const int32_t* block_tokens,
+                                 const std::vector<uint64_t>& hashes, int group) {
+  const int32_t id = take_block(group);
+  index_block(id, hashes[pos], pos, block_tokens, hashes);
+  store_->queue_load(host, id);
+  Block& nb = blocks_[size_t(id)];
+  nb.load_seq = store_->plan_seq();
+  ++nb.ref;  // the batch's
+  last_wait_seq_ = nb.load_seq;
+  ++host_hits_;
+  last_host_tokens_ += block_size_;
+  return id;
+}
+
 // Window release, lookup only: the longest hit end (whole blocks, at most max_tokens) whose
 // blocks a query there reads are all cached -- on the device (WindowHit::device), or on the
 // device or in the host tier (WindowHit::any, with the host blocks it would load). The chain's
@@ -208,28 +237,12 @@ int KvCache::take_window(const int32_t* tokens, int end, std::vector<int32_t>& t
       continue;
     }
     const int32_t id = by_hash_.find(window_hashes_[size_t(i)])->second;
-    Block& b = blocks_[size_t(id)];
-    if (b.in_lru) {
-      parts_[size_t(group_of(id))].lru.erase(b.lru_it);
-      b.in_lru = false;
-    }
-    ++b.ref;
-    last_wait_seq_ = std::max(last_wait_seq_, b.load_seq);  // a block another lookup is loading
+    ref_cached(id);
     table.push_back(id);
   }
-  for (int i = lo; i < end; ++i) {
-    if (host[size_t(i)] < 0) continue;
-    const int32_t id = take_block(group);
-    table[size_t(i)] = id;
-    index_block(id, hashes[size_t(i)], size_t(i), tokens + size_t(i) * size_t(block_size_), hashes);
-    store_->queue_load(host[size_t(i)], id);
-    Block& nb = blocks_[size_t(id)];
-    nb.load_seq = store_->plan_seq();
-    ++nb.ref;  // the batch's, dropped when the copy has completed
-    last_wait_seq_ = nb.load_seq;
-    ++host_hits_;
-    last_host_tokens_ += block_size_;
-  }
+  for (int i = lo; i < end; ++i)
+    if (host[size_t(i)] >= 0)
+      table[size_t(i)] = load_host_block(host[size_t(i)], size_t(i), tokens + size_t(i) * size_t(block_size_), hashes, group);
   ++window_hits_;
   return end * block_size_;
 }
@@ -269,27 +282,12 @@ int KvCache::match_prefix(const int32_t* tokens, int max_tokens, std::vector<int
       if (!store_ || available_blocks(group) == 0) break;
       int32_t host = store_->find(h);
       if (host < 0) break;
-      int32_t id = take_block(group);
       hashes.push_back(h);
-      table.push_back(id);
-      index_block(id, h, hashes.size() - 1, tokens + n, hashes);
-      store_->queue_load(host, id);
-      Block& nb = blocks_[size_t(id)];
-      nb.load_seq = store_->plan_seq();
-      ++nb.ref;  // the batch's, dropped when the copy has completed
-      last_wait_seq_ = nb.load_seq;
-      ++host_hits_;
-      last_host_tokens_ += block_size_;
+      table.push_back(load_host_block(host, hashes.size() - 1, tokens + n, hashes, group));
       n += block_size_;
       continue;
     }
-    Block& b = blocks_[size_t(it->second)];
-    if (b.in_lru) {
-      parts_[size_t(group_of(it->second))].lru.erase(b.lru_it);
-      b.in_lru = false;
-    }
-    ++b.ref;
-    last_wait_seq_ = std::max(last_wait_seq_, b.load_seq);  // a block another lookup is loading
+    ref_cached(it->second);
     table.push_back(it->second);
     hashes.push_back(h);
     n += block_size_;

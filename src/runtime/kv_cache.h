@@ -156,6 +156,9 @@ class KvCache {
     int any_loads = 0;  // host-tier blocks `any` loads
   };
   WindowHit window_hit(const int32_t* tokens, int max_tokens, int group);
+  void ref_cached(int32_t id);
+  int32_t load_host_block(int32_t host, size_t pos, const int32_t* block_tokens, const std::vector<uint64_t>& hashes,
+                          int group);
   int take_window(const int32_t* tokens, int end, std::vector<int32_t>& table, std::vector<uint64_t>& hashes, int group);
   void index_block(int32_t id, uint64_t h, size_t pos, const int32_t* block_tokens, const std::vector<uint64_t>& hashes);
 
