@@ -327,8 +327,7 @@ void KvCache::release_below_window(std::vector<int32_t>& table, int64_t computed
   if (window_release_ == 0) return;
   // Blocks [0, upto) end at or below the lowest key a query at `computed` or later may read
   // (never the last block). Released ones form a prefix of the table: walk down from upto - 1
-  // to the last released one (O(newly released) a step), the later blocks first so the earlier
-  // ones are the more recently used on the LRU (a chain is only found from its start).
+  // to the last released one (O(newly released) a step).
   const int64_t lowest = computed - window_release_ + 1 - window_slack_;
   const int64_t upto = std::min<int64_t>(lowest > 0 ? lowest / block_size_ : 0, int64_t(table.size()) - 1);
   for (int64_t i = upto - 1; i >= 0 && table[size_t(i)] != kNoBlock; --i) {

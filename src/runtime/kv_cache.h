@@ -13,7 +13,7 @@
 // Attention data parallelism (--data-parallel-size D): the block ids are D equal partitions of
 // consecutive ids, group g = [g * group_blocks(), (g + 1) * group_blocks()), one per DP group's
 // KV pools (each rank's pool holds group_blocks() blocks; the runner subtracts the group's first
-// id). A sequence takes all its blocks from one group — the group of its first block, or the
+// id). A sequence takes all its blocks from one group — the group of its table's blocks, or the
 // group passed in for an empty table — and prefix hashes are seeded per group, so a lookup only
 // finds blocks that its group's ranks hold. With one group everything is as without DP.
 // Sliding-window release (set_window_release; every attention layer slides): a sequence's blocks
@@ -68,7 +68,8 @@ class KvCache {
   // Registers the hashes of blocks that became full with computed tokens [0, computed). With a
   // window release, then drops the blocks wholly below computed - window + 1 -
   // ops::kWindowReadSlack (no later query of the sequence reads them): their hashed blocks stay
-  // cached (LRU, earlier blocks more recent) for prefix hits of later turns.
+  // cached on the LRU for prefix hits of later turns (match_prefix's window hit needs only the
+  // blocks its end reads: the released ones are evicted first, as the oldest).
   void commit(const int32_t* tokens, int64_t computed, std::vector<int32_t>& table, std::vector<uint64_t>& hashes);
   // Drops the sequence's references (blocks with a hash stay cached, others become free).
   void release(std::vector<int32_t>& table, std::vector<uint64_t>& hashes);
