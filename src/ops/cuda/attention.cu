@@ -710,10 +710,6 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
     // Uniform (deterministic) mode: 16 rows per block, one split (SplitKvOptions::uniform).
     p.d_rows = split.uniform ? 16 : kDRows;
     const int64_t chunks = std::max<int64_t>(1, ceil_div(rows, int64_t(p.d_rows)));
-    // Grid y = nkv x chunks, except uniform split_loop launches (x, 2^31 - 1): see decode_launch.
-    const bool uni_loop = split.uniform && meta.max_q_len > kDecodeMaxQLen;
-    TS_CHECK(nkv * chunks <= (uni_loop ? int64_t(0x7fffffff) : int64_t(65535)),
-             "paged_attention: {} kv heads x {} row chunks", nkv, chunks);
     // Split count from host-side bounds only (graph-safe): max_kv_len bounds every kv_len;
     // blocks whose split starts past their sequence's real length exit, the merge skips them.
     // A window bounds the range a sequence's splits cover: kv_read plus the rounding of
@@ -777,6 +773,9 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
       p.part_o = ws;
       p.part_ml = ws + n_o;
     }
+    // Grid y = nkv x chunks, except uniform split_loop launches (x, 2^31 - 1): see decode_launch.
+    TS_CHECK(nkv * chunks <= (p.uniform && p.split_loop ? int64_t(0x7fffffff) : int64_t(65535)),
+             "paged_attention: {} kv heads x {} row chunks", nkv, chunks);
     if (hd == 64) f8 ? decode_launch<64, true>(p, int(chunks)) : decode_launch<64, false>(p, int(chunks));
     else f8 ? decode_launch<128, true>(p, int(chunks)) : decode_launch<128, false>(p, int(chunks));
     if (partials) {
