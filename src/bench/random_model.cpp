@@ -281,7 +281,7 @@ std::vector<TensorSpec> checkpoint_tensors(const json& c, DType wd) {
 
 // --- quantized checkpoints ---------------------------------------------------------------------
 
-std::vector<std::string> quant_formats() { return {"fp8", "fp8-channel", "nvfp4", "modelopt-mixed"}; }
+std::vector<std::string> quant_formats() { return {"fp8", "fp8-channel", "fbgemm-fp8", "nvfp4", "modelopt-mixed"}; }
 
 void quantize_checkpoint(std::vector<TensorSpec>& specs, json& cfg, json& hf_quant, const std::string& quant) {
   const std::vector<std::string> formats = quant_formats();
@@ -298,6 +298,7 @@ void quantize_checkpoint(std::vector<TensorSpec>& specs, json& cfg, json& hf_qua
   const float fp4_block = 256.0f;                                      // NVFP4 per-16 scale (exact in e4m3)
   const float fp4_global = amax / kE2m1Max / fp4_block;               // weight_scale_2
   json layers = json::object();
+  json not_converted = json::array();  // fbgemm-fp8: the modules left in the model dtype
   std::vector<TensorSpec> out;
   auto module_of = [](const std::string& n) { return n.substr(0, n.size() - std::string(".weight").size()); };
   for (auto& t : specs) {
@@ -305,6 +306,11 @@ void quantize_checkpoint(std::vector<TensorSpec>& specs, json& cfg, json& hf_qua
                   t.name.compare(t.name.size() - 7, 7, ".weight") == 0 &&
                   (t.name.find("self_attn.") != std::string::npos || t.name.find("mlp.") != std::string::npos) &&
                   t.name.find("mlp.gate.weight") == std::string::npos;
+    // Meta's FBGEMM FP8 checkpoints quantize the MLPs and leave attention in bf16, listing it.
+    if (linear && quant == "fbgemm-fp8" && t.name.find("self_attn.") != std::string::npos) {
+      not_converted.push_back(module_of(t.name));
+      linear = false;
+    }
     if (!linear) {
       out.push_back(t);
       continue;
@@ -314,6 +320,7 @@ void quantize_checkpoint(std::vector<TensorSpec>& specs, json& cfg, json& hf_qua
     std::string algo;  // per module for modelopt-mixed
     if (quant == "fp8") algo = "FP8_BLOCK";
     else if (quant == "fp8-channel") algo = "FP8_CHANNEL";
+    else if (quant == "fbgemm-fp8") algo = "FBGEMM_FP8";
     else if (quant == "nvfp4") algo = "NVFP4";
     else {
       bool attn = m.find("self_attn.") != std::string::npos;
@@ -332,6 +339,9 @@ void quantize_checkpoint(std::vector<TensorSpec>& specs, json& cfg, json& hf_qua
     } else if (algo == "FP8_CHANNEL") {
       out.push_back({t.name, {N, K}, DType::f8_e4m3, Init::e4m3, s_chan});
       out.push_back({m + ".weight_scale", {N, 1}, DType::bf16, Init::constant, s_chan});
+    } else if (algo == "FBGEMM_FP8") {
+      out.push_back({t.name, {N, K}, DType::f8_e4m3, Init::e4m3, s_block});
+      out.push_back({m + ".weight_scale", {N, 1}, DType::f32, Init::constant, s_block});
     } else if (algo == "MXFP8") {
       TS_CHECK(K % 32 == 0, "--quant {}: {} has K = {}, not a multiple of 32 (MXFP8)", quant, t.name, K);
       out.push_back({t.name, {N, K}, DType::f8_e4m3, Init::e4m3, mx_scale});
@@ -358,6 +368,10 @@ void quantize_checkpoint(std::vector<TensorSpec>& specs, json& cfg, json& hf_qua
             {"input_activations",
              {{"num_bits", 8}, {"type", "float"}, {"strategy", "token"}, {"symmetric", true}, {"dynamic", true}}}}}}},
         {"ignore", {"lm_head"}}};
+  } else if (quant == "fbgemm-fp8") {
+    not_converted.push_back("lm_head");
+    cfg["quantization_config"] = {
+        {"quant_method", "fbgemm_fp8"}, {"activation_scale_ub", 1200.0}, {"modules_to_not_convert", not_converted}};
   } else {
     json q = {{"quant_algo", quant == "nvfp4" ? "NVFP4" : "MIXED_PRECISION"},
               {"kv_cache_quant_algo", nullptr},

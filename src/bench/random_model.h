@@ -48,12 +48,15 @@ std::vector<TensorSpec> checkpoint_tensors(const nlohmann::json& cfg, DType weig
 // Quantized checkpoints exactly as published (src/io/quant_config.h has the layouts):
 //   fp8            block-128 FP8 (DeepSeek-V3 / Qwen3-FP8): weight_scale_inv F32 [ceil(N/128), ceil(K/128)]
 //   fp8-channel    compressed-tensors FP8-dynamic (RedHatAI): weight_scale BF16 [N, 1], ignore lm_head
+//   fbgemm-fp8     Meta's fbgemm_fp8 (Llama-3.1-405B-Instruct-FP8): MLP / expert weights F8_E4M3 with
+//                  weight_scale F32 [N, 1]; attention stays in the model dtype, listed with lm_head in
+//                  modules_to_not_convert; activation_scale_ub 1200
 //   nvfp4          ModelOpt NVFP4: U8 [N, K/2], weight_scale F8_E4M3 [N, K/16], weight_scale_2, input_scale
 //   modelopt-mixed ModelOpt MIXED_PRECISION (as nvidia/MiniMax-M3-NVFP4): q/k/v MXFP8, o_proj FP8_PB_WO,
 //                  dense MLPs and routed experts NVFP4, shared experts MXFP8
-// Every 2-D attention / MLP / expert weight is quantized; embeddings, LM head, norms and routers
-// stay in the model dtype. Rewrites `specs` and adds quantization_config to `cfg`; sets
-// `hf_quant` (hf_quant_config.json) for the ModelOpt formats.
+// Every 2-D attention / MLP / expert weight is quantized (fbgemm-fp8: MLP / expert only);
+// embeddings, LM head, norms and routers stay in the model dtype. Rewrites `specs` and adds
+// quantization_config to `cfg`; sets `hf_quant` (hf_quant_config.json) for the ModelOpt formats.
 std::vector<std::string> quant_formats();
 void quantize_checkpoint(std::vector<TensorSpec>& specs, nlohmann::json& cfg, nlohmann::json& hf_quant,
                          const std::string& quant);
@@ -74,7 +77,7 @@ struct RandomModelOptions {
   std::string preset, config_path, out_dir, tokenizer_dir;
   uint64_t seed = 0;
   DType dtype = DType::bf16;
-  std::string quant;  // "" | fp8 | fp8-channel | nvfp4 | modelopt-mixed
+  std::string quant;  // "" | fp8 | fp8-channel | fbgemm-fp8 | nvfp4 | modelopt-mixed
   ConfigOverrides overrides;
   size_t max_shard_bytes = size_t(4e9);  // shards of at most 4 GB (one file when it fits)
   bool quiet = false;

@@ -59,7 +59,8 @@ static bool ct_match(const std::string& target, const std::string& module, const
   return target == module;
 }
 
-static const char* kMethods = "fp8, compressed-tensors, modelopt (quant_algo NVFP4, FP8, MIXED_PRECISION)";
+static const char* kMethods =
+    "fp8, compressed-tensors, fbgemm_fp8, modelopt (quant_algo NVFP4, FP8, MIXED_PRECISION)";
 static const char* kMixedAlgos = "NVFP4, MXFP8, FP8_PB_WO, FP8";
 
 static std::string str_or(const nlohmann::json& j, const char* k, const std::string& def) {
@@ -186,6 +187,17 @@ QuantConfig parse_quant_config(const nlohmann::json& q, const std::string& path)
     c.ignore = str_list(q, "modules_to_not_convert", path);
   } else if (m == "compressed-tensors") {
     parse_compressed_tensors(q, path, c);
+  } else if (m == "fbgemm_fp8") {
+    // Meta's FBGEMM FP8 (Llama-3.1-405B-Instruct-FP8 and its kin): per-channel F8_E4M3 weights
+    // with F32 weight_scale [N, 1], dynamic per-token activations clamped at activation_scale_ub,
+    // and the modules left in bf16 named in modules_to_not_convert.
+    c.ignore = str_list(q, "modules_to_not_convert", path);
+    if (q.contains("activation_scale_ub") && !q["activation_scale_ub"].is_null()) {
+      TS_CHECK(q["activation_scale_ub"].is_number() && q["activation_scale_ub"].get<double>() > 0,
+               "{}: fbgemm_fp8 activation_scale_ub must be a positive number, is {}", path,
+               q["activation_scale_ub"].dump());
+      c.act_scale_ub = q["activation_scale_ub"].get<float>();
+    }
   } else if (m == "modelopt") {
     parse_modelopt(q, path, c);
   } else {
@@ -227,6 +239,14 @@ std::string QuantConfig::excluded(const std::string& module) const {
       if (glob_match(p, module)) return fmt::format("exclude_modules entry '{}'", p);
     return "";
   }
+  if (method == "fbgemm_fp8") {
+    // Entries name modules (vLLM matches them exactly; transformers' docs also show "lm_head.weight")
+    // or their ancestors (a whole layer).
+    for (auto& p : ignore)
+      if (p == module || p == module + ".weight" || (module.size() > p.size() && module.rfind(p + ".", 0) == 0))
+        return fmt::format("modules_to_not_convert entry '{}'", p);
+    return "";
+  }
   for (auto& p : ignore)
     if (ct_match(p, module, source)) return fmt::format("{} entry '{}'", method == "fp8" ? "modules_to_not_convert" : "ignore", p);
   return "";
@@ -255,6 +275,7 @@ std::vector<WeightFormat> QuantConfig::allowed(const std::string& module) const 
   using F = WeightFormat;
   if (!quantized() || !excluded(module).empty()) return {};
   if (method == "fp8") return block_n ? std::vector<F>{F::fp8_block} : std::vector<F>{F::fp8_tensor};
+  if (method == "fbgemm_fp8") return {F::fp8_channel};
   if (method == "compressed-tensors") {
     auto* g = ct_group(*this, module);
     return g ? std::vector<F>{g->format} : std::vector<F>{};
@@ -271,6 +292,7 @@ std::vector<WeightFormat> QuantConfig::allowed(const std::string& module) const 
 
 std::pair<int64_t, int64_t> QuantConfig::block_of(const std::string& module) const {
   if (method == "fp8") return {block_n, block_k};
+  if (method == "fbgemm_fp8") return {0, 0};
   if (method == "compressed-tensors") {
     auto* g = ct_group(*this, module);
     return g ? std::pair{g->block_n, g->block_k} : std::pair<int64_t, int64_t>{0, 0};

@@ -13,6 +13,7 @@
 //                 2i in the low nibble)  weight_scale_2 F32 scalar (s2), input_scale F32
 //
 // Methods: `fp8` (fmt e4m3, weight_block_size [bn, bk] or per-tensor, scale_fmt ue8m0 allowed),
+// `fbgemm_fp8` (Meta: fp8 per-channel, `modules_to_not_convert`, `activation_scale_ub`),
 // `compressed-tensors` float-quantized (config_groups with weights strategy tensor | channel |
 // block, `ignore` with exact names and `re:` patterns), `modelopt` (quant_algo NVFP4, FP8, or
 // MIXED_PRECISION with a per-module `quantized_layers` map of NVFP4 | MXFP8 | FP8_PB_WO | FP8;
@@ -33,14 +34,16 @@ enum class WeightFormat { plain, fp8_block, fp8_channel, fp8_tensor, mxfp8, nvfp
 const char* weight_format_name(WeightFormat f);
 
 struct QuantConfig {
-  std::string method;  // "" (not quantized) | fp8 | compressed-tensors | modelopt
+  std::string method;  // "" (not quantized) | fp8 | compressed-tensors | fbgemm_fp8 | modelopt
   std::string algo;    // modelopt: NVFP4 | FP8 | MIXED_PRECISION
   std::string source;  // the file the config came from (for errors)
   int64_t block_n = 0, block_k = 0;  // fp8 weight_block_size (0: per-tensor)
   bool ue8m0_scales = false;         // fp8 scale_fmt ue8m0 (power-of-two scales; same dequant)
   bool act_dynamic = true;           // fp8 activation_scheme dynamic (W8A8 with per-token scales allowed)
+  float act_scale_ub = 0;            // fbgemm_fp8 activation_scale_ub (0: none); parsed, checked, unused
   int64_t nvfp4_group = 16;
-  std::vector<std::string> ignore;   // compressed-tensors: exact names or "re:" patterns
+  std::vector<std::string> ignore;   // compressed-tensors: exact names or "re:" patterns; fp8 /
+                                     // fbgemm_fp8: modules_to_not_convert
   std::vector<std::string> exclude;  // modelopt: globs ('*' any run of characters)
   std::map<std::string, std::string> layers;  // MIXED_PRECISION: module -> NVFP4 | MXFP8 | FP8_PB_WO | FP8
   struct CtGroup {

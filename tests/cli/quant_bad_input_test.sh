@@ -49,7 +49,7 @@ PY
 
 cp -r "$DATA/llama3_fp8" "$dir/method"
 edit_json "$dir/method/config.json" "c['quantization_config']['quant_method'] = 'gptq'"
-expect_error "$dir/method" "$dir/method/config.json" "gptq" "supported: fp8, compressed-tensors, modelopt"
+expect_error "$dir/method" "$dir/method/config.json" "gptq" "supported: fp8, compressed-tensors, fbgemm_fp8, modelopt"
 
 cp -r "$DATA/llama3_nvfp4" "$dir/algo"
 edit_json "$dir/algo/hf_quant_config.json" "c['quantization']['quant_algo'] = 'W4A8_AWQ'"

@@ -331,9 +331,11 @@ TEST(RandomModel, QuantizedCheckpointsLoadAndRun) {
   };
   for (const Case& c : {Case{"llama-3.1-8b", "fp8", "F8_E4M3", "weight_scale_inv"},
                         Case{"llama-3.1-8b", "fp8-channel", "F8_E4M3", "weight_scale"},
+                        Case{"llama-3.1-8b", "fbgemm-fp8", "F8_E4M3", "weight_scale"},
                         Case{"llama-3.1-8b", "nvfp4", "U8", "weight_scale_2"},
                         Case{"llama-3.1-8b", "modelopt-mixed", "U8", "weight_scale_2"},
                         Case{"qwen3-30b-a3b", "fp8", "F8_E4M3", "weight_scale_inv"},
+                        Case{"qwen3-30b-a3b", "fbgemm-fp8", "F8_E4M3", "weight_scale"},
                         Case{"qwen3-30b-a3b", "modelopt-mixed", "U8", "weight_scale_2"}}) {
     SCOPED_TRACE(c.preset + " " + c.quant);
     std::string dir = d.sub(c.preset + "_" + c.quant);
@@ -359,9 +361,19 @@ TEST(RandomModel, QuantizedCheckpointsLoadAndRun) {
         num += a * b, den += a * a, err += std::abs(a - b);
       }
       EXPECT_GT(num / den, 0.9);
-      if (c.quant.rfind("fp8", 0) == 0) {
+      if (c.quant.find("fp8") != std::string::npos) {
         EXPECT_LT(err / double(ref.numel()), 0.02 * 0.05);
       }
+    }
+    if (c.quant == "fbgemm-fp8") {
+      // As Meta publishes it: F32 per-row scales, attention left in the model dtype and listed.
+      EXPECT_EQ(ck.get(w + ".weight_scale").dtype, DType::f32);
+      EXPECT_EQ(ck.get(w + ".weight_scale").dims(), (std::vector<int64_t>{ck.get(w + ".weight").size(0), 1}));
+      EXPECT_EQ(io::detect_weight_format(ck, w + ".weight"), io::WeightFormat::fp8_channel);
+      EXPECT_EQ(ck.get("model.layers.0.self_attn.q_proj.weight").dtype, DType::bf16);
+      EXPECT_FALSE(qc.excluded("model.layers.0.self_attn.q_proj").empty());
+      EXPECT_FALSE(qc.excluded("lm_head").empty());
+      EXPECT_EQ(qc.act_scale_ub, 1200.0f);
     }
     if (c.quant == "modelopt-mixed") {
       // q/k/v MXFP8 (UE8M0 scale per 32), o_proj FP8_PB_WO (128 x 128 F32 blocks).

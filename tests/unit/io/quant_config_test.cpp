@@ -1,5 +1,5 @@
 // Quantized-checkpoint parsing and dequantization: the small float formats, the config parsers
-// (fp8, compressed-tensors, modelopt NVFP4 / MIXED_PRECISION) and the startup errors for bad input.
+// (fp8, compressed-tensors, fbgemm_fp8, modelopt NVFP4 / MIXED_PRECISION) and the startup errors for bad input.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -74,6 +74,24 @@ TEST(QuantConfig, ParsesTheMethods) {
   EXPECT_FALSE(ct.excluded("model.layers.3.mlp.gate").empty());
   EXPECT_TRUE(ct.excluded("model.layers.3.mlp.gate_proj").empty());
 
+  // Meta's fbgemm_fp8: per-channel everywhere not listed; entries are modules, "module.weight"
+  // (as transformers' docs write them) or whole subtrees.
+  auto fb = parse_quant_config(json::parse(R"({"quant_method":"fbgemm_fp8","activation_scale_ub":1200.0,
+      "modules_to_not_convert":["model.layers.0.self_attn.q_proj","lm_head.weight","model.layers.1"]})"), "c.json");
+  EXPECT_EQ(fb.method, "fbgemm_fp8");
+  EXPECT_FLOAT_EQ(fb.act_scale_ub, 1200.0f);
+  EXPECT_EQ(fb.allowed("model.layers.0.mlp.up_proj"), std::vector<WeightFormat>{WeightFormat::fp8_channel});
+  EXPECT_EQ(fb.block_of("model.layers.0.mlp.up_proj"), (std::pair<int64_t, int64_t>{0, 0}));
+  EXPECT_TRUE(fb.allowed("model.layers.0.self_attn.q_proj").empty());
+  EXPECT_FALSE(fb.excluded("lm_head").empty());
+  EXPECT_FALSE(fb.excluded("model.layers.1.mlp.down_proj").empty());
+  EXPECT_TRUE(fb.excluded("model.layers.10.mlp.down_proj").empty());  // not a subtree of layers.1
+  EXPECT_TRUE(fb.excluded("model.layers.0.self_attn.q_proj_extra").empty());
+  EXPECT_TRUE(fb.excluded("model.layers.0.self_attn.k_proj").empty());
+  auto fb_bare = parse_quant_config(json::parse(R"({"quant_method":"fbgemm_fp8","modules_to_not_convert":null})"), "c");
+  EXPECT_EQ(fb_bare.act_scale_ub, 0.0f);
+  EXPECT_EQ(fb_bare.allowed("lm_head"), std::vector<WeightFormat>{WeightFormat::fp8_channel});
+
   auto mixed = parse_quant_config(json::parse(R"({"quant_algo":"MIXED_PRECISION","exclude_modules":["lm_head"],
       "quantized_layers":{"model.layers.0.self_attn.q_proj":{"quant_algo":"MXFP8"},
       "model.layers.0.mlp.experts":{"quant_algo":"NVFP4","group_size":16},
@@ -96,12 +114,17 @@ static void expect_error(const std::function<void()>& f, const std::vector<std::
 
 TEST(QuantConfig, UnknownMethodsListTheSupportedOnes) {
   expect_error([] { parse_quant_config(json::parse(R"({"quant_method":"gptq"})"), "x/config.json"); },
-               {"x/config.json", "gptq", "fp8, compressed-tensors, modelopt"});
+               {"x/config.json", "gptq", "fp8, compressed-tensors, fbgemm_fp8, modelopt"});
   expect_error([] { parse_quant_config(json::parse(R"({"quant_method":"modelopt","quant_algo":"W4A8_AWQ"})"), "c"); },
                {"W4A8_AWQ", "NVFP4, FP8, MIXED_PRECISION"});
   expect_error([] { parse_quant_config(json::parse(R"({"quant_algo":"MIXED_PRECISION",
                     "quantized_layers":{"a.b":{"quant_algo":"INT4_AWQ"}}})"), "c"); },
                {"a.b", "INT4_AWQ", "NVFP4, MXFP8, FP8_PB_WO"});
+  expect_error([] { parse_quant_config(json::parse(R"({"quant_method":"fbgemm_fp8","activation_scale_ub":-1})"), "c"); },
+               {"activation_scale_ub", "positive", "-1"});
+  expect_error([] { parse_quant_config(json::parse(R"({"quant_method":"fbgemm_fp8","modules_to_not_convert":"lm_head"})"),
+                                       "c"); },
+               {"modules_to_not_convert", "list of strings"});
   expect_error([] { parse_quant_config(json::parse(R"({"quant_method":"compressed-tensors","format":"pack-quantized",
                     "config_groups":{}})"), "c"); },
                {"pack-quantized", "float-quantized"});
