@@ -281,7 +281,7 @@ std::vector<TensorSpec> checkpoint_tensors(const json& c, DType wd) {
 
 // --- quantized checkpoints ---------------------------------------------------------------------
 
-std::vector<std::string> quant_formats() { return {"fp8", "fp8-channel", "fbgemm-fp8", "nvfp4", "modelopt-mixed"}; }
+std::vector<std::string> quant_formats() { return {"fp8", "fp8-channel", "fbgemm-fp8", "nvfp4", "ct-nvfp4", "modelopt-mixed"}; }
 
 void quantize_checkpoint(std::vector<TensorSpec>& specs, json& cfg, json& hf_quant, const std::string& quant) {
   const std::vector<std::string> formats = quant_formats();
@@ -322,6 +322,7 @@ void quantize_checkpoint(std::vector<TensorSpec>& specs, json& cfg, json& hf_qua
     else if (quant == "fp8-channel") algo = "FP8_CHANNEL";
     else if (quant == "fbgemm-fp8") algo = "FBGEMM_FP8";
     else if (quant == "nvfp4") algo = "NVFP4";
+    else if (quant == "ct-nvfp4") algo = "CT_NVFP4";
     else {
       bool attn = m.find("self_attn.") != std::string::npos;
       if (attn) algo = m.size() >= 6 && m.compare(m.size() - 6, 6, "o_proj") == 0 ? "FP8_PB_WO" : "MXFP8";
@@ -342,6 +343,13 @@ void quantize_checkpoint(std::vector<TensorSpec>& specs, json& cfg, json& hf_qua
     } else if (algo == "FBGEMM_FP8") {
       out.push_back({t.name, {N, K}, DType::f8_e4m3, Init::e4m3, s_block});
       out.push_back({m + ".weight_scale", {N, 1}, DType::f32, Init::constant, s_block});
+    } else if (algo == "CT_NVFP4") {
+      // The same codes and per-16 scales as ModelOpt's; the global scale stored as its divisor.
+      TS_CHECK(K % 16 == 0, "--quant {}: {} has K = {}, not a multiple of 16 (NVFP4)", quant, t.name, K);
+      out.push_back({m + ".weight_packed", {N, K / 2}, DType::u8, Init::e2m1, fp4_block * fp4_global});
+      out.push_back({m + ".weight_scale", {N, K / 16}, DType::f8_e4m3, Init::constant, fp4_block});
+      out.push_back({m + ".weight_global_scale", {1}, DType::f32, Init::constant, 1.0f / fp4_global});
+      out.push_back({m + ".input_global_scale", {1}, DType::f32, Init::constant, kE4m3Max * kE2m1Max / 8.0f});
     } else if (algo == "MXFP8") {
       TS_CHECK(K % 32 == 0, "--quant {}: {} has K = {}, not a multiple of 32 (MXFP8)", quant, t.name, K);
       out.push_back({t.name, {N, K}, DType::f8_e4m3, Init::e4m3, mx_scale});
@@ -368,6 +376,22 @@ void quantize_checkpoint(std::vector<TensorSpec>& specs, json& cfg, json& hf_qua
             {"input_activations",
              {{"num_bits", 8}, {"type", "float"}, {"strategy", "token"}, {"symmetric", true}, {"dynamic", true}}}}}}},
         {"ignore", {"lm_head"}}};
+  } else if (quant == "ct-nvfp4") {
+    json fp4 = {{"num_bits", 4}, {"type", "float"}, {"strategy", "tensor_group"}, {"group_size", 16},
+                {"symmetric", true}, {"observer", "minmax"}};
+    json weights = fp4, acts = fp4;
+    weights["dynamic"] = false;
+    acts["dynamic"] = "local";
+    cfg["quantization_config"] = {{"quant_method", "compressed-tensors"},
+                                  {"format", "nvfp4-pack-quantized"},
+                                  {"quantization_status", "compressed"},
+                                  {"config_groups",
+                                   {{"group_0",
+                                     {{"targets", {"Linear"}},
+                                      {"format", "nvfp4-pack-quantized"},
+                                      {"weights", weights},
+                                      {"input_activations", acts}}}}},
+                                  {"ignore", {"lm_head", "re:.*mlp[.]gate$"}}};
   } else if (quant == "fbgemm-fp8") {
     not_converted.push_back("lm_head");
     cfg["quantization_config"] = {
@@ -762,7 +786,15 @@ RandomModelResult make_random_model(const RandomModelOptions& o) {
     pwrite_all(fds[s], shards[s].header.data(), shards[s].header.size(), 8, paths[s]);
   }
   std::vector<uint64_t> keys(specs.size());
-  for (size_t i = 0; i < specs.size(); ++i) keys[i] = stream_key(o.seed, specs[i].name);
+  // A quantized weight draws the stream of the float weight it stands for (compressed-tensors
+  // NVFP4 stores X.weight as X.weight_packed), so every format of one seed tracks one model.
+  auto stream_name = [](const std::string& n) {
+    const std::string packed = ".weight_packed";
+    return n.size() > packed.size() && n.compare(n.size() - packed.size(), packed.size(), packed) == 0
+               ? n.substr(0, n.size() - packed.size()) + ".weight"
+               : n;
+  };
+  for (size_t i = 0; i < specs.size(); ++i) keys[i] = stream_key(o.seed, stream_name(specs[i].name));
   fill_normal(nullptr, DType::f32, 0, 0, 0, 0.0f);  // builds the quantile table before the threads start
   std::string error;
   std::mutex err_mu;

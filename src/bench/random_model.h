@@ -52,6 +52,8 @@ std::vector<TensorSpec> checkpoint_tensors(const nlohmann::json& cfg, DType weig
 //                  weight_scale F32 [N, 1]; attention stays in the model dtype, listed with lm_head in
 //                  modules_to_not_convert; activation_scale_ub 1200
 //   nvfp4          ModelOpt NVFP4: U8 [N, K/2], weight_scale F8_E4M3 [N, K/16], weight_scale_2, input_scale
+//   ct-nvfp4       compressed-tensors NVFP4 (llm-compressor, RedHatAI *-NVFP4): weight_packed U8 [N, K/2],
+//                  weight_scale F8_E4M3 [N, K/16], weight_global_scale F32 [1] (a divisor), input_global_scale
 //   modelopt-mixed ModelOpt MIXED_PRECISION (as nvidia/MiniMax-M3-NVFP4): q/k/v MXFP8, o_proj FP8_PB_WO,
 //                  dense MLPs and routed experts NVFP4, shared experts MXFP8
 // Every 2-D attention / MLP / expert weight is quantized (fbgemm-fp8: MLP / expert only);
@@ -77,7 +79,7 @@ struct RandomModelOptions {
   std::string preset, config_path, out_dir, tokenizer_dir;
   uint64_t seed = 0;
   DType dtype = DType::bf16;
-  std::string quant;  // "" | fp8 | fp8-channel | fbgemm-fp8 | nvfp4 | modelopt-mixed
+  std::string quant;  // "" | fp8 | fp8-channel | fbgemm-fp8 | nvfp4 | ct-nvfp4 | modelopt-mixed
   ConfigOverrides overrides;
   size_t max_shard_bytes = size_t(4e9);  // shards of at most 4 GB (one file when it fits)
   bool quiet = false;

@@ -27,7 +27,7 @@ int cmd_make_random_model(int argc, char** argv) {
   for (auto& n : bench::quant_formats()) quants += (quants.empty() ? "" : " | ") + n;
   app.add_option("--quant", o.quant,
                  quants + ": write a quantized checkpoint in that published format (fp8: block-128 FP8; fp8-channel: "
-                          "compressed-tensors FP8 per channel; fbgemm-fp8: Meta's FBGEMM FP8, per channel, MLPs only; nvfp4: ModelOpt NVFP4; modelopt-mixed: ModelOpt "
+                          "compressed-tensors FP8 per channel; fbgemm-fp8: Meta's FBGEMM FP8, per channel, MLPs only; nvfp4: ModelOpt NVFP4; ct-nvfp4: compressed-tensors NVFP4; modelopt-mixed: ModelOpt "
                           "MIXED_PRECISION with NVFP4, MXFP8 and FP8_PB_WO modules)");
   app.add_option("--tokenizer", o.tokenizer_dir,
                  "copy tokenizer.json / tokenizer_config.json from DIR (default: the demo model's when its vocabulary "

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -86,10 +87,17 @@ static void parse_block(const nlohmann::json& v, int64_t& bn, int64_t& bk, const
   bk = v[1].get<int64_t>();
 }
 
+// compressed-tensors' checkpoint formats we read: FP8 as is, NVFP4 packed two a byte, and a
+// mix of them named per group.
+static bool ct_format_ok(const std::string& f) {
+  return f == "float-quantized" || f == "nvfp4-pack-quantized" || f == "mixed-precision";
+}
+static const char* kCtFormats = "float-quantized, nvfp4-pack-quantized, mixed-precision";
+
 static void parse_compressed_tensors(const nlohmann::json& q, const std::string& path, QuantConfig& c) {
   std::string format = str_or(q, "format", "float-quantized");
-  TS_CHECK(format == "float-quantized",
-           "{}: compressed-tensors format '{}' is not supported (supported: float-quantized)", path, format);
+  TS_CHECK(ct_format_ok(format), "{}: compressed-tensors format '{}' is not supported (supported: {})", path, format,
+           kCtFormats);
   std::string status = str_or(q, "quantization_status", "compressed");
   TS_CHECK(status == "compressed" || status == "frozen",
            "{}: compressed-tensors quantization_status '{}' is not supported (supported: compressed, frozen)", path, status);
@@ -102,16 +110,29 @@ static void parse_compressed_tensors(const nlohmann::json& q, const std::string&
     grp.targets = str_list(g, "targets", path);
     TS_CHECK(!grp.targets.empty(), "{}: config_groups.{} has no targets", path, gname);
     TS_CHECK(g.contains("weights") && g["weights"].is_object(), "{}: config_groups.{} has no weights", path, gname);
+    std::string gformat = str_or(g, "format", format);
+    TS_CHECK(ct_format_ok(gformat), "{}: config_groups.{}.format '{}' is not supported (supported: {})", path, gname,
+             gformat, kCtFormats);
     const auto& w = g["weights"];
     int bits = w.contains("num_bits") && w["num_bits"].is_number_integer() ? w["num_bits"].get<int>() : 0;
     std::string type = str_or(w, "type", "");
-    TS_CHECK(bits == 8 && type == "float",
-             "{}: config_groups.{}.weights: {}-bit '{}' weights are not supported (supported: 8-bit float, e4m3)", path,
-             gname, bits, type);
+    TS_CHECK((bits == 8 || bits == 4) && type == "float",
+             "{}: config_groups.{}.weights: {}-bit '{}' weights are not supported (supported: 8-bit float (e4m3), "
+             "4-bit float (NVFP4))",
+             path, gname, bits, type);
     TS_CHECK(!(w.contains("dynamic") && w["dynamic"].is_boolean() && w["dynamic"].get<bool>()),
              "{}: config_groups.{}.weights: dynamic weight quantization is not supported", path, gname);
     std::string strategy = str_or(w, "strategy", "");
-    if (strategy == "tensor") grp.format = WeightFormat::fp8_tensor;
+    if (bits == 4) {
+      // NVFP4 (llm-compressor's NVFP4 / NVFP4A16): e2m1 codes, an F8_E4M3 scale per 16 and one
+      // F32 global divisor.
+      int64_t gs = w.contains("group_size") && w["group_size"].is_number_integer() ? w["group_size"].get<int64_t>() : 0;
+      TS_CHECK(strategy == "tensor_group" && gs == 16,
+               "{}: config_groups.{}.weights: 4-bit float strategy '{}' group_size {} is not supported (supported: "
+               "tensor_group with group_size 16, NVFP4)",
+               path, gname, strategy, gs);
+      grp.format = WeightFormat::nvfp4;
+    } else if (strategy == "tensor") grp.format = WeightFormat::fp8_tensor;
     else if (strategy == "channel") grp.format = WeightFormat::fp8_channel;
     else if (strategy == "block") {
       grp.format = WeightFormat::fp8_block;
@@ -126,8 +147,12 @@ static void parse_compressed_tensors(const nlohmann::json& q, const std::string&
       const auto& a = g["input_activations"];
       grp.act_dynamic = !a.contains("dynamic") || !a["dynamic"].is_boolean() || a["dynamic"].get<bool>();
       grp.act_strategy = str_or(a, "strategy", "tensor");
-      TS_CHECK(grp.act_strategy == "token" || grp.act_strategy == "tensor" || grp.act_strategy == "group",
-               "{}: config_groups.{}.input_activations.strategy '{}' is not supported (supported: token, tensor, group)",
+      // NVFP4's activations are "tensor_group" with dynamic "local" (a string): per-16 scales
+      // computed at run time under a calibrated global one.
+      TS_CHECK(grp.act_strategy == "token" || grp.act_strategy == "tensor" || grp.act_strategy == "group" ||
+                   grp.act_strategy == "tensor_group",
+               "{}: config_groups.{}.input_activations.strategy '{}' is not supported (supported: token, tensor, group, "
+               "tensor_group)",
                path, gname, grp.act_strategy);
     }
     c.groups.push_back(std::move(grp));
@@ -463,6 +488,32 @@ Tensor dequantize(const StoredWeight& sw) {
   for (int64_t n = 0; n < N; ++n)
     for (int64_t k = 0; k < K; ++k) o[n * K + k] = e4m3_to_f32(qv[n * K + k]) * sp[(n / bn) * kb + k / bk];
   return out;
+}
+
+void adopt_quant_names(Checkpoint& c) {
+  const std::string packed = ".weight_packed";
+  for (const std::string& n : c.names()) {
+    if (n.size() <= packed.size() || n.compare(n.size() - packed.size(), packed.size(), packed) != 0) continue;
+    const std::string mod = n.substr(0, n.size() - packed.size());
+    // Only NVFP4's packing (U8 with a global scale); compressed-tensors' int pack-quantized
+    // (I32 words) is refused by its config.
+    if (c.has(mod + ".weight") || c.get(n).dtype != DType::u8 || !c.has(mod + ".weight_global_scale")) continue;
+    c.alias(mod + ".weight", n);
+    // A divisor there, a multiplier in ModelOpt's layout: 1 / g (f32; within an ulp of dividing).
+    auto reciprocal = [&](const std::string& from, const std::string& to) {
+      if (!c.has(from) || c.has(to)) return;
+      Tensor g = c.get(from);
+      TS_CHECK(g.numel() == 1 && is_float(g.dtype), "{}: {} must be a float scalar, has {} {}", c.file_of(from), from,
+               dtype_name(g.dtype), g.shape_str());
+      const float v = g.to_f32().ptr<float>()[0];
+      TS_CHECK(std::isfinite(v) && v > 0, "{}: {} is {}, expected a positive number", c.file_of(from), from, v);
+      Tensor r = Tensor::empty(g.dims(), DType::f32);
+      r.ptr<float>()[0] = 1.0f / v;
+      c.alias(to, from, r);
+    };
+    reciprocal(mod + ".weight_global_scale", mod + ".weight_scale_2");
+    reciprocal(mod + ".input_global_scale", mod + ".input_scale");
+  }
 }
 
 Tensor dequantize_weight(const Checkpoint& c, const QuantConfig& q, const std::string& name) {

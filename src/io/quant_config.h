@@ -15,7 +15,8 @@
 // Methods: `fp8` (fmt e4m3, weight_block_size [bn, bk] or per-tensor, scale_fmt ue8m0 allowed),
 // `fbgemm_fp8` (Meta: fp8 per-channel, `modules_to_not_convert`, `activation_scale_ub`),
 // `compressed-tensors` float-quantized (config_groups with weights strategy tensor | channel |
-// block, `ignore` with exact names and `re:` patterns), `modelopt` (quant_algo NVFP4, FP8, or
+// block, `ignore` with exact names and `re:` patterns) and nvfp4-pack-quantized (4-bit float
+// weights, strategy tensor_group, group_size 16; tensors renamed by adopt_quant_names), `modelopt` (quant_algo NVFP4, FP8, or
 // MIXED_PRECISION with a per-module `quantized_layers` map of NVFP4 | MXFP8 | FP8_PB_WO | FP8;
 // `exclude_modules` globs). Activation scales (input_scale, dynamic per-token) are parsed and
 // checked but do not change the dequantized weights: the CPU oracle computes in fp32.
@@ -98,6 +99,13 @@ Tensor dequantize(const StoredWeight& w);
 // The dequantized f32 [N, K] host tensor of quantized weight `name` (stored value × scales),
 // checking it against the config (format allowed, module not excluded) and its scales' shapes.
 Tensor dequantize_weight(const Checkpoint& c, const QuantConfig& q, const std::string& name);
+
+// Formats that name their tensors otherwise, read in the layout above: compressed-tensors NVFP4
+// ("nvfp4-pack-quantized": weight_packed U8 [N, K/2], weight_scale F8_E4M3 [N, K/16],
+// weight_global_scale F32 [1] a divisor, W = e2m1 x scale / global) gets `weight` = weight_packed
+// and `weight_scale_2` = 1 / weight_global_scale (input_scale = 1 / input_global_scale). Errors
+// for a non-positive or non-scalar global scale.
+void adopt_quant_names(Checkpoint& c);
 
 // ModelOpt glob ('*' = any run, everything else literal, whole-string match).
 bool glob_match(const std::string& pattern, const std::string& s);

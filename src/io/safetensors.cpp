@@ -192,8 +192,18 @@ Checkpoint Checkpoint::open(const std::string& dir) {
 
 Tensor Checkpoint::get(const std::string& name) const {
   auto it = where_.find(name);
-  TS_CHECK(it != where_.end(), "{}: missing tensor {}", dir_, name);
+  if (it == where_.end()) {
+    auto a = alias_.find(name);
+    TS_CHECK(a != alias_.end(), "{}: missing tensor {}", dir_, name);
+    return a->second.value ? *a->second.value : get(a->second.stored);
+  }
   return files_[it->second]->get(name);
+}
+
+void Checkpoint::alias(const std::string& name, const std::string& stored, std::optional<Tensor> value) {
+  TS_CHECK(where_.count(stored), "{}: alias {} of a missing tensor {}", dir_, name, stored);
+  TS_CHECK(!where_.count(name), "{}: alias {} would hide the stored tensor of that name", file_of(stored), name);
+  alias_[name] = Alias{stored, std::move(value)};
 }
 
 Tensor Checkpoint::get(const std::string& name, const std::vector<int64_t>& shape) const {
@@ -205,7 +215,9 @@ Tensor Checkpoint::get(const std::string& name, const std::vector<int64_t>& shap
 
 std::string Checkpoint::file_of(const std::string& name) const {
   auto it = where_.find(name);
-  return it == where_.end() ? dir_ : files_[it->second]->path();
+  if (it != where_.end()) return files_[it->second]->path();
+  auto a = alias_.find(name);
+  return a == alias_.end() ? dir_ : file_of(a->second.stored);
 }
 
 std::vector<std::string> Checkpoint::names() const {

@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,17 +44,28 @@ class Checkpoint {
   // Opens DIR/model.safetensors.index.json if present, else every DIR/*.safetensors.
   static Checkpoint open(const std::string& dir);
   const std::string& dir() const { return dir_; }
-  bool has(const std::string& name) const { return where_.count(name) > 0; }
+  bool has(const std::string& name) const { return where_.count(name) > 0 || alias_.count(name) > 0; }
   Tensor get(const std::string& name) const;
   // Same, checking the shape ("tensor X in FILE has shape [..], expected [..]").
   Tensor get(const std::string& name, const std::vector<int64_t>& shape) const;
+  // The stored tensors' names (aliases not included).
   std::vector<std::string> names() const;
   std::string file_of(const std::string& name) const;
+  // Makes `name` read a tensor a format stores under another name: `stored` as it is, or (with
+  // `value` given) a small host tensor derived from it (compressed-tensors' weight_packed read as
+  // weight, 1 / weight_global_scale as weight_scale_2: io::adopt_quant_names). Errors (file_of,
+  // shape checks) name `stored`'s file.
+  void alias(const std::string& name, const std::string& stored, std::optional<Tensor> value = std::nullopt);
 
  private:
+  struct Alias {
+    std::string stored;
+    std::optional<Tensor> value;
+  };
   std::string dir_;
   std::vector<std::shared_ptr<SafetensorsFile>> files_;
   std::map<std::string, size_t> where_;  // tensor name -> index into files_
+  std::map<std::string, Alias> alias_;
 };
 
 // Writes tensors (host, contiguous) to one safetensors file; metadata values must be strings.

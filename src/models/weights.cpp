@@ -44,7 +44,9 @@ WeightLoader::WeightLoader(io::Checkpoint ckpt, Device device)
     : ckpt_(std::move(ckpt)),
       quant_(io::load_quant_config(ckpt_.dir())),
       device_(device),
-      dtype_(device == Device::cpu ? DType::f32 : DType::bf16) {}
+      dtype_(device == Device::cpu ? DType::f32 : DType::bf16) {
+  io::adopt_quant_names(ckpt_);  // compressed-tensors NVFP4's weight_packed & co. in ModelOpt's layout
+}
 
 static void check_float(const Tensor& t, const std::string& file, const std::string& name) {
   TS_CHECK(t.dtype == DType::bf16 || t.dtype == DType::f16 || t.dtype == DType::f32,

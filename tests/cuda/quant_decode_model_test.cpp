@@ -67,7 +67,7 @@ Tensor decode_logits(const std::shared_ptr<models::Model>& m) {
 
 TEST(CudaQuantModel, DecodeThroughTheFusedFlowMatchesTheCpu) {
   TS_REQUIRE_CUDA();
-  for (const char* quant : {"fp8", "fp8-channel", "fbgemm-fp8", "nvfp4"}) {
+  for (const char* quant : {"fp8", "fp8-channel", "fbgemm-fp8", "nvfp4", "ct-nvfp4"}) {
     const fs::path dir = fs::temp_directory_path() / (std::string("ts_quant_decode_") + std::to_string(::getpid()));
     fs::remove_all(dir);
     test::write_small_llama(dir.string(), quant, 2, 1536);

@@ -333,9 +333,11 @@ TEST(RandomModel, QuantizedCheckpointsLoadAndRun) {
                         Case{"llama-3.1-8b", "fp8-channel", "F8_E4M3", "weight_scale"},
                         Case{"llama-3.1-8b", "fbgemm-fp8", "F8_E4M3", "weight_scale"},
                         Case{"llama-3.1-8b", "nvfp4", "U8", "weight_scale_2"},
+                        Case{"llama-3.1-8b", "ct-nvfp4", "U8", "weight_global_scale"},
                         Case{"llama-3.1-8b", "modelopt-mixed", "U8", "weight_scale_2"},
                         Case{"qwen3-30b-a3b", "fp8", "F8_E4M3", "weight_scale_inv"},
                         Case{"qwen3-30b-a3b", "fbgemm-fp8", "F8_E4M3", "weight_scale"},
+                        Case{"qwen3-30b-a3b", "ct-nvfp4", "U8", "weight_global_scale"},
                         Case{"qwen3-30b-a3b", "modelopt-mixed", "U8", "weight_scale_2"}}) {
     SCOPED_TRACE(c.preset + " " + c.quant);
     std::string dir = d.sub(c.preset + "_" + c.quant);
@@ -344,10 +346,12 @@ TEST(RandomModel, QuantizedCheckpointsLoadAndRun) {
     o.quant = c.quant;
     bench::make_random_model(o);
     io::Checkpoint ck = io::Checkpoint::open(dir);
+    std::string w = c.preset == "qwen3-30b-a3b" ? "model.layers.1.mlp.experts.3.down_proj" : "model.layers.0.mlp.down_proj";
+    EXPECT_EQ(ck.has(w + ".weight_packed"), c.quant == "ct-nvfp4");
+    io::adopt_quant_names(ck);  // ct-nvfp4's weight_packed read as weight (what WeightLoader does)
     io::QuantConfig qc = io::load_quant_config(dir);
     EXPECT_TRUE(qc.quantized());
     EXPECT_EQ(fs::exists(dir + "/hf_quant_config.json"), c.quant == "nvfp4" || c.quant == "modelopt-mixed");
-    std::string w = c.preset == "qwen3-30b-a3b" ? "model.layers.1.mlp.experts.3.down_proj" : "model.layers.0.mlp.down_proj";
     EXPECT_EQ(dtype_name(ck.get(w + ".weight").dtype), c.weight_dtype);
     EXPECT_TRUE(ck.has(w + "." + c.scale));
     EXPECT_EQ(ck.get("model.embed_tokens.weight").dtype, DType::bf16);  // stays as stored
@@ -364,6 +368,20 @@ TEST(RandomModel, QuantizedCheckpointsLoadAndRun) {
       if (c.quant.find("fp8") != std::string::npos) {
         EXPECT_LT(err / double(ref.numel()), 0.02 * 0.05);
       }
+    }
+    if (c.quant == "ct-nvfp4" && c.preset == "llama-3.1-8b") {
+      // The same codes and block scales as ModelOpt NVFP4 of the seed; the global scale stored as
+      // its reciprocal, so the weights agree to an f32 rounding of it.
+      std::string mo = d.sub(c.preset + "_nvfp4");
+      io::Checkpoint mk = io::Checkpoint::open(mo);
+      Tensor a = io::dequantize_weight(ck, qc, w + ".weight");
+      Tensor b = io::dequantize_weight(mk, io::load_quant_config(mo), w + ".weight");
+      ASSERT_EQ(a.dims(), b.dims());
+      double worst = 0;
+      for (int64_t i = 0; i < a.numel(); ++i)
+        worst = std::max(worst, double(std::abs(a.ptr<float>()[i] - b.ptr<float>()[i])) /
+                                    std::max(1e-30, double(std::abs(b.ptr<float>()[i]))));
+      EXPECT_LT(worst, 1e-6);
     }
     if (c.quant == "fbgemm-fp8") {
       // As Meta publishes it: F32 per-row scales, attention left in the model dtype and listed.

@@ -196,6 +196,60 @@ TEST(QuantConfig, DequantizesNvfp4AndMxfp8) {
   for (int k = 0; k < 32; ++k) EXPECT_EQ(b.ptr<float>()[k], (float(k) - 16) * 2.0f);
 }
 
+// compressed-tensors NVFP4 (llm-compressor): weight_packed and a global scale that divides;
+// read as ModelOpt's layout (adopt_quant_names), the same values.
+TEST(QuantConfig, CompressedTensorsNvfp4ReadsAsModelOpt) {
+  TmpModel m("ctfp4");
+  std::vector<uint8_t> packed(16);
+  for (int i = 0; i < 16; ++i) packed[size_t(i)] = uint8_t((2 * i) % 16 | (((2 * i + 1) % 16) << 4));
+  json cfg = json::parse(R"({"quant_method":"compressed-tensors","format":"nvfp4-pack-quantized",
+      "quantization_status":"compressed","ignore":["lm_head"],
+      "config_groups":{"group_0":{"targets":["Linear"],"format":"nvfp4-pack-quantized",
+        "weights":{"num_bits":4,"type":"float","strategy":"tensor_group","group_size":16,"symmetric":true,"dynamic":false},
+        "input_activations":{"num_bits":4,"type":"float","strategy":"tensor_group","group_size":16,"dynamic":"local"}}}})");
+  m.write(cfg, {{"a.weight_packed", bytes({1, 16}, DType::u8, packed)},
+                {"a.weight_scale", bytes({1, 2}, DType::f8_e4m3, {f32_to_e4m3(2.0f), f32_to_e4m3(0.5f)})},
+                {"a.weight_global_scale", f32({1}, {0.25f})},
+                {"a.input_global_scale", f32({1}, {8.0f})}});
+  Checkpoint c = Checkpoint::open(m.dir.string());
+  QuantConfig qc = load_quant_config(m.dir.string());
+  EXPECT_EQ(qc.allowed("a"), std::vector<WeightFormat>{WeightFormat::nvfp4});
+  EXPECT_FALSE(c.has("a.weight"));
+  adopt_quant_names(c);
+  ASSERT_TRUE(c.has("a.weight"));
+  EXPECT_EQ(c.names().size(), 4u);  // the stored ones only
+  EXPECT_EQ(c.file_of("a.weight"), c.file_of("a.weight_packed"));
+  EXPECT_EQ(c.get("a.weight_scale_2").to_f32().ptr<float>()[0], 4.0f);
+  EXPECT_EQ(c.get("a.input_scale").to_f32().ptr<float>()[0], 0.125f);
+  ASSERT_EQ(detect_weight_format(c, "a.weight"), WeightFormat::nvfp4);
+  Tensor a = dequantize_weight(c, qc, "a.weight");
+  ASSERT_EQ(a.dims(), (std::vector<int64_t>{1, 32}));
+  // W = e2m1 x scale / global.
+  for (int k = 0; k < 32; ++k) EXPECT_EQ(a.ptr<float>()[k], e2m1_to_f32(uint8_t(k % 16)) * (k < 16 ? 2.0f : 0.5f) / 0.25f);
+
+  // A global scale that is not a positive scalar is an error naming the file and tensor.
+  TmpModel bad("ctfp4bad");
+  bad.write(cfg, {{"a.weight_packed", bytes({1, 16}, DType::u8, packed)},
+                  {"a.weight_scale", bytes({1, 2}, DType::f8_e4m3, {f32_to_e4m3(2.0f), f32_to_e4m3(0.5f)})},
+                  {"a.weight_global_scale", f32({1}, {0.0f})}});
+  Checkpoint cb = Checkpoint::open(bad.dir.string());
+  expect_error([&] { adopt_quant_names(cb); }, {"model.safetensors", "a.weight_global_scale", "positive"});
+
+  // Only 4-bit float tensor_group 16 is NVFP4; other 4-bit float layouts are refused.
+  expect_error([] { parse_quant_config(json::parse(R"({"quant_method":"compressed-tensors","format":"nvfp4-pack-quantized",
+                    "config_groups":{"g":{"targets":["Linear"],"weights":{"num_bits":4,"type":"float","strategy":"group",
+                    "group_size":32}}}})"), "c"); },
+               {"config_groups.g", "group", "32", "tensor_group with group_size 16"});
+  expect_error([] { parse_quant_config(json::parse(R"({"quant_method":"compressed-tensors","format":"nvfp4-pack-quantized",
+                    "config_groups":{"g":{"targets":["Linear"],"weights":{"num_bits":4,"type":"int","strategy":"group",
+                    "group_size":128}}}})"), "c"); },
+               {"4-bit 'int'", "4-bit float (NVFP4)"});
+  expect_error([] { parse_quant_config(json::parse(R"({"quant_method":"compressed-tensors","format":"mixed-precision",
+                    "config_groups":{"g":{"targets":["Linear"],"format":"mxfp4-pack-quantized",
+                    "weights":{"num_bits":4,"type":"float","strategy":"group","group_size":32}}}})"), "c"); },
+               {"config_groups.g.format", "mxfp4-pack-quantized", "nvfp4-pack-quantized"});
+}
+
 TEST(QuantConfig, BadInputNamesFileAndTensor) {
   TmpModel m("bad");
   std::vector<uint8_t> q(4, 0x38);  // 1.0
