@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <regex>
 
 #include "core/fp8.h"
@@ -61,8 +62,19 @@ static bool ct_match(const std::string& target, const std::string& module, const
 }
 
 static const char* kMethods =
-    "fp8, compressed-tensors, fbgemm_fp8, modelopt (quant_algo NVFP4, FP8, MIXED_PRECISION)";
-static const char* kMixedAlgos = "NVFP4, MXFP8, FP8_PB_WO, FP8";
+    "fp8, compressed-tensors, fbgemm_fp8, modelopt (quant_algo NVFP4, W4A16_NVFP4, MXFP8, FP8_PB_WO, FP8, "
+    "FP8_PER_CHANNEL_PER_TOKEN, MIXED_PRECISION)";
+// ModelOpt's per-module algorithms (top level or in MIXED_PRECISION's quantized_layers), as
+// vLLM's modelopt loader names them.
+static const char* kModeloptAlgos = "NVFP4, W4A16_NVFP4, MXFP8, FP8_PB_WO, FP8, FP8_PER_CHANNEL_PER_TOKEN";
+static std::optional<WeightFormat> modelopt_format(const std::string& a) {
+  if (a == "NVFP4" || a == "W4A16_NVFP4") return WeightFormat::nvfp4;
+  if (a == "MXFP8") return WeightFormat::mxfp8;
+  if (a == "FP8_PB_WO") return WeightFormat::fp8_block;  // 128 x 128 blocks, weight-only
+  if (a == "FP8") return WeightFormat::fp8_tensor;
+  if (a == "FP8_PER_CHANNEL_PER_TOKEN") return WeightFormat::fp8_channel;
+  return std::nullopt;
+}
 
 static std::string str_or(const nlohmann::json& j, const char* k, const std::string& def) {
   return j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : def;
@@ -166,24 +178,24 @@ static void parse_modelopt(const nlohmann::json& q, const std::string& path, Qua
   c.exclude = str_list(q, "exclude_modules", path);
   if (q.contains("group_size") && q["group_size"].is_number_integer()) c.nvfp4_group = q["group_size"].get<int64_t>();
   c.kv_cache_quant_algo = str_or(q, "kv_cache_quant_algo", "");
-  if (c.algo == "NVFP4") {
-    TS_CHECK(c.nvfp4_group == 16, "{}: NVFP4 group_size {} is not supported (supported: 16)", path, c.nvfp4_group);
-  } else if (c.algo == "FP8") {
+  if (modelopt_format(c.algo)) {
+    TS_CHECK(*modelopt_format(c.algo) != WeightFormat::nvfp4 || c.nvfp4_group == 16,
+             "{}: {} group_size {} is not supported (supported: 16)", path, c.algo, c.nvfp4_group);
   } else if (c.algo == "MIXED_PRECISION") {
     TS_CHECK(q.contains("quantized_layers") && q["quantized_layers"].is_object() && !q["quantized_layers"].empty(),
              "{}: MIXED_PRECISION needs a non-empty quantized_layers map", path);
     for (auto& [name, info] : q["quantized_layers"].items()) {
       std::string a = info.is_object() ? str_or(info, "quant_algo", "") : info.is_string() ? info.get<std::string>() : "";
       std::transform(a.begin(), a.end(), a.begin(), ::toupper);
-      TS_CHECK(a == "NVFP4" || a == "MXFP8" || a == "FP8_PB_WO" || a == "FP8",
-               "{}: quantized_layers.{}: quant_algo '{}' is not supported (supported: {})", path, name, a, kMixedAlgos);
-      if (a == "NVFP4" && info.is_object() && info.contains("group_size"))
-        TS_CHECK(info["group_size"] == 16, "{}: quantized_layers.{}: NVFP4 group_size {} is not supported (supported: 16)",
-                 path, name, info["group_size"].dump());
+      TS_CHECK(modelopt_format(a).has_value(), "{}: quantized_layers.{}: quant_algo '{}' is not supported (supported: {})",
+               path, name, a, kModeloptAlgos);
+      if (*modelopt_format(a) == WeightFormat::nvfp4 && info.is_object() && info.contains("group_size"))
+        TS_CHECK(info["group_size"] == 16, "{}: quantized_layers.{}: {} group_size {} is not supported (supported: 16)",
+                 path, name, a, info["group_size"].dump());
       c.layers[name] = a;
     }
   } else {
-    fail("{}: modelopt quant_algo '{}' is not supported (supported: NVFP4, FP8, MIXED_PRECISION)", path, c.algo);
+    fail("{}: modelopt quant_algo '{}' is not supported (supported: {}, MIXED_PRECISION)", path, c.algo, kModeloptAlgos);
   }
 }
 
@@ -194,7 +206,8 @@ QuantConfig parse_quant_config(const nlohmann::json& q, const std::string& path)
   std::string m = str_or(q, "quant_method", "");
   // hf_quant_config.json's "quantization" section has no quant_method: its producer is ModelOpt.
   if (m.empty() && q.contains("quant_algo")) m = "modelopt";
-  if (m == "modelopt_fp4" || m == "modelopt_fp8" || m == "modelopt_mixed") m = "modelopt";
+  if (m == "modelopt_fp4" || m == "modelopt_fp8" || m == "modelopt_mxfp8" || m == "modelopt_mixed") m = "modelopt";
+  if (m == "compressed_tensors") m = "compressed-tensors";  // the library's module name, seen in configs too
   c.method = m;
   if (m == "fp8") {
     std::string fmt = str_or(q, "fmt", "e4m3");
@@ -254,6 +267,9 @@ QuantConfig load_quant_config(const std::string& dir) {
     nlohmann::json j = read_json_file(cfg.string());
     if (j.is_object() && j.contains("quantization_config") && !j["quantization_config"].is_null())
       return parse_quant_config(j["quantization_config"], cfg.string());
+    // compressed-tensors' earlier key for the same section.
+    if (j.is_object() && j.contains("compression_config") && !j["compression_config"].is_null())
+      return parse_quant_config(j["compression_config"], cfg.string());
   }
   return {};
 }
@@ -305,14 +321,10 @@ std::vector<WeightFormat> QuantConfig::allowed(const std::string& module) const 
     auto* g = ct_group(*this, module);
     return g ? std::vector<F>{g->format} : std::vector<F>{};
   }
-  if (algo == "NVFP4") return {F::nvfp4};
-  if (algo == "FP8") return {F::fp8_tensor};
+  if (auto f = modelopt_format(algo)) return {*f};
   const std::string* a = mixed_algo(*this, module);
   if (!a) return {};
-  if (*a == "NVFP4") return {F::nvfp4};
-  if (*a == "MXFP8") return {F::mxfp8};
-  if (*a == "FP8_PB_WO") return {F::fp8_block};
-  return {F::fp8_tensor};
+  return {*modelopt_format(*a)};  // checked at parse
 }
 
 std::pair<int64_t, int64_t> QuantConfig::block_of(const std::string& module) const {

@@ -16,8 +16,9 @@
 // `fbgemm_fp8` (Meta: fp8 per-channel, `modules_to_not_convert`, `activation_scale_ub`),
 // `compressed-tensors` float-quantized (config_groups with weights strategy tensor | channel |
 // block, `ignore` with exact names and `re:` patterns) and nvfp4-pack-quantized (4-bit float
-// weights, strategy tensor_group, group_size 16; tensors renamed by adopt_quant_names), `modelopt` (quant_algo NVFP4, FP8, or
-// MIXED_PRECISION with a per-module `quantized_layers` map of NVFP4 | MXFP8 | FP8_PB_WO | FP8;
+// weights, strategy tensor_group, group_size 16; tensors renamed by adopt_quant_names; config.json
+// `compression_config` too), `modelopt` (quant_algo NVFP4 | W4A16_NVFP4 | MXFP8 | FP8_PB_WO | FP8 |
+// FP8_PER_CHANNEL_PER_TOKEN, or MIXED_PRECISION with a per-module `quantized_layers` map of those;
 // `exclude_modules` globs). Activation scales (input_scale, dynamic per-token) are parsed and
 // checked but do not change the dequantized weights: the CPU oracle computes in fp32.
 #pragma once

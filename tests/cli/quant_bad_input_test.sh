@@ -53,7 +53,7 @@ expect_error "$dir/method" "$dir/method/config.json" "gptq" "supported: fp8, com
 
 cp -r "$DATA/llama3_nvfp4" "$dir/algo"
 edit_json "$dir/algo/hf_quant_config.json" "c['quantization']['quant_algo'] = 'W4A8_AWQ'"
-expect_error "$dir/algo" "hf_quant_config.json" "W4A8_AWQ" "NVFP4, FP8, MIXED_PRECISION"
+expect_error "$dir/algo" "hf_quant_config.json" "W4A8_AWQ" "FP8_PER_CHANNEL_PER_TOKEN, MIXED_PRECISION"
 
 cp -r "$DATA/qwen3_fp8ch" "$dir/ignored"
 edit_json "$dir/ignored/config.json" "c['quantization_config']['ignore'] = ['lm_head', 're:.*layers[.]1[.]mlp[.].*']"

@@ -92,6 +92,21 @@ TEST(QuantConfig, ParsesTheMethods) {
   EXPECT_EQ(fb_bare.act_scale_ub, 0.0f);
   EXPECT_EQ(fb_bare.allowed("lm_head"), std::vector<WeightFormat>{WeightFormat::fp8_channel});
 
+  // ModelOpt's single-algorithm checkpoints, as vLLM's modelopt loader lists them.
+  for (auto [algo, f] : std::vector<std::pair<std::string, WeightFormat>>{
+           {"NVFP4", WeightFormat::nvfp4}, {"W4A16_NVFP4", WeightFormat::nvfp4}, {"MXFP8", WeightFormat::mxfp8},
+           {"FP8_PB_WO", WeightFormat::fp8_block}, {"FP8", WeightFormat::fp8_tensor},
+           {"FP8_PER_CHANNEL_PER_TOKEN", WeightFormat::fp8_channel}}) {
+    auto mo = parse_quant_config(json{{"quant_algo", algo}, {"exclude_modules", {"lm_head"}}}, "hf_quant_config.json");
+    EXPECT_EQ(mo.method, "modelopt") << algo;
+    EXPECT_EQ(mo.allowed("model.layers.0.mlp.up_proj"), std::vector<WeightFormat>{f}) << algo;
+    EXPECT_TRUE(mo.allowed("lm_head").empty()) << algo;
+  }
+  EXPECT_EQ(parse_quant_config(json::parse(R"({"quant_method":"modelopt_mxfp8","quant_algo":"MXFP8"})"), "c").method,
+            "modelopt");
+  EXPECT_EQ(parse_quant_config(json::parse(R"({"quant_method":"compressed_tensors","config_groups":{"g":{"targets":
+      ["Linear"],"weights":{"num_bits":8,"type":"float","strategy":"channel"}}}})"), "c").method, "compressed-tensors");
+
   auto mixed = parse_quant_config(json::parse(R"({"quant_algo":"MIXED_PRECISION","exclude_modules":["lm_head"],
       "quantized_layers":{"model.layers.0.self_attn.q_proj":{"quant_algo":"MXFP8"},
       "model.layers.0.mlp.experts":{"quant_algo":"NVFP4","group_size":16},
@@ -116,10 +131,10 @@ TEST(QuantConfig, UnknownMethodsListTheSupportedOnes) {
   expect_error([] { parse_quant_config(json::parse(R"({"quant_method":"gptq"})"), "x/config.json"); },
                {"x/config.json", "gptq", "fp8, compressed-tensors, fbgemm_fp8, modelopt"});
   expect_error([] { parse_quant_config(json::parse(R"({"quant_method":"modelopt","quant_algo":"W4A8_AWQ"})"), "c"); },
-               {"W4A8_AWQ", "NVFP4, FP8, MIXED_PRECISION"});
+               {"W4A8_AWQ", "NVFP4, W4A16_NVFP4, MXFP8, FP8_PB_WO, FP8, FP8_PER_CHANNEL_PER_TOKEN, MIXED_PRECISION"});
   expect_error([] { parse_quant_config(json::parse(R"({"quant_algo":"MIXED_PRECISION",
                     "quantized_layers":{"a.b":{"quant_algo":"INT4_AWQ"}}})"), "c"); },
-               {"a.b", "INT4_AWQ", "NVFP4, MXFP8, FP8_PB_WO"});
+               {"a.b", "INT4_AWQ", "NVFP4, W4A16_NVFP4, MXFP8, FP8_PB_WO"});
   expect_error([] { parse_quant_config(json::parse(R"({"quant_method":"fbgemm_fp8","activation_scale_ub":-1})"), "c"); },
                {"activation_scale_ub", "positive", "-1"});
   expect_error([] { parse_quant_config(json::parse(R"({"quant_method":"fbgemm_fp8","modules_to_not_convert":"lm_head"})"),
@@ -248,6 +263,17 @@ TEST(QuantConfig, CompressedTensorsNvfp4ReadsAsModelOpt) {
                     "config_groups":{"g":{"targets":["Linear"],"format":"mxfp4-pack-quantized",
                     "weights":{"num_bits":4,"type":"float","strategy":"group","group_size":32}}}})"), "c"); },
                {"config_groups.g.format", "mxfp4-pack-quantized", "nvfp4-pack-quantized"});
+}
+
+// Earlier compressed-tensors checkpoints put the section under "compression_config".
+TEST(QuantConfig, CompressionConfigKeyIsRead) {
+  TmpModel m("cc");
+  std::ofstream(m.dir / "config.json") << json{{"compression_config", json::parse(R"({"quant_method":"compressed-tensors",
+      "format":"float-quantized","config_groups":{"g":{"targets":["Linear"],"weights":{"num_bits":8,"type":"float",
+      "strategy":"tensor"}}}})")}}.dump();
+  QuantConfig qc = load_quant_config(m.dir.string());
+  EXPECT_EQ(qc.method, "compressed-tensors");
+  EXPECT_EQ(qc.allowed("x"), std::vector<WeightFormat>{WeightFormat::fp8_tensor});
 }
 
 TEST(QuantConfig, BadInputNamesFileAndTensor) {
