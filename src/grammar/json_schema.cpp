@@ -208,15 +208,173 @@ class SchemaCompiler {
     return int_range(lo, hi, path);
   }
 
+  // ---- numbers in a range, exact ------------------------------------------------------------
+  // A bounded number is written without an exponent: a canonical integer part, then an optional
+  // "." and digits. Its language is built digit by digit against the bounds' decimal digits, so a
+  // value is admitted exactly when it lies in the range (0.1 as written, not as a double).
+  //
+  // A bound as a decimal: |x| = ip.fp (ip canonical, fp without trailing zeros), from the JSON
+  // number's shortest text (nlohmann writes doubles round-trip: 0.1 -> "0.1", 1e-05).
+  struct Dec {
+    bool neg = false;
+    std::string ip = "0", fp;
+    bool zero() const { return ip == "0" && fp.empty(); }
+  };
+  // nullopt: a magnitude of 1e18 or more (not encoded, as for integers).
+  std::optional<Dec> to_dec(const json& v, const std::string& path) {
+    std::string t = v.dump();
+    Dec d;
+    size_t i = 0;
+    if (i < t.size() && t[i] == '-') d.neg = true, ++i;
+    std::string digs;
+    int64_t point = -1, exp = 0;
+    for (; i < t.size() && t[i] != 'e' && t[i] != 'E'; ++i) {
+      if (t[i] == '.') point = int64_t(digs.size());
+      else digs += t[i];
+    }
+    if (point < 0) point = int64_t(digs.size());
+    if (i < t.size()) exp = std::stoll(t.substr(i + 1));
+    point += exp;
+    if (point > 18 + int64_t(digs.size())) return std::nullopt;
+    std::string ip, fp;
+    if (point <= 0) {
+      ip = "0";
+      fp = std::string(size_t(-point), '0') + digs;
+    } else if (point >= int64_t(digs.size())) {
+      ip = digs + std::string(size_t(point - int64_t(digs.size())), '0');
+    } else {
+      ip = digs.substr(0, size_t(point));
+      fp = digs.substr(size_t(point));
+    }
+    ip.erase(0, std::min(ip.find_first_not_of('0'), ip.size() - 1));
+    while (!fp.empty() && fp.back() == '0') fp.pop_back();
+    if (ip.size() > 18) return std::nullopt;
+    if (fp.size() > 64) err(path, fmt::format("a number bound with more than 64 fractional digits ({})", t));
+    d.ip = ip;
+    d.fp = fp;
+    if (d.zero()) d.neg = false;
+    return d;
+  }
+  // Compares magnitudes, then signed values.
+  static int cmp_mag(const Dec& a, const Dec& b) {
+    if (a.ip.size() != b.ip.size()) return a.ip.size() < b.ip.size() ? -1 : 1;
+    if (int c = a.ip.compare(b.ip)) return c < 0 ? -1 : 1;
+    if (int c = a.fp.compare(b.fp)) return c < 0 ? -1 : 1;  // trailing zeros stripped: lexicographic
+    return 0;
+  }
+  static int cmp(const Dec& a, const Dec& b) {
+    if (a.neg != b.neg) return a.neg ? -1 : 1;
+    int c = cmp_mag(a, b);
+    return a.neg ? -c : c;
+  }
+
+  // Digit strings s compared with a bound's fraction digits as decimal fractions (0.s vs 0.b);
+  // `ne` leaves out the empty string (after "." a digit must follow). -1 = no string.
+  int any_digits(bool ne) { return ne ? g_.plus(digits()) : g_.star(digits()); }
+  int alt_of(std::vector<int> alts) {
+    alts.erase(std::remove(alts.begin(), alts.end(), -1), alts.end());
+    if (alts.empty()) return -1;
+    return alts.size() == 1 ? alts[0] : g_.alt(alts);
+  }
+  int then(int first, int rest) { return rest < 0 ? -1 : g_.seq({first, rest}); }
+  int above(char d) { return d < '9' ? g_.seq({g_.chars({{uint32_t(d + 1), '9'}}), g_.star(digits())}) : -1; }
+  int below(char d) { return d > '0' ? g_.seq({g_.chars({{'0', uint32_t(d - 1)}}), g_.star(digits())}) : -1; }
+  int frac_ge(const std::string& a, bool ne) {  // s >= a
+    if (a.empty()) return any_digits(ne);
+    return alt_of({above(a[0]), then(g_.lit(a.substr(0, 1)), frac_ge(a.substr(1), false))});
+  }
+  int frac_gt(const std::string& a, bool ne) {  // s > a (never empty)
+    (void)ne;
+    if (a.empty()) return g_.seq({g_.star(g_.lit("0")), g_.chars({{'1', '9'}}), g_.star(digits())});
+    return alt_of({above(a[0]), then(g_.lit(a.substr(0, 1)), frac_gt(a.substr(1), false))});
+  }
+  int frac_le(const std::string& b, bool ne) {  // s <= b
+    if (b.empty()) return ne ? g_.plus(g_.lit("0")) : g_.star(g_.lit("0"));
+    return alt_of({ne ? -1 : g_.empty(), below(b[0]), then(g_.lit(b.substr(0, 1)), frac_le(b.substr(1), false))});
+  }
+  int frac_lt(const std::string& b, bool ne) {  // s < b
+    if (b.empty()) return -1;
+    return alt_of({ne ? -1 : g_.empty(), below(b[0]), then(g_.lit(b.substr(0, 1)), frac_lt(b.substr(1), false))});
+  }
+  // a < b (as fractions): a <(=) s <(=) b.
+  int frac_between(const std::string& a, const std::string& b, bool ax, bool bx, bool ne) {
+    const char a0 = a.empty() ? '0' : a[0], b0 = b[0];  // b > a >= 0: b has a digit
+    const std::string ar = a.empty() ? "" : a.substr(1), br = b.substr(1);
+    int empty = !ne && a.empty() && !ax ? g_.empty() : -1;
+    if (a0 == b0) return alt_of({empty, then(g_.lit(std::string(1, a0)), frac_between(ar, br, ax, bx, false))});
+    int mid = b0 - a0 > 1 ? g_.seq({g_.chars({{uint32_t(a0 + 1), uint32_t(b0 - 1)}}), g_.star(digits())}) : -1;
+    return alt_of({empty, then(g_.lit(std::string(1, a0)), ax ? frac_gt(ar, false) : frac_ge(ar, false)), mid,
+                   then(g_.lit(std::string(1, b0)), bx ? frac_lt(br, false) : frac_le(br, false))});
+  }
+  // The optional fraction part of a language of digit strings: "" (when `empty`) or "." digits.
+  int fraction(int nonempty, bool empty) {
+    return alt_of({empty ? g_.empty() : -1, nonempty < 0 ? -1 : g_.seq({g_.lit("."), nonempty})});
+  }
+  // Non-negative m written as above, lo <(=) m <(=) hi (hi nullopt: unbounded). -1 = none.
+  int magnitude_range(const Dec& lo, bool lox, const std::optional<Dec>& hi, bool hix) {
+    if (hi) {
+      int c = cmp_mag(lo, *hi);
+      if (c > 0 || (c == 0 && (lox || hix))) return -1;
+      if (c == 0)  // exactly lo: its digits, then any zeros
+        return g_.seq({g_.lit(lo.ip), lo.fp.empty() ? g_.opt(g_.seq({g_.lit("."), g_.plus(g_.lit("0"))}))
+                                                    : g_.seq({g_.lit("." + lo.fp), g_.star(g_.lit("0"))})});
+    }
+    if (hi && lo.ip == hi->ip)
+      return then(g_.lit(lo.ip), fraction(frac_between(lo.fp, hi->fp, lox, hix, true), lo.fp.empty() && !lox));
+    const int64_t a = std::stoll(lo.ip), b = hi ? std::stoll(hi->ip) : -1;
+    int first = then(g_.lit(lo.ip), fraction(lox ? frac_gt(lo.fp, true) : frac_ge(lo.fp, true), lo.fp.empty() && !lox));
+    int mid = -1;
+    if (!hi || a + 1 <= b - 1)
+      mid = g_.seq({nonneg_range(a + 1, hi ? b - 1 : -1), g_.opt(g_.seq({g_.lit("."), g_.plus(digits())}))});
+    // Integer part B: "B" itself is below hi unless hi is exactly B and exclusive.
+    int last = hi ? then(g_.lit(hi->ip), fraction(hix ? frac_lt(hi->fp, true) : frac_le(hi->fp, true),
+                                                  !hix || !hi->fp.empty()))
+                  : -1;
+    return alt_of({first, mid, last});
+  }
+
   int number_schema(const json& s, const std::string& path) {
-    auto lo = num(s, "minimum"), hi = num(s, "maximum");
-    auto xlo = num(s, "exclusiveMinimum"), xhi = num(s, "exclusiveMaximum");
-    if (lo && hi && *lo > *hi) err(path, "minimum is above maximum");
-    bool nonneg = (lo && *lo >= 0) || (xlo && *xlo >= 0);
-    bool nonpos = (hi && *hi <= 0) || (xhi && *xhi <= 0);
-    if (nonneg && !nonpos) return g_.seq({uint(), frac_exp()});
-    if (nonpos && !nonneg) return g_.alt({g_.seq({g_.lit("-"), uint(), frac_exp()}), g_.seq({g_.lit("0"), frac_exp()})});
-    return number();
+    // The tighter of minimum / exclusiveMinimum (and draft 4's boolean exclusive flags).
+    std::optional<Dec> lo, hi;
+    bool lox = false, hix = false;
+    auto bound = [&](const char* key, bool exclusive, bool lower) {
+      auto it = s.find(key);
+      if (it == s.end() || !it->is_number()) return;
+      std::optional<Dec> d = to_dec(*it, path);
+      if (!d) return;
+      std::optional<Dec>& cur = lower ? lo : hi;
+      bool& x = lower ? lox : hix;
+      int c = cur ? cmp(*d, *cur) : (lower ? 1 : -1);
+      if (lower ? c > 0 : c < 0) cur = d, x = exclusive;
+      else if (c == 0) x = x || exclusive;
+    };
+    auto draft4 = [&](const char* k) { return s.value(k, json()).is_boolean() && s[k].get<bool>(); };
+    bound("minimum", draft4("exclusiveMinimum"), true);
+    bound("exclusiveMinimum", true, true);
+    bound("maximum", draft4("exclusiveMaximum"), false);
+    bound("exclusiveMaximum", true, false);
+    if (!lo && !hi) return number();
+    if (lo && hi && (cmp(*lo, *hi) > 0 || (cmp(*lo, *hi) == 0 && (lox || hix))))
+      err(path, "no number satisfies the bounds (minimum is above maximum)");
+    // x < 0 as "-" and a magnitude in [|hi| or 0, |lo| or unbounded]; x >= 0 as a magnitude.
+    int neg = -1, pos = -1;
+    if (!lo || lo->neg) {
+      Dec mlo;  // 0
+      bool mlox = false;
+      if (hi && (hi->neg || hi->zero())) mlo = *hi, mlo.neg = false, mlox = hix;
+      std::optional<Dec> mhi;
+      if (lo) mhi = *lo, mhi->neg = false;
+      neg = then(g_.lit("-"), magnitude_range(mlo, mlox, mhi, lo && lox));
+    }
+    if (!hi || !hi->neg) {
+      Dec plo;  // 0
+      bool plox = false;
+      if (lo && !lo->neg) plo = *lo, plox = lox;
+      pos = magnitude_range(plo, plox, hi, hix);
+    }
+    int r = alt_of({neg, pos});
+    if (r < 0) err(path, "no number satisfies the bounds");
+    return r;
   }
 
   int string_schema(const json& s, const std::string& path) {

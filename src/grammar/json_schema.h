@@ -6,7 +6,7 @@
 // mode emit them), enum / const, anyOf / oneOf (oneOf's exclusivity is not enforced), allOf of
 // objects (merged), items / prefixItems / minItems / maxItems, minLength / maxLength / pattern /
 // format (date, time, date-time, uuid, email, ipv4, uri), integer and number bounds (integer
-// ranges exactly up to 18 digits; for numbers the sign only), $ref to #, #/$defs/... and
+// ranges exactly up to 18 digits; numbers exactly too, written without an exponent), $ref to #, #/$defs/... and
 // #/definitions/... incl. recursion. Annotations (title, description, default, examples, ...)
 // are ignored. Keywords that constrain but cannot be expressed (not, if/then/else,
 // patternProperties, dependentSchemas, uniqueItems, ...) are rejected with a message naming them,

@@ -5,6 +5,8 @@
 
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
 #include <regex>
 
 #include "grammar/json_schema.h"
@@ -113,7 +115,8 @@ class SchemaGen {
       }
       case 2: {
         json s = {{"type", "number"}};
-        if (rng_() % 2) s["minimum"] = 0;
+        if (rng_() % 2) s["minimum"] = rng_() % 2 ? 0.0 : double(int(rng_() % 200) - 100) / 10.0;
+        if (rng_() % 3 == 0) s["maximum"] = s.value("minimum", -10.0) + double(rng_() % 300) / 10.0;
         return s;
       }
       case 3: return {{"type", "boolean"}};
@@ -191,6 +194,9 @@ TEST(JsonSchema, GeneratedSchemasAgreeWithTheValidator) {
           continue;
         int want = parse_valid(schema, y);
         if (want < 0) continue;
+        // A bounded number is written without an exponent (the grammar's choice, a subset).
+        static const std::regex exponent("[0-9][eE][+-]?[0-9]");
+        if (want == 1 && schema.dump().find("imum") != std::string::npos && std::regex_search(y, exponent)) continue;
         EXPECT_EQ(matches(cg, y), want == 1) << schema.dump() << "\n" << x << "\n -> " << y;
         ++checked;
       }
@@ -276,6 +282,149 @@ TEST(JsonSchema, IntegerRangesAreExact) {
   EXPECT_TRUE(matches(lt, "-99999"));
   EXPECT_TRUE(matches(lt, "9"));
   EXPECT_FALSE(matches(lt, "10"));
+}
+
+// Exact decimal comparison for the number-range test (its own parser, not the compiler's):
+// a JSON number's text -> sign, integer digits, fraction digits (exponent applied).
+struct Decimal {
+  bool neg = false;
+  std::string ip, fp;
+};
+std::optional<Decimal> parse_decimal(const std::string& t) {
+  static const std::regex re(R"(-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?)");
+  if (!std::regex_match(t, re)) return std::nullopt;
+  Decimal d;
+  size_t i = 0;
+  if (t[0] == '-') d.neg = true, i = 1;
+  std::string digs;
+  long point = -1, exp = 0;
+  for (; i < t.size() && t[i] != 'e' && t[i] != 'E'; ++i) {
+    if (t[i] == '.') point = long(digs.size());
+    else digs += t[i];
+  }
+  if (point < 0) point = long(digs.size());
+  if (i < t.size()) exp = std::stol(t.substr(i + 1));
+  point += exp;
+  while (point <= 0) digs.insert(digs.begin(), '0'), ++point;
+  while (point > long(digs.size())) digs += '0';
+  d.ip = digs.substr(0, size_t(point));
+  d.fp = digs.substr(size_t(point));
+  d.ip.erase(0, std::min(d.ip.find_first_not_of('0'), d.ip.size() - 1));
+  while (!d.fp.empty() && d.fp.back() == '0') d.fp.pop_back();
+  if (d.ip == "0" && d.fp.empty()) d.neg = false;
+  return d;
+}
+int compare_decimal(const Decimal& a, const Decimal& b) {
+  if (a.neg != b.neg) return a.neg ? -1 : 1;
+  int c = a.ip.size() != b.ip.size() ? (a.ip.size() < b.ip.size() ? -1 : 1) : a.ip.compare(b.ip);
+  if (c == 0) c = a.fp.compare(b.fp);
+  c = c < 0 ? -1 : c > 0 ? 1 : 0;
+  return a.neg ? -c : c;
+}
+
+// Number bounds are exact: every candidate (integer part, fraction digits, signs, exponents,
+// malformed forms) is accepted only if it is a JSON number inside the range, and every
+// exponent-free JSON number inside the range is accepted.
+TEST(JsonSchema, NumberRangesAreExact) {
+  std::vector<std::string> cands = {"-0", "-0.0", "0", "0.", ".5", "01", "+1", "--1", "1e1", "2E-1", "-1.5e0", "1.0e+0"};
+  const char* fracs[] = {"", ".0", ".00", ".05", ".09", ".1", ".10", ".25", ".3", ".33", ".333", ".334", ".5", ".75",
+                         ".9", ".99", ".999", ".0001"};
+  for (int i = -13; i <= 13; ++i)
+    for (const char* f : fracs) {
+      cands.push_back(std::to_string(i) + f);
+      if (i == 0) {
+        cands.push_back(std::string("-0") + f);
+      }
+    }
+  for (const char* big : {"100", "100.5", "1000000000000", "-250.25"}) cands.push_back(big);
+  std::vector<json> schemas = {
+      {{"minimum", 0}, {"maximum", 1}},
+      {{"minimum", 0.5}, {"maximum", 2.25}},
+      {{"exclusiveMinimum", 0}, {"exclusiveMaximum", 1}},
+      {{"minimum", -1.5}, {"maximum", -0.25}},
+      {{"minimum", -2}, {"exclusiveMaximum", 0}},
+      {{"exclusiveMinimum", -0.1}, {"maximum", 0.1}},
+      {{"minimum", 0.05}},
+      {{"exclusiveMaximum", 10.5}},
+      {{"maximum", -3}},
+      {{"minimum", 1}, {"maximum", 1}},
+      {{"minimum", 0.3}, {"maximum", 0.333}},
+      {{"minimum", 3.25}, {"exclusiveMaximum", 3.75}},
+      {{"minimum", 0.1}, {"maximum", 0.1}},
+      {{"minimum", 0}, {"exclusiveMinimum", true}, {"maximum", 1}},  // draft 4
+      {{"minimum", 1}, {"exclusiveMinimum", 1}},                       // both: the tighter (exclusive)
+      {{"minimum", 0.001}, {"maximum", 20.0}},
+      {{"minimum", -12.75}, {"maximum", 12.75}},
+      {{"exclusiveMinimum", 9}, {"maximum", 13}},
+  };
+  std::mt19937 rng(7);
+  for (int r = 0; r < 40; ++r) {  // random two-digit bounds
+    auto rnd = [&] { return double(int(rng() % 2401) - 1200) / 100.0; };
+    double a = rnd(), b = rnd();
+    if (a > b) std::swap(a, b);
+    json s;
+    s[rng() % 2 ? "minimum" : "exclusiveMinimum"] = a;
+    s[rng() % 2 ? "maximum" : "exclusiveMaximum"] = b;
+    if (a == b) s = {{"minimum", a}, {"maximum", b}};
+    schemas.push_back(s);
+  }
+  for (json s : schemas) {
+    s["type"] = "number";
+    SCOPED_TRACE(s.dump());
+    auto cg = test::compile(json_schema_grammar(s));
+    auto in = [&](const Decimal& x) {
+      auto check = [&](const char* k, bool lower, bool exclusive) {
+        if (!s.contains(k) || !s[k].is_number()) return true;
+        int c = compare_decimal(x, *parse_decimal(json(s[k]).dump()));
+        bool x4 = s.value(lower ? "exclusiveMinimum" : "exclusiveMaximum", json()).is_boolean() &&
+                  s[lower ? "exclusiveMinimum" : "exclusiveMaximum"].get<bool>();
+        exclusive = exclusive || x4;
+        return lower ? (exclusive ? c > 0 : c >= 0) : (exclusive ? c < 0 : c <= 0);
+      };
+      return check("minimum", true, false) && check("exclusiveMinimum", true, true) && check("maximum", false, false) &&
+             check("exclusiveMaximum", false, true);
+    };
+    // Plus the bounds themselves and their nearest neighbours (the edges are where ranges break).
+    std::vector<std::string> edge = cands;
+    for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
+      if (!s.contains(k) || !s[k].is_number()) continue;
+      const double v = s[k].get<double>();
+      edge.push_back(json(s[k]).dump());
+      for (double dv : {-0.01, -0.001, 0.001, 0.01}) {
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%.*f", dv == -0.01 || dv == 0.01 ? 2 : 3, v + dv);
+        edge.push_back(buf);
+      }
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.4f", v);
+      edge.push_back(buf);
+    }
+    int admitted = 0;
+    for (const std::string& c : edge) {
+      std::optional<Decimal> d = parse_decimal(c);
+      const bool ok = d && in(*d);
+      const bool got = matches(cg, c);
+      admitted += got;
+      if (got) {
+        EXPECT_TRUE(ok) << c << " accepted outside the range";
+      }
+      // Complete over the plain forms: no exponent, and zero not written "-0" (refused for x >= 0).
+      const bool plain = c.find_first_of("eE") == std::string::npos && !(c[0] == '-' && d && d->ip == "0" && d->fp.empty());
+      if (ok && plain) {
+        EXPECT_TRUE(got) << c << " refused inside the range";
+      }
+    }
+    EXPECT_GT(admitted, 0);
+  }
+  // No number at all: an error, as for integers.
+  EXPECT_THROW(json_schema_grammar(json{{"type", "number"}, {"minimum", 2}, {"maximum", 1.5}}), InvalidRequest);
+  EXPECT_THROW(json_schema_grammar(json{{"type", "number"}, {"exclusiveMinimum", 1}, {"exclusiveMaximum", 1}}),
+               InvalidRequest);
+  // Typed lists and bounds without a type take the same path.
+  auto opt = test::compile(json_schema_grammar(json::parse(R"({"type":["number","null"],"minimum":0,"maximum":1})")));
+  EXPECT_TRUE(matches(opt, "0.5"));
+  EXPECT_TRUE(matches(opt, "null"));
+  EXPECT_FALSE(matches(opt, "1.5"));
 }
 
 TEST(JsonSchema, StringsFormatsAndWhitespace) {
