@@ -23,6 +23,16 @@ const std::set<std::string> kUnsupported = {"not", "if", "then", "else", "patter
                                             "propertyNames", "unevaluatedProperties", "unevaluatedItems",
                                             "minContains", "maxContains", "multipleOf", "$dynamicRef"};
 
+// IPv6 text (format "ipv6"), h = 1-4 hex digits.
+#define TS_H "[0-9a-fA-F]{1,4}"
+#define TS_V4 "((25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)\\.){3}(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)"
+const char* const kIpv6 = "((" TS_H ":){7}" TS_H "|(" TS_H ":){1,7}:|(" TS_H ":){1,6}:" TS_H "|(" TS_H ":){1,5}(:" TS_H
+                          "){1,2}|(" TS_H ":){1,4}(:" TS_H "){1,3}|(" TS_H ":){1,3}(:" TS_H "){1,4}|(" TS_H
+                          ":){1,2}(:" TS_H "){1,5}|" TS_H ":(:" TS_H "){1,6}|:((:" TS_H "){1,7}|:)|(" TS_H
+                          ":){6}" TS_V4 "|::([fF]{4}:)?" TS_V4 ")";
+#undef TS_H
+#undef TS_V4
+
 // Lenient mode: ignored keywords of an object schema that may admit keys beyond its properties
 // and additionalProperties (a pattern's keys, keys a conditional or dependent schema defines).
 bool adds_keys(const json& s) {
@@ -396,7 +406,16 @@ class SchemaCompiler {
           {"uuid", R"([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})"},
           {"email", R"([a-zA-Z0-9_.+-]+@[a-zA-Z0-9-]+(\.[a-zA-Z0-9-]+)+)"},
           {"ipv4", R"(((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))"},
-          {"uri", R"([a-zA-Z][a-zA-Z0-9+.-]*:[^\s"\\]+)"}};
+          {"uri", R"([a-zA-Z][a-zA-Z0-9+.-]*:[^\s"\\]+)"},
+          // RFC 3339 appendix A: P and date parts, or a time part, or weeks; never a bare P / PT.
+          {"duration",
+           R"(P((\d+D|\d+M(\d+D)?|\d+Y(\d+M(\d+D)?)?)(T(\d+H(\d+M(\d+S)?)?|\d+M(\d+S)?|\d+S))?|T(\d+H(\d+M(\d+S)?)?|\d+M(\d+S)?|\d+S)|\d+W))"},
+          // RFC 1123 labels; at most 8 labels of at most 30 characters, so the 253-character limit
+          // always holds (a subset: longer valid names are not generated).
+          {"hostname", R"([a-zA-Z0-9]([a-zA-Z0-9-]{0,28}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,28}[a-zA-Z0-9])?){0,7})"},
+          // RFC 4291 text forms: eight groups, "::" compression, and a trailing IPv4 after six
+          // groups or "::" / "::ffff:".
+          {"ipv6", kIpv6}};
       auto it = kFormats.find(s["format"].get<std::string>());
       if (it != kFormats.end()) return g_.seq({g_.lit("\""), add_regex(g_, it->second, true), g_.lit("\"")});
       // Unknown formats are annotations (as the spec allows).
@@ -504,32 +523,64 @@ class SchemaCompiler {
     } else if (!opt_.strict || props.empty()) {
       addl = g_.ref(any_value());
     }
+    // minProperties / maxProperties: members are counted (c), up to the largest bound that still
+    // matters (past minProperties with no maximum, the count no longer changes anything).
+    int64_t min_p = 0, max_p = -1;
+    if (auto v = num(s, "minProperties")) min_p = static_cast<int64_t>(std::ceil(*v));
+    if (auto v = num(s, "maxProperties")) max_p = static_cast<int64_t>(std::floor(*v));
+    if (min_p < 0 || (max_p >= 0 && max_p < min_p)) err(path, "bad minProperties/maxProperties");
+    if (std::max(min_p, max_p) > 256) err(path, "minProperties/maxProperties above 256 are not supported");
+    const int64_t cap = max_p >= 0 ? max_p : min_p;
     auto sep = [&] { return g_.seq({ws(), g_.lit(","), ws()}); };
     int n = static_cast<int>(props.size());
     auto item = [&](int i) { return g_.seq({g_.lit(props[i].first), ws(), g_.lit(":"), ws(), props[i].second}); };
     int addl_item = addl < 0 ? -1 : g_.seq({string(), ws(), g_.lit(":"), ws(), addl});
-    // rest(i): after some member, the members from i on; first(i): the first member is at >= i.
-    std::vector<int> rest(n + 1), first(n + 1, -1);
-    rest[n] = addl_item < 0 ? g_.empty() : g_.star(g_.seq({sep(), addl_item}));
-    for (int i = n - 1; i >= 0; --i) {
-      int take = g_.seq({sep(), item(i), rest[i + 1]});
-      rest[i] = req[i] ? take : g_.alt({take, rest[i + 1]});
-      // Shared suffixes would be rebuilt per level without a rule: make them rules.
-      int r = g_.rule(g_.fresh_name("obj-rest"));
-      g_.define(r, rest[i]);
-      rest[i] = g_.ref(r);
+    // rest(i, c): after c members (c >= 1), the members from property i on; -1 = none can follow
+    // validly. Rules, so the shared suffixes are built once.
+    std::map<std::pair<int, int64_t>, int> rest_memo;
+    std::function<int(int, int64_t)> rest = [&](int i, int64_t c) -> int {
+      auto key = std::pair{i, c};
+      if (auto it = rest_memo.find(key); it != rest_memo.end()) return it->second;
+      int e;
+      if (i == n) {
+        const int64_t need = std::max<int64_t>(0, min_p - c), more = max_p < 0 ? -1 : max_p - c;
+        if (addl_item < 0) e = need > 0 ? -1 : g_.empty();
+        else e = more == 0 ? (need > 0 ? -1 : g_.empty()) : g_.rep(g_.seq({sep(), addl_item}), int(need), int(more));
+      } else {
+        int after = max_p >= 0 && c + 1 > max_p ? -1 : rest(i + 1, std::min(c + 1, std::max<int64_t>(cap, 1)));
+        int take = after < 0 ? -1 : g_.seq({sep(), item(i), after});
+        e = alt_of({take, req[i] ? -1 : rest(i + 1, c)});
+      }
+      if (e >= 0) {
+        int r = g_.rule(g_.fresh_name("obj-rest"));
+        g_.define(r, e);
+        e = g_.ref(r);
+      }
+      return rest_memo[key] = e;
+    };
+    // first(i): the first member is at property i or later.
+    std::vector<int> first(n + 1, -1);
+    if (addl_item >= 0 && max_p != 0) {
+      int after = rest(n, std::min<int64_t>(1, std::max<int64_t>(cap, 1)));
+      if (after >= 0) first[n] = g_.seq({addl_item, after});
     }
-    if (addl_item >= 0) first[n] = g_.seq({addl_item, rest[n]});
     for (int i = n - 1; i >= 0; --i) {
-      std::vector<int> alts = {g_.seq({item(i), rest[i + 1]})};
-      if (!req[i] && first[i + 1] >= 0) alts.push_back(first[i + 1]);
-      int r = g_.rule(g_.fresh_name("obj-first"));
-      g_.define(r, g_.alt(alts));
-      first[i] = g_.ref(r);
+      int after = max_p == 0 ? -1 : rest(i + 1, std::min<int64_t>(1, std::max<int64_t>(cap, 1)));
+      int e = alt_of({after < 0 ? -1 : g_.seq({item(i), after}), req[i] ? -1 : first[i + 1]});
+      if (e >= 0) {
+        int r = g_.rule(g_.fresh_name("obj-first"));
+        g_.define(r, e);
+        e = g_.ref(r);
+      }
+      first[i] = e;
     }
-    if (first[0] < 0) return g_.seq({g_.lit("{"), ws(), g_.lit("}")});
+    const bool empty_ok = required.empty() && min_p == 0;
+    if (first[0] < 0) {
+      if (!empty_ok) err(path, "no object satisfies 'required' / minProperties / maxProperties");
+      return g_.seq({g_.lit("{"), ws(), g_.lit("}")});
+    }
     int body = g_.seq({first[0], ws()});
-    return g_.seq({g_.lit("{"), ws(), required.empty() ? g_.opt(body) : body, g_.lit("}")});
+    return g_.seq({g_.lit("{"), ws(), empty_ok ? g_.opt(body) : body, g_.lit("}")});
   }
 
   int typed(const json& s, const std::string& t, const std::string& path, int depth) {

@@ -4,8 +4,9 @@
 // Supported: type (one or a list, incl. "null" unions and OpenAPI `nullable`), properties /
 // required / additionalProperties (properties come in schema order, as xgrammar and OpenAI strict
 // mode emit them), enum / const, anyOf / oneOf (oneOf's exclusivity is not enforced), allOf of
-// objects (merged), items / prefixItems / minItems / maxItems, minLength / maxLength / pattern /
-// format (date, time, date-time, uuid, email, ipv4, uri), integer and number bounds (integer
+// objects (merged), items / prefixItems / minItems / maxItems, minProperties / maxProperties,
+// minLength / maxLength / pattern / format (date, time, date-time, duration, uuid, email,
+// hostname, ipv4, ipv6, uri), integer and number bounds (integer
 // ranges exactly up to 18 digits; numbers exactly too, written without an exponent), $ref to #, #/$defs/... and
 // #/definitions/... incl. recursion. Annotations (title, description, default, examples, ...)
 // are ignored. Keywords that constrain but cannot be expressed (not, if/then/else,

@@ -427,6 +427,41 @@ TEST(JsonSchema, NumberRangesAreExact) {
   EXPECT_FALSE(matches(opt, "1.5"));
 }
 
+// minProperties / maxProperties count declared and additional members alike.
+TEST(JsonSchema, PropertyCountBounds) {
+  for (auto [lo, hi] : std::vector<std::pair<int, int>>{{2, 3}, {0, 1}, {1, -1}, {4, -1}, {3, 3}, {0, 0}}) {
+    json s = json::parse(R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"},
+        "c":{"type":"integer"}},"additionalProperties":{"type":"integer"}})");
+    if (lo > 0) s["minProperties"] = lo;
+    if (hi >= 0) s["maxProperties"] = hi;
+    SCOPED_TRACE(s.dump());
+    auto cg = test::compile(json_schema_grammar(s));
+    for (int mask = 0; mask < 8; ++mask)
+      for (int extra = 0; extra <= 3; ++extra) {
+        std::string o = "{";
+        int count = 0;
+        for (int k = 0; k < 3; ++k)
+          if (mask >> k & 1) o += std::string(count++ ? "," : "") + "\"" + char('a' + k) + "\":1";
+        for (int e = 0; e < extra; ++e) o += std::string(count++ ? "," : "") + "\"x" + std::to_string(e) + "\":2";
+        o += "}";
+        EXPECT_EQ(matches(cg, o), count >= lo && (hi < 0 || count <= hi)) << o;
+      }
+  }
+  // A required property counts too; a map with minProperties 1 is never empty.
+  auto req = test::compile(json_schema_grammar(json::parse(R"({"type":"object","properties":{"a":{"type":"integer"},
+      "b":{"type":"integer"}},"required":["a"],"maxProperties":1})")));
+  EXPECT_TRUE(matches(req, R"({"a":1})"));
+  EXPECT_FALSE(matches(req, R"({"a":1,"b":2})"));
+  auto map = test::compile(json_schema_grammar(json::parse(
+      R"({"type":"object","additionalProperties":{"type":"string"},"minProperties":1})")));
+  EXPECT_FALSE(matches(map, "{}"));
+  EXPECT_TRUE(matches(map, R"({"k":"v"})"));
+  EXPECT_THROW(json_schema_grammar(json::parse(R"({"type":"object","properties":{"a":{},"b":{}},"required":["a","b"],
+      "maxProperties":1})")), InvalidRequest);
+  EXPECT_THROW(json_schema_grammar(json::parse(R"({"type":"object","minProperties":3,"maxProperties":2})")),
+               InvalidRequest);
+}
+
 TEST(JsonSchema, StringsFormatsAndWhitespace) {
   auto cg = test::compile(json_schema_grammar(json::parse(R"({"type":"object","properties":{
       "d":{"type":"string","format":"date"},"u":{"type":"string","format":"uuid"},
@@ -437,6 +472,21 @@ TEST(JsonSchema, StringsFormatsAndWhitespace) {
   EXPECT_FALSE(matches(cg, R"({"d":"2024-13-01","u":"123e4567-e89b-12d3-a456-426614174000","p":"AB-12","s":"ab"})"));
   EXPECT_FALSE(matches(cg, R"({"d":"2024-12-01","u":"123e4567-e89b-12d3-a456-426614174000","p":"AB-","s":"ab"})"));
   EXPECT_FALSE(matches(cg, R"({"d":"2024-12-01","u":"123e4567-e89b-12d3-a456-426614174000","p":"AB-1","s":"abcd"})"));
+  // The formats OpenAI strict mode lists: duration, hostname, ipv6 besides the above.
+  auto fmt_ok = [](const char* f, const std::string& v) {
+    return matches(test::compile(json_schema_grammar(json{{"type", "string"}, {"format", f}})), json(v).dump());
+  };
+  for (const char* v : {"P1D", "P3Y6M4DT12H30M5S", "PT20M", "PT1H0M30S", "P2W", "P1M", "PT36H", "P1Y2M"})
+    EXPECT_TRUE(fmt_ok("duration", v)) << v;
+  for (const char* v : {"P", "PT", "P1H", "1D", "P1DT", "PT1D", "P1W2D", "P1S"}) EXPECT_FALSE(fmt_ok("duration", v)) << v;
+  for (const char* v : {"localhost", "example.com", "a-b.c-d.example", "x1.y2", "xn--bcher-kva.example"})
+    EXPECT_TRUE(fmt_ok("hostname", v)) << v;
+  for (const char* v : {"-a.com", "a-.com", "a..b", ".a", "a_b.com", "", "a b"}) EXPECT_FALSE(fmt_ok("hostname", v)) << v;
+  for (const char* v : {"::", "::1", "2001:db8::ff00:42:8329", "2001:0db8:0000:0000:0000:ff00:0042:8329", "fe80::",
+                        "1:2:3:4:5:6:7::", "::ffff:192.0.2.128", "1:2:3:4:5:6:1.2.3.4", "a::b:c"})
+    EXPECT_TRUE(fmt_ok("ipv6", v)) << v;
+  for (const char* v : {":", "1:2:3:4:5:6:7:8:9", "1::2::3", "12345::", "g::1", "1:2:3:4:5:6:7", "::1.2.3.256"})
+    EXPECT_FALSE(fmt_ok("ipv6", v)) << v;
   auto compact = test::compile(json_schema_grammar(json{{"type", "array"}, {"items", {{"type", "integer"}}}},
                                                    JsonSchemaOptions{.strict = true, .any_whitespace = false}));
   EXPECT_TRUE(matches(compact, "[1,2,3]"));
