@@ -208,13 +208,17 @@ class SchemaCompiler {
   }
 
   int integer_schema(const json& s, const std::string& path) {
+    // The tighter of minimum and exclusiveMinimum where both are given (and of the maxima).
     std::optional<int64_t> lo, hi;
-    if (auto v = num(s, "minimum")) lo = static_cast<int64_t>(std::ceil(*v));
-    if (auto v = num(s, "exclusiveMinimum")) lo = static_cast<int64_t>(std::floor(*v)) + 1;
-    if (auto v = num(s, "maximum")) hi = static_cast<int64_t>(std::floor(*v));
-    if (auto v = num(s, "exclusiveMaximum")) hi = static_cast<int64_t>(std::ceil(*v)) - 1;
-    if (s.value("exclusiveMinimum", json()).is_boolean() && s["exclusiveMinimum"].get<bool>() && lo) ++*lo;  // draft 4
-    if (s.value("exclusiveMaximum", json()).is_boolean() && s["exclusiveMaximum"].get<bool>() && hi) --*hi;
+    auto tighten = [](std::optional<int64_t>& cur, int64_t v, bool lower) {
+      cur = !cur ? v : lower ? std::max(*cur, v) : std::min(*cur, v);
+    };
+    const bool x4lo = s.value("exclusiveMinimum", json()).is_boolean() && s["exclusiveMinimum"].get<bool>();  // draft 4
+    const bool x4hi = s.value("exclusiveMaximum", json()).is_boolean() && s["exclusiveMaximum"].get<bool>();
+    if (auto v = num(s, "minimum")) tighten(lo, int64_t(std::ceil(*v)) + (x4lo && std::ceil(*v) == *v), true);
+    if (auto v = num(s, "exclusiveMinimum")) tighten(lo, int64_t(std::floor(*v)) + 1, true);
+    if (auto v = num(s, "maximum")) tighten(hi, int64_t(std::floor(*v)) - (x4hi && std::floor(*v) == *v), false);
+    if (auto v = num(s, "exclusiveMaximum")) tighten(hi, int64_t(std::ceil(*v)) - 1, false);
     return int_range(lo, hi, path);
   }
 

@@ -278,6 +278,15 @@ TEST(JsonSchema, IntegerRangesAreExact) {
   EXPECT_TRUE(matches(ge, "100000000"));
   EXPECT_FALSE(matches(ge, "41"));
   EXPECT_FALSE(matches(ge, "-50"));
+  // Both forms given: the tighter holds, whichever comes last; draft 4's flags exclude the bound.
+  auto both = test::compile(json_schema_grammar(json{{"type", "integer"}, {"exclusiveMinimum", 5}, {"minimum", 2}}));
+  EXPECT_FALSE(matches(both, "5"));
+  EXPECT_TRUE(matches(both, "6"));
+  auto d4 = test::compile(json_schema_grammar(json{{"type", "integer"}, {"minimum", 1.5}, {"exclusiveMinimum", true},
+                                                   {"maximum", 4}, {"exclusiveMaximum", true}}));
+  EXPECT_TRUE(matches(d4, "2"));  // > 1.5: 2 is the first
+  EXPECT_TRUE(matches(d4, "3"));
+  EXPECT_FALSE(matches(d4, "4"));
   auto lt = test::compile(json_schema_grammar(json{{"type", "integer"}, {"exclusiveMaximum", 10}}));
   EXPECT_TRUE(matches(lt, "-99999"));
   EXPECT_TRUE(matches(lt, "9"));
