@@ -7,6 +7,7 @@
 #include <optional>
 #include <fmt/format.h>
 #include <map>
+#include <numeric>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -21,7 +22,7 @@ using json = nlohmann::ordered_json;
 const std::set<std::string> kUnsupported = {"not", "if", "then", "else", "patternProperties", "dependentSchemas",
                                             "dependentRequired", "dependencies", "uniqueItems", "contains",
                                             "propertyNames", "unevaluatedProperties", "unevaluatedItems",
-                                            "minContains", "maxContains", "multipleOf", "$dynamicRef"};
+                                            "minContains", "maxContains", "$dynamicRef"};
 
 // IPv6 text (format "ipv6"), h = 1-4 hex digits.
 #define TS_H "[0-9a-fA-F]{1,4}"
@@ -207,7 +208,19 @@ class SchemaCompiler {
     return it->get<double>();
   }
 
+  // multipleOf where this grammar can hold it; lenient (tool parameters): otherwise ignored.
+  std::optional<int> multiple_or_lenient(const json& s, bool integer, const std::string& path) {
+    if (!s.contains("multipleOf")) return std::nullopt;
+    if (!opt_.lenient) return multiple_of(s, integer, path);
+    try {
+      return multiple_of(s, integer, path);
+    } catch (const InvalidRequest&) {  // thrown before any rule is made
+      return std::nullopt;
+    }
+  }
+
   int integer_schema(const json& s, const std::string& path) {
+    if (auto m = multiple_or_lenient(s, true, path)) return *m;
     // The tighter of minimum and exclusiveMinimum where both are given (and of the maxima).
     std::optional<int64_t> lo, hi;
     auto tighten = [](std::optional<int64_t>& cur, int64_t v, bool lower) {
@@ -347,7 +360,192 @@ class SchemaCompiler {
     return alt_of({first, mid, last});
   }
 
+  // The bounds of a number or integer schema as decimals: the tighter of minimum /
+  // exclusiveMinimum (and draft 4's boolean exclusive flags), likewise the maxima.
+  struct Bounds {
+    std::optional<Dec> lo, hi;
+    bool lox = false, hix = false;
+  };
+  Bounds bounds_of(const json& s, const std::string& path) {
+    Bounds b;
+    auto bound = [&](const char* key, bool exclusive, bool lower) {
+      auto it = s.find(key);
+      if (it == s.end() || !it->is_number()) return;
+      std::optional<Dec> d = to_dec(*it, path);
+      if (!d) return;
+      std::optional<Dec>& cur = lower ? b.lo : b.hi;
+      bool& x = lower ? b.lox : b.hix;
+      int c = cur ? cmp(*d, *cur) : (lower ? 1 : -1);
+      if (lower ? c > 0 : c < 0) cur = d, x = exclusive;
+      else if (c == 0) x = x || exclusive;
+    };
+    auto draft4 = [&](const char* k) { return s.value(k, json()).is_boolean() && s[k].get<bool>(); };
+    bound("minimum", draft4("exclusiveMinimum"), true);
+    bound("exclusiveMinimum", true, true);
+    bound("maximum", draft4("exclusiveMaximum"), false);
+    bound("exclusiveMaximum", true, false);
+    return b;
+  }
+
+  // ---- multipleOf ---------------------------------------------------------------------------
+  // m = P x 10^-k. x is a multiple of m exactly when N = |x| x 10^k is an integer divisible by P:
+  // at most k significant fraction digits, and N mod P (a state machine over the digits) ends at
+  // 0. Bounds: both finite with at most kMaxEnumerated multiples between them -> the multiples
+  // themselves; else what the state machine can add -- no negatives, no zero, no positives
+  // (minimum 0 / exclusiveMinimum 0 / maximum 0 ...). Other bounds are refused.
+  static constexpr int64_t kMaxEnumerated = 4096;
+  static int64_t pow10(int n) {
+    int64_t r = 1;
+    while (n-- > 0) r *= 10;
+    return r;
+  }
+  // |d| x 10^scale as an integer, signed; nullopt when it does not fit 18 digits or has finer digits.
+  static std::optional<int64_t> scaled(const Dec& d, int scale) {
+    if (int(d.fp.size()) > scale || d.ip.size() + size_t(scale) > 18) return std::nullopt;
+    std::string digits = (d.ip == "0" ? "" : d.ip) + d.fp + std::string(size_t(scale) - d.fp.size(), '0');
+    int64_t v = digits.empty() ? 0 : std::stoll(digits);
+    return d.neg ? -v : v;
+  }
+  static std::string decimal_text(int64_t v, int scale) {  // v x 10^-scale, canonical
+    std::string sign = v < 0 ? "-" : "";
+    std::string d = std::to_string(v < 0 ? -v : v);
+    if (scale == 0) return sign + d;
+    if (d.size() <= size_t(scale)) d = std::string(size_t(scale) + 1 - d.size(), '0') + d;
+    std::string ip = d.substr(0, d.size() - size_t(scale)), fp = d.substr(d.size() - size_t(scale));
+    while (!fp.empty() && fp.back() == '0') fp.pop_back();
+    return sign + ip + (fp.empty() ? "" : "." + fp);
+  }
+  static int64_t floor_div(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
+  static int64_t ceil_div(int64_t a, int64_t b) { return -floor_div(-a, b); }
+
+  int multiple_of(const json& s, bool integer, const std::string& path) {
+    const json& mv = s["multipleOf"];
+    if (!mv.is_number() || mv.get<double>() <= 0) err(path, "'multipleOf' must be a positive number");
+    std::optional<Dec> md = to_dec(mv, path);
+    if (!md) err(path, "'multipleOf' is too large");
+    int k = int(md->fp.size());
+    std::optional<int64_t> pm = scaled(*md, k);
+    if (!pm || *pm <= 0) err(path, "'multipleOf' has too many digits");
+    int64_t P = *pm;
+    if (integer) {  // integers that are multiples of P x 10^-k: multiples of P / gcd(P, 10^k)
+      P /= std::gcd(P, pow10(k));
+      k = 0;
+    }
+    Bounds b = bounds_of(s, path);
+    // Both bounds: the multiples between them, when few.
+    int scale = k;
+    for (const auto* d : {b.lo ? &*b.lo : nullptr, b.hi ? &*b.hi : nullptr})
+      if (d) scale = std::max(scale, int(d->fp.size()));
+    std::optional<int64_t> L, H;
+    if (b.lo) L = scaled(*b.lo, scale);
+    if (b.hi) H = scaled(*b.hi, scale);
+    if ((b.lo && !L) || (b.hi && !H) || scale > 18 || P > pow10(18 - scale))
+      err(path, "'multipleOf' with bounds of these sizes is not supported");
+    const int64_t M = P * pow10(scale - k);  // m at `scale`
+    std::optional<int64_t> first, last;      // multiples (index i: value i x m) inside the bounds
+    if (L) first = *L % M == 0 ? *L / M + (b.lox ? 1 : 0) : ceil_div(*L, M);
+    if (H) last = *H % M == 0 ? *H / M - (b.hix ? 1 : 0) : floor_div(*H, M);
+    if (first && last && *first > *last) err(path, "no multiple of 'multipleOf' lies within the bounds");
+    if (first && last && *last - *first < kMaxEnumerated) {
+      std::vector<int> alts;
+      for (int64_t i = *first; i <= *last; ++i) alts.push_back(g_.lit(decimal_text(i * P, k)));
+      return g_.alt(alts);
+    }
+    bool neg_ok = true, zero_ok = true, pos_ok = true;
+    if (first) {
+      if (*first < 0) err(path, "'multipleOf' with a negative minimum and no nearby maximum is not supported");
+      neg_ok = false;
+      zero_ok = *first == 0;
+      if (*first > 1) err(path, "'multipleOf' with a minimum above the first multiple and no nearby maximum is not supported");
+    }
+    if (last) {
+      if (*last > 0) err(path, "'multipleOf' with a positive maximum and no nearby minimum is not supported");
+      pos_ok = false;
+      zero_ok = zero_ok && *last == 0;
+      if (*last < -1) err(path, "'multipleOf' with a maximum below the first negative multiple and no nearby minimum is not supported");
+    }
+    if (P * int64_t(k + 2) > 20000) err(path, "'multipleOf' is too fine-grained for its grammar (more than 20000 states)");
+    int mag = positive_multiples(P, k, integer);
+    int zero = integer ? g_.lit("0") : g_.seq({g_.lit("0"), g_.opt(g_.seq({g_.lit("."), g_.plus(g_.lit("0"))}))});
+    return alt_of({pos_ok ? mag : -1, zero_ok ? zero : -1, neg_ok ? g_.seq({g_.lit("-"), mag}) : -1});
+  }
+  // Positive x written without an exponent (integer part canonical; numbers: "." and digits, any
+  // zeros past the k-th) with |x| x 10^k an integer divisible by P.
+  int positive_multiples(int64_t P, int k, bool integer) {
+    // ip[r]: inside the integer part, N mod P = r so far; frac[j][r]: j fraction digits read.
+    const size_t np = static_cast<size_t>(P), nk = static_cast<size_t>(k);
+    std::vector<int> ip(np);
+    std::vector<std::vector<int>> frac(nk + 1, std::vector<int>(np, -1));
+    for (auto& r : ip) r = g_.rule(g_.fresh_name("mul-int"));
+    auto digit = [&](int d) { return g_.lit(std::string(1, char('0' + d))); };
+    // After j fraction digits with state r, the value ends here when r x 10^(k-j) = 0 mod P.
+    auto ends_at = [&](int j, int64_t r) {
+      int64_t v = r;
+      for (int t = j; t < k; ++t) v = v * 10 % P;
+      return v == 0;
+    };
+    // live[j][r]: some continuation ends validly (dead states get no rule and no references).
+    std::vector<std::vector<char>> live(nk + 1, std::vector<char>(np, 0));
+    for (int j = k; j >= 1; --j)
+      for (int64_t r = 0; r < P; ++r) {
+        bool l = ends_at(j, r);
+        for (int d = 0; d <= 9 && !l && j < k; ++d) l = live[size_t(j + 1)][size_t((r * 10 + d) % P)];
+        live[size_t(j)][size_t(r)] = l;
+        if (l) frac[size_t(j)][size_t(r)] = g_.rule(g_.fresh_name("mul-frac"));
+      }
+    auto to_frac = [&](int d, int j, int64_t r) {  // digit d, then fraction state (j, r), or -1
+      int t = frac[size_t(j)][size_t(r)];
+      return t < 0 ? -1 : g_.seq({digit(d), g_.ref(t)});
+    };
+    for (int j = 1; j <= k; ++j)
+      for (int64_t r = 0; r < P; ++r) {
+        if (frac[size_t(j)][size_t(r)] < 0) continue;
+        std::vector<int> alts;
+        if (ends_at(j, r)) alts.push_back(g_.empty());
+        if (j < k)
+          for (int d = 0; d <= 9; ++d) alts.push_back(to_frac(d, j + 1, (r * 10 + d) % P));
+        else
+          alts.push_back(g_.plus(g_.lit("0")));  // past the k-th digit: zeros only (r == 0 here)
+        g_.define(frac[size_t(j)][size_t(r)], alt_of(alts));
+      }
+    // The fraction after an integer part in state r: none, or "." and at least one digit.
+    auto fraction_after = [&](int64_t r) {
+      std::vector<int> alts;
+      if (ends_at(0, r)) alts.push_back(g_.empty());
+      if (integer) return alt_of(alts);
+      if (k == 0) {
+        if (r == 0) alts.push_back(g_.seq({g_.lit("."), g_.plus(g_.lit("0"))}));
+      } else {
+        std::vector<int> firsts;
+        for (int d = 0; d <= 9; ++d) firsts.push_back(to_frac(d, 1, (r * 10 + d) % P));
+        int f = alt_of(firsts);
+        if (f >= 0) alts.push_back(g_.seq({g_.lit("."), f}));
+      }
+      return alt_of(alts);
+    };
+    for (int64_t r = 0; r < P; ++r) {
+      std::vector<int> alts;
+      for (int d = 0; d <= 9; ++d) alts.push_back(g_.seq({digit(d), g_.ref(ip[size_t((r * 10 + d) % P)])}));
+      int f = fraction_after(r);
+      if (f >= 0) alts.push_back(f);
+      g_.define(ip[size_t(r)], g_.alt(alts));
+    }
+    // "0." and zeros, then a first nonzero digit within the k places: positive values below 1.
+    std::vector<int> below_one;
+    if (!integer && k > 0)
+      for (int z = 0; z < k; ++z)  // z zeros, then digit d at place z + 1
+        for (int d = 1; d <= 9; ++d) {
+          int t = to_frac(d, z + 1, d % P);
+          if (t >= 0) below_one.push_back(g_.seq({g_.lit("0." + std::string(size_t(z), '0')), t}));
+        }
+    std::vector<int> alts;
+    for (int d = 1; d <= 9; ++d) alts.push_back(g_.seq({digit(d), g_.ref(ip[size_t(d % P)])}));
+    alts.insert(alts.end(), below_one.begin(), below_one.end());
+    return g_.alt(alts);
+  }
+
   int number_schema(const json& s, const std::string& path) {
+    if (auto m = multiple_or_lenient(s, false, path)) return *m;
     // The tighter of minimum / exclusiveMinimum (and draft 4's boolean exclusive flags).
     std::optional<Dec> lo, hi;
     bool lox = false, hix = false;
@@ -722,7 +920,7 @@ class SchemaCompiler {
       if (s.contains(k)) return array_schema(s, path, depth);
     for (const char* k : {"pattern", "minLength", "maxLength", "format"})
       if (s.contains(k)) return string_schema(s, path);
-    for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+    for (const char* k : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
       if (s.contains(k)) return number_schema(s, path);
     return g_.ref(any_value());
   }

@@ -6,13 +6,14 @@
 // mode emit them), enum / const, anyOf / oneOf (oneOf's exclusivity is not enforced), allOf of
 // objects (merged), items / prefixItems / minItems / maxItems, minProperties / maxProperties,
 // minLength / maxLength / pattern / format (date, time, date-time, duration, uuid, email,
-// hostname, ipv4, ipv6, uri), integer and number bounds (integer
-// ranges exactly up to 18 digits; numbers exactly too, written without an exponent), $ref to #, #/$defs/... and
-// #/definitions/... incl. recursion. Annotations (title, description, default, examples, ...)
-// are ignored. Keywords that constrain but cannot be expressed (not, if/then/else,
-// patternProperties, dependentSchemas, uniqueItems, ...) are rejected with a message naming them,
-// or, with JsonSchemaOptions::lenient (tool parameters), ignored so that the grammar admits a
-// superset of the schema.
+// hostname, ipv4, ipv6, uri), integer and number bounds (exact: integers up to 18 digits; bounded
+// numbers are written without an exponent), multipleOf (integers and decimals, exact: |x| x 10^k
+// divisible by P as a digit state machine; with two bounds the multiples between them, else with
+// sign-like bounds only), $ref to #, #/$defs/... and #/definitions/... incl. recursion.
+// Annotations (title, description, default, examples, ...) are ignored. Keywords that constrain
+// but cannot be expressed (not, if/then/else, patternProperties, dependentSchemas, uniqueItems,
+// ...) are rejected with a message naming them, or, with JsonSchemaOptions::lenient (tool
+// parameters), ignored so that the grammar admits a superset of the schema.
 #pragma once
 #include <nlohmann/json_fwd.hpp>
 #include <string_view>
@@ -28,7 +29,7 @@ struct JsonSchemaOptions {
   // Whitespace between tokens: any run of [ \t\n] when true, none when false (compact JSON).
   bool any_whitespace = true;
   // The keywords that constrain in ways a grammar cannot express (not, if/then/else, uniqueItems,
-  // multipleOf, patternProperties, ...) are ignored instead of refused: the grammar then admits
+  // patternProperties, a multipleOf with far bounds, ...) are ignored instead of refused: the grammar then admits
   // a superset of the schema's values, never fewer -- an object with keywords that may admit more
   // keys (patternProperties, unevaluatedProperties, dependentSchemas, dependencies, if/then/else)
   // admits any further keys. For tool parameters (the tools' schemas come from their authors,

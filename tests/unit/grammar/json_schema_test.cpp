@@ -471,6 +471,88 @@ TEST(JsonSchema, PropertyCountBounds) {
                InvalidRequest);
 }
 
+// multipleOf, for integers and numbers, alone, with sign-like bounds and between two bounds; every
+// candidate judged exactly (scaled decimal integers). Canonical candidates (no trailing fraction
+// zero, no "-0") inside the schema are all accepted.
+TEST(JsonSchema, MultipleOfIsExact) {
+  std::vector<json> schemas = {
+      {{"type", "integer"}, {"multipleOf", 5}},
+      {{"type", "integer"}, {"multipleOf", 3}, {"minimum", 0}},
+      {{"type", "integer"}, {"multipleOf", 7}, {"exclusiveMinimum", 0}},
+      {{"type", "integer"}, {"multipleOf", 4}, {"minimum", 10}, {"maximum", 50}},
+      {{"type", "integer"}, {"multipleOf", 1000}, {"maximum", 0}},
+      {{"type", "integer"}, {"multipleOf", 0.5}},
+      {{"type", "integer"}, {"multipleOf", 2.5}, {"minimum", -40}, {"exclusiveMaximum", 40}},
+      {{"type", "number"}, {"multipleOf", 0.01}, {"minimum", 0}},
+      {{"type", "number"}, {"multipleOf", 0.25}},
+      {{"type", "number"}, {"multipleOf", 0.5}, {"exclusiveMinimum", 0}},
+      {{"type", "number"}, {"multipleOf", 3}},
+      {{"type", "number"}, {"multipleOf", 0.1}, {"minimum", 0}, {"maximum", 1}},
+      {{"type", "number"}, {"multipleOf", 0.05}, {"maximum", 0}},
+      {{"type", "number"}, {"multipleOf", 1.5}, {"exclusiveMinimum", -4.5}, {"maximum", 6}},
+      {{"multipleOf", 0.2}},
+  };
+  std::vector<std::string> cands = {"-0", "0.", ".5", "01", "1e1", "3E0"};
+  for (int i = -61; i <= 61; ++i)
+    for (const char* f : {"", ".0", ".00", ".01", ".05", ".1", ".10", ".2", ".25", ".3", ".4", ".5", ".50", ".6", ".75",
+                          ".8", ".9", ".99", ".001", ".125"})
+      cands.push_back(std::to_string(i) + f);
+  for (const char* f : {"0.00", "0.000", "1000", "2000.0", "-3000", "12.345", "0.07"}) cands.push_back(f);
+  for (const json& s : schemas) {
+    SCOPED_TRACE(s.dump());
+    auto cg = test::compile(json_schema_grammar(s));
+    const Decimal m = *parse_decimal(json(s["multipleOf"]).dump());
+    auto scaled = [](const Decimal& d, size_t k) {
+      std::string digits = d.ip + d.fp + std::string(k - d.fp.size(), '0');
+      long long v = std::stoll(digits);
+      return d.neg ? -v : v;
+    };
+    int admitted = 0;
+    for (const std::string& c : cands) {
+      std::optional<Decimal> d = parse_decimal(c);
+      bool ok = d.has_value() && d->ip.size() < 12;
+      if (ok && s.value("type", "") == "integer") ok = d->fp.empty() && c.find('.') == std::string::npos && c.find_first_of("eE") == std::string::npos;
+      if (ok) {
+        size_t k = std::max(m.fp.size(), d->fp.size());
+        ok = scaled(*d, k) % scaled(m, k) == 0;
+        auto check = [&](const char* key, bool lower, bool exclusive) {
+          if (!s.contains(key)) return true;
+          int cmpv = compare_decimal(*d, *parse_decimal(json(s[key]).dump()));
+          return lower ? (exclusive ? cmpv > 0 : cmpv >= 0) : (exclusive ? cmpv < 0 : cmpv <= 0);
+        };
+        ok = ok && check("minimum", true, false) && check("exclusiveMinimum", true, true) && check("maximum", false, false) &&
+             check("exclusiveMaximum", false, true);
+      }
+      const bool got = matches(cg, c);
+      admitted += got;
+      if (got) {
+        EXPECT_TRUE(ok) << c << " accepted";
+      }
+      const bool canonical = c.find_first_of("eE") == std::string::npos && (c.find('.') == std::string::npos || c.back() != '0') &&
+                             !(c[0] == '-' && d && d->ip == "0" && d->fp.empty());
+      if (ok && canonical) {
+        EXPECT_TRUE(got) << c << " refused";
+      }
+    }
+    EXPECT_GE(admitted, 2);
+  }
+  auto msg = [](const json& s) {
+    try {
+      json_schema_grammar(s);
+    } catch (const InvalidRequest& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(msg(json{{"type", "integer"}, {"multipleOf", 0}}).find("positive"), std::string::npos);
+  EXPECT_NE(msg(json{{"type", "integer"}, {"multipleOf", 5}, {"minimum", -7}}).find("not supported"), std::string::npos);
+  EXPECT_NE(msg(json{{"type", "integer"}, {"multipleOf", 5}, {"minimum", 6}, {"maximum", 9}}).find("no multiple"),
+            std::string::npos);
+  EXPECT_NE(msg(json{{"type", "number"}, {"multipleOf", 0.0001}, {"minimum", 0}}).find("not supported") +
+                msg(json{{"type", "number"}, {"multipleOf", 123.4567}}).find("20000"),
+            2 * std::string::npos);
+}
+
 TEST(JsonSchema, StringsFormatsAndWhitespace) {
   auto cg = test::compile(json_schema_grammar(json::parse(R"({"type":"object","properties":{
       "d":{"type":"string","format":"date"},"u":{"type":"string","format":"uuid"},
@@ -521,7 +603,12 @@ TEST(JsonSchema, LenientAdmitsASupersetOfWhatItCannotExpress) {
     "n":{"type":"integer","multipleOf":5},"s":{"type":"string","not":{"const":"x"}}},"required":["tags"]})";
   EXPECT_THROW(json_schema_grammar(std::string_view(tagged)), InvalidRequest);
   auto cg = test::compile(json_schema_grammar(std::string_view(tagged), lenient));
-  EXPECT_TRUE(matches(cg, R"({"tags": ["a", "a"], "n": 3, "s": "x"})"));
+  EXPECT_TRUE(matches(cg, R"({"tags": ["a", "a"], "n": 5, "s": "x"})"));
+  EXPECT_FALSE(matches(cg, R"({"tags": ["a"], "n": 3})"));  // multipleOf is expressed, so it holds
+  // A multipleOf it cannot express with these bounds is ignored there (strict: refused).
+  const char* far = R"({"type":"integer","multipleOf":5,"minimum":-7})";
+  EXPECT_THROW(json_schema_grammar(std::string_view(far)), InvalidRequest);
+  EXPECT_TRUE(matches(test::compile(json_schema_grammar(std::string_view(far), lenient)), "3"));
   EXPECT_FALSE(matches(cg, R"({"n": 5})"));          // required
   EXPECT_FALSE(matches(cg, R"({"tags": [1]})"));     // item type
   EXPECT_FALSE(matches(cg, R"({"tags": [], "m": 1})"));  // no other keys (strict)
