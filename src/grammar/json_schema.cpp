@@ -546,25 +546,10 @@ class SchemaCompiler {
 
   int number_schema(const json& s, const std::string& path) {
     if (auto m = multiple_or_lenient(s, false, path)) return *m;
-    // The tighter of minimum / exclusiveMinimum (and draft 4's boolean exclusive flags).
-    std::optional<Dec> lo, hi;
-    bool lox = false, hix = false;
-    auto bound = [&](const char* key, bool exclusive, bool lower) {
-      auto it = s.find(key);
-      if (it == s.end() || !it->is_number()) return;
-      std::optional<Dec> d = to_dec(*it, path);
-      if (!d) return;
-      std::optional<Dec>& cur = lower ? lo : hi;
-      bool& x = lower ? lox : hix;
-      int c = cur ? cmp(*d, *cur) : (lower ? 1 : -1);
-      if (lower ? c > 0 : c < 0) cur = d, x = exclusive;
-      else if (c == 0) x = x || exclusive;
-    };
-    auto draft4 = [&](const char* k) { return s.value(k, json()).is_boolean() && s[k].get<bool>(); };
-    bound("minimum", draft4("exclusiveMinimum"), true);
-    bound("exclusiveMinimum", true, true);
-    bound("maximum", draft4("exclusiveMaximum"), false);
-    bound("exclusiveMaximum", true, false);
+    const Bounds b = bounds_of(s, path);
+    const std::optional<Dec>& lo = b.lo;
+    const std::optional<Dec>& hi = b.hi;
+    const bool lox = b.lox, hix = b.hix;
     if (!lo && !hi) return number();
     if (lo && hi && (cmp(*lo, *hi) > 0 || (cmp(*lo, *hi) == 0 && (lox || hix))))
       err(path, "no number satisfies the bounds (minimum is above maximum)");
