@@ -99,12 +99,13 @@ static void parse_block(const nlohmann::json& v, int64_t& bn, int64_t& bk, const
   bk = v[1].get<int64_t>();
 }
 
-// compressed-tensors' checkpoint formats we read: FP8 as is, NVFP4 packed two a byte, and a
-// mix of them named per group.
+// compressed-tensors' checkpoint formats we read: FP8 as is (float-quantized; the 2024
+// neuralmagic *-FP8 releases say naive-quantized: the same F8_E4M3 tensors, unpacked), NVFP4
+// packed two a byte, and a mix of them named per group. The weights' num_bits / type decide.
 static bool ct_format_ok(const std::string& f) {
-  return f == "float-quantized" || f == "nvfp4-pack-quantized" || f == "mixed-precision";
+  return f == "float-quantized" || f == "naive-quantized" || f == "nvfp4-pack-quantized" || f == "mixed-precision";
 }
-static const char* kCtFormats = "float-quantized, nvfp4-pack-quantized, mixed-precision";
+static const char* kCtFormats = "float-quantized, naive-quantized (8-bit float), nvfp4-pack-quantized, mixed-precision";
 
 static void parse_compressed_tensors(const nlohmann::json& q, const std::string& path, QuantConfig& c) {
   std::string format = str_or(q, "format", "float-quantized");

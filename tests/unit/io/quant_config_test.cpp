@@ -74,6 +74,17 @@ TEST(QuantConfig, ParsesTheMethods) {
   EXPECT_FALSE(ct.excluded("model.layers.3.mlp.gate").empty());
   EXPECT_TRUE(ct.excluded("model.layers.3.mlp.gate_proj").empty());
 
+  // neuralmagic's 2024 FP8 releases: format naive-quantized, 8-bit float per-tensor weights and
+  // static activation scales; int weights under it stay refused.
+  auto naive = parse_quant_config(json::parse(R"({"quant_method":"compressed-tensors","format":"naive-quantized",
+      "config_groups":{"group_0":{"targets":["Linear"],"weights":{"num_bits":8,"type":"float","strategy":"tensor",
+      "dynamic":false,"symmetric":true},"input_activations":{"num_bits":8,"type":"float","strategy":"tensor",
+      "dynamic":false}}},"ignore":["lm_head"]})"), "c.json");
+  EXPECT_EQ(naive.allowed("model.layers.0.mlp.up_proj"), std::vector<WeightFormat>{WeightFormat::fp8_tensor});
+  EXPECT_THROW(parse_quant_config(json::parse(R"({"quant_method":"compressed-tensors","format":"naive-quantized",
+      "config_groups":{"g":{"targets":["Linear"],"weights":{"num_bits":8,"type":"int","strategy":"channel"}}}})"), "c"),
+               std::exception);
+
   // Meta's fbgemm_fp8: per-channel everywhere not listed; entries are modules, "module.weight"
   // (as transformers' docs write them) or whole subtrees.
   auto fb = parse_quant_config(json::parse(R"({"quant_method":"fbgemm_fp8","activation_scale_ub":1200.0,
