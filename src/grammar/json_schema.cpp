@@ -9,6 +9,7 @@
 #include <map>
 #include <numeric>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 
 namespace ts::grammar {
@@ -19,9 +20,9 @@ using json = nlohmann::ordered_json;
 
 // Keywords that constrain values in ways this grammar cannot express: rejected, not ignored
 // (ignored under JsonSchemaOptions::lenient).
-const std::set<std::string> kUnsupported = {"not", "if", "then", "else", "patternProperties", "dependentSchemas",
+const std::set<std::string> kUnsupported = {"not", "if", "then", "else", "dependentSchemas",
                                             "dependentRequired", "dependencies", "uniqueItems", "contains",
-                                            "propertyNames", "unevaluatedProperties", "unevaluatedItems",
+                                            "unevaluatedProperties", "unevaluatedItems",
                                             "minContains", "maxContains", "$dynamicRef"};
 
 // IPv6 text (format "ipv6"), h = 1-4 hex digits.
@@ -574,15 +575,94 @@ class SchemaCompiler {
     return r;
   }
 
+  // The decoded characters (code points) a JSON-string regex expression spans: [min, max], max
+  // -1 = unbounded. Literals are escaped JSON text ("\\n" is one character).
+  std::pair<int64_t, int64_t> span(int id, int depth = 0) {
+    const Expr& e = g_.expr(id);
+    auto add = [](int64_t a, int64_t b) { return a < 0 || b < 0 ? int64_t(-1) : a + b; };
+    switch (e.kind) {
+      case Expr::kEmpty: return {0, 0};
+      case Expr::kChars: return {1, 1};
+      case Expr::kLiteral: {
+        int64_t n = 0;
+        for (size_t i = 0; i < e.bytes.size(); ++n) {
+          const unsigned char c = static_cast<unsigned char>(e.bytes[i]);
+          if (c == '\\') i += i + 1 < e.bytes.size() && e.bytes[i + 1] == 'u' ? 6 : 2;
+          else i += c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+        }
+        return {n, n};
+      }
+      case Expr::kSeq: {
+        std::pair<int64_t, int64_t> r{0, 0};
+        for (int k : e.kids) {
+          auto [a, b] = span(k, depth + 1);
+          r = {r.first + a, add(r.second, b)};
+        }
+        return r;
+      }
+      case Expr::kAlt: {
+        std::pair<int64_t, int64_t> r{INT64_MAX, 0};
+        for (int k : e.kids) {
+          auto [a, b] = span(k, depth + 1);
+          r = {std::min(r.first, a), r.second < 0 || b < 0 ? -1 : std::max(r.second, b)};
+        }
+        return r;
+      }
+      case Expr::kRepeat: {
+        auto [a, b] = span(e.kids[0], depth + 1);
+        return {a * e.min, e.max < 0 ? (b == 0 ? 0 : -1) : (b < 0 ? -1 : b * e.max)};
+      }
+      case Expr::kRef:
+        if (depth > 64) return {0, -1};
+        return span(g_.rule_body(e.rule), depth + 1);
+    }
+    return {0, -1};
+  }
+
+  // pattern with minLength / maxLength: exact where the pattern's own length range lies inside the
+  // bounds, or the pattern is one repeated class (^[a-z0-9_]+$: the repetition takes the bounds);
+  // otherwise refused (lenient: the lengths are ignored).
+  int pattern_with_lengths(int re, int64_t lo, int64_t hi, const std::string& path) {
+    if (lo == 0 && hi < 0) return re;
+    auto [plo, phi] = span(re);
+    if (plo >= lo && (hi < 0 || (phi >= 0 && phi <= hi))) return re;
+    // Down to the one part that is not empty (anchors and groups leave empty and one-kid sequences).
+    int id = re;
+    while (g_.expr(id).kind == Expr::kSeq) {
+      int only = -1, parts = 0;
+      for (int k : g_.expr(id).kids)
+        if (g_.expr(k).kind != Expr::kEmpty) only = k, ++parts;
+      if (parts != 1) break;
+      id = only;
+    }
+    const Expr& e = g_.expr(id);
+    if (e.kind == Expr::kRepeat && g_.expr(e.kids[0]).kind == Expr::kChars) {
+      const int64_t a = std::max<int64_t>(e.min, lo);
+      const int64_t b = e.max < 0 ? hi : hi < 0 ? e.max : std::min<int64_t>(e.max, hi);
+      if (b >= 0 && a > b) err(path, "no string satisfies 'pattern' and minLength / maxLength");
+      return g_.rep(e.kids[0], int(a), int(b));
+    }
+    if (opt_.lenient) return re;
+    err(path, "'pattern' together with minLength / maxLength is supported where the pattern is one repeated "
+              "character class or its own lengths lie within the bounds");
+  }
+
   int string_schema(const json& s, const std::string& path) {
+    int64_t len_lo = 0, len_hi = -1;
+    if (auto v = num(s, "minLength")) len_lo = static_cast<int64_t>(*v);
+    if (auto v = num(s, "maxLength")) len_hi = static_cast<int64_t>(*v);
     if (s.contains("pattern")) {
       if (!s["pattern"].is_string()) err(path, "'pattern' must be a string");
       std::string p = s["pattern"].get<std::string>();
+      int re;
       try {
-        return g_.seq({g_.lit("\""), add_regex(g_, p, true), g_.lit("\"")});
+        re = add_regex(g_, p, true);
       } catch (const InvalidRequest& e) {
         err(path, fmt::format("bad 'pattern': {}", e.what()));
       }
+      if (len_lo < 0 || (len_hi >= 0 && len_hi < len_lo)) err(path, "bad minLength/maxLength");
+      if (len_lo > 10000 || len_hi > 10000) err(path, "minLength/maxLength above 10000 are not supported");
+      return g_.seq({g_.lit("\""), pattern_with_lengths(re, len_lo, len_hi, path), g_.lit("\"")});
     }
     if (s.contains("format") && s["format"].is_string()) {
       static const std::map<std::string, std::string> kFormats = {
@@ -677,6 +757,79 @@ class SchemaCompiler {
     return g_.seq({g_.lit("["), ws(), lo > 0 ? body : g_.opt(body), g_.lit("]")});
   }
 
+  // ---- keys: patternProperties / propertyNames ------------------------------------------------
+  // JSON Schema's patterns search (unanchored); ECMAScript std::regex decides at compile time
+  // whether a declared name matches.
+  bool search(const std::string& pattern, const std::string& key, const std::string& path) {
+    try {
+      return std::regex_search(key, std::regex(pattern, std::regex::ECMAScript));
+    } catch (const std::regex_error& e) {
+      err(path, fmt::format("bad pattern '{}' ({})", pattern, e.what()));
+    }
+  }
+  // The pattern as the whole of a key: a leading ^ / trailing $ dropped, else .* in their place.
+  static std::string whole_match(std::string p) {
+    const bool start = !p.empty() && p[0] == '^';
+    const bool end = p.size() > (start ? 1u : 0u) && p.back() == '$' && (p.size() < 2 || p[p.size() - 2] != '\\');
+    if (start) p.erase(0, 1);
+    if (end) p.pop_back();
+    return (start ? "" : ".*") + ("(?:" + p + ")") + (end ? "" : ".*");
+  }
+  // Patterns that cannot match one key: anchored (^) with literal prefixes neither of which
+  // starts the other.
+  static bool disjoint_patterns(const std::string& a, const std::string& b) {
+    auto prefix = [](const std::string& p) {
+      std::string r;
+      if (p.empty() || p[0] != '^') return std::optional<std::string>();
+      for (size_t i = 1; i < p.size(); ++i) {
+        const char c = p[i];
+        if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == ' ' || c == ':' || c == '/'))
+          break;
+        if (i + 1 < p.size() && (p[i + 1] == '*' || p[i + 1] == '?' || p[i + 1] == '{')) break;  // c optional
+        r += c;
+      }
+      return std::optional<std::string>(r);
+    };
+    auto pa = prefix(a), pb = prefix(b);
+    if (!pa || !pb) return false;
+    const size_t n = std::min(pa->size(), pb->size());
+    return pa->compare(0, n, *pb, 0, n) != 0;
+  }
+  static json json_with_type(json s, const char* type) {
+    if (!s.contains("type")) s["type"] = type;
+    return s;
+  }
+  // propertyNames as this grammar holds it: a string schema of pattern / minLength / maxLength /
+  // enum / const / format (annotations allowed).
+  void check_property_names(const json& n, const std::string& path) {
+    if (n.is_boolean()) {
+      if (!n.get<bool>()) err(path, "'propertyNames' false is not supported");
+      return;
+    }
+    if (!n.is_object()) err(path, "'propertyNames' must be a schema");
+    for (const auto& [k, v] : n.items()) {
+      static const std::set<std::string> ok = {"type", "pattern", "minLength", "maxLength", "enum", "const", "format",
+                                               "title", "description", "$comment", "examples"};
+      if (!ok.count(k)) err(path, fmt::format("'propertyNames' with '{}' is not supported", k));
+      if (k == "type" && !(v.is_string() && v.get<std::string>() == "string"))
+        err(path, "'propertyNames' must describe strings");
+    }
+  }
+  // Whether declared name `k` satisfies propertyNames (checked above).
+  bool name_allowed(const json& n, const std::string& k, const std::string& path) {
+    if (n.is_boolean()) return n.get<bool>();
+    size_t len = 0;
+    for (unsigned char c : k) len += (c & 0xC0) != 0x80;
+    if (n.contains("minLength") && n["minLength"].is_number() && double(len) < n["minLength"].get<double>()) return false;
+    if (n.contains("maxLength") && n["maxLength"].is_number() && double(len) > n["maxLength"].get<double>()) return false;
+    if (n.contains("const") && n["const"] != json(k)) return false;
+    if (n.contains("enum") && n["enum"].is_array() &&
+        std::find(n["enum"].begin(), n["enum"].end(), json(k)) == n["enum"].end())
+      return false;
+    if (n.contains("pattern") && n["pattern"].is_string() && !search(n["pattern"].get<std::string>(), k, path)) return false;
+    return true;
+  }
+
   int object_schema(const json& s, const std::string& path, int depth) {
     std::vector<std::pair<std::string, int>> props;  // key literal, value expr
     std::vector<bool> req;
@@ -688,10 +841,28 @@ class SchemaCompiler {
         required.insert(r.get<std::string>());
       }
     }
+    // patternProperties / propertyNames (lenient mode ignores them: any further keys, below).
+    const bool strict_keys = !opt_.lenient;
+    std::vector<std::pair<std::string, json>> patterns;  // pattern, its schema
+    if (strict_keys && s.contains("patternProperties")) {
+      if (!s["patternProperties"].is_object()) err(path, "'patternProperties' must be an object");
+      for (const auto& [p, ps] : s["patternProperties"].items()) patterns.push_back({p, ps});
+    }
+    const json* names = strict_keys && s.contains("propertyNames") ? &s["propertyNames"] : nullptr;
+    if (names) check_property_names(*names, path);
     if (s.contains("properties")) {
       if (!s["properties"].is_object()) err(path, "'properties' must be an object");
       for (const auto& [k, v] : s["properties"].items()) {
-        props.push_back({json(k).dump(), schema(v, path + "/properties/" + k, depth + 1)});
+        // A declared name propertyNames refuses can never appear.
+        if (names && !name_allowed(*names, k, path)) {
+          if (required.count(k)) err(path, fmt::format("required property '{}' fails 'propertyNames'", k));
+          continue;
+        }
+        // A declared name a pattern also matches holds both schemas.
+        json eff = v;
+        for (const auto& [p, ps] : patterns)
+          if (search(p, k, path)) eff = json{{"allOf", json::array({eff, ps})}};
+        props.push_back({json(k).dump(), schema(eff, path + "/properties/" + k, depth + 1)});
         req.push_back(required.count(k) > 0);
       }
     }
@@ -702,7 +873,22 @@ class SchemaCompiler {
         required_elsewhere = true;
       }
     int addl = -1;  // value expr of additional properties, -1 = none allowed
-    if (opt_.lenient && (adds_keys(s) || required_elsewhere)) {
+    if (!patterns.empty()) {
+      // Exact only when no key outside the patterns is admitted and no key can match two of them.
+      const bool closed = s.contains("additionalProperties")
+                              ? s["additionalProperties"].is_boolean() && !s["additionalProperties"].get<bool>()
+                              : opt_.strict;
+      if (!closed)
+        err(path, "'patternProperties' is supported with additionalProperties false (keys outside the patterns "
+                  "cannot be told apart from keys inside them)");
+      if (names) err(path, "'patternProperties' together with 'propertyNames' is not supported");
+      for (size_t i = 0; i < patterns.size(); ++i)
+        for (size_t j = i + 1; j < patterns.size(); ++j)
+          if (!disjoint_patterns(patterns[i].first, patterns[j].first))
+            err(path, fmt::format("'patternProperties' '{}' and '{}' may match the same key (supported: patterns "
+                                  "anchored with distinct literal prefixes, e.g. ^S_ and ^I_)",
+                                  patterns[i].first, patterns[j].first));
+    } else if (opt_.lenient && (adds_keys(s) || required_elsewhere)) {
       addl = g_.ref(any_value());  // keys the ignored keywords may admit: any (a superset)
     } else if (s.contains("additionalProperties")) {
       const json& a = s["additionalProperties"];
@@ -721,7 +907,26 @@ class SchemaCompiler {
     auto sep = [&] { return g_.seq({ws(), g_.lit(","), ws()}); };
     int n = static_cast<int>(props.size());
     auto item = [&](int i) { return g_.seq({g_.lit(props[i].first), ws(), g_.lit(":"), ws(), props[i].second}); };
-    int addl_item = addl < 0 ? -1 : g_.seq({string(), ws(), g_.lit(":"), ws(), addl});
+    // An additional member: a key (propertyNames' strings, or any) and the additional schema; or
+    // a key a pattern matches (as a whole, a subset of JSON Schema's search) and its schema.
+    int addl_item = -1;
+    if (addl >= 0) {
+      int key = names ? schema(json_with_type(*names, "string"), path + "/propertyNames", depth + 1) : string();
+      addl_item = g_.seq({key, ws(), g_.lit(":"), ws(), addl});
+    }
+    if (!patterns.empty()) {
+      std::vector<int> alts;
+      for (const auto& [p, ps] : patterns) {
+        int key;
+        try {
+          key = g_.seq({g_.lit("\""), add_regex(g_, whole_match(p), true), g_.lit("\"")});
+        } catch (const InvalidRequest& e) {
+          err(path, fmt::format("bad 'patternProperties' pattern '{}': {}", p, e.what()));
+        }
+        alts.push_back(g_.seq({key, ws(), g_.lit(":"), ws(), schema(ps, path + "/patternProperties/" + p, depth + 1)}));
+      }
+      addl_item = alt_of(alts);
+    }
     // rest(i, c): after c members (c >= 1), the members from property i on; -1 = none can follow
     // validly. Rules, so the shared suffixes are built once.
     std::map<std::pair<int, int64_t>, int> rest_memo;
@@ -899,7 +1104,8 @@ class SchemaCompiler {
       err(path, "'type' must be a string or a non-empty array of strings");
     }
     // No type: infer it from the keywords, else any value.
-    for (const char* k : {"properties", "required", "additionalProperties"})
+    for (const char* k : {"properties", "required", "additionalProperties", "patternProperties", "propertyNames",
+                          "minProperties", "maxProperties"})
       if (s.contains(k)) return object_schema(s, path, depth);
     for (const char* k : {"items", "prefixItems", "minItems", "maxItems"})
       if (s.contains(k)) return array_schema(s, path, depth);

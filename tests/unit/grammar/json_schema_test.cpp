@@ -553,6 +553,70 @@ TEST(JsonSchema, MultipleOfIsExact) {
             2 * std::string::npos);
 }
 
+// patternProperties (closed objects, patterns with distinct anchored prefixes) and propertyNames.
+TEST(JsonSchema, PatternPropertiesAndPropertyNames) {
+  auto pp = test::compile(json_schema_grammar(json::parse(R"({"type":"object",
+      "properties":{"score":{"type":"integer","minimum":0},"name":{"type":"string"}},
+      "patternProperties":{"^S_":{"type":"string"},"^I_":{"type":"integer"},"^score$":{"type":"integer","maximum":10}},
+      "additionalProperties":false,"required":["name"]})")));
+  EXPECT_TRUE(matches(pp, R"({"score":5,"name":"a","S_x":"v","I_n":3})"));
+  EXPECT_TRUE(matches(pp, R"({"name":"a"})"));
+  EXPECT_TRUE(matches(pp, R"({"name":"a","S_":"", "I_long_key":-4})"));
+  EXPECT_FALSE(matches(pp, R"({"score":11,"name":"a"})"));  // the pattern ^score$ holds for the declared key too
+  EXPECT_FALSE(matches(pp, R"({"score":-1,"name":"a"})"));
+  EXPECT_FALSE(matches(pp, R"({"name":"a","S_x":1})"));
+  EXPECT_FALSE(matches(pp, R"({"name":"a","I_n":"x"})"));
+  EXPECT_FALSE(matches(pp, R"({"name":"a","other":1})"));
+  // Unanchored: the key contains it.
+  auto un = test::compile(json_schema_grammar(json::parse(
+      R"({"type":"object","patternProperties":{"id":{"type":"integer"}},"additionalProperties":false})")));
+  EXPECT_TRUE(matches(un, R"({"user_id":1,"id":2,"idx":3})"));
+  EXPECT_FALSE(matches(un, R"({"name":1})"));
+  // Not expressible exactly: refused in strict mode, ignored leniently.
+  for (const char* bad : {R"({"type":"object","patternProperties":{"^a":{}},"additionalProperties":true})",
+                          R"({"type":"object","patternProperties":{"^a":{},"^ab":{"type":"integer"}},"additionalProperties":false})",
+                          R"({"type":"object","patternProperties":{"a":{},"b":{}},"additionalProperties":false})"}) {
+    EXPECT_THROW(json_schema_grammar(std::string_view(bad)), InvalidRequest) << bad;
+    EXPECT_NO_THROW(json_schema_grammar(std::string_view(bad), JsonSchemaOptions{.lenient = true})) << bad;
+  }
+  // propertyNames: the additional keys follow it; a declared name it refuses never appears.
+  auto pn = test::compile(json_schema_grammar(json::parse(R"({"type":"object","properties":{"Bad":{"type":"integer"}},
+      "propertyNames":{"pattern":"^[a-z_]+$","maxLength":5},"additionalProperties":{"type":"integer"}})")));
+  EXPECT_TRUE(matches(pn, R"({"ab":1,"c_d":2})"));
+  EXPECT_FALSE(matches(pn, R"({"Bad":1})"));
+  EXPECT_FALSE(matches(pn, R"({"abcdef":1})"));
+  EXPECT_FALSE(matches(pn, R"({"a1":1})"));
+  auto pe = test::compile(json_schema_grammar(json::parse(
+      R"({"type":"object","propertyNames":{"enum":["x","y"]},"additionalProperties":{"type":"boolean"}})")));
+  EXPECT_TRUE(matches(pe, R"({"x":true,"y":false})"));
+  EXPECT_FALSE(matches(pe, R"({"z":true})"));
+  EXPECT_THROW(json_schema_grammar(json::parse(R"({"type":"object","properties":{"A":{}},"required":["A"],
+      "propertyNames":{"pattern":"^[a-z]+$"}})")), InvalidRequest);
+  EXPECT_THROW(json_schema_grammar(json::parse(R"({"type":"object","propertyNames":{"type":"integer"}})")),
+               InvalidRequest);
+}
+
+// pattern with minLength / maxLength: both hold (the lengths were ignored beside a pattern).
+TEST(JsonSchema, PatternWithLengths) {
+  auto cls = test::compile(json_schema_grammar(json::parse(R"({"type":"string","pattern":"^[a-z_]+$","minLength":2,"maxLength":3})")));
+  EXPECT_FALSE(matches(cls, R"("a")"));
+  EXPECT_TRUE(matches(cls, R"("ab")"));
+  EXPECT_TRUE(matches(cls, R"("a_c")"));
+  EXPECT_FALSE(matches(cls, R"("abcd")"));
+  EXPECT_FALSE(matches(cls, R"("A1")"));
+  // Lengths the pattern implies anyway (with escapes counted as one character).
+  auto fixed = test::compile(json_schema_grammar(json::parse(R"({"type":"string","pattern":"^\\d{4}-\\\"\\d$","maxLength":7})")));
+  EXPECT_TRUE(matches(fixed, R"("2024-\"1")"));
+  EXPECT_FALSE(matches(fixed, R"("2024-\"")"));
+  // Neither: refused strictly, lengths ignored leniently.
+  const char* hard = R"({"type":"string","pattern":"^(ab)+$","maxLength":4})";
+  EXPECT_THROW(json_schema_grammar(std::string_view(hard)), InvalidRequest);
+  auto lenient = test::compile(json_schema_grammar(std::string_view(hard), JsonSchemaOptions{.lenient = true}));
+  EXPECT_TRUE(matches(lenient, R"("abab")"));
+  EXPECT_THROW(json_schema_grammar(json::parse(R"({"type":"string","pattern":"^[a-z]{5,}$","maxLength":3})")),
+               InvalidRequest);
+}
+
 TEST(JsonSchema, StringsFormatsAndWhitespace) {
   auto cg = test::compile(json_schema_grammar(json::parse(R"({"type":"object","properties":{
       "d":{"type":"string","format":"date"},"u":{"type":"string","format":"uuid"},
