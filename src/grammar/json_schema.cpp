@@ -642,9 +642,60 @@ class SchemaCompiler {
       if (b >= 0 && a > b) err(path, "no string satisfies 'pattern' and minLength / maxLength");
       return g_.rep(e.kids[0], int(a), int(b));
     }
+    // A sequence of parts: its repetitions of one character ("elastic") share what the bounds
+    // leave after the other parts, evenly, and the first ones grow to reach minLength. A subset
+    // of the strings both allow (never one outside either).
+    if (e.kind == Expr::kSeq) {
+      std::vector<int> parts = e.kids;
+      std::vector<size_t> elastic;
+      int64_t fixed_min = 0, fixed_max = 0;
+      bool bounded = true;
+      for (size_t i = 0; i < parts.size(); ++i) {
+        const Expr& pe = g_.expr(parts[i]);
+        if (pe.kind == Expr::kRepeat && span(pe.kids[0]) == std::pair<int64_t, int64_t>{1, 1}) {
+          elastic.push_back(i);
+          continue;
+        }
+        auto [a, b] = span(parts[i]);
+        fixed_min += a;
+        if (b < 0) bounded = false;
+        else fixed_max += b;
+      }
+      if (!elastic.empty() && (bounded || hi < 0)) {
+        std::vector<int64_t> mins, maxs;
+        int64_t sum_min = fixed_min;
+        for (size_t i : elastic) {
+          const Expr& pe = g_.expr(parts[i]);
+          mins.push_back(pe.min);
+          maxs.push_back(pe.max);  // -1: unbounded
+          sum_min += pe.min;
+        }
+        const size_t n = elastic.size();
+        // minLength first: the missing characters spread over the repetitions (as far as each goes).
+        for (int pass = 0; pass < 2 && sum_min < lo; ++pass)
+          for (size_t j = 0; j < n && sum_min < lo; ++j) {
+            const int64_t want = pass == 0 ? (lo - sum_min + int64_t(n - j) - 1) / int64_t(n - j) : lo - sum_min;
+            const int64_t grow = maxs[j] < 0 ? want : std::min(want, maxs[j] - mins[j]);
+            mins[j] += grow;
+            sum_min += grow;
+          }
+        if (sum_min < lo) err(path, "no string satisfies 'pattern' and minLength");
+        // maxLength: what is left after every minimum, shared evenly.
+        if (hi >= 0) {
+          int64_t budget = hi - fixed_max;
+          for (int64_t m : mins) budget -= m;
+          if (budget < 0) err(path, "no string satisfies 'pattern' within minLength / maxLength");
+          const int64_t share = budget / int64_t(n);
+          for (size_t j = 0; j < n; ++j) maxs[j] = maxs[j] < 0 ? mins[j] + share : std::min(maxs[j], mins[j] + share);
+        }
+        for (size_t j = 0; j < elastic.size(); ++j)
+          parts[elastic[j]] = g_.rep(g_.expr(parts[elastic[j]]).kids[0], int(mins[j]), int(maxs[j]));
+        return g_.seq(parts);
+      }
+    }
     if (opt_.lenient) return re;
-    err(path, "'pattern' together with minLength / maxLength is supported where the pattern is one repeated "
-              "character class or its own lengths lie within the bounds");
+    err(path, "'pattern' together with minLength / maxLength is supported where the pattern's repetitions of "
+              "one character can take the bounds (e.g. ^[a-z]+@[a-z]+\\.com$) or its own lengths lie within them");
   }
 
   int string_schema(const json& s, const std::string& path) {

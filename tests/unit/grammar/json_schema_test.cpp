@@ -608,6 +608,22 @@ TEST(JsonSchema, PatternWithLengths) {
   auto fixed = test::compile(json_schema_grammar(json::parse(R"({"type":"string","pattern":"^\\d{4}-\\\"\\d$","maxLength":7})")));
   EXPECT_TRUE(matches(fixed, R"("2024-\"1")"));
   EXPECT_FALSE(matches(fixed, R"("2024-\"")"));
+  // A sequence with repetitions of one character: they share the room, a subset of both.
+  auto mail = test::compile(json_schema_grammar(json::parse(
+      R"({"type":"string","pattern":"^[a-z]+@[a-z]+\\.com$","minLength":12,"maxLength":14})")));
+  EXPECT_TRUE(matches(mail, R"("abcd@efg.com")"));            // 12
+  EXPECT_FALSE(matches(mail, R"("ab@cd.com")"));              // 9 < 12
+  EXPECT_FALSE(matches(mail, R"("abcdefgh@ijklmnop.com")"));  // > 14
+  int in_bounds = 0;
+  for (int a = 1; a <= 10; ++a)  // every accepted address is within the bounds (some are refused: a subset)
+    for (int b = 1; b <= 10; ++b) {
+      std::string v = std::string(size_t(a), 'x') + "@" + std::string(size_t(b), 'y') + ".com";
+      if (matches(mail, json(v).dump())) {
+        EXPECT_TRUE(v.size() >= 12 && v.size() <= 14) << v;
+        ++in_bounds;
+      }
+    }
+  EXPECT_GT(in_bounds, 2);
   // Neither: refused strictly, lengths ignored leniently.
   const char* hard = R"({"type":"string","pattern":"^(ab)+$","maxLength":4})";
   EXPECT_THROW(json_schema_grammar(std::string_view(hard)), InvalidRequest);
