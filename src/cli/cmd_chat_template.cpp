@@ -14,6 +14,7 @@
 #include "chat/jinja.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "server/chat_template.h"
 
 namespace {
 
@@ -43,24 +44,6 @@ std::optional<std::string> token_text(const json& cfg, const char* key) {
   if (it->is_object() && it->contains("content") && (*it)["content"].is_string())
     return (*it)["content"].get<std::string>();
   return std::nullopt;
-}
-
-// The model's template: chat_template.jinja wins over tokenizer_config.json's `chat_template`,
-// which is a string or a list of {name, template} (the "default" entry, else the first).
-std::string model_template(const fs::path& dir, const json& cfg) {
-  if (fs::exists(dir / "chat_template.jinja")) return read_file((dir / "chat_template.jinja").string());
-  auto it = cfg.find("chat_template");
-  if (it == cfg.end() || it->is_null())
-    ts::fail("{}: no chat_template.jinja and no chat_template in tokenizer_config.json", dir.string());
-  if (it->is_string()) return it->get<std::string>();
-  if (it->is_array() && !it->empty()) {
-    for (auto& t : *it)
-      if (t.is_object() && t.value("name", "") == "default" && t.contains("template"))
-        return t["template"].get<std::string>();
-    if ((*it)[0].is_object() && (*it)[0].contains("template")) return (*it)[0]["template"].get<std::string>();
-  }
-  ts::fail("{}: tokenizer_config.json chat_template is neither a string nor a list of {{name, template}}",
-           dir.string());
 }
 
 std::tm parse_date(const std::string& s) {
@@ -108,7 +91,15 @@ int cmd_chat_template(int argc, char** argv) {
     fs::path dir(model);
     json cfg = json::object();
     if (fs::exists(dir / "tokenizer_config.json")) cfg = read_json((dir / "tokenizer_config.json").string());
-    source = model_template(dir, cfg);
+    // The server's choice: chat_template.jinja, tokenizer_config.json, additional templates;
+    // "tool_use" when the context has tools.
+    std::vector<ts::server::TemplateSource> all = ts::server::model_chat_templates(model);
+    const bool has_tools = context.contains("tools") && context["tools"].is_array() && !context["tools"].empty();
+    const ts::server::TemplateSource* pick = ts::server::pick_template(all, has_tools);
+    if (!pick)
+      ts::fail("{}: no chat_template.jinja, no chat_template in tokenizer_config.json, no chat_template.json",
+               dir.string());
+    source = pick->source;
     for (const char* key : {"bos_token", "eos_token"})
       if (!context.contains(key))
         if (auto v = token_text(cfg, key)) context[key] = *v;

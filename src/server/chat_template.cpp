@@ -2,6 +2,7 @@
 
 #include "io/json_file.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -90,43 +91,71 @@ ChatTemplates ChatTemplates::load(const std::string& model_dir, const std::strin
     t.default_ = make_entry(*src, true, template_file);
     return t;
   }
-  if (auto it = cfg.find("chat_template"); it != cfg.end() && !it->is_null()) {
-    std::string origin = (dir / "tokenizer_config.json").string();
-    if (it->is_string()) {
-      t.origin_ = origin;
-      t.default_ = make_entry(it->get<std::string>(), false, origin);
-      return t;
-    }
-    if (it->is_array()) {
-      std::shared_ptr<const Entry> first;
-      for (auto& e : *it) {
-        if (!e.is_object() || !e.contains("template") || !e["template"].is_string()) continue;
-        std::string name = e.value("name", "");
-        auto entry = make_entry(e["template"].get<std::string>(), false, origin + " (" + name + ")");
-        if (!first) first = entry;
-        if (name == "default") t.default_ = entry;
-        if (name == "tool_use") t.tool_use_ = entry;
-      }
-      if (!t.default_) t.default_ = first;
-      if (t.default_) {
-        t.origin_ = origin;
-        return t;
-      }
-    }
+  std::vector<TemplateSource> all = model_chat_templates(model_dir);
+  if (const TemplateSource* d = pick_template(all, false)) {
+    t.origin_ = d->origin;
+    t.default_ = make_entry(d->source, false, d->origin);
   }
-  if (auto s = read_file(dir / "chat_template.jinja")) {
-    t.origin_ = (dir / "chat_template.jinja").string();
-    t.default_ = make_entry(*s, false, t.origin_);
-    return t;
-  }
-  if (auto s = read_file(dir / "chat_template.json")) {
-    Json j = Json::parse(*s, nullptr, false);
-    if (j.is_object() && j.contains("chat_template") && j["chat_template"].is_string()) {
-      t.origin_ = (dir / "chat_template.json").string();
-      t.default_ = make_entry(j["chat_template"].get<std::string>(), false, t.origin_);
-    }
-  }
+  if (const TemplateSource* u = pick_template(all, true); u && u->name == "tool_use")
+    t.tool_use_ = make_entry(u->source, false, u->origin);
   return t;
+}
+
+std::vector<TemplateSource> model_chat_templates(const std::string& model_dir) {
+  const fs::path dir(model_dir);
+  std::vector<TemplateSource> all;
+  auto put = [&](const std::string& name, std::string src, const std::string& origin) {
+    for (auto& e : all)
+      if (e.name == name) {
+        e.source = std::move(src), e.origin = origin;
+        return;
+      }
+    all.push_back({name, std::move(src), origin});
+  };
+  if (auto s = read_file(dir / "chat_template.jinja")) {
+    put("default", *s, (dir / "chat_template.jinja").string());
+  } else if (auto c = read_file(dir / "tokenizer_config.json")) {
+    Json cfg = Json::parse(*c, nullptr, false);
+    const std::string origin = (dir / "tokenizer_config.json").string();
+    if (cfg.is_object() && cfg.contains("chat_template")) {
+      const Json& ct = cfg["chat_template"];
+      if (ct.is_string()) put("default", ct.get<std::string>(), origin);
+      if (ct.is_array())
+        for (auto& e : ct)
+          if (e.is_object() && e.contains("template") && e["template"].is_string()) {
+            std::string name = e.value("name", "");
+            put(name, e["template"].get<std::string>(), origin + " (" + name + ")");
+          }
+    }
+  }
+  if (all.empty())
+    if (auto s = read_file(dir / "chat_template.json")) {
+      Json j = Json::parse(*s, nullptr, false);
+      if (j.is_object() && j.contains("chat_template") && j["chat_template"].is_string())
+        put("default", j["chat_template"].get<std::string>(), (dir / "chat_template.json").string());
+    }
+  // transformers' additional_chat_templates/NAME.jinja (sorted, so the result does not depend on
+  // the directory's order).
+  std::error_code ec;
+  const fs::path extra = dir / "additional_chat_templates";
+  if (fs::is_directory(extra, ec)) {
+    std::vector<fs::path> files;
+    for (auto& f : fs::directory_iterator(extra, ec))
+      if (f.path().extension() == ".jinja") files.push_back(f.path());
+    std::sort(files.begin(), files.end());
+    for (auto& f : files)
+      if (auto s = read_file(f)) put(f.stem().string(), *s, f.string());
+  }
+  return all;
+}
+
+const TemplateSource* pick_template(const std::vector<TemplateSource>& all, bool has_tools) {
+  const TemplateSource* def = nullptr;
+  for (auto& e : all) {
+    if (has_tools && e.name == "tool_use") return &e;
+    if (e.name == "default" && !def) def = &e;
+  }
+  return def ? def : all.empty() ? nullptr : &all.front();
 }
 
 std::string ChatTemplates::render(const Json& messages, const Json& tools, const Json& kwargs,

@@ -1,13 +1,16 @@
 // Chat templates for /v1/chat/completions: where the template comes from and how it is rendered.
-// Resolution: --chat-template FILE; else tokenizer_config.json "chat_template" (a string, or a
-// list of {name, template}: "tool_use" when the request has tools and it exists, else "default",
-// else the first); else chat_template.jinja, else chat_template.json in the model directory.
+// Resolution (model_chat_templates, as transformers loads them): --chat-template FILE; else
+// chat_template.jinja (it replaces tokenizer_config.json's); else tokenizer_config.json
+// "chat_template" (a string, or a list of {name, template}); else chat_template.json; then
+// additional_chat_templates/NAME.jinja add or replace named ones. "tool_use" is used when the
+// request has tools and it exists, else "default", else the first.
 // The context is what transformers passes: messages, tools, add_generation_prompt, bos_token,
 // eos_token (strings from tokenizer_config.json), plus chat_template_kwargs.
 #pragma once
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "server/protocol.h"
 
@@ -16,6 +19,19 @@ class Template;
 }
 
 namespace ts::server {
+
+// One named template source of a model directory.
+struct TemplateSource {
+  std::string name;    // "default", "tool_use", ...
+  std::string source;  // the Jinja text
+  std::string origin;  // the file (and entry) it came from
+};
+// The model directory's templates in the order above (empty: none). Throws ts::Error only for an
+// unreadable file (a FIFO, a directory named like a template).
+std::vector<TemplateSource> model_chat_templates(const std::string& model_dir);
+// The entry a render uses: "tool_use" when `has_tools` and it exists, else "default", else the
+// first (nullptr: none).
+const TemplateSource* pick_template(const std::vector<TemplateSource>& all, bool has_tools);
 
 class ChatTemplates {
  public:

@@ -107,6 +107,12 @@ expect_fail no_template_source "--model or --template" --context-json "$T/ctx.js
 expect_fail both_sources "excludes" --model "$T/m1" --template "$T/t.jinja" --context-json "$T/ctx.json"
 expect_fail no_context "context-json" --template "$T/t.jinja"
 expect_fail missing_template_file "cannot read" --template "$T/nope.jinja" --context-json "$T/ctx.json"
+# a model's named templates: "tool_use" when the context has tools (as the server picks)
+mkdir -p "$T/named"
+printf '%s' '{"chat_template": [{"name": "default", "template": "DEF"}, {"name": "tool_use", "template": "TOOLS{{ tools|length }}"}]}' > "$T/named/tokenizer_config.json"
+printf '%s' '{"messages": [], "tools": [{"type": "function", "function": {"name": "f"}}]}' > "$T/tools.json"
+expect_out named_tool_use "TOOLS1" --model "$T/named" --context-json "$T/tools.json"
+expect_out named_default "DEF" --model "$T/named" --context-json "$T/ctx.json"
 mkdir -p "$T/empty"
 expect_fail model_without_template "no chat_template" --model "$T/empty" --context-json "$T/ctx.json"
 

@@ -73,9 +73,8 @@ TEST(ChatTemplate, NoTemplateNamesTheFix) {
 TEST(ChatTemplate, Resolution) {
   NEED_JINJA();
   TempDir d("ts_ct_res_");
-  d.write("chat_template.jinja", "JINJA");
-  EXPECT_EQ(ChatTemplates::load(d.p.string()).render(user("x"), nullptr, Json::object()), "JINJA");
-  // tokenizer_config.json wins over chat_template.jinja; bos/eos as AddedToken dicts.
+  // tokenizer_config.json's list: "default", and "tool_use" when a request has tools; bos/eos as
+  // AddedToken dicts.
   d.write("tokenizer_config.json",
           R"({"bos_token": {"content": "<B>"}, "eos_token": "<E>", "chat_template": [
                {"name": "tool_use", "template": "TOOLS{{ bos_token }}"}, {"name": "default", "template": "DEF{{ eos_token }}"}]})");
@@ -84,6 +83,25 @@ TEST(ChatTemplate, Resolution) {
   EXPECT_EQ(t.render(user("x"), nullptr, Json::object()), "DEF<E>");
   Json tools = Json::array({Json{{"type", "function"}, {"function", {{"name", "f"}}}}});
   EXPECT_EQ(t.render(user("x"), tools, Json::object()), "TOOLS<B>");
+  // chat_template.jinja replaces tokenizer_config.json's templates, as transformers loads them
+  // ("independent chat template files take priority"); additional_chat_templates/NAME.jinja add
+  // named ones.
+  d.write("chat_template.jinja", "JINJA");
+  auto j = ChatTemplates::load(d.p.string());
+  EXPECT_EQ(j.render(user("x"), nullptr, Json::object()), "JINJA");
+  EXPECT_EQ(j.render(user("x"), tools, Json::object()), "JINJA");
+  EXPECT_EQ(j.origin(), (d.p / "chat_template.jinja").string());
+  fs::create_directories(d.p / "additional_chat_templates");
+  d.write("additional_chat_templates/tool_use.jinja", "EXTRA-TOOLS");
+  auto x = ChatTemplates::load(d.p.string());
+  EXPECT_EQ(x.render(user("x"), tools, Json::object()), "EXTRA-TOOLS");
+  EXPECT_EQ(x.render(user("x"), nullptr, Json::object()), "JINJA");
+  std::vector<TemplateSource> all = model_chat_templates(d.p.string());
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(pick_template(all, true)->name, "tool_use");
+  EXPECT_EQ(pick_template(all, false)->name, "default");
+  fs::remove_all(d.p / "additional_chat_templates");
+  fs::remove(d.p / "chat_template.jinja");
   // --chat-template FILE wins over everything; a broken one is a startup error.
   d.write("mine.jinja", "MINE");
   EXPECT_EQ(ChatTemplates::load(d.p.string(), (d.p / "mine.jinja").string()).render(user("x"), nullptr, Json::object()),
