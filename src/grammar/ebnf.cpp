@@ -2,8 +2,10 @@
 //   root ::= item ("," item)*        # comment
 //   item ::= "lit" | [a-z0-9_] | name | (group) | . ; postfix * + ? {m} {m,} {m,n}
 // Lark (as vLLM/llguidance accept): `start: a b | c`, terminals NAME: "x"i | /re/, [optional],
-// item~n, item~m..n, ?rule / !rule prefixes, `// comments`, `%import common.X` for the usual
-// terminals. `%ignore` cannot be expressed without rewriting every rule and is rejected.
+// item~n, item~m..n, "a".."z" ranges, /re/flags (i), ?rule / !rule prefixes, `// comments`,
+// `%import common.X` / `%import common (X, Y)` for the usual terminals, and `%ignore X`: what a
+// Lark lexer would skip between tokens may stand between the items of every rule (lowercase
+// names; terminals, UPPERCASE, stay as written), between repetitions, and around the start.
 // A rule body runs until the next `name ::=` (`name:`) definition, so rules may span lines.
 #include <cctype>
 #include <fmt/format.h>
@@ -20,18 +22,26 @@ class EbnfParser {
   EbnfParser(std::string_view t, bool lark) : t_(t), lark_(lark) {}
 
   Grammar parse() {
+    if (lark_) collect_ignores();
     skip_ws();
     while (!eof()) {
       std::string name;
       if (!at_definition(&name)) err("expected a rule definition (name " + std::string(lark_ ? ":" : "::=") + ")");
       if (g_.find_rule(name) >= 0 && g_.rule_body(g_.find_rule(name)) >= 0) err("rule '" + name + "' is defined twice");
       int r = g_.rule(name);
+      interleave_ = ignore_ >= 0 && !is_terminal(name);
       g_.define(r, parse_alt(0));
+      interleave_ = false;
       skip_ws();
     }
     const char* root = lark_ ? "start" : "root";
     int r = g_.find_rule(root);
     if (r < 0) throw InvalidRequest(fmt::format("grammar: no '{}' rule", root));
+    if (ignore_ >= 0) {  // the ignored text may also lead and trail the whole input
+      int w = g_.rule(g_.fresh_name("ignore-start"));
+      g_.define(w, g_.seq({ignore_, g_.ref(r), ignore_}));
+      r = w;
+    }
     g_.set_root(r);
     g_.validate();
     return std::move(g_);
@@ -68,15 +78,65 @@ class EbnfParser {
     return true;
   }
 
-  // %import common.NAME [-> ALIAS] / %import common (A, B); %ignore is rejected.
+  // Lark terminals are UPPERCASE names (after any leading '_'); rules are lowercase.
+  static bool is_terminal(const std::string& name) {
+    for (char c : name)
+      if (std::isalpha(static_cast<unsigned char>(c))) return std::isupper(static_cast<unsigned char>(c));
+    return false;
+  }
+
+  // %ignore X (a terminal name, "literal" or /regex/), every one in the text, before the rules are
+  // read: ignore_ = (X | Y ...)*.
+  void collect_ignores() {
+    std::vector<int> alts;
+    size_t pos = 0;
+    while (pos < t_.size()) {
+      size_t e = t_.find('\n', pos);
+      std::string_view line = t_.substr(pos, e == std::string_view::npos ? std::string_view::npos : e - pos);
+      const size_t line_at = pos;
+      pos = e == std::string_view::npos ? t_.size() : e + 1;
+      size_t f = line.find_first_not_of(" \t");
+      if (f == std::string_view::npos || line.substr(f, 7) != "%ignore") continue;
+      // Parse the operand as an item of a rule (a name, a literal, a regex, a group).
+      const size_t save = i_;
+      i_ = line_at + f + 7;
+      while (peek() == ' ' || peek() == '\t') ++i_;
+      alts.push_back(parse_postfix(parse_atom(1)));
+      i_ = save;
+    }
+    if (!alts.empty()) ignore_ = g_.star(alts.size() == 1 ? alts[0] : g_.alt(alts));
+  }
+
+  // %import common.NAME [-> ALIAS] / %import common (A, B); %ignore (read by collect_ignores).
   void directive() {
     size_t e = t_.find('\n', i_);
     std::string line(t_.substr(i_, e == std::string_view::npos ? std::string_view::npos : e - i_));
-    if (line.rfind("%ignore", 0) == 0) err("%ignore is not supported (write the whitespace into the rules)");
+    if (line.rfind("%ignore", 0) == 0) {
+      i_ = e == std::string_view::npos ? t_.size() : e;
+      return;
+    }
     if (line.rfind("%import", 0) != 0) err("unknown directive " + line.substr(0, line.find(' ')));
     std::string rest = line.substr(7);
+    if (size_t open = rest.find("common"); open != std::string::npos && rest.find('(', open) != std::string::npos &&
+                                           rest.find("common.") == std::string::npos) {
+      size_t a = rest.find('(', open), b = rest.find(')', a);
+      if (b == std::string::npos) err("%import common (...) without ')'");
+      std::string list = rest.substr(a + 1, b - a - 1), item;
+      for (size_t k = 0; k <= list.size(); ++k) {
+        if (k == list.size() || list[k] == ',') {
+          while (!item.empty() && std::isspace(static_cast<unsigned char>(item.back()))) item.pop_back();
+          size_t sp = item.find_first_not_of(" \t");
+          if (sp != std::string::npos) define_common(item.substr(sp), item.substr(sp));
+          item.clear();
+        } else {
+          item += list[k];
+        }
+      }
+      i_ = e == std::string_view::npos ? t_.size() : e;
+      return;
+    }
     size_t dot = rest.find("common.");
-    if (dot == std::string::npos) err("only %import common.NAME is supported");
+    if (dot == std::string::npos) err("only %import common.NAME and %import common (NAME, ...) are supported");
     std::string name = rest.substr(dot + 7);
     while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
     std::string alias = name;
@@ -96,13 +156,20 @@ class EbnfParser {
   void define_common(const std::string& name, const std::string& alias) {
     static const std::pair<const char*, const char*> kCommon[] = {
         {"DIGIT", "[0-9]"}, {"HEXDIGIT", "[0-9a-fA-F]"}, {"INT", "[0-9]+"}, {"SIGNED_INT", "[+-]?[0-9]+"},
-        {"DECIMAL", "[0-9]+\\.[0-9]*|\\.[0-9]+"}, {"NUMBER", "[0-9]+(\\.[0-9]*)?([eE][+-]?[0-9]+)?"},
-        {"SIGNED_NUMBER", "[+-]?[0-9]+(\\.[0-9]*)?([eE][+-]?[0-9]+)?"},
-        {"FLOAT", "[0-9]+\\.[0-9]*([eE][+-]?[0-9]+)?"}, {"SIGNED_FLOAT", "[+-]?[0-9]+\\.[0-9]*([eE][+-]?[0-9]+)?"},
+        // lark/grammars/common.lark: DECIMAL: INT "." INT? | "." INT; FLOAT: INT _EXP | DECIMAL _EXP?;
+        // NUMBER: FLOAT | INT.
+        {"DECIMAL", "[0-9]+\\.[0-9]*|\\.[0-9]+"},
+        {"FLOAT", "[0-9]+[eE][+-]?[0-9]+|([0-9]+\\.[0-9]*|\\.[0-9]+)([eE][+-]?[0-9]+)?"},
+        {"SIGNED_FLOAT", "[+-]?([0-9]+[eE][+-]?[0-9]+|([0-9]+\\.[0-9]*|\\.[0-9]+)([eE][+-]?[0-9]+)?)"},
+        {"NUMBER", "[0-9]+[eE][+-]?[0-9]+|([0-9]+\\.[0-9]*|\\.[0-9]+)([eE][+-]?[0-9]+)?|[0-9]+"},
+        {"SIGNED_NUMBER", "[+-]?([0-9]+[eE][+-]?[0-9]+|([0-9]+\\.[0-9]*|\\.[0-9]+)([eE][+-]?[0-9]+)?|[0-9]+)"},
         {"LETTER", "[a-zA-Z]"}, {"LCASE_LETTER", "[a-z]"}, {"UCASE_LETTER", "[A-Z]"}, {"WORD", "[a-zA-Z]+"},
         {"CNAME", "[a-zA-Z_][a-zA-Z0-9_]*"}, {"WS", "[ \\t\\f\\r\\n]+"}, {"WS_INLINE", "[ \\t]+"},
         {"NEWLINE", "(\\r?\\n)+"}, {"CR", "\\r"}, {"LF", "\\n"},
-        {"ESCAPED_STRING", "\"([^\"\\\\]|\\\\.)*\""}, {"SH_COMMENT", "#[^\\n]*"}, {"CPP_COMMENT", "//[^\\n]*"}};
+        // ESCAPED_STRING: "\"" /.*?/ /(?<!\\)(\\\\)*?/ "\"": no raw newline (Lark's . excludes it),
+        // no unescaped quote inside.
+        {"ESCAPED_STRING", "\"([^\"\\\\\\n]|\\\\[^\\n])*\""}, {"SH_COMMENT", "#[^\\n]*"},
+        {"CPP_COMMENT", "//[^\\n]*"}, {"C_COMMENT", "/\\*([^*]|\\*+[^*/])*\\*+/"}};
     for (auto [n, re] : kCommon)
       if (name == n) {
         g_.define(g_.rule(alias), add_regex(g_, re));
@@ -135,7 +202,12 @@ class EbnfParser {
     return true;
   }
 
+  // Groups nest at most this deep: the parser recurses per level (20,000 levels overflowed a
+  // server thread's stack), and no real grammar comes near.
+  static constexpr int kMaxDepth = 1000;
+
   int parse_alt(int depth) {
+    if (depth > kMaxDepth) err(fmt::format("groups nested more than {} deep", kMaxDepth));
     std::vector<int> alts = {parse_seq(depth)};
     while (true) {
       skip_ws();
@@ -160,7 +232,9 @@ class EbnfParser {
         while (!eof() && name_char(peek())) ++i_;
         continue;
       }
-      items.push_back(parse_postfix(parse_atom(depth)));
+      int item = parse_postfix(parse_atom(depth));
+      if (interleave_ && !items.empty()) items.push_back(ignore_);
+      items.push_back(item);
     }
     return g_.seq(std::move(items));
   }
@@ -216,6 +290,16 @@ class EbnfParser {
         append_utf8(s, cp);
       }
       ++i_;
+      if (lark_ && peek() == '.' && peek(1) == '.' && (peek(2) == '"' || peek(2) == '\'')) {  // "a".."z"
+        i_ += 2;
+        const char q2 = peek();
+        ++i_;
+        uint32_t hi = read_char();
+        if (peek() != q2) err("a range's ends must be single characters (\"a\"..\"z\")");
+        ++i_;
+        if (cps.size() != 1 || hi < cps[0]) err("bad character range");
+        return g_.chars({{cps[0], hi}});
+      }
       if (lark_ && peek() == 'i') {  // case-insensitive literal
         ++i_;
         std::vector<int> items;
@@ -276,11 +360,13 @@ class EbnfParser {
         re += t_[i_++];
       }
       ++i_;
+      bool icase = false;
       while (std::isalpha(static_cast<unsigned char>(peek()))) {
-        if (peek() != 'x' && peek() != 's' && peek() != 'u') err(fmt::format("unsupported regex flag '{}'", peek()));
+        if (peek() == 'i') icase = true;
+        else if (peek() != 'x' && peek() != 's' && peek() != 'u') err(fmt::format("unsupported regex flag '{}'", peek()));
         ++i_;
       }
-      return add_regex(g_, re);
+      return add_regex(g_, re, false, icase);
     }
     if (c == '(') {
       ++i_;
@@ -290,9 +376,9 @@ class EbnfParser {
       ++i_;
       return e;
     }
-    if (c == '.' && !lark_) {
+    if (c == '.' && !lark_) {  // llama.cpp: any character, newlines included
       ++i_;
-      return g_.chars({{'\n', '\n'}}, true);
+      return g_.chars({{0, kMaxCodePoint}});
     }
     if (name_char(c)) {
       size_t s = i_;
@@ -300,6 +386,15 @@ class EbnfParser {
       return g_.ref(g_.rule(std::string(t_.substr(s, i_ - s))));
     }
     err(fmt::format("unexpected '{}'", c));
+  }
+
+  // e{lo,hi}; with %ignore in a rule, the ignored text may stand between the copies.
+  int repeat(int e, int lo, int hi) {
+    if (!interleave_) return g_.rep(e, lo, hi);
+    if (hi == 0) return g_.empty();
+    int more = g_.rep(g_.seq({ignore_, e}), std::max(lo - 1, 0), hi < 0 ? -1 : hi - 1);
+    int some = g_.seq({e, more});
+    return lo == 0 ? g_.opt(some) : some;
   }
 
   int read_int() {
@@ -312,23 +407,34 @@ class EbnfParser {
     return v;
   }
 
+  // Blanks before an operator: llama.cpp and Lark allow them ("a" *, "a"{ 2, 3 }).
+  void skip_blanks() {
+    while (peek() == ' ' || peek() == '\t') ++i_;
+  }
+
   int parse_postfix(int e) {
     while (true) {
+      const size_t before = i_;
+      skip_blanks();
       char c = peek();
-      if (c == '*') ++i_, e = g_.star(e);
-      else if (c == '+') ++i_, e = g_.plus(e);
+      if (c == '*') ++i_, e = repeat(e, 0, -1);
+      else if (c == '+') ++i_, e = repeat(e, 1, -1);
       else if (c == '?') ++i_, e = g_.opt(e);
       else if (c == '{' && !lark_) {
         ++i_;
+        skip_blanks();
         int lo = read_int(), hi = lo;
+        skip_blanks();
         if (peek() == ',') {
           ++i_;
+          skip_blanks();
           hi = std::isdigit(static_cast<unsigned char>(peek())) ? read_int() : -1;
+          skip_blanks();
         }
         if (peek() != '}') err("bad {m,n}");
         ++i_;
         if (hi >= 0 && hi < lo) err("{m,n} with n < m");
-        e = g_.rep(e, lo, hi);
+        e = repeat(e, lo, hi);
       } else if (c == '~' && lark_) {
         ++i_;
         int lo = read_int(), hi = lo;
@@ -337,8 +443,9 @@ class EbnfParser {
           hi = read_int();
         }
         if (hi < lo) err("~m..n with n < m");
-        e = g_.rep(e, lo, hi);
+        e = repeat(e, lo, hi);
       } else {
+        i_ = before;  // the blanks belong to what follows
         return e;
       }
     }
@@ -348,6 +455,8 @@ class EbnfParser {
   bool lark_;
   size_t i_ = 0;
   Grammar g_;
+  int ignore_ = -1;          // (%ignore X | Y ...)*, or -1
+  bool interleave_ = false;  // inside a Lark rule (not a terminal) with %ignore
 };
 
 }  // namespace
@@ -356,11 +465,21 @@ Grammar parse_gbnf(std::string_view text) { return EbnfParser(text, false).parse
 Grammar parse_lark(std::string_view text) { return EbnfParser(text, true).parse(); }
 
 Grammar parse_ebnf(std::string_view text) {
-  // The first definition decides: `::=` is GBNF, a lone `:` Lark.
-  size_t d = text.find("::=");
-  size_t c = text.find(':');
-  if (d != std::string_view::npos && d <= c) return parse_gbnf(text);
-  if (c != std::string_view::npos) return parse_lark(text);
+  // The first definition decides: `::=` is GBNF, a lone `:` Lark. Comment lines (# or //) and
+  // directives (%import) before it do not count (`# note: ...` above a GBNF grammar).
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t e = text.find('\n', pos);
+    std::string_view line = text.substr(pos, e == std::string_view::npos ? std::string_view::npos : e - pos);
+    pos = e == std::string_view::npos ? text.size() : e + 1;
+    size_t f = line.find_first_not_of(" \t\r");
+    if (f == std::string_view::npos) continue;
+    line.remove_prefix(f);
+    if (line[0] == '#' || line[0] == '%' || line.substr(0, 2) == "//") continue;
+    size_t d = line.find("::="), c = line.find(':');
+    if (d != std::string_view::npos && d <= c) return parse_gbnf(text);
+    if (c != std::string_view::npos) return parse_lark(text);
+  }
   throw InvalidRequest("grammar: no rule definition found (expected `root ::= ...` or `start: ...`)");
 }
 

@@ -91,8 +91,9 @@ Grammar parse_ebnf(std::string_view text);
 // the whole string must match (anchors ^/$ at the ends are accepted and implicit).
 Grammar regex_grammar(std::string_view pattern);
 // Adds the pattern as an expression of `g`; `json_string` drops `"`, `\` and control characters
-// from every class (the pattern then describes a JSON string's raw content).
-int add_regex(Grammar& g, std::string_view pattern, bool json_string = false);
+// from every class (the pattern then describes a JSON string's raw content); `ignore_case` lets
+// ASCII letters match either case (Lark's /re/i).
+int add_regex(Grammar& g, std::string_view pattern, bool json_string = false, bool ignore_case = false);
 
 // Exactly one of the choices.
 Grammar choice_grammar(const std::vector<std::string>& choices);

@@ -5,6 +5,7 @@
 // grammar). The whole input must match; ^ and $ are accepted as no-ops. Backreferences and
 // lookaround cannot be expressed in a context-free grammar and are rejected.
 #include <cctype>
+#include <tuple>
 #include <fmt/format.h>
 
 #include "grammar/ir.h"
@@ -18,7 +19,8 @@ const Ranges kSpace = {{'\t', '\r'}, {' ', ' '}};
 
 class RegexParser {
  public:
-  RegexParser(Grammar& g, std::string_view p, bool json) : g_(g), p_(p), json_(json) {}
+  RegexParser(Grammar& g, std::string_view p, bool json, bool icase = false)
+      : g_(g), p_(p), json_(json), icase_(icase) {}
 
   int parse() {
     int e = parse_alt();
@@ -95,7 +97,19 @@ class RegexParser {
   }
 
   // In JSON-string mode a class never admits characters that would need escaping.
+  // Case-insensitive patterns (Lark's /re/i): ASCII letters match both cases.
+  static Ranges fold_case(Ranges r) {
+    Ranges out = r;
+    for (auto [lo, hi] : r)
+      for (auto [a, z, delta] : {std::tuple<uint32_t, uint32_t, int>{'a', 'z', -32}, {'A', 'Z', 32}}) {
+        const uint32_t x = std::max(lo, a), y = std::min(hi, z);
+        if (x <= y) out.push_back({uint32_t(int(x) + delta), uint32_t(int(y) + delta)});
+      }
+    return normalize(std::move(out));
+  }
+
   int make_chars(Ranges r, bool negated) {
+    if (icase_) r = fold_case(std::move(r));
     Ranges n = negated ? complement(r) : normalize(std::move(r));
     if (json_) {
       Ranges bad = {{0, 0x1F}, {'"', '"'}, {'\\', '\\'}};
@@ -110,6 +124,7 @@ class RegexParser {
   }
 
   int make_char(uint32_t cp) {
+    if (icase_ && cp < 0x80 && std::isalpha(static_cast<int>(cp))) return make_chars({{cp, cp}}, false);
     std::string s;
     if (json_ && (cp == '"' || cp == '\\')) {
       s = std::string("\\") + static_cast<char>(cp);
@@ -271,13 +286,14 @@ class RegexParser {
   Grammar& g_;
   std::string_view p_;
   bool json_;
+  bool icase_;
   size_t i_ = 0;
 };
 
 }  // namespace
 
-int add_regex(Grammar& g, std::string_view pattern, bool json_string) {
-  return RegexParser(g, pattern, json_string).parse();
+int add_regex(Grammar& g, std::string_view pattern, bool json_string, bool ignore_case) {
+  return RegexParser(g, pattern, json_string, ignore_case).parse();
 }
 
 Grammar regex_grammar(std::string_view pattern) {

@@ -139,7 +139,12 @@ std::shared_ptr<const StructuredRequest> GrammarCache::prepare(const StructuredR
     if (!cg) {
       // Compiled outside the lock (0.1-5 ms); two racing requests for a new key both compile
       // and the second insert wins, which is harmless.
-      cg = std::make_shared<const grammar::CompiledGrammar>(*out->ir, v);
+      try {
+        cg = std::make_shared<const grammar::CompiledGrammar>(*out->ir, v);
+      } catch (const InvalidRequest& e) {  // found while lowering (left recursion): name the field
+        if (out->field.empty()) throw;
+        throw InvalidRequest(fmt::format("Invalid {} in '{}': {}", out->kind, out->field, e.what()), out->field);
+      }
       std::lock_guard<std::mutex> lk(mu_);
       if (auto it = map_.find(req.key); it != map_.end()) {
         lru_.erase(it->second.second);

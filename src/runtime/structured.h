@@ -58,6 +58,7 @@ struct StructuredRequest {
   enum class Reasoning { none, qwen3, deepseek_r1 };
   std::string kind;  // what the client asked for (json_schema, json_object, regex, choice, grammar, tool_call)
   std::string key;   // cache key: kind, options and canonical text
+  std::string field;  // the request field it came from (errors name it)
   std::shared_ptr<const grammar::Grammar> ir;
   std::shared_ptr<const grammar::CompiledGrammar> compiled;  // set by GrammarCache::prepare
   Reasoning reasoning = Reasoning::none;

@@ -487,6 +487,7 @@ template <class F>
 std::shared_ptr<StructuredRequest> build(const std::string& field, const std::string& kind, std::string key, F make) {
   auto out = std::make_shared<StructuredRequest>();
   out->kind = kind;
+  out->field = field;
   out->key = kind + "\n" + std::move(key);
   try {
     out->ir = std::make_shared<const grammar::Grammar>(make());

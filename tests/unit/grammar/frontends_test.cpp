@@ -110,9 +110,59 @@ TEST(Lark, VllmStyle) {
   EXPECT_TRUE(matches(g, "select * FROM users LIMIT 10"));
   EXPECT_FALSE(matches(g, "SELECT FROM t"));
   EXPECT_FALSE(matches(g, "SELECT a FROM t LIMIT x"));
-  EXPECT_THROW(parse_lark("start: a\n%ignore WS"), InvalidRequest);
+  EXPECT_THROW(parse_lark("start: a\n%ignore WS"), InvalidRequest);  // `a` never defined
   EXPECT_TRUE(matches(parse_ebnf("start: \"x\"~2..3"), "xxx"));
   EXPECT_TRUE(matches(parse_ebnf("root ::= \"x\"{2}"), "xx"));
+}
+
+// As llama.cpp parses GBNF: blanks before operators and inside {m,n}, `.` any character (newlines
+// too), a comment with a colon above the first rule; groups nested past the limit are a 400, not
+// a crashed server.
+TEST(Gbnf, LlamaCppParserDetails) {
+  EXPECT_TRUE(matches(parse_gbnf("root ::= \"a\" * \"b\""), "aaab"));
+  EXPECT_TRUE(matches(parse_gbnf("root ::= \"a\"{ 2, 3 }"), "aaa"));
+  EXPECT_TRUE(matches(parse_gbnf("root ::= \"a\"{2, 3}"), "aa"));
+  EXPECT_FALSE(matches(parse_gbnf("root ::= \"a\"{2, 3}"), "aaaa"));
+  EXPECT_TRUE(matches(parse_gbnf("root ::= \"a\" ( \"b\" ) +"), "abb"));
+  EXPECT_TRUE(matches(parse_gbnf("root ::= .{1,3}"), "a\nb"));
+  EXPECT_TRUE(matches(parse_ebnf("# note: a comment with a colon\n# see https://x.y\nroot ::= \"a\""), "a"));
+  EXPECT_TRUE(matches(parse_ebnf("// a Lark comment: with a colon\nstart: \"b\""), "b"));
+  std::string deep = "root ::= " + std::string(20000, '(') + "\"a\"" + std::string(20000, ')');
+  EXPECT_THROW(parse_gbnf(deep), InvalidRequest);
+  EXPECT_THROW(parse_lark("start: " + std::string(20000, '(') + "\"a\"" + std::string(20000, ')')), InvalidRequest);
+  EXPECT_TRUE(matches(parse_gbnf("root ::= " + std::string(500, '(') + "\"a\"" + std::string(500, ')')), "a"));
+}
+
+// Lark as Lark reads it: common terminals as common.lark defines them, grouped imports,
+// "a".."z", /re/i, and %ignore (the ignored text between a rule's items, repetitions, and around
+// the input; never inside a terminal).
+TEST(Lark, LarkDetails) {
+  auto str = test::compile(parse_lark("start: ESCAPED_STRING\n%import common.ESCAPED_STRING"));
+  EXPECT_TRUE(matches(str, R"("a \"q\" \\ b")"));
+  EXPECT_FALSE(matches(str, "\"a\nb\""));  // no raw newline (Lark's . excludes it)
+  EXPECT_FALSE(matches(str, R"("a"b")"));
+  auto nums = test::compile(parse_lark("start: NUMBER (\",\" SIGNED_NUMBER)*\n%import common (NUMBER, SIGNED_NUMBER)"));
+  for (const char* ok : {"1", ".5", "1.", "2e3", "1.5E-2,-3,+.25"}) EXPECT_TRUE(matches(nums, ok)) << ok;
+  for (const char* bad : {"e3", ".", "1,", "+1"}) EXPECT_FALSE(matches(nums, bad)) << bad;
+  auto range = test::compile(parse_lark("start: (\"a\"..\"c\")+ /xy/i"));
+  EXPECT_TRUE(matches(range, "abcaXy"));
+  EXPECT_TRUE(matches(range, "bxY"));
+  EXPECT_FALSE(matches(range, "dxy"));
+  auto sql = test::compile(parse_lark(R"(
+    start: "select" NAME ("," NAME)* "from" NAME
+    NAME: /[a-z]+/
+    %import common.WS
+    %ignore WS
+  )"));
+  EXPECT_TRUE(matches(sql, "select a, b from t"));
+  EXPECT_TRUE(matches(sql, "  select a ,b\n from   t  "));
+  EXPECT_TRUE(matches(sql, "select a from t"));
+  EXPECT_FALSE(matches(sql, "select a b from t"));
+  EXPECT_FALSE(matches(sql, "select a from"));
+  // Terminals keep their own text: no ignored text inside NAME.
+  auto kw = test::compile(parse_lark("start: WORD+\nWORD: \"ab\"\n%ignore \" \""));
+  EXPECT_TRUE(matches(kw, "ab ab  ab"));
+  EXPECT_FALSE(matches(kw, "a b"));
 }
 
 TEST(Choice, ExactlyOne) {
