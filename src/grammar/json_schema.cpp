@@ -747,12 +747,65 @@ class SchemaCompiler {
     return g_.seq({g_.lit("\""), g_.rep(jchar(), lo, hi), g_.lit("\"")});
   }
 
+  // uniqueItems over a finite set of scalar items (enum / const / boolean, pydantic's set[Literal]
+  // and set[Enum]): the values not used yet, tracked as a subset; at most kMaxUniqueValues values.
+  static constexpr int kMaxUniqueValues = 8;
+  std::optional<std::vector<std::string>> finite_items(const json& s, const std::string& path) {
+    if (!s.contains("items") || !s["items"].is_object() || s.contains("prefixItems")) return std::nullopt;
+    json it = s["items"];
+    for (int hop = 0; it.is_object() && it.contains("$ref") && it.size() == 1 && hop < 64; ++hop)
+      it = resolve(it["$ref"].get<std::string>(), path);
+    std::vector<json> vals;
+    if (it.contains("enum") && it["enum"].is_array()) vals.assign(it["enum"].begin(), it["enum"].end());
+    else if (it.contains("const")) vals = {it["const"]};
+    else if (it.value("type", json()) == json("boolean")) vals = {json(false), json(true)};
+    else return std::nullopt;
+    std::vector<std::string> out;
+    for (const json& v : vals) {
+      if (v.is_object() || v.is_array()) return std::nullopt;
+      std::string d = v.dump();
+      if (std::find(out.begin(), out.end(), d) == out.end()) out.push_back(d);
+    }
+    if (int(out.size()) > kMaxUniqueValues) return std::nullopt;
+    return out;
+  }
+  int unique_items(const std::vector<std::string>& vals, int lo, int hi, const std::string& path) {
+    const int k = int(vals.size());
+    if (hi < 0 || hi > k) hi = k;
+    if (lo > hi) err(path, "minItems is above the number of distinct items uniqueItems allows");
+    auto sep = [&] { return g_.seq({ws(), g_.lit(","), ws()}); };
+    // after[mask]: what may follow once the values in `mask` are used (at least one).
+    std::vector<int> after(size_t(1) << k, -1);
+    for (int mask = (1 << k) - 1; mask >= 1; --mask) {
+      const int used = __builtin_popcount(unsigned(mask));
+      if (used > hi) continue;
+      std::vector<int> alts;
+      if (used >= lo) alts.push_back(g_.empty());
+      for (int v = 0; v < k && used < hi; ++v)
+        if (!(mask >> v & 1) && after[size_t(mask | 1 << v)] >= 0)
+          alts.push_back(g_.seq({sep(), g_.lit(vals[size_t(v)]), g_.ref(after[size_t(mask | 1 << v)])}));
+      if (alts.empty()) continue;
+      int r = g_.rule(g_.fresh_name("uniq"));
+      g_.define(r, alt_of(alts));
+      after[size_t(mask)] = r;
+    }
+    std::vector<int> firsts;
+    for (int v = 0; v < k && hi > 0; ++v)
+      if (after[size_t(1) << v] >= 0) firsts.push_back(g_.seq({g_.lit(vals[size_t(v)]), g_.ref(after[size_t(1) << v])}));
+    int body = alt_of(firsts);
+    if (body < 0) return g_.seq({g_.lit("["), ws(), g_.lit("]")});
+    body = g_.seq({body, ws()});
+    return g_.seq({g_.lit("["), ws(), lo == 0 ? g_.opt(body) : body, g_.lit("]")});
+  }
+
   int array_schema(const json& s, const std::string& path, int depth) {
     int lo = 0, hi = -1;
     if (auto v = num(s, "minItems")) lo = static_cast<int>(*v);
     if (auto v = num(s, "maxItems")) hi = static_cast<int>(*v);
     if (lo < 0 || (hi >= 0 && hi < lo)) err(path, "bad minItems/maxItems");
     if (lo > 10000 || hi > 10000) err(path, "minItems/maxItems above 10000 are not supported");
+    if (s.value("uniqueItems", json(false)) == json(true))
+      if (auto vals = finite_items(s, path)) return unique_items(*vals, lo, hi, path);
     std::vector<int> prefix;
     if (s.contains("prefixItems")) {
       if (!s["prefixItems"].is_array()) err(path, "'prefixItems' must be an array");
@@ -1076,8 +1129,10 @@ class SchemaCompiler {
     }
     if (!s.is_object()) err(path, "a schema must be an object or a boolean");
     if (!opt_.lenient)
-      for (const auto& [k, v] : s.items())
+      for (const auto& [k, v] : s.items()) {
+        if (k == "uniqueItems" && (v == json(false) || finite_items(s, path))) continue;  // held exactly
         if (kUnsupported.count(k)) err(path, fmt::format("unsupported keyword '{}'", k));
+      }
     int e = schema_inner(s, path, depth);
     if (s.value("nullable", false)) e = g_.alt({e, g_.lit("null")});
     return e;

@@ -9,7 +9,8 @@
 // hostname, ipv4, ipv6, uri), integer and number bounds (exact: integers up to 18 digits; bounded
 // numbers are written without an exponent), multipleOf (integers and decimals, exact: |x| x 10^k
 // divisible by P as a digit state machine; with two bounds the multiples between them, else with
-// sign-like bounds only), patternProperties on closed objects with patterns that cannot share a
+// sign-like bounds only), uniqueItems over at most 8 scalar item values (enum / const / boolean),
+// patternProperties on closed objects with patterns that cannot share a
 // key, propertyNames (a string schema), pattern with lengths where exact (docs/GRAMMAR.md), $ref
 // to #, #/$defs/... and #/definitions/... incl. recursion. Annotations (title, description,
 // default, examples, ...) are ignored. Keywords that constrain but cannot be expressed (not,

@@ -8,6 +8,7 @@
 #include <optional>
 #include <random>
 #include <regex>
+#include <set>
 
 #include "grammar/json_schema.h"
 #include "grammar_util.h"
@@ -631,6 +632,42 @@ TEST(JsonSchema, PatternWithLengths) {
   EXPECT_TRUE(matches(lenient, R"("abab")"));
   EXPECT_THROW(json_schema_grammar(json::parse(R"({"type":"string","pattern":"^[a-z]{5,}$","maxLength":3})")),
                InvalidRequest);
+}
+
+// uniqueItems over a finite set of scalars (pydantic's set[Literal[...]] / set[Enum]) is held:
+// every array of distinct values is accepted, none with a repeat; other items stay a 400.
+TEST(JsonSchema, UniqueItemsOverFiniteValues) {
+  auto cg = test::compile(json_schema_grammar(json::parse(R"({"$defs":{"Color":{"enum":["red","green","blue"]}},
+      "type":"array","items":{"$ref":"#/$defs/Color"},"uniqueItems":true,"minItems":1})")));
+  const std::vector<std::string> v = {"\"red\"", "\"green\"", "\"blue\""};
+  int accepted = 0;
+  for (int a = 0; a < 4; ++a)
+    for (int b = 0; b < 4; ++b)
+      for (int c = 0; c < 4; ++c) {  // 0 = absent
+        std::vector<int> xs;
+        for (int x : {a, b, c})
+          if (x) xs.push_back(x);
+        if ((a == 0 && (b || c)) || (b == 0 && c)) continue;
+        std::string arr = "[";
+        for (size_t i = 0; i < xs.size(); ++i) arr += (i ? "," : "") + v[size_t(xs[i] - 1)];
+        arr += "]";
+        std::set<int> distinct(xs.begin(), xs.end());
+        const bool ok = !xs.empty() && distinct.size() == xs.size();
+        EXPECT_EQ(matches(cg, arr), ok) << arr;
+        accepted += ok;
+      }
+  EXPECT_EQ(accepted, 3 + 6 + 6);
+  auto bools = test::compile(json_schema_grammar(json::parse(R"({"type":"array","items":{"type":"boolean"},
+      "uniqueItems":true,"maxItems":1})")));
+  EXPECT_TRUE(matches(bools, "[true]"));
+  EXPECT_TRUE(matches(bools, "[]"));
+  EXPECT_FALSE(matches(bools, "[true,false]"));
+  EXPECT_THROW(json_schema_grammar(json::parse(R"({"type":"array","items":{"type":"string"},"uniqueItems":true})")),
+               InvalidRequest);
+  EXPECT_THROW(json_schema_grammar(json::parse(R"({"type":"array","items":{"enum":[1,2]},"uniqueItems":true,
+      "minItems":3})")), InvalidRequest);
+  auto off = test::compile(json_schema_grammar(json::parse(R"({"type":"array","items":{"type":"integer"},"uniqueItems":false})")));
+  EXPECT_TRUE(matches(off, "[1,1]"));
 }
 
 TEST(JsonSchema, StringsFormatsAndWhitespace) {
