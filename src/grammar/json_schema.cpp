@@ -693,9 +693,80 @@ class SchemaCompiler {
         return g_.seq(parts);
       }
     }
+    // Any other pattern under a maxLength: each unbounded repetition gets a cap of extra copies,
+    // raised in turn (round robin) while the longest string still fits (a subset again).
+    if (hi >= 0 && plo >= lo && plo <= hi) {
+      std::map<int, int64_t> caps;  // unbounded repetition (expr id) -> extra copies allowed
+      if (collect_unbounded(re, caps, 0)) {
+        for (bool grew = true; grew;) {
+          grew = false;
+          for (auto& [id, c] : caps) {
+            ++c;
+            const std::optional<int64_t> m = capped_max(re, caps, 0);
+            if (m && *m <= hi) grew = true;
+            else --c;
+          }
+        }
+        const std::optional<int64_t> m = capped_max(re, caps, 0);
+        if (m && *m <= hi) return capped(re, caps);
+      }
+    }
     if (opt_.lenient) return re;
-    err(path, "'pattern' together with minLength / maxLength is supported where the pattern's repetitions of "
-              "one character can take the bounds (e.g. ^[a-z]+@[a-z]+\\.com$) or its own lengths lie within them");
+    err(path, "'pattern' together with minLength / maxLength is supported where the pattern's repetitions can "
+              "take the bounds (e.g. ^[a-z]+@[a-z]+\\.com$) or its own lengths lie within them");
+  }
+  // The unbounded repetitions of `id` (false: a rule reference, which is not rewritten).
+  bool collect_unbounded(int id, std::map<int, int64_t>& caps, int depth) {
+    const Expr& e = g_.expr(id);
+    if (depth > 200 || e.kind == Expr::kRef) return false;
+    if (e.kind == Expr::kRepeat && e.max < 0) caps[id] = 0;
+    for (int k : e.kids)
+      if (!collect_unbounded(k, caps, depth + 1)) return false;
+    return true;
+  }
+  // The longest string of `id` with those caps.
+  std::optional<int64_t> capped_max(int id, const std::map<int, int64_t>& caps, int depth) {
+    const Expr& e = g_.expr(id);
+    if (depth > 200) return std::nullopt;
+    switch (e.kind) {
+      case Expr::kEmpty: return 0;
+      case Expr::kChars: case Expr::kLiteral: return span(id).second;
+      case Expr::kSeq: case Expr::kAlt: {
+        int64_t r = 0;
+        for (int k : e.kids) {
+          auto m = capped_max(k, caps, depth + 1);
+          if (!m) return std::nullopt;
+          r = e.kind == Expr::kSeq ? r + *m : std::max(r, *m);
+        }
+        return r;
+      }
+      case Expr::kRepeat: {
+        auto m = capped_max(e.kids[0], caps, depth + 1);
+        if (!m) return std::nullopt;
+        auto c = caps.find(id);
+        const int64_t copies = e.max >= 0 ? e.max : c == caps.end() ? -1 : e.min + c->second;
+        if (copies < 0) return std::nullopt;
+        return *m * copies;
+      }
+      case Expr::kRef: return std::nullopt;
+    }
+    return std::nullopt;
+  }
+  int capped(int id, const std::map<int, int64_t>& caps) {  // `id` rebuilt with those caps
+    const Expr& e = g_.expr(id);
+    switch (e.kind) {
+      case Expr::kSeq: case Expr::kAlt: {
+        std::vector<int> kids;
+        for (int k : e.kids) kids.push_back(capped(k, caps));
+        return e.kind == Expr::kSeq ? g_.seq(kids) : g_.alt(kids);
+      }
+      case Expr::kRepeat: {
+        const int kid = capped(e.kids[0], caps);
+        auto c = caps.find(id);
+        return g_.rep(kid, e.min, e.max >= 0 || c == caps.end() ? e.max : int(e.min + c->second));
+      }
+      default: return id;
+    }
   }
 
   int string_schema(const json& s, const std::string& path) {

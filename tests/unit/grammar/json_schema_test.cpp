@@ -625,11 +625,25 @@ TEST(JsonSchema, PatternWithLengths) {
       }
     }
   EXPECT_GT(in_bounds, 2);
-  // Neither: refused strictly, lengths ignored leniently.
-  const char* hard = R"({"type":"string","pattern":"^(ab)+$","maxLength":4})";
+  // Other shapes under a maxLength: the unbounded repetitions capped alike (a subset).
+  auto names = test::compile(json_schema_grammar(json::parse(
+      R"({"type":"string","pattern":"^[A-Z][a-z]+( [A-Z][a-z]+)*$","maxLength":12})")));
+  EXPECT_TRUE(matches(names, R"("Ada Love")"));
+  EXPECT_TRUE(matches(names, R"("Al Bo")"));
+  EXPECT_FALSE(matches(names, R"("Ada Lovelacee")"));  // 13
+  EXPECT_FALSE(matches(names, R"("ada")"));
+  for (const char* t : {"Ada Lovelace", "Al Bo Cy", "Abcdefghijk", "A Bb Cc Dd"})  // a subset: never too long
+    if (matches(names, json(std::string(t)).dump())) {
+      EXPECT_LE(std::string(t).size(), 12u) << t;
+    }
+  auto pairs = test::compile(json_schema_grammar(json::parse(R"({"type":"string","pattern":"^(ab)+$","maxLength":5})")));
+  EXPECT_TRUE(matches(pairs, R"("abab")"));
+  EXPECT_FALSE(matches(pairs, R"("ababab")"));
+  // Lengths no string of the pattern meets: refused strictly, ignored leniently.
+  const char* hard = R"({"type":"string","pattern":"^(abc)+$","minLength":4,"maxLength":5})";
   EXPECT_THROW(json_schema_grammar(std::string_view(hard)), InvalidRequest);
   auto lenient = test::compile(json_schema_grammar(std::string_view(hard), JsonSchemaOptions{.lenient = true}));
-  EXPECT_TRUE(matches(lenient, R"("abab")"));
+  EXPECT_TRUE(matches(lenient, R"("abcabc")"));
   EXPECT_THROW(json_schema_grammar(json::parse(R"({"type":"string","pattern":"^[a-z]{5,}$","maxLength":3})")),
                InvalidRequest);
 }
