@@ -1034,6 +1034,9 @@ Value binary_op(BinOp op, const Value& a, const Value& b) {
       if (nums) return Value::number(a.as_double() + b.as_double());
       if (a.is_string()) {
         if (!b.is_string()) type_error(fmt::format("can only concatenate str (not \"{}\") to str", type_name(b)));
+        if (a.sobj().markup || b.sobj().markup)  // Markup + str escapes the str (either order)
+          return Value::markup((a.sobj().markup ? a.str() : html_escape(a.str())) +
+                               (b.sobj().markup ? b.str() : html_escape(b.str())));
         std::string s;
         s.reserve(a.str().size() + b.str().size());
         s += a.str();
@@ -1067,7 +1070,7 @@ Value binary_op(BinOp op, const Value& a, const Value& b) {
         std::string s;
         s.reserve(unit * size_t(times));
         for (int64_t k = 0; k < times; ++k) s += seq->str();
-        return Value::string(std::move(s));
+        return seq->sobj().markup ? Value::markup(std::move(s)) : Value::string(std::move(s));
       }
       std::vector<Value> items;
       for (int64_t k = 0; k < times; ++k) items.insert(items.end(), seq->lst().items.begin(), seq->lst().items.end());
@@ -1340,7 +1343,13 @@ Value f_dictsort(Interp& in, const Value& v, const Args& a) {
 
 Value f_escape(Interp&, const Value& v, const Args& a) {
   bind_args(a, {}, "escape");
-  return Value::string(html_escape(soft_str(v)));
+  if (v.is_string() && v.sobj().markup) return v;  // already safe: not escaped twice
+  return Value::markup(html_escape(soft_str(v)));
+}
+
+Value f_forceescape(Interp&, const Value& v, const Args& a) {
+  bind_args(a, {}, "forceescape");
+  return Value::markup(html_escape(soft_str(v)));
 }
 
 Value f_first(Interp&, const Value& v, const Args& a) {
@@ -1681,7 +1690,7 @@ Value f_round(Interp&, const Value& v, const Args& a) {
 
 Value f_safe(Interp&, const Value& v, const Args& a) {
   bind_args(a, {}, "safe");
-  return Value::string(soft_str(v));
+  return v.is_string() && v.sobj().markup ? v : Value::markup(soft_str(v));
 }
 
 Value f_sort(Interp& in, const Value& v, const Args& a) {
@@ -1822,7 +1831,7 @@ const std::unordered_map<std::string_view, FilterFn>& filters() {
       {"d", f_default},         {"default", f_default},
       {"dictsort", f_dictsort}, {"e", f_escape},
       {"escape", f_escape},     {"first", f_first},
-      {"float", f_float},       {"forceescape", f_escape},
+      {"float", f_float},       {"forceescape", f_forceescape},
       {"format", f_format},     {"indent", f_indent},
       {"int", f_int},           {"items", f_items},
       {"join", f_join},         {"last", f_last},

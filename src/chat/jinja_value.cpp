@@ -65,6 +65,12 @@ Value Value::string(std::string s, bool ascii) {
   return v;
 }
 
+Value Value::markup(std::string s) {
+  Value v = string(std::move(s));
+  std::static_pointer_cast<StrObj>(v.p)->markup = true;
+  return v;
+}
+
 Value Value::list(std::vector<Value> items, bool tuple) {
   Value v;
   v.kind = Kind::List;

@@ -40,6 +40,9 @@ struct Value;
 struct StrObj {
   std::string s;
   bool ascii;  // lets indexing and length skip UTF-8 decoding, the common case
+  // markupsafe.Markup (from |safe, |escape): jinja2 HTML-escapes a plain string added to one, even
+  // with autoescape off as transformers renders (functionary-v3.1's tool lines rely on it).
+  bool markup = false;
 };
 struct ListObj {
   std::vector<Value> items;
@@ -107,6 +110,7 @@ struct Value {
   }
   static Value string(std::string s);
   static Value string(std::string s, bool ascii);  // when the caller already knows
+  static Value markup(std::string s);              // a Markup string (StrObj::markup)
   static Value list(std::vector<Value> items, bool tuple = false);
   static Value generator(std::vector<Value> items);
   static Value dict(std::vector<std::pair<Value, Value>> items);

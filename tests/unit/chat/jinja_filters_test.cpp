@@ -88,6 +88,13 @@ const RenderCase kJinjaFilters[] = {
      "[   abc   ] [  ab ] [toolong]"},
     {"escape", "{{ '<a href=\"x\">&\\'</a>'|e }} {{ 'x'|escape }}", nullptr,
      "&lt;a href=&#34;x&#34;&gt;&amp;&#39;&lt;/a&gt; x"},
+    // markupsafe.Markup as jinja2 keeps it with autoescape off: a plain string added to a safe one
+    // is escaped (either side), two safe ones are not, ~ joins plain text, and |e does not escape a
+    // safe string twice while |forceescape does.
+    {"markup_concat",
+     "{{ 'a'|safe + '<b>' }}|{{ '<b>' + 'x'|safe }}|{{ '<'|safe + '>'|safe }}|{{ 'x' ~ '<'|safe }}|{{ '<'|safe }}|"
+     "{{ '<'|e|e }}|{{ '<'|forceescape|forceescape }}|{{ ('<'|safe) * 2 + '&' }}",
+     nullptr, "a&lt;b&gt;|&lt;b&gt;x|<>|x<|<|&lt;|&amp;lt;|<<&amp;"},
     {"wordcount", "{{ 'hello big world'|wordcount }} {{ 'a_b c-d'|wordcount }}", nullptr,
      "3 3"},
     {"truncate", "{{ 'Hello world this is long'|truncate(9) }}|{{ 'Hello world this is long'|truncate(9, true) }}|{{ 'short'|truncate(9) }}|{{ 'Hello world!'|truncate(10, end='~', leeway=0) }}", nullptr,
