@@ -635,7 +635,7 @@ class SchemaCompiler {
       if (parts != 1) break;
       id = only;
     }
-    const Expr& e = g_.expr(id);
+    const Expr e = g_.expr(id);  // a copy: adding expressions below may move the table
     if (e.kind == Expr::kRepeat && g_.expr(e.kids[0]).kind == Expr::kChars) {
       const int64_t a = std::max<int64_t>(e.min, lo);
       const int64_t b = e.max < 0 ? hi : hi < 0 ? e.max : std::min<int64_t>(e.max, hi);
@@ -753,7 +753,7 @@ class SchemaCompiler {
     return std::nullopt;
   }
   int capped(int id, const std::map<int, int64_t>& caps) {  // `id` rebuilt with those caps
-    const Expr& e = g_.expr(id);
+    const Expr e = g_.expr(id);  // a copy: adding expressions below may move the table
     switch (e.kind) {
       case Expr::kSeq: case Expr::kAlt: {
         std::vector<int> kids;
