@@ -635,18 +635,12 @@ class SchemaCompiler {
       if (parts != 1) break;
       id = only;
     }
-    const Expr e = g_.expr(id);  // a copy: adding expressions below may move the table
-    if (e.kind == Expr::kRepeat && g_.expr(e.kids[0]).kind == Expr::kChars) {
-      const int64_t a = std::max<int64_t>(e.min, lo);
-      const int64_t b = e.max < 0 ? hi : hi < 0 ? e.max : std::min<int64_t>(e.max, hi);
-      if (b >= 0 && a > b) err(path, "no string satisfies 'pattern' and minLength / maxLength");
-      return g_.rep(e.kids[0], int(a), int(b));
-    }
-    // A sequence of parts: its repetitions of one character ("elastic") share what the bounds
-    // leave after the other parts, evenly, and the first ones grow to reach minLength. A subset
-    // of the strings both allow (never one outside either).
-    if (e.kind == Expr::kSeq) {
-      std::vector<int> parts = e.kids;
+    // A sequence of parts (or one part: ^[a-z0-9_]+$): its repetitions of one character
+    // ("elastic") share what the bounds leave after the other parts, evenly, and grow in turn to
+    // reach minLength. A subset of the strings both allow (never one outside either).
+    {
+      const Expr& e = g_.expr(id);
+      std::vector<int> parts = e.kind == Expr::kSeq ? e.kids : std::vector<int>{id};
       std::vector<size_t> elastic;
       int64_t fixed_min = 0, fixed_max = 0;
       bool bounded = true;
