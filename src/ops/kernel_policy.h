@@ -8,8 +8,10 @@
 namespace ts::ops {
 
 // linear: 0 auto, 1 force cuBLASLt, 2 force GEMV (only where the GEMV kernel applies;
-// otherwise cuBLASLt).
-enum class LinearPath : uint8_t { automatic = 0, cublaslt = 1, gemv = 2 };
+// otherwise cuBLASLt), 3 force the tensor-core small-batch form over weights kept as stored
+// (quantized linears: QuantKernel::mma; routed experts: the grouped MMA over stored experts;
+// bf16 weights: as auto).
+enum class LinearPath : uint8_t { automatic = 0, cublaslt = 1, gemv = 2, mma = 3 };
 
 struct KernelPolicy {
   LinearPath linear = LinearPath::automatic;

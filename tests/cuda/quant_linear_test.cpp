@@ -181,8 +181,12 @@ TEST(CudaOps, QuantLinearNvfp4) {
   TS_REQUIRE_CUDA();
   for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{576, 1024}, {4096, 4096}, {40, 96}})
     for (int64_t M : {1, 3, 16}) check_fp4(M, N, K, QuantKernel::gemv, M == 3, M == 3);
-  for (int64_t M : {1, 4, 5, 100}) check_fp4(M, 1000, 512, QuantKernel::automatic, M == 5, false);
+  for (int64_t M : {1, 4, 5, 24, 64, 100}) check_fp4(M, 1000, 512, QuantKernel::automatic, M == 5, M == 24);
   check_fp4(16, 576, 1024, QuantKernel::tiles, true, true);
+  // The small-batch tensor-core kernel over the nibbles (automatic for 9..64 rows): partial
+  // 16-feature tiles, K % 64 == 32 (a half chunk), 1..8 row tiles, bias, strided out.
+  for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{576, 1024}, {40, 96}, {1000, 4096}})
+    for (int64_t M : {1, 9, 17, 33, 64}) check_fp4(M, N, K, QuantKernel::mma, M == 9, M == 17);
   // The dequantized tiles match the oracle bit for bit (same rounding order).
   ops::LinearWeight w = rand_nvfp4(300, 256);
   Tensor ref = models::dequantize_linear(w);

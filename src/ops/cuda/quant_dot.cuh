@@ -159,4 +159,23 @@ __device__ __forceinline__ uint32_t e4m3x2_bf16x2(uint32_t v) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
+// Byte p of v (two e2m1 nibbles: element 2i low, 2i + 1 high) as bf16x2 times f, exactly: the bit
+// move gives e2m1 x 2^-126 (bf16 exponent field = e2m1's, subnormal 0.5 included), f = the group
+// scale x 2^118 (e4m3 x 2^118 < 2^127, exact in bf16), so the product e2m1 x scale x 2^-8 has at
+// most 6 significant bits and a normal exponent: exact; the 2^8 goes onto the row's scale2.
+template <int P>
+__device__ __forceinline__ uint32_t e2m1x2_bf16x2(uint32_t v, __nv_bfloat162 f) {
+  const uint32_t b = v >> (8 * P);
+  const uint32_t t = (b & 0xfu) | ((b & 0xf0u) << 12);                            // nibbles at bits 0, 16
+  const uint32_t r = ((t & 0x00080008u) << 12) | ((t & 0x00070007u) << 6);      // e2m1 x 2^-126
+  __nv_bfloat162 h = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&r), f);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+__device__ __forceinline__ uint2 ld_stream8(const void* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+
 }  // namespace ts::ops::cuda::qdot

@@ -103,6 +103,10 @@ constexpr int kFp4GemvAutoM = 4;
 // 277 tok/s through the fused flow; M=2 per layer 81 vs 140 us, M=8 84 vs 458 us (8B bs8 1685 vs
 // 512 tok/s).
 constexpr int kFp4TcAutoMinM = 2;
+// Past the tc kernel's 8 rows: the small-batch tensor-core kernel (fp8_mma_kernel<.., FP4>) to 64
+// rows, over the stored nibbles (the dequantized tiles write and re-read 2 bytes per weight each
+// step: the 8B bs64 decode ran at 22% of copy through them, H100 2026-12-06).
+constexpr int kFp4MmaAutoM = 64;
 
 // As fp8_gemv_kernel, 32 values (16 bytes, two E4M3 block scales) per lane load.
 template <int M, typename OutT>
@@ -199,11 +203,17 @@ __global__ void fp4_dequant_kernel(const uint8_t* __restrict__ w, int64_t w_ld, 
 constexpr int kMmaWarps = 8;
 constexpr int kMmaMaxTiles = 8;
 
-template <int MT, typename OutT>
+// FP4 (NVFP4, W4A16): the lane's 16 values are 8 bytes and one 16-value group, its E4M3 scale
+// multiplied into the unpacked pairs exactly (e2m1x2_bf16x2), the row's scale2 x 2^8 at the end;
+// sc is then the E4M3 codes [N, s_ld] and s2 the f32 scale2 [N].
+template <int MT, bool FP4, typename OutT>
 __global__ void __launch_bounds__(kMmaWarps * 32)
 fp8_mma_kernel(const __nv_bfloat16* __restrict__ x, int64_t x_ld, int M, const uint8_t* __restrict__ w,
-               int64_t w_ld, const float* __restrict__ sc, int64_t s_ld, int bn_log2, int bk_log2,
-               const __nv_bfloat16* __restrict__ bias, OutT* __restrict__ out, int64_t out_ld, int N, int K) {
+               int64_t w_ld, const void* __restrict__ scv, int64_t s_ld, int bn_log2, int bk_log2,
+               const float* __restrict__ s2, const __nv_bfloat16* __restrict__ bias, OutT* __restrict__ out,
+               int64_t out_ld, int N, int K) {
+  const float* sc = static_cast<const float*>(scv);
+  const uint8_t* sc4 = static_cast<const uint8_t*>(scv);
   __shared__ float red[kMmaWarps][MT][4][32];
   pdl_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -212,8 +222,8 @@ fp8_mma_kernel(const __nv_bfloat16* __restrict__ x, int64_t x_ld, int M, const u
   const bool ok_lo = r_lo < N, ok_hi = r_hi < N;
   const uint8_t* w_lo = w + (ok_lo ? r_lo : 0) * w_ld;
   const uint8_t* w_hi = w + (ok_hi ? r_hi : 0) * w_ld;
-  const float* s_lo = sc + ((ok_lo ? r_lo : 0) >> bn_log2) * s_ld;
-  const float* s_hi = sc + ((ok_hi ? r_hi : 0) >> bn_log2) * s_ld;
+  const float* s_lo = FP4 ? nullptr : sc + ((ok_lo ? r_lo : 0) >> bn_log2) * s_ld;
+  const float* s_hi = FP4 ? nullptr : sc + ((ok_hi ? r_hi : 0) >> bn_log2) * s_ld;
   float acc[MT][4];
 #pragma unroll
   for (int T = 0; T < MT; ++T)
@@ -223,18 +233,41 @@ fp8_mma_kernel(const __nv_bfloat16* __restrict__ x, int64_t x_ld, int M, const u
   for (int c = warp; c < nchunks; c += kMmaWarps) {
     const int kt = c * 64 + t * 16;  // this lane's 16 values
     const bool kin = kt < K;
-    const uint4 wl = kin && ok_lo ? ld_stream(w_lo + kt) : make_uint4(0, 0, 0, 0);
-    const uint4 wh = kin && ok_hi ? ld_stream(w_hi + kt) : make_uint4(0, 0, 0, 0);
-    const float sl = ok_lo ? __ldg(s_lo + ((c * 64) >> bk_log2)) : 0.0f;
-    const float sh = ok_hi ? __ldg(s_hi + ((c * 64) >> bk_log2)) : 0.0f;
-    const uint32_t wlw[4] = {wl.x, wl.y, wl.z, wl.w}, whw[4] = {wh.x, wh.y, wh.z, wh.w};
     uint32_t a[4][4];
+    float sl, sh;
+    if constexpr (FP4) {
+      const uint2 wl = kin && ok_lo ? ld_stream8(w_lo + kt / 2) : make_uint2(0, 0);
+      const uint2 wh = kin && ok_hi ? ld_stream8(w_hi + kt / 2) : make_uint2(0, 0);
+      const float gl = kin && ok_lo ? e4m3_value(__ldg(sc4 + r_lo * s_ld + kt / 16)) * 0x1p118f : 0.0f;
+      const float gh = kin && ok_hi ? e4m3_value(__ldg(sc4 + r_hi * s_ld + kt / 16)) * 0x1p118f : 0.0f;
+      const __nv_bfloat162 fl = __float2bfloat162_rn(gl), fh = __float2bfloat162_rn(gh);
+      // MMA step st takes the lane's values 4st..4st+3: bytes 2st, 2st + 1 of its 8.
+      const uint32_t lo[2] = {wl.x, wl.y}, hi[2] = {wh.x, wh.y};
 #pragma unroll
-    for (int st = 0; st < 4; ++st) {
-      a[st][0] = e4m3x2_bf16x2<0x1404>(wlw[st]);
-      a[st][1] = e4m3x2_bf16x2<0x1404>(whw[st]);
-      a[st][2] = e4m3x2_bf16x2<0x3424>(wlw[st]);
-      a[st][3] = e4m3x2_bf16x2<0x3424>(whw[st]);
+      for (int st = 0; st < 4; st += 2) {
+        a[st][0] = e2m1x2_bf16x2<0>(lo[st >> 1], fl);
+        a[st][1] = e2m1x2_bf16x2<0>(hi[st >> 1], fh);
+        a[st][2] = e2m1x2_bf16x2<1>(lo[st >> 1], fl);
+        a[st][3] = e2m1x2_bf16x2<1>(hi[st >> 1], fh);
+        a[st + 1][0] = e2m1x2_bf16x2<2>(lo[st >> 1], fl);
+        a[st + 1][1] = e2m1x2_bf16x2<2>(hi[st >> 1], fh);
+        a[st + 1][2] = e2m1x2_bf16x2<3>(lo[st >> 1], fl);
+        a[st + 1][3] = e2m1x2_bf16x2<3>(hi[st >> 1], fh);
+      }
+      sl = sh = 1.0f;  // in the unpacked values
+    } else {
+      const uint4 wl = kin && ok_lo ? ld_stream(w_lo + kt) : make_uint4(0, 0, 0, 0);
+      const uint4 wh = kin && ok_hi ? ld_stream(w_hi + kt) : make_uint4(0, 0, 0, 0);
+      sl = ok_lo ? __ldg(s_lo + ((c * 64) >> bk_log2)) : 0.0f;
+      sh = ok_hi ? __ldg(s_hi + ((c * 64) >> bk_log2)) : 0.0f;
+      const uint32_t wlw[4] = {wl.x, wl.y, wl.z, wl.w}, whw[4] = {wh.x, wh.y, wh.z, wh.w};
+#pragma unroll
+      for (int st = 0; st < 4; ++st) {
+        a[st][0] = e4m3x2_bf16x2<0x1404>(wlw[st]);
+        a[st][1] = e4m3x2_bf16x2<0x1404>(whw[st]);
+        a[st][2] = e4m3x2_bf16x2<0x3424>(wlw[st]);
+        a[st][3] = e4m3x2_bf16x2<0x3424>(whw[st]);
+      }
     }
 #pragma unroll
     for (int T = 0; T < MT; ++T) {
@@ -267,20 +300,27 @@ fp8_mma_kernel(const __nv_bfloat16* __restrict__ x, int64_t x_ld, int M, const u
     const int64_t n = n0 + (l >> 2) + (r >= 2 ? 8 : 0);
     const int m = T * 8 + 2 * (l & 3) + (r & 1);
     if (n >= N || m >= M) continue;
-    float v = bias ? __bfloat162float(bias[n]) : 0.0f;
+    float v = 0.0f;
 #pragma unroll
     for (int ww = 0; ww < kMmaWarps; ++ww) v += red[ww][T][r][l];
-    store_out(out + m * out_ld + n, v);
+    if constexpr (FP4) v *= s2[n] * 256.0f;  // the row's scale2 and the 2^8 (e2m1x2_bf16x2)
+    store_out(out + m * out_ld + n, v + (bias ? __bfloat162float(bias[n]) : 0.0f));
   }
 }
 
 template <int MT, typename OutT>
 void mma_launch(const Tensor& x, const LinearWeight& w, const __nv_bfloat16* bias, OutT* out, int64_t out_ld) {
-  const int N = int(w.size(0)), K = int(w.size(1));
-  launch(fp8_mma_kernel<MT, OutT>, dim3(unsigned(ceil_div(N, 16))), dim3(kMmaWarps * 32), 0, true,
-         x.ptr<__nv_bfloat16>(), x.row_stride(), int(x.rows()), w.ptr<uint8_t>(), w.row_stride(),
-         w.quant.scale.ptr<float>(), w.quant.scale.size(1), w.quant.block_n_log2, w.quant.block_k_log2, bias, out,
-         out_ld, N, K);
+  const int N = int(w.size(0)), K = int(w.in_features());
+  const dim3 grid(unsigned(ceil_div(N, 16))), block(kMmaWarps * 32);
+  if (w.quant.nvfp4)
+    launch(fp8_mma_kernel<MT, true, OutT>, grid, block, 0, true, x.ptr<__nv_bfloat16>(), x.row_stride(),
+           int(x.rows()), w.ptr<uint8_t>(), w.row_stride(), static_cast<const void*>(w.quant.scale.data),
+           w.quant.scale.row_stride(), 0, 0, w.quant.scale2.ptr<float>(), bias, out, out_ld, N, K);
+  else
+    launch(fp8_mma_kernel<MT, false, OutT>, grid, block, 0, true, x.ptr<__nv_bfloat16>(), x.row_stride(),
+           int(x.rows()), w.ptr<uint8_t>(), w.row_stride(), static_cast<const void*>(w.quant.scale.data),
+           w.quant.scale.size(1), w.quant.block_n_log2, w.quant.block_k_log2, static_cast<const float*>(nullptr),
+           bias, out, out_ld, N, K);
 }
 
 template <typename OutT>
@@ -340,25 +380,6 @@ struct TcArgs {
   int64_t out_ld;
   int N, K;  // N outputs (silu_mul: the weight has 2N rows)
 };
-
-// Byte p of v (two e2m1 nibbles: element 2i low, 2i + 1 high) as bf16x2 times f, exactly: the bit
-// move gives e2m1 x 2^-126 (bf16 exponent field = e2m1's, subnormal 0.5 included), f = the group
-// scale x 2^118 (e4m3 x 2^118 < 2^127, exact in bf16), so the product e2m1 x scale x 2^-8 has at
-// most 6 significant bits and a normal exponent: exact; the 2^8 goes onto the row's scale2.
-template <int P>
-__device__ __forceinline__ uint32_t e2m1x2_bf16x2(uint32_t v, __nv_bfloat162 f) {
-  const uint32_t b = v >> (8 * P);
-  const uint32_t t = (b & 0xfu) | ((b & 0xf0u) << 12);                            // nibbles at bits 0, 16
-  const uint32_t r = ((t & 0x00080008u) << 12) | ((t & 0x00070007u) << 6);      // e2m1 x 2^-126
-  __nv_bfloat162 h = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&r), f);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-__device__ __forceinline__ uint2 ld_stream8(const void* p) {
-  uint2 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  return v;
-}
 
 // The weight bytes of one lane's 16 values of one row: FP8 16 bytes, NVFP4 8.
 template <bool FP4>
@@ -753,8 +774,9 @@ void quant_linear(const Tensor& x, const LinearWeight& w, Tensor& out, const Ten
   // tiles, then the bf16 GEMM's per-shape algorithm (linear.cu) at every M -- exact
   // dequantization, so rows round the same in any batch; the decode kernels (GEMV, tensor-core
   // GEMV, small-M MMA) and the W8A8 GEMM are each exact for one batch size only.
-  const QuantKernel k = policy.linear == LinearPath::gemv                                      ? QuantKernel::gemv
-                        : policy.linear == LinearPath::cublaslt || launch_config().batch_invariant ? QuantKernel::tiles
+  const QuantKernel k = policy.linear == LinearPath::cublaslt || launch_config().batch_invariant ? QuantKernel::tiles
+                        : policy.linear == LinearPath::gemv                                      ? QuantKernel::gemv
+                        : policy.linear == LinearPath::mma                                       ? QuantKernel::mma
                                                                                                    : QuantKernel::automatic;
   quant_linear_kernel(x, w, out, bias, k);
 }
@@ -780,10 +802,19 @@ void quant_linear_kernel(const Tensor& x, const LinearWeight& w, Tensor& out, co
   const bool tc_ok = !f32out && quant_decode_applies(x, w, false);
   const bool tc_auto = !f32out && quant_decode_automatic(x, w, false);
   if (w.quant.nvfp4) {
+    const bool mma4_ok = vec_ok && M <= 8 * kMmaMaxTiles;
     if (kernel == QuantKernel::automatic)
-      kernel = tc_auto ? QuantKernel::tc : M <= kFp4GemvAutoM ? QuantKernel::gemv : QuantKernel::tiles;
+      kernel = tc_auto                          ? QuantKernel::tc
+               : M <= kFp4GemvAutoM && gemv_ok ? QuantKernel::gemv
+               : M <= kFp4MmaAutoM && mma4_ok  ? QuantKernel::mma
+                                                : QuantKernel::tiles;
     if (kernel == QuantKernel::tc && tc_ok) return quant_decode_gemv(x, w, nullptr, 0.0f, DecodeEpilogue::store, out, bias);
-    if (kernel != QuantKernel::tiles && gemv_ok) {  // mma means the GEMV (the tensor-core form is tc)
+    if (kernel == QuantKernel::mma && mma4_ok) {
+      if (f32out) mma(x, w, bp, out.ptr<float>(), ldc);
+      else mma(x, w, bp, out.ptr<__nv_bfloat16>(), ldc);
+      return;
+    }
+    if (kernel != QuantKernel::tiles && gemv_ok) {
       if (f32out) fp4_gemv(int(M), x, w, bp, out.ptr<float>(), ldc);
       else fp4_gemv(int(M), x, w, bp, out.ptr<__nv_bfloat16>(), ldc);
       return;
