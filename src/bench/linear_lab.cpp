@@ -280,11 +280,12 @@ std::string run_moe_lab(const MoeLabOptions& o) {
       "layer; copy ceiling {:.0f} GB/s read+write)\n\n"
       "us = one layer's ops::moe_experts (sort, gate_up + SiLU, down, combine); GB/s = bytes of the distinct "
       "experts routed to (as stored: FP8 values + f32 block scales; NVFP4 nibbles + E4M3 + f32) / time; "
-      "routing random per call. fp8 gemv / tiles: the grouped GEMV over the stored bytes and the dequantized "
-      "chunks + bf16 grouped GEMM, forced.\n\n"
+      "routing random per call. gemv / mma / tiles, forced: the grouped CUDA-core GEMV over the stored bytes, the "
+      "grouped tensor-core MMA over the stored bytes (unpacked in registers), the dequantized chunks + bf16 grouped "
+      "GEMM.\n\n"
       "| M | experts read | bf16 us | bf16 GB/s | % copy | fp8 auto us | fp8 GB/s | % copy | x bf16 | fp8 gemv us | "
-      "fp8 tiles us | nvfp4 auto us | nvfp4 GB/s | % copy |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+      "fp8 mma us | fp8 tiles us | nvfp4 auto us | nvfp4 GB/s | % copy | nvfp4 gemv us | nvfp4 mma us |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
       E, k, H, I, copy);
   ops::GluAct act;
   for (int M : o.ms) {
@@ -326,12 +327,13 @@ std::string run_moe_lab(const MoeLabOptions& o) {
     using P = ops::LinearPath;
     const double tb = time(gu_b, dn_b, P::automatic), tq = time(gu_q, dn_q, P::automatic);
     const double tg = time(gu_q, dn_q, P::gemv), tt = time(gu_q, dn_q, P::cublaslt), t4 = time(gu_4, dn_4, P::automatic);
+    const double tm = time(gu_q, dn_q, P::mma), t4g = time(gu_4, dn_4, P::gemv), t4m = time(gu_4, dn_4, P::mma);
     const double gb = distinct * per_b / tb / 1e9, gq = distinct * per_q / tq / 1e9, g4 = distinct * per_4 / t4 / 1e9;
     md += fmt::format(
-        "| {} | {:.1f} | {:.1f} | {:.0f} | {:.0f}% | {:.1f} | {:.0f} | {:.0f}% | {:.2f} | {:.1f} | {:.1f} | {:.1f} | "
-        "{:.0f} | {:.0f}% |\n",
-        M, distinct, tb * 1e6, gb, 100.0 * gb / copy, tq * 1e6, gq, 100.0 * gq / copy, tb / tq, tg * 1e6, tt * 1e6,
-        t4 * 1e6, g4, 100.0 * g4 / copy);
+        "| {} | {:.1f} | {:.1f} | {:.0f} | {:.0f}% | {:.1f} | {:.0f} | {:.0f}% | {:.2f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | "
+        "{:.0f} | {:.0f}% | {:.1f} | {:.1f} |\n",
+        M, distinct, tb * 1e6, gb, 100.0 * gb / copy, tq * 1e6, gq, 100.0 * gq / copy, tb / tq, tg * 1e6, tm * 1e6,
+        tt * 1e6, t4 * 1e6, g4, 100.0 * g4 / copy, t4g * 1e6, t4m * 1e6);
   }
   return md;
 }

@@ -105,7 +105,10 @@ void check(const Case& c, ops::LinearPath path, const ops::GluAct& act = {}) {
   Tensor od = Tensor::empty({c.T, c.H}, DType::bf16, Device::cuda);
   ops::cpu::moe_experts(x.h, ids_h, w_h, gu_ref, dn_ref, act, oh);
   ops::cuda::moe_experts_stored(x.d, ids_d, w_d, gu, dn, act, od, ops::KernelPolicy{.linear = path});
-  const char* pn = path == ops::LinearPath::gemv ? "gemv" : path == ops::LinearPath::cublaslt ? "tiles" : "auto";
+  const char* pn = path == ops::LinearPath::gemv       ? "gemv"
+                   : path == ops::LinearPath::cublaslt ? "tiles"
+                   : path == ops::LinearPath::mma      ? "mma"
+                                                       : "auto";
   EXPECT_CLOSE(to_host_f32(od), oh,
                fmt::format("{} T={} H={} I={} E={} k={} skew={} path={}", fmt_name(c.f), c.T, c.H, c.I, c.E, c.k,
                            c.skew, pn));
@@ -139,6 +142,26 @@ TEST(CudaMoeQuant, ForcedPaths) {
       for (auto p : {ops::LinearPath::gemv, ops::LinearPath::cublaslt}) check({T, 256, 128, 32, 8, f}, p);
 }
 
+// The grouped tensor-core MMA over the stored experts (LinearPath::mma; automatic from 2 to 32
+// expected rows per expert): every format (k blocks of 128, 32 and per channel; NVFP4 groups),
+// token tiles of 8 / 16 / 32 rows (T 300: 75 rows per expert, passes of 32).
+TEST(CudaMoeQuant, TensorCoreStoredExperts) {
+  TS_REQUIRE_CUDA();
+  for (Fmt f : kFmts)
+    for (int64_t T : {1, 4, 16, 40, 300}) check({T, 256, 128, 32, 8, f}, ops::LinearPath::mma);
+  ops::GluAct oai;
+  oai.kind = ops::GluKind::swiglu_oai;
+  oai.limit = 1.0f;
+  for (Fmt f : {Fmt::block128, Fmt::nvfp4}) {
+    check({3, 512, 256, 16, 4, f}, ops::LinearPath::mma, oai);
+    check({70, 256, 128, 8, 2, f, true}, ops::LinearPath::mma);  // 70 rows on one expert
+    check({5, 256, 128, 1, 1, f}, ops::LinearPath::mma);         // one expert, top-1
+  }
+  check({9, 384, 192, 12, 3, Fmt::channel}, ops::LinearPath::mma);  // I not a multiple of 128
+  // I = 96: the down GEMM's 3 chunks of 32 leave a warp idle (block128's 128-row blocks do not fit).
+  for (Fmt f : {Fmt::nvfp4, Fmt::channel, Fmt::mxfp8}) check({12, 256, 96, 4, 2, f}, ops::LinearPath::mma);
+}
+
 TEST(CudaMoeQuant, ShapesAndActivations) {
   TS_REQUIRE_CUDA();
   ops::GluAct oai;
@@ -154,7 +177,8 @@ TEST(CudaMoeQuant, ShapesAndActivations) {
   check({9, 384, 192, 12, 3, Fmt::channel}, ops::LinearPath::cublaslt);
 }
 
-// A token's output does not depend on the batch on the GEMV path (each row's dot is its own).
+// A token's output does not depend on the batch on the GEMV path (each row's dot is its own) nor
+// on the MMA path (each output element is its own fixed sequence of k-chunk MMAs).
 TEST(CudaMoeQuant, GemvBatchInvariant) {
   TS_REQUIRE_CUDA();
   const int64_t T = 6, H = 256, I = 128, E = 16, k = 4;
@@ -162,20 +186,23 @@ TEST(CudaMoeQuant, GemvBatchInvariant) {
     ops::LinearWeight gu = rand_experts(f, E, 2 * I, H), dn = rand_experts(f, E, H, I);
     Pair x = Pair::rand({T, H});
     Tensor ids = to_dev(rand_ids(T, E, k, false)), w = to_dev(rand_host({T, k}));
-    const ops::KernelPolicy gemv{.linear = ops::LinearPath::gemv};
-    Tensor full = Tensor::empty({T, H}, DType::bf16, Device::cuda);
-    ops::cuda::moe_experts_stored(x.d, ids, w, gu, dn, ops::GluAct{}, full, gemv);
-    ::ts::cuda::synchronize();
-    Tensor fh = full.to(Device::cpu);
-    int64_t bad = 0;
-    for (int64_t t = 0; t < T; ++t) {
-      Tensor one = Tensor::empty({1, H}, DType::bf16, Device::cuda);
-      ops::cuda::moe_experts_stored(x.d.slice_rows(t, t + 1), ids.slice_rows(t, t + 1), w.slice_rows(t, t + 1), gu,
-                                    dn, ops::GluAct{}, one, gemv);
+    for (auto path : {ops::LinearPath::gemv, ops::LinearPath::mma}) {
+      const ops::KernelPolicy pol{.linear = path};
+      Tensor full = Tensor::empty({T, H}, DType::bf16, Device::cuda);
+      ops::cuda::moe_experts_stored(x.d, ids, w, gu, dn, ops::GluAct{}, full, pol);
       ::ts::cuda::synchronize();
-      Tensor oh = one.to(Device::cpu);
-      for (int64_t i = 0; i < H; ++i) bad += oh.ptr<uint16_t>()[i] != fh.ptr<uint16_t>()[t * H + i];
+      Tensor fh = full.to(Device::cpu);
+      int64_t bad = 0;
+      for (int64_t t = 0; t < T; ++t) {
+        Tensor one = Tensor::empty({1, H}, DType::bf16, Device::cuda);
+        ops::cuda::moe_experts_stored(x.d.slice_rows(t, t + 1), ids.slice_rows(t, t + 1), w.slice_rows(t, t + 1), gu,
+                                      dn, ops::GluAct{}, one, pol);
+        ::ts::cuda::synchronize();
+        Tensor oh = one.to(Device::cpu);
+        for (int64_t i = 0; i < H; ++i) bad += oh.ptr<uint16_t>()[i] != fh.ptr<uint16_t>()[t * H + i];
+      }
+      EXPECT_EQ(bad, 0) << fmt_name(f) << (path == ops::LinearPath::mma ? " mma" : " gemv")
+                        << ": quantized experts' results depend on the batch";
     }
-    EXPECT_EQ(bad, 0) << fmt_name(f) << ": quantized experts' GEMV results depend on the batch";
   }
 }

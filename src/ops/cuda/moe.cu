@@ -18,9 +18,13 @@
 //     order of the CPU reference; no atomics.
 // Routed experts kept as stored (FP8 e4m3 with block / channel / tensor / MXFP8 scales, NVFP4;
 // ops::LinearWeight [E, rows, K] with per-expert scale rows) take the same sort and combine:
-//  decode (few rows per expert): moe_qgemv<gate_up | down> per (work item, 8 features), one warp
-//   per feature streaming the selected expert's stored row once per 1-8 token rows through the
-//   dense GEMV's row dot product (quant_dot.cuh) — only the active experts' bytes are read;
+//  decode, about one row per routed-to expert: moe_qgemv<gate_up | down> per (work item, 8
+//   features), one warp per feature streaming the selected expert's stored row once per 1-8 token
+//   rows through the dense GEMV's row dot product (quant_dot.cuh) — only the active experts' bytes
+//   are read;
+//  small batches (1.2 to 32 rows per routed-to expert): moe_gemm<.., kQFp8 | kQFp4>, the tensor-core
+//   kernel above reading the stored bytes and unpacking them to bf16 in registers (exact), the FP8
+//   block scale applied per 32-k chunk, NVFP4's group scale folded into the unpacked values;
 //  prefill: the experts are dequantized to bf16 a chunk (<= 1 GB) at a time (experts without rows skipped)
 //   into workspace(3) and the chunk's work items run the bf16 moe_gemm above; the combine follows
 //   once, so the result equals the bf16 path over the exactly dequantized weights.
@@ -379,7 +383,20 @@ struct GemmArgs {
   int act_kind;
   float alpha, limit;
   int e_lo = 0, e_hi = 0x7fffffff;  // experts [e_lo, e_hi) only, w holding expert e_lo first
+  // Experts kept as stored (moe_gemm_kernel's Q = kQFp8 / kQFp4; w unused): flat weight rows
+  // [E * q_rows, q_ld bytes], FP8 f32 scales [(E * q_rows) >> bn_log2, qs_ld] or NVFP4 E4M3 codes
+  // [E * q_rows, qs_ld] with f32 scale2 [E * q_rows]; the up row of gate row f is f + n_feat.
+  const uint8_t* qw = nullptr;
+  int64_t q_ld = 0;
+  const void* qsc = nullptr;
+  int64_t qs_ld = 0;
+  const float* qs2 = nullptr;
+  int q_rows = 0;
+  int bn_log2 = 0, bk_log2 = 0;
 };
+
+// moe_gemm_kernel's weight forms: bf16, FP8 e4m3 with f32 block scales (k blocks >= 32), NVFP4.
+constexpr int kQBf16 = 0, kQFp8 = 1, kQFp4 = 2;
 
 __device__ __forceinline__ uint4 ld_stream(const void* p) {
   uint4 v;
@@ -418,7 +435,14 @@ __device__ __forceinline__ uint32_t lo_pair(const uint4& v, int s) { return s ==
 __device__ __forceinline__ uint32_t hi_pair(const uint4& v, int s) { return s == 0 ? v.y : v.w; }
 
 // grid: x = work item (blocks past the item count exit), y = 16-feature tile.
-template <int NT, bool GATE_UP, bool VEC>
+// Q = kQFp8 / kQFp4 (experts kept as stored, decode and small batches): the lane's 8 weights of
+// a chunk are 8 bytes (FP8) or 4 (NVFP4) and become bf16 in registers exactly, as in the dense
+// tensor-core decode GEMV (quant_dot.cuh): FP8 e4m3 x 2^-120 by a bit move and one bf16x2
+// multiply by 2^120, the chunk's MMAs into a temporary that takes the row block's f32 scale once
+// (a chunk of 32 k lies in one k block: 2^bk >= 32); NVFP4 e2m1 x (group scale x 2^118) exact
+// (the lane's 8 values lie in one 16-value group), scale2 x 2^8 per feature row at the end.
+// VEC (whole 16-byte rows of B) and K % 32 == 0 hold for these.
+template <int NT, bool GATE_UP, bool VEC, int Q = kQBf16>
 __global__ void __launch_bounds__(kKW * 32) moe_gemm_kernel(GemmArgs a) {
   constexpr int U = NT <= 2 ? 4 : NT == 4 ? 2 : 1;  // k-chunks in flight per warp
   constexpr int NA = GATE_UP ? 2 : 1;                 // A tiles: gate (and up)
@@ -431,14 +455,21 @@ __global__ void __launch_bounds__(kKW * 32) moe_gemm_kernel(GemmArgs a) {
   if (e < a.e_lo || e >= a.e_hi) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
   const int f0 = blockIdx.y * kFT;
-  const __nv_bfloat16* we = a.w + int64_t(e - a.e_lo) * a.w_expert;
+  const __nv_bfloat16* we = Q == kQBf16 ? a.w + int64_t(e - a.e_lo) * a.w_expert : nullptr;
   const __nv_bfloat16* arow[NA][2];
+  const uint8_t* qrow[NA][2];  // Q: the stored row (null past n_feat)
+  int64_t qn[NA][2];           // Q: its flat row index
 #pragma unroll
   for (int na = 0; na < NA; ++na)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int f = f0 + gq + 8 * h;
-      arow[na][h] = f < a.n_feat ? we + (na ? a.up_off : 0) + int64_t(f) * a.K : nullptr;
+      if constexpr (Q == kQBf16) {
+        arow[na][h] = f < a.n_feat ? we + (na ? a.up_off : 0) + int64_t(f) * a.K : nullptr;
+      } else {
+        qn[na][h] = int64_t(e) * a.q_rows + (f < a.n_feat ? f : 0) + (na ? a.n_feat : 0);
+        qrow[na][h] = f < a.n_feat ? a.qw + qn[na][h] * a.q_ld : nullptr;
+      }
     }
   const int nchunks = (a.K + 31) / 32;
 
@@ -461,19 +492,51 @@ __global__ void __launch_bounds__(kKW * 32) moe_gemm_kernel(GemmArgs a) {
 
     for (int c0 = warp; c0 < nchunks; c0 += kKW * U) {
       uint4 av[U][NA][2], bv[U][NT];
+      float qs[U][NA][2];  // FP8: the chunk's block scale per A row
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int k0 = (c0 + u * kKW) * 32 + tq * 8;  // >= K past the last chunk: zeros
 #pragma unroll
-        for (int na = 0; na < NA; ++na) {
-          av[u][na][0] = load8<VEC, true>(arow[na][0], k0, a.K);
-          av[u][na][1] = load8<VEC, true>(arow[na][1], k0, a.K);
-        }
+        for (int na = 0; na < NA; ++na)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            if constexpr (Q == kQBf16) {
+              av[u][na][h] = load8<VEC, true>(arow[na][h], k0, a.K);
+            } else if constexpr (Q == kQFp8) {
+              uint2 r = make_uint2(0, 0);
+              qs[u][na][h] = 0.0f;
+              if (qrow[na][h] && k0 < a.K) {
+                r = qdot::ld_stream8(qrow[na][h] + k0);
+                qs[u][na][h] = __ldg(static_cast<const float*>(a.qsc) + (qn[na][h] >> a.bn_log2) * a.qs_ld +
+                                     (k0 >> a.bk_log2));
+              }
+              av[u][na][h] = make_uint4(qdot::e4m3x2_bf16x2<0x1404>(r.x), qdot::e4m3x2_bf16x2<0x3424>(r.x),
+                                        qdot::e4m3x2_bf16x2<0x1404>(r.y), qdot::e4m3x2_bf16x2<0x3424>(r.y));
+            } else {
+              uint32_t r = 0;
+              float gs = 0.0f;
+              if (qrow[na][h] && k0 < a.K) {
+                r = __ldg(reinterpret_cast<const uint32_t*>(qrow[na][h] + k0 / 2));
+                gs = qdot::e4m3_value(__ldg(static_cast<const uint8_t*>(a.qsc) + qn[na][h] * a.qs_ld + k0 / 16)) *
+                     0x1p118f;
+              }
+              const __nv_bfloat162 fg = __float2bfloat162_rn(gs);
+              av[u][na][h] = make_uint4(qdot::e2m1x2_bf16x2<0>(r, fg), qdot::e2m1x2_bf16x2<1>(r, fg),
+                                        qdot::e2m1x2_bf16x2<2>(r, fg), qdot::e2m1x2_bf16x2<3>(r, fg));
+            }
+          }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) bv[u][nt] = load8<VEC, false>(brow[nt], k0, a.K);
       }
 #pragma unroll
-      for (int u = 0; u < U; ++u)
+      for (int u = 0; u < U; ++u) {
+        float p[NA][NT][4];  // FP8: this chunk's products, before its scale
+        if constexpr (Q == kQFp8) {
+#pragma unroll
+          for (int na = 0; na < NA; ++na)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) p[na][nt][0] = p[na][nt][1] = p[na][nt][2] = p[na][nt][3] = 0.0f;
+        }
 #pragma unroll
         for (int s = 0; s < 2; ++s)
 #pragma unroll
@@ -482,8 +545,18 @@ __global__ void __launch_bounds__(kKW * 32) moe_gemm_kernel(GemmArgs a) {
             const uint32_t a2 = hi_pair(av[u][na][0], s), a3 = hi_pair(av[u][na][1], s);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
-              mma_bf16(acc[na][nt], a0, a1, a2, a3, lo_pair(bv[u][nt], s), hi_pair(bv[u][nt], s));
+              mma_bf16(Q == kQFp8 ? p[na][nt] : acc[na][nt], a0, a1, a2, a3, lo_pair(bv[u][nt], s),
+                       hi_pair(bv[u][nt], s));
           }
+        if constexpr (Q == kQFp8) {
+#pragma unroll
+          for (int na = 0; na < NA; ++na)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+              for (int i = 0; i < 4; ++i) acc[na][nt][i] = fmaf(p[na][nt][i], qs[u][na][i >> 1], acc[na][nt][i]);
+        }
+      }
     }
     // K-split partials: warps 1.. hand theirs to warp 0, which adds them in warp order.
     if (warp > 0) {
@@ -511,8 +584,12 @@ __global__ void __launch_bounds__(kKW * 32) moe_gemm_kernel(GemmArgs a) {
         for (int i = 0; i < 4; ++i) {
           const int f = f0 + gq + 8 * (i >> 1), p = p0 + nt * 8 + 2 * tq + (i & 1);
           if (f < a.n_feat && p < re) {
-            const float v = GATE_UP ? glu_act(acc[0][nt][i], acc[NA - 1][nt][i], a.act_kind, a.alpha, a.limit)
-                                    : acc[0][nt][i];
+            float g = acc[0][nt][i], up = acc[NA - 1][nt][i];
+            if constexpr (Q == kQFp4) {  // the rows' scale2 and the 2^8 (e2m1x2_bf16x2)
+              g *= a.qs2[qn[0][i >> 1]] * 256.0f;
+              up *= a.qs2[qn[NA - 1][i >> 1]] * 256.0f;
+            }
+            const float v = GATE_UP ? glu_act(g, up, a.act_kind, a.alpha, a.limit) : g;
             a.out[int64_t(p) * a.out_ld + f] = __float2bfloat16(v);
           }
         }
@@ -524,7 +601,9 @@ __global__ void __launch_bounds__(kKW * 32) moe_gemm_kernel(GemmArgs a) {
 
 // ---- grouped GEMV over experts kept as stored (decode) ---------------------------------------------
 constexpr int kQW = 8;  // warps (output features) per CTA
-constexpr int kQuantGemvAutoRows = 8;  // auto: the GEMV while the expected rows per expert <= this
+constexpr int kQuantGemvAutoRows = 8;  // gemv policy / no tensor-core form: the GEMV while the expected rows per expert <= this
+constexpr int kQuantMmaAutoRows = 32;  // auto: the tensor-core form over stored experts to here
+constexpr double kQuantMmaMinRows = 1.2;  // auto: ... from here (rows per routed-to expert, below)
 
 struct QGemvArgs {
   const uint8_t* w;  // flat [E * rows, K bytes (FP8) or K/2 (NVFP4)]
@@ -663,19 +742,22 @@ __global__ void moe_combine_kernel(const __nv_bfloat16* __restrict__ y, int64_t 
 }
 
 template <int NT, bool GATE_UP>
-void gemm_launch(const GemmArgs& g, int64_t items, bool vec) {
+void gemm_launch(const GemmArgs& g, int64_t items, bool vec, int q) {
   const dim3 grid(unsigned(items), unsigned(ceil_div(g.n_feat, kFT)));
-  if (vec) launch(moe_gemm_kernel<NT, GATE_UP, true>, grid, dim3(kKW * 32), 0, true, g);
+  if (q == kQFp8) launch(moe_gemm_kernel<NT, GATE_UP, true, kQFp8>, grid, dim3(kKW * 32), 0, true, g);
+  else if (q == kQFp4) launch(moe_gemm_kernel<NT, GATE_UP, true, kQFp4>, grid, dim3(kKW * 32), 0, true, g);
+  else if (vec) launch(moe_gemm_kernel<NT, GATE_UP, true>, grid, dim3(kKW * 32), 0, true, g);
   else launch(moe_gemm_kernel<NT, GATE_UP, false>, grid, dim3(kKW * 32), 0, true, g);
 }
 
+// nt: token tiles of 8 per pass (1, 2, 4, 8); q: the weights' form (kQBf16 / kQFp8 / kQFp4).
 template <bool GATE_UP>
-void gemm_dispatch(int nt, const GemmArgs& g, int64_t items, bool vec) {
+void gemm_dispatch(int nt, const GemmArgs& g, int64_t items, bool vec, int q = kQBf16) {
   switch (nt) {
-    case 1: gemm_launch<1, GATE_UP>(g, items, vec); break;
-    case 2: gemm_launch<2, GATE_UP>(g, items, vec); break;
-    case 4: gemm_launch<4, GATE_UP>(g, items, vec); break;
-    default: gemm_launch<8, GATE_UP>(g, items, vec); break;
+    case 1: gemm_launch<1, GATE_UP>(g, items, vec, q); break;
+    case 2: gemm_launch<2, GATE_UP>(g, items, vec, q); break;
+    case 4: gemm_launch<4, GATE_UP>(g, items, vec, q); break;
+    default: gemm_launch<8, GATE_UP>(g, items, vec, q); break;
   }
 }
 
@@ -917,12 +999,51 @@ void moe_experts_stored(const Tensor& x, const Tensor& ids, const Tensor& weight
   const LinearPath qp = policy.linear;  // stored experts: gemv / cublaslt force the GEMV / the tiles
   // Deterministic mode: stored experts always take the dequantized bf16 grouped GEMM (the
   // decode GEMV rounds differently), which is batch-invariant (see the header).
-  const bool decode_ok = qp == LinearPath::gemv ||
-                         (qp == LinearPath::automatic && avg <= kQuantGemvAutoRows && !launch_config().batch_invariant);
-  if (quant && vec_x && decode_ok) {
+  const bool inv_mode = launch_config().batch_invariant;
+  const bool fp4 = quant && gate_up.quant.nvfp4;
+  // The tensor-core form over stored experts (moe_gemm_kernel<.., kQFp8 | kQFp4>): k blocks of
+  // >= 32 (FP8), K and I multiples of 32, 8-byte (FP8) / 4-byte (NVFP4) aligned rows.
+  const int64_t row_align = fp4 ? 4 : 8;
+  const bool qmma_ok = quant && vec_x && H % 32 == 0 && I % 32 == 0 &&
+                       (fp4 || (gate_up.quant.block_k_log2 >= 5 && down.quant.block_k_log2 >= 5)) &&
+                       gate_up.row_stride() % row_align == 0 && down.row_stride() % row_align == 0 &&
+                       reinterpret_cast<uintptr_t>(gate_up.data) % row_align == 0 &&
+                       reinterpret_cast<uintptr_t>(down.data) % row_align == 0 && aligned16(x.data);
+  // Automatic: about one row per routed-to expert -> the CUDA-core GEMV (it streams a row per
+  // warp); from kQuantMmaMinRows rows per routed-to expert (expected under uniform routing: N
+  // pairs reach E (1 - (1 - 1/E)^N) distinct experts) to kQuantMmaAutoRows -> the tensor cores
+  // over the stored bytes (the GEMV spends ~32 ops per 16 weights per row: compute-bound past one
+  // row); more -> dequantized chunks. H100 lab 2026-12-06 (bench --moe-lab, Qwen3-30B-A3B layer,
+  // FP8, GEMV vs MMA us): 4 tokens (1.10 rows per expert) 79.7 vs 82.8; 8 (1.25) 143.2 vs 130.9;
+  // 16 (1.56) 267.2 vs 201.6; 64 (4.1) 792 vs 316; NVFP4 64 tokens 1073 vs 359.
+  const double reached = double(E) * (1.0 - std::pow(1.0 - 1.0 / double(E), double(N)));
+  const double rows_per_expert = double(N) / std::max(reached, 1.0);
+  const bool qmma = qmma_ok && !inv_mode &&
+                    (qp == LinearPath::mma || (qp == LinearPath::automatic && rows_per_expert >= kQuantMmaMinRows &&
+                                               avg <= kQuantMmaAutoRows));
+  const bool decode_ok =
+      qp == LinearPath::gemv || (qp == LinearPath::automatic && avg <= kQuantGemvAutoRows && !inv_mode);
+  if (qmma) {
+    const int qnt = avg <= 8 ? 1 : avg <= 16 ? 2 : 4;  // token tiles (the FP8 form keeps a second accumulator)
+    const int qf = fp4 ? kQFp4 : kQFp8;
+    auto stored = [&](GemmArgs& a, const LinearWeight& w, int rows) {
+      const LinearWeight f = expert_rows(w, 0, w.size(0));  // flat [E * rows, ...]
+      a.qw = f.ptr<uint8_t>();
+      a.q_ld = f.row_stride();
+      a.qsc = f.quant.scale.data;
+      a.qs_ld = f.quant.scale.row_stride();
+      a.qs2 = fp4 ? f.quant.scale2.ptr<float>() : nullptr;
+      a.q_rows = rows;
+      a.bn_log2 = f.quant.block_n_log2;
+      a.bk_log2 = f.quant.block_k_log2;
+    };
+    stored(g, gate_up, int(2 * I));
+    stored(d, down, int(H));
+    gemm_dispatch<true>(qnt, g, max_items, true, qf);
+    gemm_dispatch<false>(qnt, d, max_items, true, qf);
+  } else if (quant && vec_x && decode_ok) {
     // Decode: the stored bytes of the active experts, once per pass of up to R rows.
     const int R = avg <= 1 ? 1 : avg <= 2 ? 2 : avg <= 4 ? 4 : 8;
-    const bool fp4 = gate_up.quant.nvfp4;
     QGemvArgs q = qgemv_args(gate_up, int(2 * I), int(I), int(H));
     q.src = x.ptr<__nv_bfloat16>();
     q.src_ld = x.row_stride();
