@@ -37,7 +37,11 @@ done
 for m in llama3 qwen3 deepseek_v3; do
   [ -d tests/data/$m ] || { el "golden fp8kv $m: no tests/data/$m here"; continue; }
   timeout 40 "$B/tokenspeed" verify-golden tests/data/$m --device cuda --kv-cache-dtype fp8 --atol 0.3 > "$OUT/gf_$m.log" 2>&1
-  el "golden fp8kv $m rc=$? $(tail -1 "$OUT/gf_$m.log")"
+  r=$?
+  # DeepSeek-V3's e4m3 latent flips its random router's expert choices (CPU: 1.56; tests.cmake keeps
+  # it out of the FP8-KV goldens): reported, not a failure.
+  note=; [ $m = deepseek_v3 ] && [ $r -ne 0 ] && note=" (expected: routing flips, as on the CPU)"
+  el "golden fp8kv $m rc=$r $(tail -1 "$OUT/gf_$m.log")$note"
 done
 gen_ok=1
 for kv in auto fp8; do
