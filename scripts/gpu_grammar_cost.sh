@@ -5,11 +5,12 @@
 # (structured_outputs.json), and chat with tools + tool_choice auto (a triggered grammar: free
 # text until the model opens a call; random weights rarely do, so this measures what every
 # request with tools pays -- before, such requests forced the simple loop). The schema run goes
-# once with jump-forward (default) and once on a server with --disable-jump-forward (masked
-# tokens only, the overlap loop with masks inside the decode graphs). Prints the tables, the cost
-# of each against plain (out tok/s, ITL p50) and FAIL lines where the schema run without
-# jump-forward has a per-token time (ITL p50) more than 3% above plain, or tools + auto loses more
-# than 3% of tool_choice none's throughput; exit 1 then.
+# once with jump-forward (default) and twice, interleaved with plain runs, on a server with
+# --disable-jump-forward (masked tokens only, the overlap loop with masks inside the decode
+# graphs; LONG_SCHEMA, whose outputs run to max_tokens as plain's do); tools none / auto interleave twice too. Prints the tables, the cost of each against its
+# baseline (out tok/s, ITL p50; the mean of the two runs where there are two) and FAIL lines where
+# the schema runs without jump-forward have a per-token time (ITL p50) more than 3% above plain on
+# the same server, or tools + auto loses more than 3% of tool_choice none's throughput; exit 1 then.
 # Usage: scripts/gpu_grammar_cost.sh [BIN_DIR] (default .device/bin); logs to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +21,7 @@ M=${MODEL_DIR:-/tmp/l8b}
 PORT=30021
 [ -f $M/config.json ] || { timeout 120 $B/tokenspeed make-random-model --preset llama-3.1-8b --out $M > $OUT/make8b_gc.log 2>&1; echo "make-random-model rc=$?"; }
 serve() {  # extra serve flags
-  $B/tokenspeed serve $M --port $PORT --device cuda --max-num-seqs 128 "$@" > $OUT/serve_grammar_cost_$#.log 2>&1 &
+  $B/tokenspeed serve $M --port $PORT --device ${DEVICE:-cuda} --max-num-seqs 128 "$@" > $OUT/serve_grammar_cost_$#.log 2>&1 &
   pid=$!
   for _ in $(seq 240); do
     python3 -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:$PORT/health').status==200 else 1)" 2>/dev/null && return 0
@@ -30,6 +31,11 @@ serve() {  # extra serve flags
 }
 # Bounded output: the schema ends after a few dozen tokens on random weights; max_tokens caps it.
 SCHEMA='{"type":"object","properties":{"id":{"type":"integer","minimum":0,"maximum":100000},"name":{"type":"string","maxLength":48},"tags":{"type":"array","items":{"type":"string","enum":["alpha","beta","gamma"]},"maxItems":4},"ok":{"type":"boolean"}},"required":["id","name","tags","ok"],"additionalProperties":false}'
+# The hard check's schema cannot end within max_tokens (50 objects of ~10 tokens each), so its
+# requests run as long as the plain ones (ignore_eos): equal lengths, equal prefill share, and the
+# ITL difference is the grammar's (the short schema above ends after a few dozen tokens, so its
+# load has several times the prefill per output token).
+LONG_SCHEMA='{"type":"array","minItems":50,"items":{"type":"object","properties":{"id":{"type":"integer"},"name":{"type":"string","maxLength":12},"ok":{"type":"boolean"}},"required":["id","name","ok"],"additionalProperties":false}}'
 TOOLS='[{"type":"function","function":{"name":"get_weather","description":"Current weather","parameters":{"type":"object","properties":{"city":{"type":"string"},"unit":{"enum":["c","f"]}},"required":["city"]}}},{"type":"function","function":{"name":"search","parameters":{"type":"object","properties":{"query":{"type":"string"}},"required":["query"]}}}]'
 C=${CONC:-64}
 bench() {  # name, extra bench flags
@@ -37,24 +43,35 @@ bench() {  # name, extra bench flags
   timeout 200 $B/tokenspeed bench serving --base-url http://127.0.0.1:$PORT --concurrency $C --num-prompts $((C * 3)) \
     --prompt-tokens 512 --max-tokens 128 "$@" > $OUT/bench_$name.txt 2> $OUT/bench_$name.err; echo "$name rc=$?"
 }
+# Each comparison runs on one server, after a warm-up load, its two sides interleaved A B A B
+# (one server's start, cache state and clocks drift less than two servers': the first H100 run
+# compared a cold server's plain run with another server's schema run).
 if serve; then
+  bench warmup
   bench plain
   bench schema --json-schema "$SCHEMA"
-  bench tools_plain_chat --tools "$TOOLS" --tool-choice none
-  bench tools_auto --tools "$TOOLS" --tool-choice auto
+  for i in 1 2; do
+    bench tools_plain_chat_$i --tools "$TOOLS" --tool-choice none
+    bench tools_auto_$i --tools "$TOOLS" --tool-choice auto
+  done
   kill $pid; wait $pid 2>/dev/null
 fi
 if serve --disable-jump-forward; then
-  bench schema_nojump --json-schema "$SCHEMA"
+  bench warmup_nj
+  for i in 1 2; do
+    bench plain_nj_$i
+    bench schema_nojump_$i --json-schema "$LONG_SCHEMA"
+  done
   kill $pid; wait $pid 2>/dev/null
 fi
-for n in plain schema schema_nojump tools_plain_chat tools_auto; do
+for n in plain schema plain_nj_1 schema_nojump_1 plain_nj_2 schema_nojump_2 tools_plain_chat_1 tools_auto_1 \
+    tools_plain_chat_2 tools_auto_2; do
   echo "== $n"; cat $OUT/bench_$n.txt 2>/dev/null; tail -2 $OUT/bench_$n.err 2>/dev/null
 done
 python3 - $OUT <<'PY'
 import os, sys
 out = sys.argv[1]
-def row(n):
+def row1(n):
     p = os.path.join(out, f"bench_{n}.txt")
     if not os.path.exists(p): return None
     l = open(p).read().strip().split('\n')
@@ -62,6 +79,14 @@ def row(n):
     h = l[0].split(); v = l[1].split()
     try: return dict(zip(h, map(float, v)))
     except ValueError: return None
+def row(n):  # a name with runs n_1, n_2: their mean (failed: summed)
+    one = row1(n)
+    if one: return one
+    runs = [r for r in (row1(f"{n}_1"), row1(f"{n}_2")) if r]
+    if len(runs) < 2: return None
+    m = {k: sum(r[k] for r in runs) / len(runs) for k in runs[0]}
+    m['failed'] = sum(r['failed'] for r in runs)
+    return m
 rc = 0
 def cost(name, base, hard):  # hard: None, "tok" (out tok/s) or "itl" (ITL p50)
     global rc
@@ -82,7 +107,7 @@ def cost(name, base, hard):  # hard: None, "tok" (out tok/s) or "itl" (ITL p50)
 # The schema runs end where the grammar does: their tok/s is over shorter requests (more prefill
 # per token), so their per-token cost is the ITL line; jump-forward also emits tokens it never
 # sampled (chunks of them arrive together). The tools runs have the same lengths (ignore_eos).
-cost("schema_nojump", "plain", "itl")
+cost("schema_nojump", "plain_nj", "itl")
 cost("schema", "plain", None)
 cost("tools_plain_chat", "plain", None)
 cost("tools_auto", "tools_plain_chat", "tok")
