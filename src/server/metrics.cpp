@@ -34,9 +34,12 @@ void render_labeled_histogram(std::string& out, const Histogram& h, const std::s
   out += fmt::format("{}_bucket{{{},le=\"+Inf\"}} {}\n{}_sum{{{}}} {}\n{}_count{{{}}} {}\n", name, lab,
                      h.counts.empty() ? 0 : h.counts.back(), name, lab, num(h.sum), name, lab, h.count);
 }
-// A counter in prometheus_client's exposition: TYPE names the family, the sample ends in _total.
+// A counter as prometheus_client writes the 0.0.4 text format (vLLM's /metrics): HELP, TYPE and
+// the sample all name `family`_total (a TYPE line naming the family without it leaves the sample
+// untyped for strict parsers such as Go's expfmt).
 void counter(std::string& out, const char* family, const char* help, const std::string& labels, double v) {
-  out += fmt::format("# HELP {} {}\n# TYPE {} counter\n{}_total{} {}\n", family, help, family, family, labels, num(v));
+  out += fmt::format("# HELP {}_total {}\n# TYPE {}_total counter\n{}_total{} {}\n", family, help, family, family, labels,
+                     num(v));
 }
 
 // The names fleet routers and dashboards read from vLLM (llm-d, the Gateway API Inference

@@ -32,17 +32,23 @@ const char* reason_phrase(int s) {
   switch (s) {
     case 100: return "Continue";
     case 200: return "OK";
+    case 204: return "No Content";
     case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 408: return "Request Timeout";
     case 413: return "Payload Too Large";
     case 414: return "URI Too Long";
+    case 422: return "Unprocessable Entity";
     case 429: return "Too Many Requests";
     case 431: return "Request Header Fields Too Large";
     case 500: return "Internal Server Error";
     case 501: return "Not Implemented";
+    case 502: return "Bad Gateway";
     case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
     default: return s < 300 ? "OK" : s < 500 ? "Client Error" : "Server Error";
   }
 }

@@ -1,4 +1,6 @@
 #include <gtest/gtest.h>
+#include <sstream>
+#include <string>
 
 #include "server/metrics.h"
 
@@ -81,7 +83,7 @@ TEST(Metrics, VllmNamesBesideTokenspeed) {
   std::string out = render_prometheus(&e, s, "m");
   for (const char* needle :
        {"vllm:num_requests_running{model_name=\"m\"} 3\n", "vllm:num_requests_waiting{model_name=\"m\"} 2\n",
-        "vllm:kv_cache_usage_perc{model_name=\"m\"} 0.5\n", "# TYPE vllm:prefix_cache_queries counter\n",
+        "vllm:kv_cache_usage_perc{model_name=\"m\"} 0.5\n", "# TYPE vllm:prefix_cache_queries_total counter\n",
         "vllm:prefix_cache_queries_total{model_name=\"m\"} 100\n", "vllm:prefix_cache_hits_total{model_name=\"m\"} 60\n",
         "# TYPE vllm:time_to_first_token_seconds histogram\n",
         "vllm:time_to_first_token_seconds_bucket{model_name=\"m\",le=\"0.5\"} 1\n",
@@ -92,6 +94,24 @@ TEST(Metrics, VllmNamesBesideTokenspeed) {
         "tokenspeed_kvstore_total_blocks{model_name=\"m\"} 64\n",
         "tokenspeed_kvstore_loaded_bytes_total{model_name=\"m\"} 4096\n"})
     EXPECT_NE(out.find(needle), std::string::npos) << needle;
+  // Text format 0.0.4: a family's samples carry its TYPE line's name (counters: both end in
+  // _total, as prometheus_client writes them; histograms: _bucket/_sum/_count after the name).
+  {
+    std::istringstream in(out);
+    std::string line, typed;
+    int checked = 0;
+    while (std::getline(in, line)) {
+      if (line.rfind("# TYPE ", 0) == 0) {
+        typed = line.substr(7, line.find(' ', 7) - 7);
+        continue;
+      }
+      if (line.empty() || line[0] == '#') continue;
+      const std::string name = line.substr(0, line.find_first_of("{ "));
+      EXPECT_EQ(name.rfind(typed, 0), 0u) << "sample " << name << " under # TYPE " << typed;
+      ++checked;
+    }
+    EXPECT_GT(checked, 20);
+  }
   // Not before the model is loaded.
   EXPECT_EQ(render_prometheus(nullptr, s, "m").find("vllm:"), std::string::npos);
 }
