@@ -136,10 +136,12 @@ struct ChatRun {
   ChatRequest cr;
   std::vector<int32_t> ids;
 };
-ChatRun prepare_chat(const Json& chat_body, Backend& b, const ModelInfo& mi, const ChatTemplates& templates) {
+ChatRun prepare_chat(const Json& chat_body, Backend& b, const ModelInfo& mi, const ChatTemplates& templates,
+                     const ApiEndpointsOptions& o) {
   ChatRun run;
   run.cr = parse_chat_request(chat_body, mi);
-  std::string prompt = templates.render(run.cr.messages, run.cr.tools, run.cr.template_kwargs);
+  apply_tool_choice(run.cr, o.tkind, o.rkind, o.tool_choice_auto_grammar);
+  std::string prompt = templates.render(run.cr);
   run.ids = b.encode(prompt, false);
   if (run.ids.empty()) throw ApiError(400, "The chat template rendered an empty prompt", "messages");
   auto np = static_cast<int64_t>(run.ids.size());
@@ -164,6 +166,29 @@ void merge(ChatDelta& all, ChatDelta d) {
   for (auto& c : d.tool_calls) all.tool_calls.push_back(std::move(c));
 }
 }  // namespace
+
+ToolCallParser::Kind tool_call_kind(ToolCallParser::Kind configured) {
+  return configured == ToolCallParser::Kind::none ? ToolCallParser::Kind::hermes : configured;
+}
+
+void apply_tool_choice(ChatRequest& cr, ToolCallParser::Kind configured, ReasoningParser::Kind rk, bool auto_grammar) {
+  const ToolCallParser::Kind tk = tool_call_kind(configured);
+  if (cr.tool_choice == ToolChoice::required || cr.tool_choice == ToolChoice::named) {
+    if (cr.structured)
+      throw ApiError(400, "'tool_choice' required or named cannot be combined with 'response_format' or another "
+                          "output constraint", "tool_choice");
+    cr.structured = tool_call_structured(cr.tools, cr.tool_choice == ToolChoice::named ? cr.tool_choice_name : "",
+                                         cr.parallel_tool_calls, tk);
+  } else if (cr.tool_choice == ToolChoice::auto_ && !cr.structured && auto_grammar && cr.tools.is_array() &&
+             !cr.tools.empty()) {
+    cr.structured = tool_call_triggered(cr.tools, cr.parallel_tool_calls, tk);
+  }
+  if (cr.structured) {
+    if (rk == ReasoningParser::Kind::qwen3) cr.structured->reasoning = StructuredRequest::Reasoning::qwen3;
+    if (rk == ReasoningParser::Kind::deepseek_r1) cr.structured->reasoning = StructuredRequest::Reasoning::deepseek_r1;
+    cr.params.structured = cr.structured;
+  }
+}
 
 http::Reply ApiEndpoints::error_for(const std::string& path, int status, const std::string& msg, const std::string& param,
                                     const std::string& code) {
@@ -225,7 +250,7 @@ http::Result ApiEndpoints::tokenize(const http::Request& req, Backend& b, const 
   std::vector<int32_t> ids;
   if (tr.chat) {
     ChatRequest cr = parse_chat_request(tr.chat_body, mi);
-    std::string prompt = templates_.render(cr.messages, cr.tools, cr.template_kwargs, tr.add_generation_prompt);
+    std::string prompt = templates_.render(cr);
     ids = b.encode(prompt, tr.add_special_tokens);
   } else {
     ids = b.encode(tr.prompt, tr.add_special_tokens);
@@ -271,17 +296,17 @@ http::Result ApiEndpoints::count_tokens(const http::Request& req, Backend& b, co
   if (!body.contains("max_tokens")) body["max_tokens"] = 1;  // not needed to count
   Json chat = anthropic_to_chat(body);
   ChatRequest cr = parse_chat_request(chat, mi);
-  std::string prompt = templates_.render(cr.messages, cr.tools, cr.template_kwargs);
+  std::string prompt = templates_.render(cr);
   return {json_reply(200, Json{{"input_tokens", b.encode(prompt, false).size()}}), nullptr};
 }
 
 http::Result ApiEndpoints::messages(const http::Request& req, const std::shared_ptr<Backend>& b, const ModelInfo& mi,
                                     QueueHold hold) {
   Json body = parse_body(req.body);
-  ChatRun run = prepare_chat(anthropic_to_chat(body), *b, mi, templates_);
+  ChatRun run = prepare_chat(anthropic_to_chat(body), *b, mi, templates_, o_);
   metrics_.generate_requests++;
   bool tools = !run.cr.tools.is_null() && run.cr.tool_choice != ToolChoice::none;
-  ToolCallParser::Kind tk = tools ? o_.tkind : ToolCallParser::Kind::none;
+  ToolCallParser::Kind tk = tools ? tool_call_kind(o_.tkind) : ToolCallParser::Kind::none;
   ReasoningParser::Kind rk = o_.rkind;
   SubmitOptions so;
   so.stop_info = std::make_shared<StopInfo>();
@@ -329,16 +354,27 @@ http::Result ApiEndpoints::messages(const http::Request& req, const std::shared_
   start["content"] = Json::array();
   start["stop_reason"] = nullptr;
   start["stop_sequence"] = nullptr;
-  start["usage"] = Json{{"input_tokens", np}, {"output_tokens", 0}};
-  prod->preamble = sse_event("message_start", Json{{"type", "message_start"}, {"message", start}});
   struct State {
     explicit State(ChatOutputParser p) : parser(std::move(p)) {}
     ChatOutputParser parser;
     int index = -1;        // current block
     std::string open;      // its type ("" none)
     bool any_block = false, tool_calls = false;
+    bool started = false;  // message_start sent
   };
   auto s = std::make_shared<State>(ChatOutputParser(rk, tk));
+  // message_start goes out with the first engine event, which knows the prefix-cache hit: its
+  // usage splits input_tokens from cache_read_input_tokens as the buffered reply does (streaming
+  // clients take usage from message_start).
+  auto begin = [s, start, usage_of](const GenResult& r, std::string& w) {
+    if (s->started) return;
+    s->started = true;
+    Json m = start;
+    Json u = usage_of(r);
+    u["output_tokens"] = 0;
+    m["usage"] = std::move(u);
+    w += sse_event("message_start", Json{{"type", "message_start"}, {"message", std::move(m)}});
+  };
   s->parser.set_incremental_tool_calls(true);  // arguments stream as they are generated
   auto close = [s](std::string& w) {
     if (s->open.empty()) return;
@@ -397,19 +433,23 @@ http::Result ApiEndpoints::messages(const http::Request& req, const std::shared_
       tool_fragment(c.streaming_head ? c.arguments : dump(arguments_object(c.arguments)), w);
     }
   };
-  prod->on_event = [s, emit](const StreamEvent& ev, std::string& w) {
+  prod->on_event = [s, emit, begin, np](const StreamEvent& ev, std::string& w) {
+    GenResult head;
+    head.prompt_tokens = ev.prompt_tokens > 0 ? ev.prompt_tokens : np;
+    head.cached_tokens = ev.cached_tokens;
+    begin(head, w);
     ChatDelta d = s->parser.feed(ev.text);
     if (ev.finished) merge(d, s->parser.finish());
     emit(d, w);
   };
-  prod->on_finish = [s, open, close, stop](const GenResult& r, std::string& w) {
+  prod->on_finish = [s, open, close, stop, begin, usage_of](const GenResult& r, std::string& w) {
+    begin(r, w);
     if (!s->any_block) open("text", Json{{"type", "text"}, {"text", ""}}, w);
     close(w);
     Json delta = Json{{"stop_reason", anthropic_stop_reason(r.reason, s->tool_calls, !stop->stop_str.empty())},
                       {"stop_sequence", stop->stop_str.empty() ? Json(nullptr) : Json(stop->stop_str)}};
-    w += sse_event("message_delta", Json{{"type", "message_delta"},
-                                         {"delta", std::move(delta)},
-                                         {"usage", Json{{"output_tokens", r.completion_tokens}}}});
+    // Cumulative, as Anthropic's message_delta usage is.
+    w += sse_event("message_delta", Json{{"type", "message_delta"}, {"delta", std::move(delta)}, {"usage", usage_of(r)}});
     w += sse_event("message_stop", Json{{"type", "message_stop"}});
   };
   return sse(std::move(prod));
@@ -428,10 +468,10 @@ http::Result ApiEndpoints::responses(const http::Request& req, const std::shared
     history = e->conversation;
   }
   auto conversation = std::make_shared<Json>();
-  ChatRun run = prepare_chat(responses_to_chat(body, history, *conversation), *b, mi, templates_);
+  ChatRun run = prepare_chat(responses_to_chat(body, history, *conversation), *b, mi, templates_, o_);
   metrics_.generate_requests++;
   bool tools = !run.cr.tools.is_null() && run.cr.tool_choice != ToolChoice::none;
-  ToolCallParser::Kind tk = tools ? o_.tkind : ToolCallParser::Kind::none;
+  ToolCallParser::Kind tk = tools ? tool_call_kind(o_.tkind) : ToolCallParser::Kind::none;
   ReasoningParser::Kind rk = o_.rkind;
   int np = static_cast<int>(run.ids.size());
   auto st = b->submit(run.cr.params, SubmitOptions{});
@@ -448,6 +488,9 @@ http::Result ApiEndpoints::responses(const http::Request& req, const std::shared
     ChatDelta all = parser.feed(r.text);
     merge(all, parser.finish());
     ResponsesOutput out = responses_output(all);
+    // Cut at max_output_tokens: the last item is incomplete (as OpenAI marks it).
+    if (!streamed && r.reason == FinishReason::length && !out.items.empty() && out.items.back().contains("status"))
+      out.items.back()["status"] = "incomplete";
     if (streamed) out.items = *streamed;
     Usage u = r.usage();
     Json obj = response_object(id, created, model, *bodyp, out.items,
@@ -475,6 +518,7 @@ http::Result ApiEndpoints::responses(const http::Request& req, const std::shared
     std::string open, item_id, text;  // the open item: type, id, text (or arguments) so far
     std::string call_id, call_name;   // the open function_call item's
     Json done_items = Json::array();
+    bool cut = false;                 // the output ended at max_output_tokens: the last item is incomplete
   };
   auto s = std::make_shared<State>(ChatOutputParser(rk, tk));
   s->parser.set_incremental_tool_calls(true);  // arguments stream as they are generated
@@ -498,16 +542,16 @@ http::Result ApiEndpoints::responses(const http::Request& req, const std::shared
     if (s->open == "function_call") {
       w += ev("response.function_call_arguments.done", Json{{"item_id", s->item_id}, {"output_index", s->output_index},
                                                             {"name", s->call_name}, {"arguments", s->text}});
-      item = Json{{"id", s->item_id}, {"type", "function_call"}, {"status", "completed"}, {"arguments", s->text},
-                  {"call_id", s->call_id}, {"name", s->call_name}};
+      item = Json{{"id", s->item_id}, {"type", "function_call"}, {"status", s->cut ? "incomplete" : "completed"},
+                  {"arguments", s->text}, {"call_id", s->call_id}, {"name", s->call_name}};
     } else if (s->open == "message") {
       Json part = Json{{"type", "output_text"}, {"text", s->text}, {"annotations", Json::array()}, {"logprobs", Json::array()}};
       w += ev("response.output_text.done", Json{{"item_id", s->item_id}, {"output_index", s->output_index},
                                                 {"content_index", 0}, {"text", s->text}, {"logprobs", Json::array()}});
       w += ev("response.content_part.done",
               Json{{"item_id", s->item_id}, {"output_index", s->output_index}, {"content_index", 0}, {"part", part}});
-      item = Json{{"id", s->item_id}, {"type", "message"}, {"status", "completed"}, {"role", "assistant"},
-                  {"content", Json::array({part})}};
+      item = Json{{"id", s->item_id}, {"type", "message"}, {"status", s->cut ? "incomplete" : "completed"},
+                  {"role", "assistant"}, {"content", Json::array({part})}};
     } else {  // reasoning
       w += ev("response.reasoning_text.done",
               Json{{"item_id", s->item_id}, {"output_index", s->output_index}, {"content_index", 0}, {"text", s->text}});
@@ -589,6 +633,7 @@ http::Result ApiEndpoints::responses(const http::Request& req, const std::shared
   };
   prod->on_finish = [s, ev, open, close, finish](const GenResult& r, std::string& w) {
     if (s->output_index < 0) open("message", w);  // an empty answer is still one message
+    s->cut = r.reason == FinishReason::length;     // only the item still open was cut
     close(w);
     Json obj = finish(r, &s->done_items);
     const std::string type = obj["status"] == "incomplete" ? "response.incomplete" : "response.completed";

@@ -44,10 +44,24 @@ class QueueHold {
   std::atomic<int64_t>* q_ = nullptr;
 };
 
+// Tools without --tool-call-parser use the hermes syntax (<tool_call>{...}</tool_call>): the
+// most common template convention, and with tool_choice required/named the grammar makes the
+// model write exactly that, so calls always come back parsed instead of tools being dropped.
+ToolCallParser::Kind tool_call_kind(ToolCallParser::Kind configured);
+
+// The request's output constraint from its tool_choice, for every endpoint that takes tools
+// (chat completions, /v1/messages, /v1/responses): required / named force tool-call syntax whose
+// arguments follow the tool's schema (tool_call_structured, output_parsers.h); auto with tools
+// (and `auto_grammar`, --tool-choice-auto-grammar) enforces a call the model starts (a triggered
+// grammar). With a reasoning parser the grammar (of any kind) starts after the reasoning block.
+// Whatever constraint results (also response_format's) goes into cr.params.structured.
+void apply_tool_choice(ChatRequest& cr, ToolCallParser::Kind configured, ReasoningParser::Kind rk, bool auto_grammar);
+
 struct ApiEndpointsOptions {
   std::string served_model_name;
   ReasoningParser::Kind rkind = ReasoningParser::Kind::none;
   ToolCallParser::Kind tkind = ToolCallParser::Kind::none;
+  bool tool_choice_auto_grammar = true;  // --tool-choice-auto-grammar
   size_t responses_store_size = 1024;  // --responses-store-size
   bool mean_pooling = false;           // --embedding-pooling mean (else last)
 };

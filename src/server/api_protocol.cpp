@@ -68,9 +68,8 @@ TokenizeRequest parse_tokenize_request(const Json& body, const ModelInfo& info) 
   r.chat = has_messages;
   if (r.chat) {
     Json cb = Json::object();
-    copy_keys(body, cb, {"messages", "tools", "chat_template_kwargs"});
+    copy_keys(body, cb, {"messages", "tools", "chat_template_kwargs", "add_generation_prompt", "continue_final_message"});
     r.chat_body = std::move(cb);
-    r.add_generation_prompt = get_bool(body, "add_generation_prompt").value_or(true);
     r.add_special_tokens = get_bool(body, "add_special_tokens").value_or(false);
   } else {
     r.prompt = *get_string(body, "prompt");
@@ -200,7 +199,7 @@ void add_prompt_logprobs(CompletionLogprobs& L, const std::vector<int32_t>& ids,
     std::string tok = piece(ids[i]);
     L.tokens.push_back(tok);
     L.text_offset.push_back(offset);
-    offset += tok.size();
+    offset += text_chars(tok);
     if (i == 0 || i - 1 >= lps.size()) {
       L.token_logprobs.push_back(nullptr);
       L.top_logprobs.push_back(nullptr);
@@ -213,6 +212,7 @@ void add_prompt_logprobs(CompletionLogprobs& L, const std::vector<int32_t>& ids,
       std::string s = piece(lp.top[k].first);
       if (!t.contains(s)) t[s] = lp.top[k].second;
     }
+    if (!t.contains(tok)) t[tok] = lp.logprob;  // the prompt token's own, always (OpenAI: up to logprobs + 1)
     L.top_logprobs.push_back(std::move(t));
   }
 }
@@ -324,6 +324,10 @@ Json anthropic_to_chat(const Json& body) {
       msgs.push_back(Json{{"role", "user"}, {"content", text}});
     }
   }
+  // Anthropic's prefill: a final assistant message (text, no tool calls) is continued, not closed
+  // (an empty one is a fresh turn: ChatTemplates::render drops it).
+  if (!msgs.empty() && msgs.back()["role"] == "assistant" && !msgs.back().contains("tool_calls"))
+    chat["continue_final_message"] = true;
   chat["messages"] = std::move(msgs);
   if (auto s = body.find("stop_sequences"); s != body.end() && !s->is_null()) {
     if (!s->is_array()) bad("'stop_sequences' must be a list of strings", "stop_sequences");
@@ -424,7 +428,10 @@ Json responses_to_chat(const Json& body, const Json& history, Json& conversation
   Json chat = Json::object();
   copy_keys(body, chat, {"model", "temperature", "top_p", "stream", "parallel_tool_calls", "seed", "top_k",
                          "stop", "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty"});
-  if (auto m = get_int(body, "max_output_tokens")) chat["max_tokens"] = *m;
+  if (auto m = get_int(body, "max_output_tokens")) {
+    if (*m < 1) bad(fmt::format("'max_output_tokens' must be at least 1, got {}", *m), "max_output_tokens");
+    chat["max_tokens"] = *m;
+  }
   conversation = history.is_array() ? history : Json::array();
   auto it = body.find("input");
   if (it == body.end() || it->is_null()) bad("'input' is required", "input");

@@ -33,8 +33,9 @@ bool api_key_exempt(const std::string& path);
 struct TokenizeRequest {
   bool chat = false;            // messages (rendered with the chat template) instead of prompt
   std::string prompt;           // !chat
-  Json chat_body;               // chat: an OpenAI chat body (messages, tools, chat_template_kwargs)
-  bool add_generation_prompt = true;
+  // chat: an OpenAI chat body (messages, tools, chat_template_kwargs, add_generation_prompt,
+  // continue_final_message)
+  Json chat_body;
   bool add_special_tokens = true;  // prompt: default true; messages: default false (vLLM)
   bool return_token_strs = false;
 };

@@ -26,6 +26,10 @@ class Backend {
   virtual EngineMetrics metrics() const = 0;                          // thread-safe
   virtual std::vector<int32_t> encode(const std::string& text, bool add_special) const = 0;
   virtual std::string decode(const std::vector<int32_t>& ids, bool skip_special) const = 0;
+  // The raw bytes one id contributes to a text (a piece of a multi-byte character stays its own
+  // bytes, where decode gives U+FFFD): chat logprobs' `bytes`, from which clients rebuild
+  // characters split across tokens.
+  virtual std::string token_bytes(int32_t id) const { return decode({id}, false); }
   // Prefill-only requests (no sampling, nothing streamed; blocking, so call them from a worker):
   // the served model's final hidden state pooled over `ids` (the last token's, or the mean of
   // all), not normalised — /v1/embeddings; and prompt logprobs: entry i is token i + 1 given

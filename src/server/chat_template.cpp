@@ -193,4 +193,43 @@ std::string ChatTemplates::render(const Json& messages, const Json& tools, const
   }
 }
 
+namespace {
+bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+std::string_view strip_left(std::string_view v) {
+  while (!v.empty() && is_space(v.front())) v.remove_prefix(1);
+  return v;
+}
+std::string_view strip(std::string_view v) {
+  v = strip_left(v);
+  while (!v.empty() && is_space(v.back())) v.remove_suffix(1);
+  return v;
+}
+}  // namespace
+
+std::string ChatTemplates::render(const ChatRequest& cr) const {
+  if (!cr.continue_final_message || !cr.messages.is_array() || cr.messages.empty())
+    return render(cr.messages, cr.tools, cr.template_kwargs, cr.add_generation_prompt);
+  const Json& last = cr.messages.back();
+  const std::string text = last.contains("content") && last["content"].is_string() ? last["content"].get<std::string>() : "";
+  if (strip(text).empty()) {
+    Json head = cr.messages;
+    head.erase(head.size() - 1);
+    return render(head, cr.tools, cr.template_kwargs, true);
+  }
+  std::string full = render(cr.messages, cr.tools, cr.template_kwargs, false);
+  const std::string_view core = strip(text);
+  const size_t at = full.rfind(core);
+  if (at == std::string::npos)
+    throw ApiError(400,
+                   "'continue_final_message': the chat template does not reproduce the final message's text, so it "
+                   "cannot be continued",
+                   "continue_final_message");
+  // Past the message's own trailing whitespace where the template kept it verbatim, else past
+  // its stripped text.
+  const std::string_view lead_stripped = strip_left(text);
+  const bool verbatim = full.compare(at, lead_stripped.size(), lead_stripped) == 0;
+  full.resize(at + (verbatim ? lead_stripped.size() : core.size()));
+  return full;
+}
+
 }  // namespace ts::server

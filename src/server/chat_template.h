@@ -51,6 +51,13 @@ class ChatTemplates {
   // when the template raises (with its message).
   std::string render(const Json& messages, const Json& tools, const Json& kwargs,
                      bool add_generation_prompt = true) const;
+  // A chat request's prompt: its messages, tools and chat_template_kwargs, add_generation_prompt,
+  // and continue_final_message (vLLM / transformers): the final message left open so the model
+  // continues it -- rendered without a generation prompt, then cut right after the final
+  // message's text (its last occurrence, leading and trailing whitespace as the template kept
+  // them); 400 when the template does not reproduce that text. An empty final message is
+  // dropped and the generation prompt added instead (nothing to continue: a fresh turn).
+  std::string render(const ChatRequest& cr) const;
 
   struct Entry;  // a parsed template, or the parse error to report
 

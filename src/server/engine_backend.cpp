@@ -54,6 +54,10 @@ class EngineBackend final : public Backend {
   std::string decode(const std::vector<int32_t>& ids, bool skip_special) const override {
     return engine_.tokenizer().decode(ids, skip_special);
   }
+  std::string token_bytes(int32_t id) const override {
+    std::string b = engine_.tokenizer().is_valid_id(id) ? engine_.tokenizer().token_bytes(id) : std::string();
+    return b.empty() ? engine_.tokenizer().decode(std::vector<int32_t>{id}, false) : b;
+  }
   int64_t context_length() const override { return engine_.context_length(); }
   int64_t vocab_size() const override { return engine_.vocab_size(); }
   void stop() override {

@@ -433,33 +433,9 @@ struct HttpServer::Impl final : http::Handler {
   http::Result completions(std::shared_ptr<Backend> b, const http::Request& req, Ticket ticket);
   http::Result chat(std::shared_ptr<Backend> b, const http::Request& req, Ticket ticket);
 
-  // Tools without --tool-call-parser use the hermes syntax (<tool_call>{...}</tool_call>): the
-  // most common template convention, and with tool_choice required/named the grammar makes the
-  // model write exactly that, so calls always come back parsed instead of tools being dropped.
-  ToolCallParser::Kind tool_kind() const {
-    return tkind == ToolCallParser::Kind::none ? ToolCallParser::Kind::hermes : tkind;
-  }
-  // tool_choice required / named: the output is forced by grammar to be tool-call syntax with
-  // arguments following the tool's schema (structured part of #18; output_parsers.h). With a
-  // reasoning parser the grammar (of any kind) starts after the reasoning block.
-  void apply_tool_choice(ChatRequest& cr) const {
-    if (cr.tool_choice == ToolChoice::required || cr.tool_choice == ToolChoice::named) {
-      if (cr.structured)
-        throw ApiError(400, "'tool_choice' required or named cannot be combined with 'response_format' or another "
-                            "output constraint", "tool_choice");
-      cr.structured = tool_call_structured(cr.tools, cr.tool_choice == ToolChoice::named ? cr.tool_choice_name : "",
-                                           cr.parallel_tool_calls, tool_kind());
-    } else if (cr.tool_choice == ToolChoice::auto_ && !cr.structured && opts.tool_choice_auto_grammar &&
-               cr.tools.is_array() && !cr.tools.empty()) {
-      // auto: free text, but a call the model starts is enforced (a triggered grammar).
-      cr.structured = tool_call_triggered(cr.tools, cr.parallel_tool_calls, tool_kind());
-    }
-    if (cr.structured) {
-      if (rkind == ReasoningParser::Kind::qwen3) cr.structured->reasoning = StructuredRequest::Reasoning::qwen3;
-      if (rkind == ReasoningParser::Kind::deepseek_r1) cr.structured->reasoning = StructuredRequest::Reasoning::deepseek_r1;
-      cr.params.structured = cr.structured;
-    }
-  }
+  // Tools without --tool-call-parser use the hermes syntax (tool_call_kind, api_endpoints.h).
+  ToolCallParser::Kind tool_kind() const { return tool_call_kind(tkind); }
+  void apply_tool_choice(ChatRequest& cr) const { server::apply_tool_choice(cr, tkind, rkind, opts.tool_choice_auto_grammar); }
 };
 
 HttpServer::HttpServer(ServerOptions opts) : opts_(std::move(opts)) {
@@ -477,6 +453,7 @@ HttpServer::HttpServer(ServerOptions opts) : opts_(std::move(opts)) {
   ao.rkind = impl_->rkind;
   ao.tkind = impl_->tkind;
   ao.responses_store_size = opts_.responses_store_size;
+  ao.tool_choice_auto_grammar = opts_.tool_choice_auto_grammar;
   TS_CHECK(opts_.embedding_pooling == "last" || opts_.embedding_pooling == "mean",
            "--embedding-pooling must be last or mean (got '{}')", opts_.embedding_pooling);
   ao.mean_pooling = opts_.embedding_pooling == "mean";
@@ -613,7 +590,7 @@ http::Result HttpServer::Impl::chat(std::shared_ptr<Backend> b, const http::Requ
   ModelInfo mi = model_info();
   ChatRequest cr = parse_chat_request(body, mi);
   apply_tool_choice(cr);
-  std::string prompt = templates.render(cr.messages, cr.tools, cr.template_kwargs);
+  std::string prompt = templates.render(cr);
   std::vector<int32_t> ids = b->encode(prompt, false);
   if (ids.empty()) throw ApiError(400, "The chat template rendered an empty prompt", "messages");
   auto np = static_cast<int64_t>(ids.size());
@@ -634,6 +611,7 @@ http::Result HttpServer::Impl::chat(std::shared_ptr<Backend> b, const http::Requ
   ToolCallParser::Kind tk = parse_tools ? tool_kind() : ToolCallParser::Kind::none;
   ReasoningParser::Kind rk = rkind;
   auto piece = [b](int32_t id) { return b->decode({id}, false); };
+  auto raw = [b](int32_t id) { return b->token_bytes(id); };
   bool want_lp = cr.logprobs;
   int top = cr.top_logprobs;
   const bool parallel = cr.parallel_tool_calls;
@@ -648,7 +626,7 @@ http::Result HttpServer::Impl::chat(std::shared_ptr<Backend> b, const http::Requ
 
   if (!cr.stream) {
     size_t nprompt = ids.size();
-    prod->build = [rk, tk, want_lp, top, piece, nprompt, parallel, id = prod->id, created = prod->created,
+    prod->build = [rk, tk, want_lp, top, piece, raw, nprompt, parallel, id = prod->id, created = prod->created,
                    model = prod->model](std::vector<Job>& jobs) {
       Json choices = Json::array();
       for (auto& j : jobs) {
@@ -673,7 +651,7 @@ http::Result HttpServer::Impl::chat(std::shared_ptr<Backend> b, const http::Requ
         Json c = Json::object();
         c["index"] = j.index;
         c["message"] = std::move(msg);
-        c["logprobs"] = want_lp ? Json{{"content", chat_logprobs_content(j.lps, top, piece)}} : Json(nullptr);
+        c["logprobs"] = want_lp ? Json{{"content", chat_logprobs_content(j.lps, top, piece, raw)}} : Json(nullptr);
         c["finish_reason"] = chat_finish(j.reason, has_calls);
         c["stop_reason"] = stop_reason_json(*j.stop);
         choices.push_back(std::move(c));
@@ -695,7 +673,7 @@ http::Result HttpServer::Impl::chat(std::shared_ptr<Backend> b, const http::Requ
     parsers->back().set_incremental_tool_calls(true);  // arguments stream as they are generated
   }
   GenProducer* self = prod.get();
-  prod->on_event = [started, parsers, tool_idx, heads_seen, piece, want_lp, top, parallel, self](int i, const StreamEvent& ev,
+  prod->on_event = [started, parsers, tool_idx, heads_seen, piece, raw, want_lp, top, parallel, self](int i, const StreamEvent& ev,
                                                                                       std::string& w) {
     auto chunk = [&](Json delta, Json lp, Json finish) {
       Json c = Json::object();
@@ -730,7 +708,7 @@ http::Result HttpServer::Impl::chat(std::shared_ptr<Backend> b, const http::Requ
       d.tool_calls = std::move(keep);
     }
     Json lp = nullptr;
-    if (want_lp && !ev.logprobs.empty()) lp = Json{{"content", chat_logprobs_content(ev.logprobs, top, piece)}};
+    if (want_lp && !ev.logprobs.empty()) lp = Json{{"content", chat_logprobs_content(ev.logprobs, top, piece, raw)}};
     if (d.empty() && lp.is_null() && !ev.finished) return;
     Json finish = ev.finished ? chat_finish(ev.reason, parser.has_tool_calls()) : Json(nullptr);
     chunk(delta_json(d, (*tool_idx)[i]), std::move(lp), std::move(finish));

@@ -458,6 +458,12 @@ ChatRequest parse_chat_request(const Json& body, const ModelInfo& info) {
     if (!kw->is_object()) bad("'chat_template_kwargs' must be an object", "chat_template_kwargs");
     r.template_kwargs = *kw;
   }
+  // vLLM: both at once is a 400; continue_final_message alone implies no generation prompt.
+  const std::optional<bool> agp = get_bool(body, "add_generation_prompt");
+  r.continue_final_message = get_bool(body, "continue_final_message").value_or(false);
+  if (r.continue_final_message && agp.value_or(false))
+    bad("Cannot set both 'continue_final_message' and 'add_generation_prompt' to true", "continue_final_message");
+  r.add_generation_prompt = agp.value_or(!r.continue_final_message);
 
   r.max_tokens = parse_max_tokens(body, "max_completion_tokens");
   parse_sampling(body, r.params, info.vocab_size);
@@ -656,6 +662,12 @@ Json usage_json(const Usage& u) {
   return j;
 }
 
+size_t text_chars(std::string_view s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
 void CompletionLogprobs::add(const std::vector<TokenLogprob>& lps, const std::function<std::string(int32_t)>& piece,
                              size_t& offset) {
   for (auto& lp : lps) {
@@ -667,9 +679,12 @@ void CompletionLogprobs::add(const std::vector<TokenLogprob>& lps, const std::fu
       std::string t = piece(id);
       if (!top.contains(t)) top[t] = l;
     }
+    // OpenAI: "the API will always return the logprob of the sampled token, so there may be up
+    // to logprobs+1 elements" (vLLM too).
+    if (!top.contains(tok)) top[tok] = lp.logprob;
     top_logprobs.push_back(std::move(top));
     text_offset.push_back(offset);
-    offset += tok.size();
+    offset += text_chars(tok);
   }
 }
 
@@ -681,7 +696,7 @@ void CompletionLogprobs::add_prompt(const std::vector<int32_t>& ids, const std::
     token_logprobs.push_back(nullptr);
     top_logprobs.push_back(nullptr);
     text_offset.push_back(offset);
-    offset += tok.size();
+    offset += text_chars(tok);
   }
 }
 
@@ -695,10 +710,11 @@ Json CompletionLogprobs::to_json() const {
 }
 
 Json chat_logprobs_content(const std::vector<TokenLogprob>& lps, int top,
-                           const std::function<std::string(int32_t)>& piece) {
-  auto bytes_of = [](const std::string& s) {
+                           const std::function<std::string(int32_t)>& piece,
+                           const std::function<std::string(int32_t)>& raw_bytes) {
+  auto bytes_of = [&](int32_t id, const std::string& s) {
     Json b = Json::array();
-    for (unsigned char c : s) b.push_back(static_cast<int>(c));
+    for (unsigned char c : raw_bytes ? raw_bytes(id) : s) b.push_back(static_cast<int>(c));
     return b;
   };
   Json out = Json::array();
@@ -707,11 +723,11 @@ Json chat_logprobs_content(const std::vector<TokenLogprob>& lps, int top,
     Json e = Json::object();
     e["token"] = tok;
     e["logprob"] = lp.logprob;
-    e["bytes"] = bytes_of(tok);
+    e["bytes"] = bytes_of(lp.id, tok);
     Json tl = Json::array();
     for (size_t i = 0; i < lp.top.size() && static_cast<int>(i) < top; ++i) {
       std::string t = piece(lp.top[i].first);
-      tl.push_back(Json{{"token", t}, {"logprob", lp.top[i].second}, {"bytes", bytes_of(t)}});
+      tl.push_back(Json{{"token", t}, {"logprob", lp.top[i].second}, {"bytes", bytes_of(lp.top[i].first, t)}});
     }
     e["top_logprobs"] = std::move(tl);
     out.push_back(std::move(e));

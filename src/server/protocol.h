@@ -8,6 +8,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -128,6 +129,11 @@ struct ChatRequest {
   ToolChoice tool_choice = ToolChoice::auto_;
   std::string tool_choice_name;    // for ToolChoice::named
   Json template_kwargs = Json::object();
+  // vLLM's add_generation_prompt (default true) and continue_final_message (the final message
+  // left open for the model to continue: ChatTemplates::render; /v1/messages sets it when the
+  // last message is the assistant's, Anthropic's prefill).
+  bool add_generation_prompt = true;
+  bool continue_final_message = false;
   GenerateParams params;
   std::optional<int64_t> max_tokens;
   int n = 1;
@@ -157,11 +163,15 @@ struct Usage {
 };
 Json usage_json(const Usage& u);
 
+// Characters (Unicode code points) in UTF-8 text: the unit of text_offset (OpenAI's and vLLM's
+// offsets are Python string indices).
+size_t text_chars(std::string_view s);
+
 // Legacy completions logprobs object built incrementally (one per choice).
 struct CompletionLogprobs {
   Json tokens = Json::array(), token_logprobs = Json::array(), top_logprobs = Json::array(),
        text_offset = Json::array();
-  // Appends tokens; `offset` is the byte offset of the first one in the choice text, advanced.
+  // Appends tokens; `offset` is the character offset of the first one in the choice text, advanced.
   void add(const std::vector<TokenLogprob>& lps, const std::function<std::string(int32_t)>& piece,
            size_t& offset);
   // Prompt tokens (echo): null logprobs.
@@ -170,8 +180,10 @@ struct CompletionLogprobs {
   Json to_json() const;
 };
 
-// Chat logprobs content entries [{token, logprob, bytes, top_logprobs: [...]}].
+// Chat logprobs content entries [{token, logprob, bytes, top_logprobs: [...]}]; `bytes` from
+// raw_bytes (the token's own bytes: Backend::token_bytes) where given, else the piece's UTF-8.
 Json chat_logprobs_content(const std::vector<TokenLogprob>& lps, int top,
-                           const std::function<std::string(int32_t)>& piece);
+                           const std::function<std::string(int32_t)>& piece,
+                           const std::function<std::string(int32_t)>& raw_bytes = nullptr);
 
 }  // namespace ts::server

@@ -332,3 +332,109 @@ test('--api-key (TOKENSPEED_API_KEY): 401 in OpenAI and Anthropic shapes; /healt
     assert.equal(r.code, 0);
   }
 });
+
+// What agent clients rely on (found by probing the server as the SDKs use it): tool_choice
+// enforced on /v1/messages and /v1/responses, Responses' text.format, Anthropic's assistant
+// prefill (continue_final_message), message_start usage with the prefix-cache split, incomplete
+// Responses items, and OpenAI's legacy logprobs rules.
+test('/v1/messages and /v1/responses: tool_choice and text.format are enforced', async () => {
+  const input_schema = { type: 'object', properties: { city: { type: 'string', enum: ['Paris', 'Rome'] } }, required: ['city'], additionalProperties: false };
+  const tools = [{ name: 'get_weather', description: 'Weather for a city', input_schema }];
+  for (const tool_choice of [{ type: 'any' }, { type: 'tool', name: 'get_weather' }, { type: 'any', disable_parallel_tool_use: true }]) {
+    const m = await anthropic.messages.create({ model: 'pycoder', max_tokens: 64, temperature: 0, tools, tool_choice, messages: [{ role: 'user', content: 'Weather in Paris?' }] });
+    const use = m.content.find((b) => b.type === 'tool_use');
+    assert.ok(use, `${JSON.stringify(tool_choice)}: ${JSON.stringify(m.content)}`);
+    assert.equal(use.name, 'get_weather');
+    assert.ok(['Paris', 'Rome'].includes(use.input.city), JSON.stringify(use.input));
+    // One call allowed: the grammar ends after it. Otherwise the demo model may go on calling.
+    if (tool_choice.disable_parallel_tool_use) assert.equal(m.stop_reason, 'tool_use');
+    else assert.ok(['tool_use', 'max_tokens'].includes(m.stop_reason), m.stop_reason);
+  }
+  const fn = [{ type: 'function', name: 'get_weather', parameters: input_schema }];
+  for (const tool_choice of ['required', { type: 'function', name: 'get_weather' }]) {
+    const r = await client.responses.create({ model: 'pycoder', input: 'Weather in Paris?', max_output_tokens: 64, temperature: 0, tools: fn, tool_choice });
+    const call = r.output.find((o) => o.type === 'function_call');
+    assert.ok(call, `${JSON.stringify(tool_choice)}: ${JSON.stringify(r.output)}`);
+    assert.equal(call.name, 'get_weather');
+    assert.ok(['Paris', 'Rome'].includes(JSON.parse(call.arguments).city), call.arguments);
+  }
+  const schema = { type: 'object', properties: { a: { type: 'integer', minimum: 0, maximum: 9 } }, required: ['a'], additionalProperties: false };
+  for (const stream of [false, true]) {
+    const body = { model: 'pycoder', input: 'hi', max_output_tokens: 32, temperature: 0, text: { format: { type: 'json_schema', name: 'x', strict: true, schema } } };
+    let text;
+    if (!stream) text = (await client.responses.create(body)).output_text;
+    else for await (const ev of await client.responses.create({ ...body, stream: true })) if (ev.type === 'response.output_text.done') text = ev.text;
+    const v = JSON.parse(text);
+    assert.ok(Number.isInteger(v.a) && v.a >= 0 && v.a <= 9 && Object.keys(v).length === 1, text);
+  }
+  const cut = await client.responses.create({ model: 'pycoder', input: 'Count to fifty', max_output_tokens: 2, temperature: 0, ignore_eos: true });
+  assert.equal(cut.status, 'incomplete');
+  assert.equal(cut.output.at(-1).status, 'incomplete');
+  const bad = await postJson(`${srv.url}/v1/responses`, { input: 'hi', max_output_tokens: 0 });
+  assert.equal(bad.status, 400);
+  assert.equal(bad.json.error.param, 'max_output_tokens');
+});
+
+test('assistant prefill (continue_final_message) on /v1/messages, /tokenize and chat', async () => {
+  const messages = [{ role: 'user', content: 'Write JSON' }, { role: 'assistant', content: '{"name":' }];
+  const open = await postJson(`${srv.url}/tokenize`, { messages, continue_final_message: true, add_generation_prompt: false, return_token_strs: true });
+  const closed = await postJson(`${srv.url}/tokenize`, { messages, add_generation_prompt: false });
+  assert.equal(open.status, 200, open.text);
+  assert.ok(open.json.count < closed.json.count);
+  assert.deepEqual(closed.json.tokens.slice(0, open.json.count - 1), open.json.tokens.slice(0, -1));
+  assert.ok(open.json.token_strs.join('').endsWith('{"name":'), JSON.stringify(open.json.token_strs.slice(-4)));
+  // continue_final_message alone implies no generation prompt; both true is vLLM's 400
+  const alone = await postJson(`${srv.url}/tokenize`, { messages, continue_final_message: true });
+  assert.deepEqual(alone.json.tokens, open.json.tokens);
+  const both = await postJson(`${srv.url}/tokenize`, { messages, continue_final_message: true, add_generation_prompt: true });
+  assert.equal(both.status, 400);
+  const c = await anthropic.messages.countTokens({ model: 'pycoder', messages });
+  assert.equal(c.input_tokens, open.json.count);
+  const m = await anthropic.messages.create({ model: 'pycoder', max_tokens: 4, temperature: 0, messages });
+  assert.equal(m.usage.input_tokens + (m.usage.cache_read_input_tokens ?? 0), open.json.count);
+  const ch = await postJson(`${srv.url}/v1/chat/completions`, { messages, max_tokens: 2, continue_final_message: true, add_generation_prompt: false });
+  assert.equal(ch.status, 200, ch.text);
+  assert.equal(ch.json.usage.prompt_tokens, open.json.count);
+  const noGen = await postJson(`${srv.url}/v1/chat/completions`, { messages, max_tokens: 2, add_generation_prompt: false });
+  assert.equal(noGen.json.usage.prompt_tokens, closed.json.count);
+});
+
+test('/v1/messages streaming: message_start usage splits the prefix-cache hit as the reply does', async () => {
+  const long = Array.from({ length: 200 }, (_, i) => `w${i}`).join(' ');
+  const params = { model: 'pycoder', max_tokens: 1, temperature: 0, messages: [{ role: 'user', content: long }] };
+  const first = await anthropic.messages.create(params);
+  const again = await anthropic.messages.create(params);
+  assert.ok(again.usage.cache_read_input_tokens > 0, JSON.stringify(again.usage));
+  let start, delta;
+  for await (const ev of await anthropic.messages.create({ ...params, stream: true })) {
+    if (ev.type === 'message_start') start = ev.message.usage;
+    if (ev.type === 'message_delta') delta = ev.usage;
+  }
+  assert.equal(start.cache_read_input_tokens, again.usage.cache_read_input_tokens, JSON.stringify(start));
+  assert.equal(start.input_tokens, again.usage.input_tokens);
+  assert.equal(start.input_tokens + start.cache_read_input_tokens, first.usage.input_tokens + (first.usage.cache_read_input_tokens ?? 0));
+  assert.equal(delta.output_tokens, 1);
+});
+
+test('completions logprobs: the sampled token is always in top_logprobs; text_offset counts characters', async () => {
+  for (const logprobs of [0, 1, 3]) {
+    const r = await client.completions.create({ model: 'pycoder', prompt: 'def f(x):', max_tokens: 4, temperature: 0, logprobs });
+    const L = r.choices[0].logprobs;
+    for (let i = 0; i < L.tokens.length; i++) {
+      assert.ok(L.tokens[i] in L.top_logprobs[i], `${logprobs}: ${JSON.stringify(L.top_logprobs[i])} lacks ${JSON.stringify(L.tokens[i])}`);
+      assert.ok(Object.keys(L.top_logprobs[i]).length <= logprobs + 1);
+    }
+  }
+  // Chat logprobs' bytes: a token holding the first byte of "é" (0xC3; the demo vocabulary's id
+  // 132) reports that byte, not U+FFFD's UTF-8.
+  const cb = await client.chat.completions.create({ model: 'pycoder', messages: [{ role: 'user', content: 'hi' }], max_tokens: 1, logprobs: true, top_logprobs: 1, logit_bias: { 132: 100 } });
+  assert.deepEqual(cb.choices[0].logprobs.content[0].bytes, [0xc3]);
+  const e = await client.completions.create({ model: 'pycoder', prompt: 'x = "é€😀" + ', max_tokens: 2, temperature: 0, echo: true, logprobs: 0 });
+  const L = e.choices[0].logprobs;
+  let at = 0;
+  for (let i = 0; i < L.tokens.length; i++) {
+    assert.equal(L.text_offset[i], at, JSON.stringify(L.text_offset));
+    at += [...L.tokens[i]].length;  // code points, as Python's len
+  }
+
+});

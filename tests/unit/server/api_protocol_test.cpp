@@ -61,7 +61,7 @@ TEST(Tokenize, PromptOrMessages) {
   TokenizeRequest m = parse_tokenize_request(J(R"({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": false})"), info());
   EXPECT_TRUE(m.chat);
   EXPECT_FALSE(m.add_special_tokens);
-  EXPECT_FALSE(m.add_generation_prompt);
+  EXPECT_EQ(m.chat_body["add_generation_prompt"], false);
   EXPECT_EQ(m.chat_body["messages"].size(), 1u);
   expect_400([] { parse_tokenize_request(J(R"({})"), info()); }, "Exactly one");
   expect_400([] { parse_tokenize_request(J(R"({"prompt": "a", "messages": []})"), info()); }, "Exactly one");
@@ -263,8 +263,10 @@ TEST(PromptLogprobs, EchoAndVllmShapes) {
   EXPECT_EQ(off, 3u);
   EXPECT_TRUE(L.token_logprobs[0].is_null());
   EXPECT_FLOAT_EQ(L.token_logprobs[2].get<float>(), -2.0f);
-  EXPECT_EQ(L.top_logprobs[2].size(), 1u);
+  // The top-1 ("e") and the prompt token's own ("c"): OpenAI's "up to logprobs + 1".
+  EXPECT_EQ(L.top_logprobs[2].size(), 2u);
   EXPECT_TRUE(L.top_logprobs[2].contains("e"));
+  EXPECT_FLOAT_EQ(L.top_logprobs[2]["c"].get<float>(), -2.0f);
   Json v = vllm_prompt_logprobs(ids, lps, {1, 2}, 2, piece);
   ASSERT_EQ(v.size(), 3u);
   EXPECT_TRUE(v[0].is_null());
@@ -272,4 +274,36 @@ TEST(PromptLogprobs, EchoAndVllmShapes) {
   EXPECT_EQ(v[2]["2"]["decoded_token"], "c");
   EXPECT_EQ(v[2]["4"]["rank"], 1);
   EXPECT_EQ(v[2].size(), 2u);
+}
+
+// Completions logprobs: the sampled token is always in its top_logprobs entry (also with
+// logprobs 0), and text_offset counts characters (Python string indices), not UTF-8 bytes.
+TEST(CompletionLogprobs, SampledTokenAndCharacterOffsets) {
+  auto piece = [](int32_t id) { return id == 7 ? std::string("\xc3\xa9") : std::string(1, char('a' + id)); };
+  CompletionLogprobs L;
+  size_t off = 0;
+  L.add({{7, -0.25f, {}}, {1, -1.5f, {{2, -0.5f}}}, {3, -0.1f, {{3, -0.1f}}}}, piece, off);
+  ASSERT_EQ(L.top_logprobs.size(), 3u);
+  EXPECT_EQ(L.top_logprobs[0].size(), 1u);  // logprobs 0: the sampled token alone
+  EXPECT_FLOAT_EQ(L.top_logprobs[0]["\xc3\xa9"].get<float>(), -0.25f);
+  EXPECT_EQ(L.top_logprobs[1].size(), 2u);  // top-1 "c" and the sampled "b"
+  EXPECT_FLOAT_EQ(L.top_logprobs[1]["b"].get<float>(), -1.5f);
+  EXPECT_EQ(L.top_logprobs[2].size(), 1u);  // sampled == top-1: once
+  EXPECT_EQ(L.text_offset, Json::array({0, 1, 2}));
+  EXPECT_EQ(off, 3u);
+  EXPECT_EQ(text_chars("a\xc3\xa9\xf0\x9f\x98\x80z"), 4u);
+}
+
+// Chat logprobs' bytes are the token's own (a piece of a multi-byte character keeps its byte,
+// where the decoded piece is U+FFFD), so clients can rebuild split characters.
+TEST(ChatLogprobs, BytesAreTheTokensOwn) {
+  auto piece = [](int32_t id) { return id == 1 ? std::string("\xef\xbf\xbd") : std::string("a"); };
+  auto raw = [](int32_t id) { return id == 1 ? std::string("\xc3") : std::string("a"); };
+  Json c = chat_logprobs_content({{1, -0.5f, {{1, -0.5f}, {2, -1.0f}}}}, 2, piece, raw);
+  EXPECT_EQ(c[0]["token"], "\xef\xbf\xbd");
+  EXPECT_EQ(c[0]["bytes"], Json::array({0xc3}));
+  EXPECT_EQ(c[0]["top_logprobs"][0]["bytes"], Json::array({0xc3}));
+  EXPECT_EQ(c[0]["top_logprobs"][1]["bytes"], Json::array({'a'}));
+  Json d = chat_logprobs_content({{1, -0.5f, {}}}, 0, piece);  // no raw bytes: the piece's UTF-8
+  EXPECT_EQ(d[0]["bytes"], Json::array({0xef, 0xbf, 0xbd}));
 }

@@ -45,6 +45,54 @@ TEST(ChatTemplate, ContextHasTransformersVariables) {
   EXPECT_EQ(t.render(user("hi"), tools, Json{{"enable_thinking", false}}), "<s>[user:hi]T1EFalse></s>");
 }
 
+// continue_final_message (vLLM / transformers): the final message left open; an empty one is a
+// fresh turn; a template that does not reproduce its text is a 400; and through parse_chat_request
+// the vLLM flags (both true: 400; continue alone: no generation prompt).
+TEST(ChatTemplate, ContinueFinalMessage) {
+  NEED_JINJA();
+  auto t = ChatTemplates::from_sources(
+      "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
+      "{% if add_generation_prompt %}<assistant>{% endif %}");
+  ChatRequest cr;
+  cr.messages = Json::array({Json{{"role", "user"}, {"content", "hi"}}, Json{{"role", "assistant"}, {"content", "Sure, "}}});
+  EXPECT_EQ(t.render(cr), "<user>hi</user><assistant>Sure, </assistant><assistant>");
+  cr.continue_final_message = true;
+  cr.add_generation_prompt = false;
+  EXPECT_EQ(t.render(cr), "<user>hi</user><assistant>Sure, ");  // trailing space kept: the template kept it
+  cr.messages[1]["content"] = "  ";
+  EXPECT_EQ(t.render(cr), "<user>hi</user><assistant>");  // nothing to continue: a fresh turn
+  // A template that trims the message: cut after the stripped text.
+  auto trim = ChatTemplates::from_sources("{% for m in messages %}[{{ m.content | trim }}]{% endfor %}");
+  cr.messages[1]["content"] = " {\"a\": ";
+  EXPECT_EQ(trim.render(cr), "[hi][{\"a\":");
+  // One that drops it.
+  auto drop = ChatTemplates::from_sources("{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}{% endif %}{% endfor %}");
+  try {
+    drop.render(cr);
+    FAIL() << "no error";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.param, "continue_final_message");
+  }
+  ModelInfo mi;
+  mi.context_length = 1024;
+  mi.vocab_size = 1000;
+  const Json msgs = cr.messages;
+  ChatRequest c1 = parse_chat_request(Json{{"messages", msgs}, {"continue_final_message", true}}, mi);
+  EXPECT_TRUE(c1.continue_final_message);
+  EXPECT_FALSE(c1.add_generation_prompt);
+  ChatRequest c2 = parse_chat_request(Json{{"messages", msgs}, {"add_generation_prompt", false}}, mi);
+  EXPECT_FALSE(c2.continue_final_message);
+  EXPECT_FALSE(c2.add_generation_prompt);
+  try {
+    parse_chat_request(Json{{"messages", msgs}, {"continue_final_message", true}, {"add_generation_prompt", true}}, mi);
+    FAIL() << "no error";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.param, "continue_final_message");
+  }
+}
+
 TEST(ChatTemplate, RaiseExceptionIs400WithItsMessage) {
   NEED_JINJA();
   auto t = ChatTemplates::from_sources("{{ raise_exception('Conversation roles must alternate user/assistant') }}");
