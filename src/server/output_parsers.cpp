@@ -160,7 +160,11 @@ void ToolCallParser::emit_text(std::string_view s, std::string& content) {
 
 void ToolCallParser::close_call(std::string& content, std::vector<ToolCall>& calls, bool closed) {
   ToolCall call;
-  if (parse_tool_call_json(trim(buf_), call)) {
+  // Unclosed (the output ended: max_tokens): a complete call whose close tag was cut
+  // (`{...}\n</tool`) is still that call, as the incremental parse (streaming) already took it.
+  std::string_view body = buf_;
+  if (!closed) body.remove_suffix(partial_suffix(buf_, kCallClose));
+  if (parse_tool_call_json(trim(body), call)) {
     call.id = random_id("call_");
     calls.push_back(std::move(call));
     ++ncalls_;

@@ -213,6 +213,14 @@ TEST(ToolCallParser, HermesMalformedStaysContent) {
   // Closed by EOS without </tool_call> but complete JSON: a call.
   auto e = check_all_splits(RK::none, TK::hermes, "<tool_call>{\"name\": \"f\", \"arguments\": {}}");
   ASSERT_EQ(e.calls.size(), 1u);
+  // max_tokens cut the close tag of a complete call: still the call (as the stream took it), no
+  // markup left in the content.
+  for (const char* tail : {"\n</tool", "\n<", "</tool_call"}) {
+    auto t = check_all_splits(RK::none, TK::hermes, std::string("<tool_call>\n{\"name\": \"p\", \"arguments\": {}}") + tail);
+    ASSERT_EQ(t.calls.size(), 1u) << tail;
+    EXPECT_EQ(t.calls[0].first, "p");
+    EXPECT_EQ(t.content, "") << tail;
+  }
   EXPECT_EQ(e.calls[0].second, "{}");
   // Plain text with a partial tag at the end.
   auto p = check_all_splits(RK::none, TK::hermes, "x <tool");
