@@ -57,7 +57,8 @@ OutputProcessor::Delta OutputProcessor::feed(const StreamEvent& ev) {
   const size_t n = ev.tokens.size();
   for (size_t i = 0; i < n; ++i) {
     int32_t id = ev.tokens[i];
-    bool final_stop_id = ev.finished && ev.reason == FinishReason::stop && i + 1 == n && opts_.stop_ids.count(id);
+    bool final_stop_id = ev.finished && ev.reason == FinishReason::stop && i + 1 == n && opts_.stop_ids.count(id) &&
+                         !opts_.keep_ids.count(id);
     feed_token(id, final_stop_id);
     ++counted;
     if (match_stop()) {
@@ -97,6 +98,7 @@ void attach_output_processor(Stream& st, std::shared_ptr<const tok::Tokenizer> t
                              std::shared_ptr<StopInfo> info) {
   OutputOptions oo = output_options(p, eos_ids);
   oo.include_stop_str = include_stop_str;
+  if (include_stop_str) oo.keep_ids.insert(p.stop_token_ids.begin(), p.stop_token_ids.end());
   auto proc = std::make_shared<OutputProcessor>(std::move(tok), std::move(oo));
   auto counted = std::make_shared<int>(0);
   Stream* self = &st;  // the filter lives inside the Stream: a raw pointer, no cycle

@@ -28,8 +28,11 @@ namespace ts::server {
 struct OutputOptions {
   std::vector<std::string> stop;           // stop strings
   std::unordered_set<int32_t> stop_ids;    // ids that end a request without text (EOS ∪ stop_token_ids)
+  std::unordered_set<int32_t> keep_ids;    // of those, the ones whose text stays (include_stop_str: stop_token_ids)
   bool skip_special = true;
-  bool include_stop_str = false;           // keep the matched stop string in the text
+  // keep the matched stop string in the text, and a stop_token_ids id's text (vLLM's
+  // include_stop_str_in_output; EOS adds none)
+  bool include_stop_str = false;
 };
 
 class OutputProcessor {

@@ -134,6 +134,31 @@ TEST(OutputProcessor, FinalStopIdAddsNoText) {
   }
 }
 
+// vLLM's include_stop_str_in_output also keeps a stop_token_ids id's text (EOS still adds none).
+TEST(AttachOutputProcessor, IncludeStopStrKeepsAStopTokenIdsText) {
+  auto tok = demo_tok();
+  std::vector<int32_t> ids = tok->encode("x = 1", false);
+  const int32_t stop_id = ids.back();
+  for (bool include : {false, true}) {
+    GenerateParams p;
+    p.stop_token_ids = {stop_id};
+    Stream st;
+    attach_output_processor(st, tok, p, {}, include, nullptr);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const bool last = i + 1 == ids.size();
+      st.push(tokens_event({ids[i]}, last, last ? FinishReason::stop : FinishReason::none));
+    }
+    std::string text;
+    StreamEvent ev;
+    while (st.try_pop(ev)) {
+      text += ev.text;
+      if (ev.finished) break;
+    }
+    std::vector<int32_t> head(ids.begin(), ids.end() - 1);
+    EXPECT_EQ(text, include ? tok->decode(ids, true) : tok->decode(head, true)) << include;
+  }
+}
+
 TEST(OutputProcessor, OptionsFromParams) {
   GenerateParams p;
   p.stop = {"\n\n"};
