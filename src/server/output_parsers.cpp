@@ -375,9 +375,14 @@ void ToolCallParser::finish(std::string& content, std::vector<ToolCall>& calls) 
       }
       break;
     }
-    default:
-      emit_text(buf_, content);
+    default: {
+      // After calls, a cut start of the next one (`\n<`, `<tool_`: max_tokens) is not text.
+      const std::string_view rest = trim(buf_);
+      const bool cut_tag = ncalls_ > 0 && !rest.empty() && rest.size() < kCallOpen.size() &&
+                           kCallOpen.substr(0, rest.size()) == rest;
+      if (!cut_tag) emit_text(buf_, content);
       break;
+    }
   }
   buf_.clear();
   ws_.clear();

@@ -225,6 +225,12 @@ TEST(ToolCallParser, HermesMalformedStaysContent) {
   // Plain text with a partial tag at the end.
   auto p = check_all_splits(RK::none, TK::hermes, "x <tool");
   EXPECT_EQ(p.content, "x <tool");
+  // After calls, the cut start of the next one is not content (max_tokens).
+  for (const char* tail : {"\n<", "\n<t", "<tool_"}) {
+    auto q = check_all_splits(RK::none, TK::hermes, std::string("<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>") + tail);
+    ASSERT_EQ(q.calls.size(), 1u) << tail;
+    EXPECT_EQ(q.content, "") << tail;
+  }
 }
 
 TEST(ToolCallParser, HermesStringArgumentsAndNoArguments) {
