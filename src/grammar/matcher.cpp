@@ -358,6 +358,40 @@ class Lowerer {
   std::unordered_map<int32_t, int32_t> stars_;
 };
 
+// A rule is productive when one of its alternatives derives a finite byte string: all its
+// elements are non-empty byte sets or productive rules (a least fixpoint). An unproductive rule
+// (one that only refers to itself, as a JSON schema {"$ref": "#"} or a $ref cycle lowers to; a
+// character class with no character, as a pattern of lone UTF-16 surrogates) leaves the
+// matcher in a state where no byte and no end is allowed, so the mask would allow nothing.
+// Its alternatives are dropped (with every alternative that uses it); a grammar whose root is
+// unproductive matches nothing: refused.
+void prune_unproductive(FlatGrammar& f) {
+  const size_t n = f.alts.size();
+  std::vector<char> prod(n, 0);
+  auto alt_ok = [&](int32_t start) {
+    for (int32_t p = start; f.elems[p] != FlatGrammar::kEnd; ++p) {
+      const int32_t e = f.elems[p];
+      if (e >= 0) {
+        const auto& w = f.sets[size_t(e)];
+        if ((w[0] | w[1] | w[2] | w[3]) == 0) return false;
+      } else if (!prod[size_t(FlatGrammar::kRefBase - e)]) {
+        return false;
+      }
+    }
+    return true;
+  };
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t r = 0; r < n; ++r)
+      if (!prod[r] && std::any_of(f.alts[r].begin(), f.alts[r].end(), alt_ok)) prod[r] = 1, changed = true;
+  }
+  if (!prod[size_t(f.root)])
+    throw InvalidRequest(
+        "grammar: no finite output matches it (a rule that only refers to itself, such as a JSON schema $ref "
+        "that resolves to itself, or a character class with no character)");
+  for (size_t r = 0; r < n; ++r) std::erase_if(f.alts[r], [&](int32_t a) { return !alt_ok(a); });
+}
+
 // Left recursion makes the stacks grow without consuming input: reject it. An edge r -> s means
 // s can start r (after nullable elements); it "grows" when it is not a tail call. A growing edge
 // inside a strongly connected component is unbounded recursion.
@@ -584,6 +618,7 @@ void Stepper::advance(const ParseState& in, uint8_t b, ParseState& out) {
 CompiledGrammar::CompiledGrammar(const Grammar& g, std::shared_ptr<const Vocab> vocab, CompileOptions opt)
     : vocab_(std::move(vocab)) {
   Lowerer(g, flat_, opt.max_elements).run();
+  prune_unproductive(flat_);
   check_left_recursion(flat_);
   // The first state and its steps over every byte (what the first mask walks): a grammar too
   // ambiguous to start is refused here (a 400 for its request), not by its first mask.

@@ -85,7 +85,18 @@ class RegexParser {
         }
         cp = hex(2);
         return false;
-      case 'u': cp = hex(4); return false;
+      case 'u':
+        // JavaScript / JSON write a character past U+FFFF as a \uD8xx\uDCxx surrogate pair:
+        // one code point. A lone surrogate is not a character (a class of them matches nothing).
+        cp = hex(4);
+        if (cp >= 0xD800 && cp <= 0xDBFF && i_ + 6 <= p_.size() && p_[i_] == '\\' && p_[i_ + 1] == 'u') {
+          const size_t save = i_;
+          i_ += 2;
+          const uint32_t lo = hex(4);
+          if (lo >= 0xDC00 && lo <= 0xDFFF) cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+          else i_ = save;
+        }
+        return false;
       case 'b': case 'B': case 'A': case 'z': case 'Z':
         err(fmt::format("unsupported assertion \\{}", c));
       default:
@@ -124,6 +135,7 @@ class RegexParser {
   }
 
   int make_char(uint32_t cp) {
+    if (cp >= 0xD800 && cp <= 0xDFFF) err(fmt::format("\\u{:04X} is a lone UTF-16 surrogate, not a character", cp));
     if (icase_ && cp < 0x80 && std::isalpha(static_cast<int>(cp))) return make_chars({{cp, cp}}, false);
     std::string s;
     if (json_ && (cp == '"' || cp == '\\')) {

@@ -781,5 +781,36 @@ TEST(JsonSchema, InvalidSchemasNameTheProblem) {
   EXPECT_NE(msg(R"({"$ref":"https://example.com/s.json"})").find("only local $ref"), std::string::npos);
 }
 
+// A $ref that only resolves to itself (directly, through a cycle of $defs, or as a required
+// property's value) has no instance: a 400, not a grammar whose mask allows nothing (the sampler
+// then emitted an arbitrary id with finish_reason stop). An optional property of that kind is
+// simply never written; so is a pattern class with no character (lone UTF-16 surrogates).
+TEST(JsonSchema, SchemasWithoutAFiniteInstanceAreRefused) {
+  for (const char* s : {R"({"$ref":"#"})",
+                        R"({"$defs":{"a":{"$ref":"#/$defs/b"},"b":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"})",
+                        R"({"$defs":{"a":{"$ref":"#/$defs/a"}},"type":"object","properties":{"x":{"$ref":"#/$defs/a"}},"required":["x"]})"})
+    EXPECT_THROW(test::compile(json_schema_grammar(json::parse(s))), InvalidRequest) << s;
+  auto cg = test::compile(json_schema_grammar(json::parse(
+      R"({"$defs":{"a":{"$ref":"#/$defs/a"}},"type":"object","properties":{"x":{"$ref":"#/$defs/a"},"y":{"type":"integer"}},"additionalProperties":false})")));
+  EXPECT_TRUE(matches(cg, R"({"y":1})"));
+  EXPECT_TRUE(matches(cg, R"({})"));
+  Matcher m(cg);
+  EXPECT_TRUE(m.accept_bytes(R"({)"));
+  EXPECT_FALSE(m.accept_bytes(R"("x")"));  // no value can follow "x": the key is not offered
+  // A recursive schema with a base case stays fine.
+  auto tree = test::compile(json_schema_grammar(json::parse(
+      R"({"$defs":{"t":{"type":"object","properties":{"k":{"type":"array","items":{"$ref":"#/$defs/t"}}},"required":["k"],"additionalProperties":false}},"$ref":"#/$defs/t"})")));
+  EXPECT_TRUE(matches(tree, R"({"k":[{"k":[]}]})"));
+  // Patterns: a \uD83D\uDE00 surrogate pair is the one character U+1F600; a class of lone
+  // surrogates matches nothing (a required value of it: refused); a lone surrogate: refused.
+  auto emoji = test::compile(json_schema_grammar(json::parse(R"({"type":"string","pattern":"^\\uD83D\\uDE00$"})")));
+  EXPECT_TRUE(matches(emoji, "\"\xF0\x9F\x98\x80\""));
+  EXPECT_FALSE(matches(emoji, "\"\xED\xA0\xBD\xED\xB8\x80\""));
+  EXPECT_THROW(test::compile(json_schema_grammar(json::parse(
+                   R"({"type":"object","properties":{"s":{"type":"string","pattern":"^[\\uD800-\\uDFFF]$"}},"required":["s"]})"))),
+               InvalidRequest);
+  EXPECT_THROW(json_schema_grammar(json::parse(R"({"type":"string","pattern":"^\\uD83D$"})")), InvalidRequest);
+}
+
 }  // namespace
 }  // namespace ts::grammar
