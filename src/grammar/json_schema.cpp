@@ -15,8 +15,59 @@
 namespace ts::grammar {
 namespace {
 
+// RFC 3339 full-date: each month's own last day, and February 29 only in leap years (divisible by
+// 4, centuries only by 400), as validators (ajv-formats) check it.
+constexpr const char* kDateRe =
+    R"((\d{4}-((0[13578]|1[02])-(0[1-9]|[12]\d|3[01])|(0[469]|11)-(0[1-9]|[12]\d|30)|02-(0[1-9]|1\d|2[0-8]))|)"
+    R"((\d\d(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)-02-29))";
+
 // Ordered: properties are generated in the schema's order.
 using json = nlohmann::ordered_json;
+
+// Whether a listed value (enum / const) satisfies the scalar keywords beside it: type, numeric
+// bounds (draft-4 boolean exclusive forms too), multipleOf, string lengths in code points.
+bool value_fits(const json& v, const json& s) {
+  auto type_ok = [&](const std::string& t) {
+    if (t == "null") return v.is_null();
+    if (t == "boolean") return v.is_boolean();
+    if (t == "string") return v.is_string();
+    if (t == "array") return v.is_array();
+    if (t == "object") return v.is_object();
+    if (t == "number") return v.is_number();
+    if (t == "integer")
+      return v.is_number_integer() || (v.is_number_float() && std::isfinite(v.get<double>()) &&
+                                       std::floor(v.get<double>()) == v.get<double>());
+    return true;  // unknown type names are the type keyword's own error
+  };
+  if (auto t = s.find("type"); t != s.end()) {
+    if (t->is_string() && !type_ok(t->get<std::string>())) return false;
+    if (t->is_array() && std::none_of(t->begin(), t->end(), [&](const json& x) { return x.is_string() && type_ok(x.get<std::string>()); }))
+      return false;
+  }
+  if (v.is_number()) {
+    const double x = v.get<double>();
+    auto num = [&](const char* k) -> std::optional<double> {
+      auto it = s.find(k);
+      return it != s.end() && it->is_number() ? std::optional<double>(it->get<double>()) : std::nullopt;
+    };
+    auto flag = [&](const char* k) { return s.contains(k) && s[k].is_boolean() && s[k].get<bool>(); };
+    if (auto m = num("minimum"); m && (flag("exclusiveMinimum") ? x <= *m : x < *m)) return false;
+    if (auto m = num("maximum"); m && (flag("exclusiveMaximum") ? x >= *m : x > *m)) return false;
+    if (auto m = num("exclusiveMinimum"); m && x <= *m) return false;
+    if (auto m = num("exclusiveMaximum"); m && x >= *m) return false;
+    if (auto m = num("multipleOf"); m && *m > 0) {
+      const double q = x / *m;
+      if (std::fabs(q - std::round(q)) > 1e-9 * std::max(1.0, std::fabs(q))) return false;
+    }
+  }
+  if (v.is_string()) {
+    const std::string& str = v.get_ref<const std::string&>();
+    const auto n = static_cast<int64_t>(std::count_if(str.begin(), str.end(), [](char c) { return (c & 0xC0) != 0x80; }));
+    if (auto it = s.find("minLength"); it != s.end() && it->is_number_integer() && n < it->get<int64_t>()) return false;
+    if (auto it = s.find("maxLength"); it != s.end() && it->is_number_integer() && n > it->get<int64_t>()) return false;
+  }
+  return true;
+}
 
 // Keywords that constrain values in ways this grammar cannot express: rejected, not ignored
 // (ignored under JsonSchemaOptions::lenient).
@@ -782,10 +833,10 @@ class SchemaCompiler {
     }
     if (s.contains("format") && s["format"].is_string()) {
       static const std::map<std::string, std::string> kFormats = {
-          {"date", R"(\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01]))"},
+          {"date", kDateRe},
           {"time", R"(([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?(Z|[+-]([01]\d|2[0-3]):[0-5]\d))"},
           {"date-time",
-           R"(\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])T([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?(Z|[+-]([01]\d|2[0-3]):[0-5]\d))"},
+           std::string("(") + kDateRe + R"()T([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?(Z|[+-]([01]\d|2[0-3]):[0-5]\d))"},
           {"uuid", R"([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})"},
           {"email", R"([a-zA-Z0-9_.+-]+@[a-zA-Z0-9-]+(\.[a-zA-Z0-9-]+)+)"},
           {"ipv4", R"(((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))"},
@@ -1218,12 +1269,24 @@ class SchemaCompiler {
       g_.define(r, schema(target, ref, depth + 1));
       return g_.ref(r);
     }
-    if (s.contains("const")) return g_.lit(s["const"].dump());
-    if (s.contains("enum")) {
-      if (!s["enum"].is_array() || s["enum"].empty()) err(path, "'enum' must be a non-empty array");
+    if (s.contains("const") || s.contains("enum")) {
+      // The listed values that also satisfy the keywords beside them (type, numeric bounds,
+      // multipleOf, string lengths; const and enum together: both), as a validator applies all.
+      std::vector<json> vals;
+      if (s.contains("enum")) {
+        if (!s["enum"].is_array() || s["enum"].empty()) err(path, "'enum' must be a non-empty array");
+        vals.assign(s["enum"].begin(), s["enum"].end());
+      }
+      if (s.contains("const")) {
+        if (s.contains("enum") && std::find(vals.begin(), vals.end(), s["const"]) == vals.end()) vals.clear();
+        else vals = {s["const"]};
+      }
+      std::erase_if(vals, [&](const json& v) { return !value_fits(v, s); });
+      if (vals.empty())
+        err(path, "no 'enum' / 'const' value satisfies the keywords beside it (type, bounds, lengths)");
       std::vector<int> alts;
-      for (const auto& v : s["enum"]) alts.push_back(g_.lit(v.dump()));
-      return g_.alt(alts);
+      for (const auto& v : vals) alts.push_back(g_.lit(v.dump()));
+      return alts.size() == 1 ? alts[0] : g_.alt(alts);
     }
     for (const char* k : {"anyOf", "oneOf"})
       if (s.contains(k)) {

@@ -812,5 +812,32 @@ TEST(JsonSchema, SchemasWithoutAFiniteInstanceAreRefused) {
   EXPECT_THROW(json_schema_grammar(json::parse(R"({"type":"string","pattern":"^\\uD83D$"})")), InvalidRequest);
 }
 
+// enum / const keep only the values that satisfy the keywords beside them (a validator applies
+// all of them); none left is a 400. format date: each month's last day, Feb 29 in leap years.
+TEST(JsonSchema, EnumAndConstMeetTheirSiblingKeywordsAndDatesAreReal) {
+  auto m = [](const char* schema, const char* v) { return matches(test::compile(json_schema_grammar(json::parse(schema))), v); };
+  EXPECT_TRUE(m(R"({"enum":[1,5,10],"minimum":4})", "5"));
+  EXPECT_FALSE(m(R"({"enum":[1,5,10],"minimum":4})", "1"));
+  EXPECT_TRUE(m(R"({"type":"integer","enum":[1,1.5,"2",3]})", "3"));
+  EXPECT_FALSE(m(R"({"type":"integer","enum":[1,1.5,"2",3]})", "1.5"));
+  EXPECT_FALSE(m(R"({"type":"integer","enum":[1,1.5,"2",3]})", "\"2\""));
+  EXPECT_TRUE(m(R"({"type":"integer","enum":[2.0]})", "2.0"));
+  EXPECT_TRUE(m(R"({"type":"string","enum":["a","bbb","cccc"],"minLength":3,"maxLength":3})", "\"bbb\""));
+  EXPECT_FALSE(m(R"({"type":"string","enum":["a","bbb","cccc"],"minLength":3,"maxLength":3})", "\"cccc\""));
+  EXPECT_TRUE(m(R"({"enum":[0.3,0.5],"multipleOf":0.1,"exclusiveMaximum":0.5})", "0.3"));
+  EXPECT_FALSE(m(R"({"enum":[0.3,0.5],"multipleOf":0.1,"exclusiveMaximum":0.5})", "0.5"));
+  EXPECT_TRUE(m(R"({"const":"x","enum":["x","y"]})", "\"x\""));
+  for (const char* bad : {R"({"const":10,"maximum":5})", R"({"const":"abc","maxLength":2})", R"({"const":1,"enum":[2,3]})",
+                          R"({"type":"string","enum":[1,null]})"})
+    EXPECT_THROW(json_schema_grammar(json::parse(bad)), InvalidRequest) << bad;
+  const char* date = R"({"type":"string","format":"date"})";
+  for (const char* ok : {"\"2024-02-29\"", "\"2000-02-29\"", "\"1990-10-31\"", "\"1990-09-30\"", "\"0001-01-01\""})
+    EXPECT_TRUE(m(date, ok)) << ok;
+  for (const char* no : {"\"2023-02-29\"", "\"1900-02-29\"", "\"1990-09-31\"", "\"1990-02-30\"", "\"1990-13-01\""})
+    EXPECT_FALSE(m(date, no)) << no;
+  EXPECT_FALSE(m(R"({"type":"string","format":"date-time"})", "\"5173-11-31T07:32:33Z\""));
+  EXPECT_TRUE(m(R"({"type":"string","format":"date-time"})", "\"2024-02-29T07:32:33Z\""));
+}
+
 }  // namespace
 }  // namespace ts::grammar
