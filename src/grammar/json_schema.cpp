@@ -69,6 +69,59 @@ bool value_fits(const json& v, const json& s) {
   return true;
 }
 
+// Keywords beside a $ref that do not constrain the value (annotations, the ref's own context).
+const std::set<std::string> kRefAnnotations = {"$ref", "$defs", "definitions", "title", "description", "$schema",
+                                               "$id", "$comment", "default", "examples", "deprecated", "readOnly",
+                                               "writeOnly", "$anchor"};
+
+// The JSON types a "type" keyword admits (integer within number counted apart).
+std::set<std::string> type_set(const json& t) {
+  std::set<std::string> out;
+  if (t.is_string()) out.insert(t.get<std::string>());
+  if (t.is_array())
+    for (const auto& x : t)
+      if (x.is_string()) out.insert(x.get<std::string>());
+  return out;
+}
+
+// allOf: one keyword two branches both set, to one value that means both: the tighter bound,
+// the common types, the common enum values; anything else (two patterns, two formats) is a 400.
+json merge_keyword(const std::string& k, const json& a, const json& b, const std::string& path) {
+  auto fail = [&] {
+    throw InvalidRequest(fmt::format("json_schema: allOf: conflicting '{}' cannot be merged at {}", k, path), "json_schema");
+  };
+  static const std::set<std::string> kLower = {"minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties"};
+  static const std::set<std::string> kUpper = {"maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties"};
+  if ((kLower.count(k) || kUpper.count(k)) && a.is_number() && b.is_number()) {
+    const bool lo = kLower.count(k) > 0;
+    return (a.get<double>() < b.get<double>()) == lo ? b : a;
+  }
+  if (k == "type") {
+    std::set<std::string> ta = type_set(a), tb = type_set(b), both;
+    for (const auto& t : ta) {
+      if (tb.count(t)) both.insert(t);
+      else if (t == "integer" && tb.count("number")) both.insert("integer");
+    }
+    for (const auto& t : tb)
+      if (t == "integer" && ta.count("number")) both.insert("integer");
+    if (both.empty()) fail();
+    if (both.size() == 1) return *both.begin();
+    json out = json::array();
+    for (const auto& t : both) out.push_back(t);
+    return out;
+  }
+  if (k == "enum" && a.is_array() && b.is_array()) {
+    json out = json::array();
+    for (const auto& v : a)
+      if (std::find(b.begin(), b.end(), v) != b.end()) out.push_back(v);
+    if (out.empty()) fail();
+    return out;
+  }
+  if (k == "additionalProperties" && a.is_boolean() && b.is_boolean()) return a.get<bool>() && b.get<bool>();
+  fail();
+  return a;
+}
+
 // Keywords that constrain values in ways this grammar cannot express: rejected, not ignored
 // (ignored under JsonSchemaOptions::lenient).
 const std::set<std::string> kUnsupported = {"not", "if", "then", "else", "dependentSchemas",
@@ -851,7 +904,14 @@ class SchemaCompiler {
           // groups or "::" / "::ffff:".
           {"ipv6", kIpv6}};
       auto it = kFormats.find(s["format"].get<std::string>());
-      if (it != kFormats.end()) return g_.seq({g_.lit("\""), add_regex(g_, it->second, true), g_.lit("\"")});
+      if (it != kFormats.end()) {
+        const int re = add_regex(g_, it->second, true);
+        if (len_lo == 0 && len_hi < 0) return g_.seq({g_.lit("\""), re, g_.lit("\"")});
+        // minLength / maxLength beside a format bound the format's own strings (as beside a pattern).
+        if (len_lo < 0 || (len_hi >= 0 && len_hi < len_lo)) err(path, "bad minLength/maxLength");
+        if (len_lo > 10000 || len_hi > 10000) err(path, "minLength/maxLength above 10000 are not supported");
+        return g_.seq({g_.lit("\""), pattern_with_lengths(re, len_lo, len_hi, path), g_.lit("\"")});
+      }
       // Unknown formats are annotations (as the spec allows).
     }
     int lo = 0, hi = -1;
@@ -1255,6 +1315,13 @@ class SchemaCompiler {
   }
 
   int schema_inner(const json& s, const std::string& path, int depth) {
+    if (s.contains("$ref") && s["$ref"].is_string()) {
+      // 2020-12: keywords beside a $ref apply too (the referenced schema and them, as allOf).
+      json rest = json::object();
+      for (const auto& [k, v] : s.items())
+        if (!kRefAnnotations.count(k)) rest[k] = v;
+      if (!rest.empty()) return schema(json{{"allOf", json::array({json{{"$ref", s["$ref"]}}, rest})}}, path, depth + 1);
+    }
     if (s.contains("$ref")) {
       if (!s["$ref"].is_string()) err(path, "'$ref' must be a string");
       std::string ref = s["$ref"].get<std::string>();
@@ -1311,14 +1378,18 @@ class SchemaCompiler {
         while (sub.is_object() && sub.contains("$ref") && sub.size() == 1) sub = resolve(sub["$ref"].get<std::string>(), path);
         if (!sub.is_object()) err(path, "allOf entries must be schemas");
         for (const auto& [k, v] : sub.items()) {
-          if (k == "properties") {
-            for (const auto& [pk, pv] : v.items()) merged["properties"][pk] = pv;
+          if (k == "properties" && v.is_object()) {
+            // A property both branches declare must satisfy both subschemas.
+            for (const auto& [pk, pv] : v.items()) {
+              json& slot = merged["properties"][pk];
+              slot = slot.is_null() || slot == pv ? pv : json{{"allOf", json::array({slot, pv})}};
+            }
           } else if (k == "required") {
             for (const auto& r : v) merged["required"].push_back(r);
           } else if (!merged.contains(k)) {
             merged[k] = v;
           } else if (merged[k] != v && k != "title" && k != "description") {
-            err(path, fmt::format("allOf: conflicting '{}' cannot be merged", k));
+            merged[k] = merge_keyword(k, merged[k], v, path);
           }
         }
       }

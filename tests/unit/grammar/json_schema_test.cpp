@@ -839,5 +839,40 @@ TEST(JsonSchema, EnumAndConstMeetTheirSiblingKeywordsAndDatesAreReal) {
   EXPECT_TRUE(m(R"({"type":"string","format":"date-time"})", "\"2024-02-29T07:32:33Z\""));
 }
 
+// allOf: a property both branches declare satisfies both; the same keyword twice takes the tighter
+// bound / the common types / the common enum values; keywords beside a $ref apply with it.
+TEST(JsonSchema, AllOfMergesBothBranchesAndRefSiblingsApply) {
+  auto m = [](const char* schema, const char* v) { return matches(test::compile(json_schema_grammar(json::parse(schema))), v); };
+  const char* both = R"({"allOf":[{"type":"object","properties":{"a":{"type":"integer","minimum":10}},"required":["a"]},)"
+                     R"({"type":"object","properties":{"a":{"type":"integer","maximum":12}}}],"additionalProperties":false})";
+  EXPECT_TRUE(m(both, R"({"a":11})"));
+  EXPECT_FALSE(m(both, R"({"a":2})"));
+  EXPECT_FALSE(m(both, R"({"a":13})"));
+  EXPECT_TRUE(m(R"({"allOf":[{"type":["string","null"]},{"type":"string"}]})", "\"x\""));
+  EXPECT_FALSE(m(R"({"allOf":[{"type":["string","null"]},{"type":"string"}]})", "null"));
+  EXPECT_TRUE(m(R"({"allOf":[{"type":"number"},{"type":"integer"}]})", "4"));
+  EXPECT_FALSE(m(R"({"allOf":[{"type":"number"},{"type":"integer"}]})", "4.5"));
+  EXPECT_FALSE(m(R"({"type":"integer","allOf":[{"minimum":1},{"minimum":5}]})", "3"));
+  EXPECT_TRUE(m(R"({"type":"integer","allOf":[{"minimum":1},{"minimum":5}]})", "5"));
+  EXPECT_TRUE(m(R"({"allOf":[{"enum":[1,2,3]},{"enum":[2,3,4]}]})", "2"));
+  EXPECT_FALSE(m(R"({"allOf":[{"enum":[1,2,3]},{"enum":[2,3,4]}]})", "1"));
+  for (const char* bad : {R"({"allOf":[{"const":1},{"const":2}]})", R"({"allOf":[{"type":"string"},{"type":"integer"}]})",
+                          R"({"allOf":[{"enum":[1]},{"enum":[2]}]})"})
+    EXPECT_THROW(json_schema_grammar(json::parse(bad)), InvalidRequest) << bad;
+  const char* ref = R"({"$defs":{"S":{"type":"string"}},"type":"object","properties":{"a":{"$ref":"#/$defs/S","maxLength":3,)"
+                    R"("description":"d"}},"required":["a"],"additionalProperties":false})";
+  EXPECT_TRUE(m(ref, R"({"a":"abc"})"));
+  EXPECT_FALSE(m(ref, R"({"a":"abcd"})"));
+  // minLength / maxLength beside a format bound its strings.
+  EXPECT_THROW(json_schema_grammar(json::parse(R"({"type":"string","format":"uuid","maxLength":10})")), InvalidRequest);
+  EXPECT_TRUE(m(R"({"type":"string","format":"email","maxLength":8})", "\"a@b.co\""));
+  EXPECT_FALSE(m(R"({"type":"string","format":"email","maxLength":8})", "\"abcd@efgh.com\""));
+  EXPECT_THROW(json_schema_grammar(json::parse(R"({"type":"string","format":"date","minLength":11})")), InvalidRequest);
+  // A recursive $ref with only annotations beside it stays a reference.
+  EXPECT_TRUE(m(R"({"$defs":{"n":{"type":"object","properties":{"next":{"$ref":"#/$defs/n","description":"x"}},)"
+                R"("additionalProperties":false}},"$ref":"#/$defs/n"})",
+                R"({"next":{"next":{}}})"));
+}
+
 }  // namespace
 }  // namespace ts::grammar
