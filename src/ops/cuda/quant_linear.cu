@@ -393,11 +393,14 @@ struct TcVec<true> {
   uint2 v;
 };
 
-template <bool NORM, int EPI, bool FP4>
-__global__ void __launch_bounds__(kTcWarps * 32) quant_tc_gemv_kernel(TcArgs a) {
+// WIDE: one row set with 2 chunks in flight and 4 blocks per SM asked of the compiler instead of 4
+// chunks and no bound -- for grids of more than 2 blocks per SM (tc_wide).
+template <bool NORM, int EPI, bool FP4, bool WIDE = false>
+__global__ void __launch_bounds__(kTcWarps * 32, WIDE ? 4 : 1) quant_tc_gemv_kernel(TcArgs a) {
   constexpr int R = EPI == int(DecodeEpilogue::silu_mul) ? 2 : 1;  // weight row sets (gate, up)
-  // Chunks in flight per warp: 4 (FP8: 128 bytes per lane; NVFP4: 64) with one row set, 2 with two.
-  constexpr int U = R == 2 ? 2 : 4;
+  // Chunks in flight per warp: 4 (FP8: 128 bytes per lane; NVFP4: 64) with one row set, 2 with two
+  // or WIDE.
+  constexpr int U = R == 2 || WIDE ? 2 : 4;
   extern __shared__ __align__(16) unsigned char tc_smem[];  // NORM: x normalised [M, K]
   __shared__ float red[kTcWarps][R][4][32];
   __shared__ float nred[32];
@@ -536,11 +539,25 @@ __global__ void __launch_bounds__(kTcWarps * 32) quant_tc_gemv_kernel(TcArgs a) 
   }
 }
 
+// Whether an FP8 grid of `blocks` takes the WIDE form (FP8, one row set): more blocks than 2 per
+// SM. H100 lab (lab_quant_gemv, 2026-12-06, in a CUDA graph of 20 calls, copy 2976 GB/s): qkv
+// (6144 x 4096, 384 blocks) 14.08 -> 11.48 us at M = 1 (60 -> 74% of copy), 15.33 -> 11.95 at
+// M = 8, gate_up as one row set (1792 blocks) 44.1 -> 43.5; grids of <= 2 blocks per SM lose or
+// tie (down 4096 x 14336: 25.4 -> 26.6 us; o_proj 8.90 -> 9.02), so they keep 4 chunks. Every
+// block of a 384-block grid is resident at once with 4 per SM (at most 2-3 otherwise: a second
+// wave of a third of the grid). NVFP4 is ALU-bound here (~9 integer ops per weight byte): not
+// measured, left as it was.
+bool tc_wide(int64_t blocks, bool fp4, int R) {
+  return !fp4 && R == 1 && blocks > 2 * int64_t(sm_count());
+}
+
 template <bool NORM, int EPI>
 void tc_launch(const TcArgs& a, bool fp4) {
   const size_t smem = NORM ? size_t(a.M) * size_t(a.K) * 2 : 0;
   const dim3 grid(unsigned(ceil_div(a.N, kTcRows))), block(kTcWarps * 32);
+  constexpr int R = EPI == int(DecodeEpilogue::silu_mul) ? 2 : 1;
   if (fp4) launch(quant_tc_gemv_kernel<NORM, EPI, true>, grid, block, smem, true, a);
+  else if (tc_wide(grid.x, fp4, R)) launch(quant_tc_gemv_kernel<NORM, EPI, false, true>, grid, block, smem, true, a);
   else launch(quant_tc_gemv_kernel<NORM, EPI, false>, grid, block, smem, true, a);
 }
 
