@@ -324,6 +324,7 @@ std::vector<std::string> splitlines(std::string_view s, bool keepends) {
 }
 
 // Python's str.center/ljust/rjust padding (center puts the odd space on the left when width is odd).
+// 'c' is format()'s centering ('{:^7}'), which always puts the odd space on the right.
 std::string pad(const std::string& s, int64_t width, char align, const std::string& fill = " ") {
   int64_t len = int64_t(cp_count(s));
   if (width <= len) return s;
@@ -331,6 +332,8 @@ std::string pad(const std::string& s, int64_t width, char align, const std::stri
   int64_t marg = width - len, left = 0;
   if (align == '^')
     left = marg / 2 + (marg & width & 1);
+  else if (align == 'c')
+    left = marg / 2;
   else if (align == '>')
     left = marg;
   std::string out;
@@ -518,6 +521,7 @@ std::string format_value(const Value& v, const std::string& spec) {
     align = char(cps[0]);
     k = 1;
   }
+  if (align == '^') align = 'c';
   char sign = '-';
   if (k < cps.size() && (cps[k] == '+' || cps[k] == '-' || cps[k] == ' ')) sign = char(cps[k++]);
   bool alt = false;
@@ -785,6 +789,9 @@ const std::string& need_str(const Value* v, const char* fname) {
 
 Value str_method(Interp& in, const Value& self, std::string_view name, const Args& args) {
   const std::string& s = self.str();
+  // Most str methods are positional-only in CPython: 'a'.strip(chars='a') is a TypeError.
+  if (!args.kw.empty() && name != "split" && name != "rsplit" && name != "splitlines" && name != "format")
+    type_error(fmt::format("str.{}() takes no keyword arguments", name));
   if (name == "strip" || name == "lstrip" || name == "rstrip") {
     auto b = bind_args(args, {"chars"}, "strip");
     return Value::string(strip(s, b[0], name != "rstrip", name != "lstrip"));
@@ -1142,7 +1149,9 @@ bool has_method(const Value& v, std::string_view name) {
       return false;
     case Kind::Dict: return name == "get" || name == "items" || name == "keys" || name == "values" || name == "copy";
     case Kind::List: return v.lst().plain() && (name == "index" || name == "count" || name == "copy");
-    case Kind::Object: return v.obj().type == ObjType::Loop && (name == "cycle" || name == "changed");
+    case Kind::Object:
+      if (v.obj().type == ObjType::Cycler) return name == "next" || name == "reset";
+      return v.obj().type == ObjType::Loop && (name == "cycle" || name == "changed");
     default: return false;
   }
 }
@@ -1156,6 +1165,7 @@ Value call_method(Interp& in, const Value& self, std::string_view name, const Ar
     case Kind::String: return str_method(in, self, name, args);
     case Kind::Dict: {
       if (name == "get") {
+        if (!args.kw.empty()) type_error("dict.get() takes no keyword arguments");  // positional-only in CPython
         auto b = bind_args(args, {"key", "default"}, "get");
         if (!b[0]) type_error("get expected at least 1 argument, got 0");
         const Value* v = self.dct().find(*b[0]);
@@ -1177,6 +1187,7 @@ Value call_method(Interp& in, const Value& self, std::string_view name, const Ar
     case Kind::List: {
       auto& items = self.lst().items;
       if (name == "copy") return Value::list(items, self.lst().tuple);
+      if (!args.kw.empty()) type_error(fmt::format("list.{}() takes no keyword arguments", name));
       auto b = bind_args(args, {"value"}, std::string(name).c_str());
       if (!b[0]) type_error(fmt::format("{}() takes exactly one argument (0 given)", name));
       if (name == "count")
@@ -1189,6 +1200,17 @@ Value call_method(Interp& in, const Value& self, std::string_view name, const Ar
       value_error(r + " is not in list");
     }
     case Kind::Object: {
+      if (self.obj().type == ObjType::Cycler) {
+        auto& c = self.as<CyclerObj>();
+        bind_args(args, {}, std::string(name).c_str());
+        if (name == "reset") {
+          c.pos = 0;
+          return Value::none();
+        }
+        Value cur = c.items[c.pos];
+        c.pos = (c.pos + 1) % c.items.size();
+        return cur;
+      }
       auto& l = self.as<LoopObj>();
       if (name == "cycle") {
         if (!args.kw.empty()) type_error("cycle() takes no keyword arguments");
@@ -1823,6 +1845,358 @@ Value f_wordcount(Interp&, const Value& v, const Args& a) {
   return Value::integer(n);
 }
 
+// groupby(attribute, default, case_sensitive): sorts by the attribute, then groups runs of equal
+// keys into (grouper, list) pairs. Without case_sensitive, keys compare lower-cased but the
+// grouper shown is the first item's own value.
+Value f_groupby(Interp& in, const Value& v, const Args& a) {
+  auto b = bind_args(a, {"attribute", "default", "case_sensitive"}, "groupby");
+  if (!b[0]) type_error("do_groupby() missing 1 required positional argument: 'attribute'");
+  bool cs = b[2] && truthy(*b[2]);
+  auto key_of = [&](const Value& x) {
+    Value k = attr_path(in, x, *b[0]);
+    return k.is_undefined() && b[1] && !b[1]->is_none() ? *b[1] : k;
+  };
+  Value h;
+  auto& items = seq_items(v, h);
+  std::vector<Value> keys;
+  keys.reserve(items.size());
+  for (auto& x : items) keys.push_back(cs ? key_of(x) : lower_if_str(key_of(x)));
+  std::vector<size_t> order(items.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return compare(keys[x], keys[y]) < 0; });
+  std::vector<Value> out;
+  for (size_t k = 0; k < order.size();) {
+    size_t e = k + 1;
+    while (e < order.size() && equals(keys[order[e]], keys[order[k]])) ++e;
+    std::vector<Value> members;
+    for (size_t j = k; j < e; ++j) members.push_back(items[order[j]]);
+    Value grouper = cs ? keys[order[k]] : key_of(members[0]);
+    Value g = Value::list({std::move(grouper), Value::list(std::move(members))}, true);
+    g.as<ListObj>().group = true;
+    out.push_back(std::move(g));
+    k = e;
+  }
+  return Value::list(std::move(out));
+}
+
+// slice(n, fill_with): n consecutive columns; the first len % n get one item more, and with
+// fill_with the shorter ones are padded by one.
+Value f_slice(Interp&, const Value& v, const Args& a) {
+  auto b = bind_args(a, {"slices", "fill_with"}, "slice");
+  if (!b[0]) type_error("do_slice() missing 1 required positional argument: 'slices'");
+  int64_t n = need_int(b[0], "slices", 0);
+  if (n == 0) throw JinjaError("ZeroDivisionError", "integer division or modulo by zero");
+  Value h;
+  auto& items = seq_items(v, h);
+  int64_t len = int64_t(items.size());
+  // Python's floor division and modulo (n may be negative; then there are no slices at all).
+  int64_t per = len / n - ((len % n != 0) && ((len < 0) != (n < 0)) ? 1 : 0);
+  int64_t extra = len - per * n;
+  std::vector<Value> out;
+  int64_t offset = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    int64_t start = offset + k * per;
+    if (k < extra) ++offset;
+    int64_t end = offset + (k + 1) * per;
+    std::vector<Value> part;
+    for (int64_t j = std::max<int64_t>(start, 0); j < std::min(end, len); ++j) part.push_back(items[size_t(j)]);
+    if (b[1] && !b[1]->is_none() && k >= extra) part.push_back(*b[1]);
+    out.push_back(Value::list(std::move(part)));
+  }
+  return Value::generator(std::move(out));
+}
+
+// The HTML entities striptags decodes: numeric ones and the few named ones text actually carries.
+// (Python decodes all of HTML5's named entities; others are left as written.)
+std::string html_unescape(const std::string& s) {
+  static const std::pair<const char*, const char*> named[] = {
+      {"amp", "&"}, {"lt", "<"}, {"gt", ">"}, {"quot", "\""}, {"apos", "'"}, {"nbsp", "\u00a0"}};
+  std::string out;
+  for (size_t p = 0; p < s.size();) {
+    size_t semi = s[p] == '&' ? s.find(';', p) : std::string::npos;
+    if (semi == std::string::npos || semi - p > 10) {
+      out += s[p++];
+      continue;
+    }
+    std::string ent = s.substr(p + 1, semi - p - 1);
+    bool done = false;
+    if (ent.size() > 1 && ent[0] == '#') {
+      bool hex = (ent[1] | 0x20) == 'x';
+      std::string digits = ent.substr(hex ? 2 : 1);
+      uint32_t cp = 0;
+      auto r = std::from_chars(digits.data(), digits.data() + digits.size(), cp, hex ? 16 : 10);
+      if (!digits.empty() && r.ec == std::errc() && r.ptr == digits.data() + digits.size() && cp > 0 &&
+          cp <= 0x10ffff && !(cp >= 0xd800 && cp <= 0xdfff)) {
+        encode_utf8(out, cp);
+        done = true;
+      }
+    } else {
+      for (auto& [name, text] : named)
+        if (ent == name) {
+          out += text;
+          done = true;
+        }
+    }
+    if (done)
+      p = semi + 1;
+    else
+      out += s[p++];
+  }
+  return out;
+}
+
+// Markup.striptags(): drop <!-- comments --> and <tags>, collapse whitespace, decode entities.
+Value f_striptags(Interp&, const Value& v, const Args& a) {
+  bind_args(a, {}, "striptags");
+  std::string s = soft_str(v);
+  for (const char *open : {"<!--", "<"}) {
+    const char* close = open[1] ? "-->" : ">";
+    for (size_t start; (start = s.find(open)) != std::string::npos;) {
+      size_t end = s.find(close, start);
+      if (end == std::string::npos) break;
+      s.erase(start, end + std::strlen(close) - start);
+    }
+  }
+  std::string joined;
+  for (auto& w : split_ws(s, -1)) {
+    if (!joined.empty()) joined += ' ';
+    joined += w.str();
+  }
+  return Value::string(html_unescape(joined));  // unescape() hands back a plain str
+}
+
+// urllib.parse.quote over UTF-8 bytes: letters, digits and _.-~ stay, "/" too outside queries.
+std::string url_quote(const Value& v, bool for_qs) {
+  std::string s = soft_str(v), out;
+  for (unsigned char c : s) {
+    if (isalnum(c) || c == '_' || c == '.' || c == '-' || c == '~' || (c == '/' && !for_qs))
+      out += char(c);
+    else if (c == ' ' && for_qs)
+      out += '+';
+    else
+      out += fmt::format("%{:02X}", c);
+  }
+  return out;
+}
+
+// A string (or any non-iterable) is quoted as a path; a dict or list of pairs becomes a query.
+Value f_urlencode(Interp&, const Value& v, const Args& a) {
+  bind_args(a, {}, "urlencode");
+  if (v.is_string() || !(v.is_list() || v.is_dict())) return Value::string(url_quote(v, false));
+  Value h;
+  std::vector<std::pair<Value, Value>> pairs;
+  if (v.is_dict()) {
+    pairs = v.dct().items;
+  } else {
+    for (auto& item : seq_items(v, h)) {
+      Value p = iterate(item);
+      if (p.lst().items.size() != 2)
+        value_error(fmt::format("{} values to unpack (expected 2)",
+                                p.lst().items.size() < 2 ? "not enough" : "too many"));
+      pairs.emplace_back(p.lst().items[0], p.lst().items[1]);
+    }
+  }
+  std::string out;
+  for (auto& [k, x] : pairs) {
+    if (!out.empty()) out += '&';
+    out += url_quote(k, true) + "=" + url_quote(x, true);
+  }
+  return Value::string(std::move(out));
+}
+
+Value f_filesizeformat(Interp&, const Value& v, const Args& a) {
+  auto b = bind_args(a, {"binary"}, "filesizeformat");
+  bool binary = b[0] && truthy(*b[0]);
+  double bytes;
+  if (v.is_number()) {
+    bytes = v.as_double();
+  } else if (v.is_string()) {
+    if (!parse_py_float(v.str(), bytes)) value_error("could not convert string to float: " + py_str_repr(v.str()));
+  } else {
+    if (v.is_undefined()) undefined_error(v);
+    type_error(fmt::format("float() argument must be a string or a real number, not '{}'", type_name(v)));
+  }
+  static const char* const dec[] = {"kB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB"};
+  static const char* const bin[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB"};
+  const double base = binary ? 1024 : 1000;
+  if (bytes == 1) return Value::string("1 Byte");
+  if (bytes < base) {
+    if (!std::isfinite(bytes)) throw JinjaError("OverflowError", "cannot convert float infinity to integer");
+    return Value::string(fmt::format("{} Bytes", int64_t(bytes)));
+  }
+  double unit = base;
+  for (int k = 0; k < 8; ++k) {
+    unit *= base;  // base ** (k + 2)
+    if (bytes < unit || k == 7)
+      return Value::string(fmt::format("{:.1f} {}", base * bytes / unit, (binary ? bin : dec)[k]));
+  }
+  return Value::string("");  // unreachable
+}
+
+// xmlattr: ` key="value"` for each item that is neither none nor undefined, both HTML-escaped.
+Value f_xmlattr(Interp&, const Value& v, const Args& a) {
+  auto b = bind_args(a, {"autospace"}, "xmlattr");
+  bool autospace = !b[0] || truthy(*b[0]);
+  if (v.is_undefined()) undefined_error(v);
+  if (!v.is_dict())
+    throw JinjaError("AttributeError", fmt::format("'{}' object has no attribute 'items'", type_name(v)));
+  std::string out;
+  for (auto& [k, x] : v.dct().items) {
+    if (x.is_none() || x.is_undefined()) continue;
+    std::string key = soft_str(k);
+    for (char c : key)
+      if (c == ' ' || (c >= '\t' && c <= '\r') || c == '/' || c == '>' || c == '=')
+        value_error("Invalid character in attribute name: " + py_str_repr(key));
+    if (!out.empty()) out += ' ';
+    bool safe = x.is_string() && x.sobj().markup;
+    out += html_escape(key) + "=\"" + (safe ? x.str() : html_escape(soft_str(x))) + "\"";
+  }
+  if (autospace && !out.empty()) out = " " + out;
+  return Value::string(std::move(out));  // Markup only under autoescape, which transformers leaves off
+}
+
+// pprint: Python's pprint.pformat (width 80, dict keys sorted): the repr when it fits, else dicts,
+// lists and tuples one item per line and long strings split into adjacent literals.
+struct PrettyPrinter {
+  static constexpr int64_t kWidth = 80;
+  std::string out;
+
+  static std::vector<std::pair<Value, Value>> sorted_items(const Value& d) {
+    auto items = d.dct().items;
+    // Keys Python cannot order (1 < 'x') fall back to comparing their type names, as pprint does.
+    auto less = [](const std::pair<Value, Value>& x, const std::pair<Value, Value>& y) {
+      try {
+        return compare(x.first, y.first) < 0;
+      } catch (const JinjaError&) {
+        return std::strcmp(type_name(x.first), type_name(y.first)) < 0;
+      }
+    };
+    std::stable_sort(items.begin(), items.end(), less);
+    return items;
+  }
+  static void repr(std::string& s, const Value& v) {
+    if (v.is_dict()) {
+      s += '{';
+      bool first = true;
+      for (auto& [k, x] : sorted_items(v)) {
+        if (!first) s += ", ";
+        first = false;
+        repr(s, k);
+        s += ": ";
+        repr(s, x);
+      }
+      s += '}';
+    } else if (v.is_list() && v.lst().plain()) {
+      auto& items = v.lst().items;
+      s += v.lst().tuple ? '(' : '[';
+      for (size_t k = 0; k < items.size(); ++k) {
+        if (k) s += ", ";
+        repr(s, items[k]);
+      }
+      s += v.lst().tuple ? (items.size() == 1 ? ",)" : ")") : "]";
+    } else {
+      append_repr(s, v);
+    }
+  }
+  static int64_t width(const std::string& s) { return int64_t(cp_count(s)); }
+
+  void format(const Value& v, int64_t indent, int64_t allowance, int level) {
+    std::string rep;
+    repr(rep, v);
+    if (width(rep) > kWidth - indent - allowance) {
+      if (v.is_dict() && !v.dct().items.empty()) return format_dict(v, indent, allowance, level + 1);
+      if (v.is_list() && v.lst().plain() && !v.lst().items.empty()) {
+        bool tuple = v.lst().tuple;
+        const char* end = tuple ? (v.lst().items.size() == 1 ? ",)" : ")") : "]";
+        out += tuple ? '(' : '[';
+        format_items(v.lst().items, indent, allowance + int64_t(std::strlen(end)), level + 1);
+        out += end;
+        return;
+      }
+      if (v.is_string() && !v.str().empty()) return format_str(v.str(), indent, allowance, level + 1);
+    }
+    out += rep;
+  }
+  void format_dict(const Value& d, int64_t indent, int64_t allowance, int level) {
+    out += '{';
+    auto items = sorted_items(d);
+    indent += 1;
+    for (size_t k = 0; k < items.size(); ++k) {
+      bool last = k + 1 == items.size();
+      std::string key;
+      repr(key, items[k].first);
+      out += key + ": ";
+      format(items[k].second, indent + width(key) + 2, last ? allowance + 1 : 1, level);
+      if (!last) out += ",\n" + std::string(size_t(indent), ' ');
+    }
+    out += '}';
+  }
+  void format_items(const std::vector<Value>& items, int64_t indent, int64_t allowance, int level) {
+    indent += 1;
+    for (size_t k = 0; k < items.size(); ++k) {
+      bool last = k + 1 == items.size();
+      if (k) out += ",\n" + std::string(size_t(indent), ' ');
+      format(items[k], indent, last ? allowance : 1, level);
+    }
+  }
+  // Each line is one literal if it fits, else split after runs of whitespace into literals that do.
+  void format_str(const std::string& s, int64_t indent, int64_t allowance, int level) {
+    auto lines = splitlines(s, true);
+    if (level == 1) indent += 1, allowance += 1;
+    const int64_t max_width = kWidth - indent;
+    std::vector<std::string> chunks;
+    for (size_t i = 0; i < lines.size(); ++i) {
+      bool last_line = i + 1 == lines.size();
+      std::string rep = py_str_repr(lines[i]);
+      if (width(rep) <= max_width - (last_line ? allowance : 0)) {
+        chunks.push_back(rep);
+        continue;
+      }
+      std::vector<std::string> parts;  // runs of non-space then space, as re.findall(r'\S*\s*')
+      const std::string& line = lines[i];
+      for (size_t p = 0; p < line.size();) {
+        size_t start = p;
+        for (bool space : {false, true})
+          while (p < line.size()) {
+            size_t q = p;
+            if (is_py_space(decode_utf8(line, q)) != space) break;
+            p = q;
+          }
+        parts.push_back(line.substr(start, p - start));
+      }
+      std::string current;
+      for (size_t j = 0; j < parts.size(); ++j) {
+        std::string candidate = current + parts[j];
+        int64_t limit = max_width - (j + 1 == parts.size() && last_line ? allowance : 0);
+        if (width(py_str_repr(candidate)) > limit) {
+          if (!current.empty()) chunks.push_back(py_str_repr(current));
+          current = parts[j];
+        } else {
+          current = std::move(candidate);
+        }
+      }
+      if (!current.empty()) chunks.push_back(py_str_repr(current));
+    }
+    if (chunks.size() == 1) {
+      out += chunks[0];
+      return;
+    }
+    if (level == 1) out += '(';
+    for (size_t k = 0; k < chunks.size(); ++k) {
+      if (k) out += "\n" + std::string(size_t(indent), ' ');
+      out += chunks[k];
+    }
+    if (level == 1) out += ')';
+  }
+};
+
+Value f_pprint(Interp&, const Value& v, const Args& a) {
+  bind_args(a, {}, "pprint");
+  PrettyPrinter pp;
+  pp.format(v, 0, 0, 0);
+  return Value::string(std::move(pp.out));
+}
+
 const std::unordered_map<std::string_view, FilterFn>& filters() {
   static const std::unordered_map<std::string_view, FilterFn> m = {
       {"abs", f_abs},           {"attr", f_attr},
@@ -1847,6 +2221,10 @@ const std::unordered_map<std::string_view, FilterFn>& filters() {
       {"tojson", f_tojson},     {"trim", f_trim},
       {"truncate", f_truncate}, {"unique", f_unique},
       {"upper", f_upper},       {"wordcount", f_wordcount},
+      {"groupby", f_groupby},   {"slice", f_slice},
+      {"striptags", f_striptags}, {"urlencode", f_urlencode},
+      {"filesizeformat", f_filesizeformat}, {"xmlattr", f_xmlattr},
+      {"pprint", f_pprint},
   };
   return m;
 }
@@ -1885,7 +2263,10 @@ bool t_sequence(Interp&, const Value& v, const Args& a) {
   no_args(a, "sequence");
   return v.is_string() || (v.is_list() && v.lst().plain()) || v.is_dict() || v.is_undefined();
 }
-bool t_escaped(Interp&, const Value&, const Args& a) { return no_args(a, "escaped"), false; }
+// Markup strings (from |e, |safe) have __html__, which is all the test looks for.
+bool t_escaped(Interp&, const Value& v, const Args& a) {
+  return no_args(a, "escaped"), v.is_string() && v.sobj().markup;
+}
 bool need_int_test(const Value& v, const char* name) {
   if (v.is_undefined()) undefined_error(v);
   if (!v.is_number()) type_error(fmt::format("test '{}' needs a number, got {}", name, type_name(v)));
@@ -2069,6 +2450,14 @@ Value g_strftime_now(Interp& in, const Args& a) {
   return Value::string(std::string(buf.data(), n));
 }
 
+Value g_cycler(Interp&, const Args& a) {
+  if (!a.kw.empty()) type_error("cycler() got an unexpected keyword argument");
+  if (a.pos.empty()) throw JinjaError("RuntimeError", "at least one item has to be provided");
+  auto c = std::make_shared<CyclerObj>();
+  c->items = a.pos;
+  return Value::object(std::move(c));
+}
+
 Value g_joiner(Interp&, const Args& a) {
   auto b = bind_args(a, {"sep"}, "joiner");
   return Value::object(std::make_shared<JoinerObj>(b[0] ? to_str(*b[0]) : ", "));
@@ -2094,6 +2483,7 @@ bool builtin_global(std::string_view name, Value& out) {
       {"raise_exception", g_raise_exception},
       {"strftime_now", g_strftime_now},
       {"joiner", g_joiner},
+      {"cycler", g_cycler},
   };
   for (auto& [n, fn] : table)
     if (name == n) {

@@ -493,8 +493,13 @@ Value Interp::getattr(const Value& obj, std::string_view name, const Value* key)
       if (const Value* v = obj.dct().find(name)) return *v;
       break;
     }
-    case Kind::String:
     case Kind::List:
+      if (obj.lst().group) {  // groupby's namedtuple fields
+        if (name == "grouper") return obj.lst().items[0];
+        if (name == "list") return obj.lst().items[1];
+      }
+      [[fallthrough]];
+    case Kind::String:
       if (has_method(obj, name)) return bound_method(obj, name);
       if (unsafe_method(obj, name)) return unsafe_undefined(obj, name);
       break;
@@ -504,6 +509,11 @@ Value Interp::getattr(const Value& obj, std::string_view name, const Value* key)
       } else if (obj.obj().type == ObjType::Loop) {
         if (has_method(obj, name)) return bound_method(obj, name);
         return loop_attr(obj, name, key);
+      } else if (obj.obj().type == ObjType::Cycler) {
+        if (has_method(obj, name)) return bound_method(obj, name);
+        auto& c = obj.as<CyclerObj>();
+        if (name == "current") return c.items[c.pos];
+        if (name == "items") return Value::list(c.items, true);
       }
       break;
     default: break;
@@ -558,13 +568,15 @@ Value Interp::getitem(const Value& obj, const Value& key) {
 
 Value Interp::apply_filter(const std::string& name, const Value& v, const Args& args) {
   FilterFn fn = find_filter(name);
-  if (!fn) throw JinjaError("TemplateAssertionError", fmt::format("No filter named '{}'.", name));
+  // Only map() names a filter at render time; jinja2 reports that as a runtime error (a filter
+  // written in the template is checked when it compiles: TemplateAssertionError, below).
+  if (!fn) throw JinjaError("TemplateRuntimeError", fmt::format("No filter named '{}'.", name));
   return fn(*this, v, args);
 }
 
 bool Interp::apply_test(const std::string& name, const Value& v, const Args& args) {
   TestFn fn = find_test(name);
-  if (!fn) throw JinjaError("TemplateAssertionError", fmt::format("No test named '{}'.", name));
+  if (!fn) throw JinjaError("TemplateRuntimeError", fmt::format("No test named '{}'.", name));  // select(), as above
   return fn(*this, v, args);
 }
 

@@ -69,6 +69,16 @@ struct LoopObj : Object {
   size_t length() const { return items.lst().items.size(); }
 };
 
+// cycler(...): the only other stateful global; next() advances, reset() rewinds, .current peeks.
+struct CyclerObj : Object {
+  CyclerObj() : Object(ObjType::Cycler) {}
+  const char* py_type() const override { return "Cycler"; }
+  const char* py_module() const override { return "jinja2.utils"; }
+  void repr(std::string& out) const override { out += "<jinja2.utils.Cycler object>"; }
+  std::vector<Value> items;  // never empty
+  size_t pos = 0;
+};
+
 enum class Flow : uint8_t { Normal, Break, Continue };
 
 class Interp {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
+#include <locale.h>
 
 #include <fmt/format.h>
 
@@ -375,7 +377,13 @@ class Lexer {
     std::string text = strip(src_.substr(p, e - p));
     if (is_float) {
       double v = 0;
-      std::from_chars(text.data(), text.data() + text.size(), v);
+      auto r = std::from_chars(text.data(), text.data() + text.size(), v);
+      // Out of range: Python reads 1e400 as inf and 1e-400 as 0.0 (from_chars leaves v unset);
+      // strtod rounds the same way, in the C locale whatever the process's decimal point.
+      if (r.ec == std::errc::result_out_of_range) {
+        static locale_t c_locale = newlocale(LC_NUMERIC_MASK, "C", locale_t(0));
+        v = strtod_l(text.c_str(), nullptr, c_locale);
+      }
       add(Tok::Float, "", p).fval = v;
     } else {
       int64_t v = 0;

@@ -350,9 +350,38 @@ std::string to_str(const Value& v) {
   return s;
 }
 
+namespace {
+// int vs float, exactly as Python compares them: 2**53 + 1 != 2**53 + 1.0, although converting the
+// int to a double would make them equal. NaN is unordered: 2 (nothing is equal to or less than it).
+int cmp_int_float(int64_t i, double d) {
+  if (std::isnan(d)) return 2;
+  if (d >= 9223372036854775808.0) return -1;  // 2**63: beyond every int64
+  if (d < -9223372036854775808.0) return 1;
+  int64_t t = int64_t(d);  // exact: |d| < 2**63, truncated toward zero
+  if (i != t) return i < t ? -1 : 1;
+  double frac = d - double(t);  // exact as well
+  return frac > 0 ? -1 : frac < 0 ? 1 : 0;
+}
+// -1/0/1, or 2 when a NaN makes the pair unordered.
+int cmp_numbers(const Value& a, const Value& b) {
+  auto ival = [](const Value& v) { return v.kind == Kind::Bool ? int64_t(v.b) : v.i; };
+  if (a.kind == Kind::Float && b.kind == Kind::Float) {
+    if (std::isnan(a.f) || std::isnan(b.f)) return 2;
+    return a.f < b.f ? -1 : a.f > b.f ? 1 : 0;
+  }
+  if (a.kind == Kind::Float) {
+    int c = cmp_int_float(ival(b), a.f);
+    return c == 2 ? 2 : -c;
+  }
+  if (b.kind == Kind::Float) return cmp_int_float(ival(a), b.f);
+  int64_t x = ival(a), y = ival(b);
+  return x < y ? -1 : x > y ? 1 : 0;
+}
+}  // namespace
+
 bool equals(const Value& a, const Value& b) {
   if (a.is_number() && b.is_number()) {
-    if (a.kind == Kind::Float || b.kind == Kind::Float) return a.as_double() == b.as_double();
+    if (a.kind == Kind::Float || b.kind == Kind::Float) return cmp_numbers(a, b) == 0;
     return (a.kind == Kind::Bool ? int64_t(a.b) : a.i) == (b.kind == Kind::Bool ? int64_t(b.b) : b.i);
   }
   if (a.kind != b.kind) return false;
@@ -389,8 +418,8 @@ int compare(const Value& a, const Value& b, const char* op) {
   if (b.is_undefined()) throw JinjaError("UndefinedError", b.undefined_message());
   if (a.is_number() && b.is_number()) {
     if (a.kind == Kind::Float || b.kind == Kind::Float) {
-      double x = a.as_double(), y = b.as_double();
-      return x < y ? -1 : x > y ? 1 : 0;
+      int c = cmp_numbers(a, b);
+      return c == 2 ? 0 : c;  // NaN: neither < nor >, as before
     }
     int64_t x = a.kind == Kind::Bool ? a.b : a.i, y = b.kind == Kind::Bool ? b.b : b.i;
     return x < y ? -1 : x > y ? 1 : 0;

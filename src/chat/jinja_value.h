@@ -51,6 +51,8 @@ struct ListObj {
   bool generator = false;
   // dict.keys()/values()/items() views: "dict_keys" etc. Printed as such, sized, not subscriptable.
   const char* view = nullptr;
+  // groupby's (grouper, list) pairs: tuples that also answer .grouper and .list.
+  bool group = false;
   bool plain() const { return !generator && !view; }  // a real list or tuple
 };
 struct DictObj {
@@ -59,7 +61,7 @@ struct DictObj {
   const Value* find(std::string_view key) const;
 };
 
-enum class ObjType : uint8_t { Namespace, Loop, Callable };
+enum class ObjType : uint8_t { Namespace, Loop, Callable, Cycler };
 struct Object {
   explicit Object(ObjType t) : type(t) {}
   virtual ~Object() = default;

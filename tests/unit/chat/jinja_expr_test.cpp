@@ -104,6 +104,14 @@ const RenderCase kJinjaExpr[] = {
      "[x] [x] [[1, 2]] [|]"},
     {"filters_on_falsy_values", "{{ n|map('upper')|list }} {{ n|select|list }} {{ 0|rejectattr('x')|list }} {{ ''|map('upper')|list }}", nullptr,
      "[] [] [] []"},
+    {"float_literal_out_of_range", "{{ 1e400 }} {{ -1e400 }} {{ 1e-400 }} {{ 1e400 > 10 ** 18 }}", "{}",
+     "inf -inf 0.0 True"},
+    {"int_float_compare_exactly", "{{ 2**53 + 1 == 2**53 + 1.0 }} {{ 2**53 + 1 > 2**53 + 1.0 }} {{ 9007199254740993 in [9007199254740992.0] }} {{ 3 == 3.0 }} {{ 2 < 2.5 }} {{ -1 > -1.5 }} {{ 9223372036854775807 < 9223372036854775808.0 }}", "{}",
+     "False True False True True True True"},
+    {"format_spec_center", "[{{ '{:^7}'.format('ab') }}] [{{ '{:*^6}'.format('abc') }}] [{{ 'ab'.center(7) }}] [{{ 'abc'.center(6, '*') }}] [{{ '{:^6}'.format(1.5) }}]", "{}",
+     "[  ab   ] [*abc**] [   ab  ] [*abc**] [ 1.5  ]"},
+    {"str_method_keywords", "{{ 'a b'.split(sep=' ', maxsplit=1) }} {{ 'a\\nb'.splitlines(keepends=true) }} {{ '{x}'.format(x=1) }}", "{}",
+     "['a', 'b'] ['a\\n', 'b'] 1"},
 };
 class JinjaExpr : public ::testing::TestWithParam<RenderCase> {};
 TEST_P(JinjaExpr, MatchesJinja2) {
@@ -147,6 +155,13 @@ const ErrorCase kJinjaExprErrors[] = {
     {"indent_non_string", "{{ n|indent }}", "{\"n\": 5}", "TypeError"},
     {"dictsort_non_mapping", "{{ l|dictsort }}", "{\"l\": [1]}", "AttributeError"},
     {"round_undefined", "{{ nothing|round }}", "{}", "TypeError"},
+    // CPython's str/list/dict methods take positional arguments only (split/splitlines/format aside).
+    {"dict_get_keyword", "{{ {'a': 1}.get('a', default=1) }}", "{}", "TypeError"},
+    {"str_strip_keyword", "{{ 'abc'.strip(chars='a') }}", "{}", "TypeError"},
+    {"list_index_keyword", "{{ [1].index(value=1) }}", "{}", "TypeError"},
+    {"slice_filter_zero", "{{ [1, 2]|slice(0)|list }}", "{}", "ZeroDivisionError"},
+    {"xmlattr_bad_key", "{{ {'a b': 1}|xmlattr }}", "{}", "ValueError"},
+    {"groupby_no_attribute", "{{ [1]|groupby }}", "{}", "TypeError"},
 };
 class JinjaExprErrors : public ::testing::TestWithParam<ErrorCase> {};
 TEST_P(JinjaExprErrors, Raises) { expect_error(GetParam()); }

@@ -107,6 +107,23 @@ const RenderCase kJinjaFilters[] = {
      "True False"},
     {"filter_chain_precedence", "{{ 'x' + s|trim + 'y' }} {{ -3|abs }} {{ nums|length * 2 }} {{ not e|length }}", nullptr,
      "xHello Worldy 3 6 True"},
+    // Filters no chat template in the goldens uses, kept for parity with jinja2.
+    {"groupby", "{% for g in msgs|groupby('n') %}{{ g.grouper }}:{{ g.list|map(attribute='role')|join(',') }};{% endfor %} {% for k, items in names|groupby('0') %}{{ k }}={{ items|length }};{% endfor %} {{ names|groupby('0', case_sensitive=true)|map(attribute='grouper')|list }}", nullptr,
+     "1:assistant;2:user;3:system; A=2;b=1;c=1; ['A', 'a', 'b', 'c']"},
+    {"groupby_default_and_repr", "{{ msgs|groupby('zz', default='?')|map(attribute='grouper')|list }} {{ [{'a': 2}, {'a': 1}]|groupby('a') }} {{ (msgs|groupby('role'))[0][0] }}", nullptr,
+     "['?'] [(1, [{'a': 1}]), (2, [{'a': 2}])] assistant"},
+    {"slice", "{{ range(10)|slice(3)|list }} {{ range(10)|slice(3, 'x')|list }} {{ nums|slice(5)|list }} {{ e|slice(2)|list }}", nullptr,
+     "[[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]] [[0, 1, 2, 3], [4, 5, 6, 'x'], [7, 8, 9, 'x']] [[3], [1], [2], [], []] [[], []]"},
+    {"striptags", "[{{ '<p>Hello  <b>World</b></p>\\n <!-- note --> a &lt;b&gt; &amp; &#39;c&#x27;'|striptags }}] [{{ 'a < b'|striptags }}]", nullptr,
+     "[Hello World a <b> & 'c'] [a < b]"},
+    {"urlencode", "{{ 'a b/é&?'|urlencode }} {{ {'q': 'x y', 'k/v': 'é&'}|urlencode }} {{ [('a', 1), ('b', none)]|urlencode }} {{ 42|urlencode }}", nullptr,
+     "a%20b/%C3%A9%26%3F q=x+y&k%2Fv=%C3%A9%26 a=1&b=None 42"},
+    {"filesizeformat", "{{ 1|filesizeformat }} {{ 999|filesizeformat }} {{ 1000|filesizeformat }} {{ 1500000|filesizeformat }} {{ 1024|filesizeformat(true) }} {{ 3e15|filesizeformat(binary=true) }} {{ 1e30|filesizeformat }} {{ '2048'|filesizeformat }}", nullptr,
+     "1 Byte 999 Bytes 1.0 kB 1.5 MB 1.0 KiB 2.7 PiB 1000000.0 YB 2.0 kB"},
+    {"xmlattr", "[{{ {'class': 'x', 'id': none, 'title': '<\"q\">', 'n': 1}|xmlattr }}] [{{ {'a': 1}|xmlattr(false) }}] [{{ {}|xmlattr }}]", nullptr,
+     "[ class=\"x\" title=\"&lt;&#34;q&#34;&gt;\" n=\"1\"] [a=\"1\"] []"},
+    {"pprint", "{{ d|pprint }} {{ {2: 'a', 1: 'b', 'x': 1}|pprint }} {{ (1,)|pprint }}\n{{ tool|pprint }}\n{{ ['word ' * 20, {'k': 'v ' * 30}]|pprint }}", nullptr,
+     "{'C': 3, 'a': 1, 'b': 2} {1: 'b', 2: 'a', 'x': 1} (1,)\n{'function': {'description': 'Get wéather',\n              'name': 'get_weather',\n              'parameters': {'properties': {'loc': {'type': 'string'}},\n                             'required': ['loc'],\n                             'type': 'object'}},\n 'type': 'function'}\n['word word word word word word word word word word word word word word word '\n 'word word word word word ',\n {'k': 'v v v v v v v v v v v v v v v v v v v v v v v v v v v v v v '}]"},
 };
 class JinjaFilters : public ::testing::TestWithParam<RenderCase> {};
 TEST_P(JinjaFilters, MatchesJinja2) {
@@ -140,6 +157,8 @@ const RenderCase kJinjaTests[] = {
      "True False True True False True"},
     {"test_negated", "{{ 1 is not none }} {{ nothing is not defined }} {{ 2 is not odd }}", nullptr,
      "True True True"},
+    {"test_escaped", "{{ 'a' is escaped }} {{ 'a'|e is escaped }} {{ 'a'|safe is escaped }} {{ 1 is escaped }} {{ ('a'|e + 'b') is escaped }}", nullptr,
+     "False True True False True"},
     {"test_binds_tighter_than_not", "{{ not nothing is defined }} {{ not 'a' is string }}", nullptr,
      "True False"},
 };

@@ -92,6 +92,8 @@ const RenderCase kJinjaStmt[] = {
      "3[]"},
     {"raise_exception_not_reached", "{% if false %}{{ raise_exception('no') }}{% endif %}ok", nullptr,
      "ok"},
+    {"cycler", "{% set c = cycler('odd', 'even') %}{% for i in range(3) %}{{ c.next() }} {% endfor %}{{ c.current }} {% set _ = c.reset() %}{{ c.current }} {{ c.items }}", "{}",
+     "odd even odd even odd ('odd', 'even')"},
 };
 class JinjaStmt : public ::testing::TestWithParam<RenderCase> {};
 TEST_P(JinjaStmt, MatchesJinja2) {
@@ -113,6 +115,10 @@ const ErrorCase kJinjaStmtErrors[] = {
     {"call_non_recursive_loop", "{% for x in [1] %}{{ loop([]) }}{% endfor %}", "{}", "TypeError"},
     {"unknown_filter_when_used", "{{ 1 | frobnicate }}", "{}", "TemplateAssertionError"},
     {"unknown_test_when_used", "{{ 1 is frobnicated }}", "{}", "TemplateAssertionError"},
+    // A filter or test named by a string (map, select) is looked up at render time: a runtime error.
+    {"unknown_filter_in_map", "{{ [1, 2]|map('frobnicate')|list }}", "{}", "TemplateRuntimeError"},
+    {"unknown_test_in_select", "{{ [1, 2]|select('frobnicated')|list }}", "{}", "TemplateRuntimeError"},
+    {"cycler_without_items", "{{ cycler() }}", "{}", "RuntimeError"},
 };
 class JinjaStmtErrors : public ::testing::TestWithParam<ErrorCase> {};
 TEST_P(JinjaStmtErrors, Raises) { expect_error(GetParam()); }
