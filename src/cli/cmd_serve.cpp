@@ -27,8 +27,12 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--port", so.port, "port to listen on (0: any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
   app.add_option("--served-model-name", so.served_model_name, "the model name clients use (default: MODEL as given, or pycoder)");
   app.add_option("--chat-template", so.chat_template_file, "Jinja chat template file (overrides the model's)");
-  app.add_option("--tool-call-parser", so.tool_call_parser, "hermes | qwen | qwen25 | llama3 | llama3_json");
-  app.add_option("--reasoning-parser", so.reasoning_parser, "qwen3 | deepseek-r1");
+  app.add_option("--tool-call-parser", so.tool_call_parser,
+                 "hermes | qwen | qwen25 | llama3 | llama3_json | mistral | deepseek_v3 | deepseek_v31 | kimi_k2 | "
+                 "qwen3_coder | glm45 | minimax_m2 (tool_choice required/named is grammar-enforced for hermes and "
+                 "llama3 only)");
+  app.add_option("--reasoning-parser", so.reasoning_parser,
+                 "qwen3 | deepseek-r1 | deepseek_v3 | glm45 | kimi_k2 | minimax_m2 | minimax_m2_append_think");
   app.add_option("--tool-choice-auto-grammar", so.tool_choice_auto_grammar,
                  "tool_choice auto: a call the model starts is grammar-enforced (a listed name, arguments following "
                  "its schema): hermes from <tool_call> to </tool_call>, llama3 when the output starts with '{'; "

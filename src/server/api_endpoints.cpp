@@ -167,12 +167,40 @@ void merge(ChatDelta& all, ChatDelta d) {
 }
 }  // namespace
 
+namespace {
+// Where the output's reasoning is, for a grammar to skip it (ReasoningParser::start).
+StructuredRequest::Reasoning structured_reasoning(ReasoningParser::Kind rk, const ChatRequest& cr) {
+  switch (ReasoningParser(rk, parse_context(cr).thinking).start()) {
+    case ReasoningParser::Start::think_tag: return StructuredRequest::Reasoning::qwen3;
+    case ReasoningParser::Start::reasoning: return StructuredRequest::Reasoning::deepseek_r1;
+    default: return StructuredRequest::Reasoning::none;
+  }
+}
+}  // namespace
+
+bool chat_skip_special(const Backend& b, const ChatRequest& cr, ReasoningParser::Kind rk, ToolCallParser::Kind tk) {
+  if (!cr.skip_special_tokens) return false;
+  for (const std::string& m : parser_markers(rk, tk)) {
+    const std::vector<int32_t> ids = b.encode(m, false);
+    if (ids.size() == 1 && b.decode(ids, true).empty() && !b.decode(ids, false).empty()) return false;
+  }
+  return true;
+}
+
 ToolCallParser::Kind tool_call_kind(ToolCallParser::Kind configured) {
   return configured == ToolCallParser::Kind::none ? ToolCallParser::Kind::hermes : configured;
 }
 
 void apply_tool_choice(ChatRequest& cr, ToolCallParser::Kind configured, ReasoningParser::Kind rk, bool auto_grammar) {
   const ToolCallParser::Kind tk = tool_call_kind(configured);
+  // Kinds without a forced-call grammar (has_tool_call_grammar: mistral, deepseek_v3/_v31, kimi_k2,
+  // qwen3_coder, glm45, minimax_m2): required / named are not enforced, the output is parsed as
+  // for auto; response_format and the other constraints keep working.
+  if (!has_tool_call_grammar(tk)) {
+    if (cr.structured) cr.structured->reasoning = structured_reasoning(rk, cr);
+    if (cr.structured) cr.params.structured = cr.structured;
+    return;
+  }
   if (cr.tool_choice == ToolChoice::required || cr.tool_choice == ToolChoice::named) {
     if (cr.structured)
       throw ApiError(400, "'tool_choice' required or named cannot be combined with 'response_format' or another "
@@ -184,8 +212,7 @@ void apply_tool_choice(ChatRequest& cr, ToolCallParser::Kind configured, Reasoni
     cr.structured = tool_call_triggered(cr.tools, cr.parallel_tool_calls, tk);
   }
   if (cr.structured) {
-    if (rk == ReasoningParser::Kind::qwen3) cr.structured->reasoning = StructuredRequest::Reasoning::qwen3;
-    if (rk == ReasoningParser::Kind::deepseek_r1) cr.structured->reasoning = StructuredRequest::Reasoning::deepseek_r1;
+    cr.structured->reasoning = structured_reasoning(rk, cr);
     cr.params.structured = cr.structured;
   }
 }
@@ -308,8 +335,10 @@ http::Result ApiEndpoints::messages(const http::Request& req, const std::shared_
   bool tools = !run.cr.tools.is_null() && run.cr.tool_choice != ToolChoice::none;
   ToolCallParser::Kind tk = tools ? tool_call_kind(o_.tkind) : ToolCallParser::Kind::none;
   ReasoningParser::Kind rk = o_.rkind;
+  const ParseContext pctx = parse_context(run.cr);
   SubmitOptions so;
   so.stop_info = std::make_shared<StopInfo>();
+  so.skip_special = chat_skip_special(*b, run.cr, rk, tk);
   auto stop = so.stop_info;
   int np = static_cast<int>(run.ids.size());
   auto st = b->submit(run.cr.params, so);
@@ -326,8 +355,8 @@ http::Result ApiEndpoints::messages(const http::Request& req, const std::shared_
     return u;
   };
   if (!run.cr.stream) {
-    prod->build = [rk, tk, stop, id, model, usage_of](const GenResult& r) {
-      ChatOutputParser parser(rk, tk);
+    prod->build = [rk, tk, pctx, stop, id, model, usage_of](const GenResult& r) {
+      ChatOutputParser parser(rk, tk, pctx);
       ChatDelta all = parser.feed(r.text);
       merge(all, parser.finish());
       Json m = Json::object();
@@ -362,7 +391,7 @@ http::Result ApiEndpoints::messages(const http::Request& req, const std::shared_
     bool any_block = false, tool_calls = false;
     bool started = false;  // message_start sent
   };
-  auto s = std::make_shared<State>(ChatOutputParser(rk, tk));
+  auto s = std::make_shared<State>(ChatOutputParser(rk, tk, pctx));
   // message_start goes out with the first engine event, which knows the prefix-cache hit: its
   // usage splits input_tokens from cache_read_input_tokens as the buffered reply does (streaming
   // clients take usage from message_start).
@@ -473,8 +502,11 @@ http::Result ApiEndpoints::responses(const http::Request& req, const std::shared
   bool tools = !run.cr.tools.is_null() && run.cr.tool_choice != ToolChoice::none;
   ToolCallParser::Kind tk = tools ? tool_call_kind(o_.tkind) : ToolCallParser::Kind::none;
   ReasoningParser::Kind rk = o_.rkind;
+  const ParseContext pctx = parse_context(run.cr);
   int np = static_cast<int>(run.ids.size());
-  auto st = b->submit(run.cr.params, SubmitOptions{});
+  SubmitOptions so;
+  so.skip_special = chat_skip_special(*b, run.cr, rk, tk);
+  auto st = b->submit(run.cr.params, so);
   auto prod = std::make_unique<OneStream>(metrics_, std::move(hold), st, run.cr.stream, np);
   std::string id = random_id("resp_"), model = o_.served_model_name;
   int64_t created = unix_time();
@@ -483,8 +515,8 @@ http::Result ApiEndpoints::responses(const http::Request& req, const std::shared
   ResponseStore* rs = &store_;
   // The finished response: its object, and (store) the conversation a follow-up continues.
   // `streamed`: the items as streamed (their ids), else minted from the parsed text.
-  auto finish = [rk, tk, id, model, created, bodyp, conversation, store, rs](const GenResult& r, const Json* streamed) {
-    ChatOutputParser parser(rk, tk);
+  auto finish = [rk, tk, pctx, id, model, created, bodyp, conversation, store, rs](const GenResult& r, const Json* streamed) {
+    ChatOutputParser parser(rk, tk, pctx);
     ChatDelta all = parser.feed(r.text);
     merge(all, parser.finish());
     ResponsesOutput out = responses_output(all);
@@ -520,7 +552,7 @@ http::Result ApiEndpoints::responses(const http::Request& req, const std::shared
     Json done_items = Json::array();
     bool cut = false;                 // the output ended at max_output_tokens: the last item is incomplete
   };
-  auto s = std::make_shared<State>(ChatOutputParser(rk, tk));
+  auto s = std::make_shared<State>(ChatOutputParser(rk, tk, pctx));
   s->parser.set_incremental_tool_calls(true);  // arguments stream as they are generated
   auto ev = [s](const std::string& type, Json j) {
     Json o = Json::object();

@@ -57,6 +57,12 @@ ToolCallParser::Kind tool_call_kind(ToolCallParser::Kind configured);
 // Whatever constraint results (also response_format's) goes into cr.params.structured.
 void apply_tool_choice(ChatRequest& cr, ToolCallParser::Kind configured, ReasoningParser::Kind rk, bool auto_grammar);
 
+// skip_special_tokens for a chat request's text: the request's (default true), and false when the
+// request's parsers (reasoning `rk`, tool calls `tk`: none unless it has tools) have a marker that the
+// served tokenizer encodes as one special token (parser_markers, output_parsers.h): left out of the
+// text, the marker would never reach the parser.
+bool chat_skip_special(const Backend& b, const ChatRequest& cr, ReasoningParser::Kind rk, ToolCallParser::Kind tk);
+
 struct ApiEndpointsOptions {
   std::string served_model_name;
   ReasoningParser::Kind rkind = ReasoningParser::Kind::none;

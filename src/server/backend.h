@@ -14,6 +14,7 @@ namespace ts::server {
 // Per-request options of the text side (the consumer's OutputProcessor), beside GenerateParams.
 struct SubmitOptions {
   bool include_stop_str = false;        // include_stop_str_in_output
+  bool skip_special = true;             // skip_special_tokens
   std::shared_ptr<StopInfo> stop_info;  // when set: receives the stop reason (vLLM's stop_reason)
 };
 

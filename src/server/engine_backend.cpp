@@ -30,7 +30,8 @@ class EngineBackend final : public Backend {
     // Structured outputs: compile (or find) the grammar here, on the HTTP worker thread.
     if (params.structured && !params.structured->compiled) params.structured = grammars_.prepare(*params.structured);
     std::shared_ptr<Stream> st = engine_.submit(std::move(params));
-    attach_output_processor(*st, engine_.tokenizer_ptr(), text_params, eos_, so.include_stop_str, so.stop_info);
+    attach_output_processor(*st, engine_.tokenizer_ptr(), text_params, eos_, so.include_stop_str, so.stop_info,
+                            so.skip_special);
     return st;
   }
   std::vector<float> embed(const std::vector<int32_t>& ids, bool mean_pooling) override {

@@ -230,7 +230,7 @@ class GenProducer final : public http::Producer {
 
 // Submits one stream per (prompt, n); on failure cancels what was already submitted.
 std::vector<Job> submit_jobs(Backend& b, const std::vector<std::vector<int32_t>>& prompts, const GenerateParams& base,
-                             int n, bool include_stop_str = false) {
+                             int n, const SubmitOptions& text = {}) {
   std::vector<Job> jobs;
   try {
     for (size_t p = 0; p < prompts.size(); ++p) {
@@ -242,8 +242,7 @@ std::vector<Job> submit_jobs(Backend& b, const std::vector<std::vector<int32_t>>
         j.index = static_cast<int>(p) * n + k;
         j.prompt_idx = static_cast<int>(p);
         j.t0 = Clock::now();
-        SubmitOptions so;
-        so.include_stop_str = include_stop_str;
+        SubmitOptions so = text;
         so.stop_info = j.stop;
         j.stream = b.submit(std::move(gp), so);
         jobs.push_back(std::move(j));
@@ -508,7 +507,9 @@ http::Result HttpServer::Impl::completions(std::shared_ptr<Backend> b, const htt
     for (auto& p : cr.prompts) plps.push_back(b->prompt_logprobs(p.ids, ptop));
   auto crp = std::make_shared<CompletionRequest>(std::move(cr));
   auto prod = std::make_unique<GenProducer>(
-      metrics, std::move(ticket), submit_jobs(*b, prompts, crp->params, crp->n, crp->include_stop_str), crp->stream);
+      metrics, std::move(ticket), submit_jobs(*b, prompts, crp->params, crp->n,
+                                SubmitOptions{.include_stop_str = crp->include_stop_str, .skip_special = crp->skip_special_tokens,
+                                              .stop_info = nullptr}), crp->stream);
   prod->prompt_sizes = sizes;
   prod->id = random_id("cmpl-");
   prod->model = opts.served_model_name;
@@ -615,8 +616,11 @@ http::Result HttpServer::Impl::chat(std::shared_ptr<Backend> b, const http::Requ
   bool want_lp = cr.logprobs;
   int top = cr.top_logprobs;
   const bool parallel = cr.parallel_tool_calls;
-  auto prod = std::make_unique<GenProducer>(metrics, std::move(ticket),
-                                            submit_jobs(*b, {ids}, cr.params, cr.n, cr.include_stop_str), cr.stream);
+  const ParseContext pctx = parse_context(cr);
+  const SubmitOptions text{.include_stop_str = cr.include_stop_str, .skip_special = chat_skip_special(*b, cr, rk, tk),
+                           .stop_info = nullptr};
+  auto prod = std::make_unique<GenProducer>(metrics, std::move(ticket), submit_jobs(*b, {ids}, cr.params, cr.n, text),
+                                            cr.stream);
   prod->prompt_sizes = {ids.size()};
   prod->id = random_id("chatcmpl-");
   prod->model = opts.served_model_name;
@@ -626,11 +630,11 @@ http::Result HttpServer::Impl::chat(std::shared_ptr<Backend> b, const http::Requ
 
   if (!cr.stream) {
     size_t nprompt = ids.size();
-    prod->build = [rk, tk, want_lp, top, piece, raw, nprompt, parallel, id = prod->id, created = prod->created,
+    prod->build = [rk, tk, pctx, want_lp, top, piece, raw, nprompt, parallel, id = prod->id, created = prod->created,
                    model = prod->model](std::vector<Job>& jobs) {
       Json choices = Json::array();
       for (auto& j : jobs) {
-        ChatOutputParser parser(rk, tk);
+        ChatOutputParser parser(rk, tk, pctx);
         ChatDelta all = parser.feed(j.text);
         ChatDelta end = parser.finish();
         all.reasoning += end.reasoning;
@@ -669,7 +673,7 @@ http::Result HttpServer::Impl::chat(std::shared_ptr<Backend> b, const http::Requ
   auto tool_idx = std::make_shared<std::vector<int>>(njobs, 0);
   auto heads_seen = std::make_shared<std::vector<int>>(njobs, 0);  // parallel_tool_calls false: kept + dropped
   for (size_t i = 0; i < njobs; ++i) {
-    parsers->emplace_back(rk, tk);
+    parsers->emplace_back(rk, tk, pctx);
     parsers->back().set_incremental_tool_calls(true);  // arguments stream as they are generated
   }
   GenProducer* self = prod.get();

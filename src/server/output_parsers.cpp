@@ -1,5 +1,7 @@
 #include "server/output_parsers.h"
 
+#include <algorithm>
+
 #include "io/json_file.h"
 
 #include <nlohmann/json.hpp>
@@ -10,6 +12,7 @@
 #include "grammar/json_schema.h"
 #include "runtime/structured.h"
 #include "server/protocol.h"
+#include "server/tool_parsers.h"
 
 namespace ts::server {
 
@@ -17,6 +20,7 @@ namespace {
 constexpr std::string_view kThinkOpen = "<think>", kThinkClose = "</think>";
 constexpr std::string_view kCallOpen = "<tool_call>", kCallClose = "</tool_call>";
 constexpr std::string_view kPythonTag = "<|python_tag|>";
+constexpr std::string_view kKimiSection = "<|tool_calls_section_begin|>";
 
 // Length of the longest suffix of `buf` that is a proper prefix of `tag` (held back: the tag
 // may complete in the next piece).
@@ -85,29 +89,97 @@ bool parse_tool_call_json(std::string_view text, ToolCall& call) {
   return true;
 }
 
+ParseContext parse_context(const ChatRequest& cr) {
+  ParseContext c;
+  if (cr.tools.is_array() && !cr.tools.empty()) c.tools = std::make_shared<const Json>(cr.tools);
+  // vLLM's deepseek_v3: thinking or enable_thinking (either true turns it on).
+  for (const char* k : {"thinking", "enable_thinking"})
+    if (auto it = cr.template_kwargs.find(k); it != cr.template_kwargs.end() && it->is_boolean())
+      c.thinking = c.thinking.value_or(false) || it->get<bool>();
+  return c;
+}
+
+std::vector<std::string> parser_markers(ReasoningParser::Kind r, ToolCallParser::Kind t) {
+  std::vector<std::string> m;
+  if (r != ReasoningParser::Kind::none) m = {"<think>", "</think>"};
+  if (r == ReasoningParser::Kind::kimi_k2) m.emplace_back("<|tool_calls_section_begin|>");
+  if (t == ToolCallParser::Kind::hermes) m.insert(m.end(), {"<tool_call>", "</tool_call>"});
+  if (t == ToolCallParser::Kind::llama3) m.emplace_back("<|python_tag|>");
+  if (auto f = tool_call_format(t)) {
+    for (std::string_view s : {f->open(), f->close()})
+      if (!s.empty()) m.emplace_back(s);
+    for (std::string_view s : f->inner_markers()) m.emplace_back(s);
+  }
+  return m;
+}
+
 // --- reasoning ---------------------------------------------------------------------------------
 ReasoningParser::Kind ReasoningParser::kind_from_name(const std::string& name) {
   if (name.empty() || name == "none") return Kind::none;
   if (name == "qwen3") return Kind::qwen3;
   if (name == "deepseek-r1" || name == "deepseek_r1") return Kind::deepseek_r1;
-  fail("unknown --reasoning-parser '{}' (expected qwen3 or deepseek-r1)", name);
+  if (name == "deepseek_v3" || name == "deepseek-v3") return Kind::deepseek_v3;
+  if (name == "glm45") return Kind::glm45;
+  if (name == "kimi_k2") return Kind::kimi_k2;
+  if (name == "minimax_m2") return Kind::minimax_m2;
+  if (name == "minimax_m2_append_think") return Kind::minimax_m2_append_think;
+  fail("unknown --reasoning-parser '{}' (expected qwen3, deepseek-r1, deepseek_v3, glm45, kimi_k2, minimax_m2 or "
+       "minimax_m2_append_think)",
+       name);
 }
 
-ReasoningParser::ReasoningParser(Kind k) : kind_(k), state_(k == Kind::none ? State::content : State::start) {}
+ReasoningParser::ReasoningParser(Kind k, std::optional<bool> thinking) {
+  switch (k) {
+    case Kind::none: start_ = Start::content; break;
+    case Kind::qwen3: start_ = Start::think_tag; break;
+    case Kind::deepseek_r1:
+    case Kind::minimax_m2: start_ = Start::reasoning; break;
+    case Kind::deepseek_v3: start_ = thinking.value_or(false) ? Start::reasoning : Start::content; break;
+    case Kind::glm45:
+      start_ = Start::think_tag;
+      skip_ws_ = true;
+      break;
+    case Kind::kimi_k2:
+      start_ = thinking.value_or(true) ? Start::reasoning : Start::content;
+      alt_end_ = kKimiSection;
+      break;
+    case Kind::minimax_m2_append_think:
+      start_ = Start::content;
+      prefix_pending_ = true;
+      break;
+  }
+  state_ = start_ == Start::content ? State::content : State::start;
+}
 
 void ReasoningParser::feed(std::string_view text, std::string& reasoning, std::string& content) {
+  if (prefix_pending_) {
+    content += kThinkOpen;
+    prefix_pending_ = false;
+  }
   buf_.append(text);
   while (true) {
     if (state_ == State::start) {
-      if (buf_.size() < kThinkOpen.size() && kThinkOpen.substr(0, buf_.size()) == buf_) return;
-      if (buf_.starts_with(kThinkOpen)) {
-        buf_.erase(0, kThinkOpen.size());
+      size_t i = 0;
+      if (skip_ws_)
+        while (i < buf_.size() && is_ws(buf_[i])) ++i;
+      std::string_view rest = std::string_view(buf_).substr(i);
+      if (rest.size() < kThinkOpen.size() && kThinkOpen.substr(0, rest.size()) == rest) return;
+      if (rest.starts_with(kThinkOpen)) {
+        buf_.erase(0, i + kThinkOpen.size());
         state_ = State::reasoning;
       } else {
-        state_ = kind_ == Kind::deepseek_r1 ? State::reasoning : State::content;
+        state_ = start_ == Start::reasoning ? State::reasoning : State::content;
       }
     } else if (state_ == State::reasoning) {
       size_t pos = buf_.find(kThinkClose);
+      size_t alt = alt_end_.empty() ? std::string::npos : buf_.find(alt_end_);
+      if (alt != std::string::npos && (pos == std::string::npos || alt < pos)) {
+        // kimi_k2: a tool-call section ends the reasoning; the marker is the content's.
+        reasoning.append(buf_, 0, alt);
+        buf_.erase(0, alt);
+        state_ = State::content;
+        continue;
+      }
       if (pos != std::string::npos) {
         reasoning.append(buf_, 0, pos);
         buf_.erase(0, pos + kThinkClose.size());
@@ -115,6 +187,7 @@ void ReasoningParser::feed(std::string_view text, std::string& reasoning, std::s
         continue;
       }
       size_t keep = partial_suffix(buf_, kThinkClose);
+      if (!alt_end_.empty()) keep = std::max(keep, partial_suffix(buf_, alt_end_));
       reasoning.append(buf_, 0, buf_.size() - keep);
       buf_.erase(0, buf_.size() - keep);
       return;
@@ -127,7 +200,11 @@ void ReasoningParser::feed(std::string_view text, std::string& reasoning, std::s
 }
 
 void ReasoningParser::finish(std::string& reasoning, std::string& content) {
-  bool to_reasoning = state_ == State::reasoning || (state_ == State::start && kind_ == Kind::deepseek_r1);
+  if (prefix_pending_) {
+    content += kThinkOpen;
+    prefix_pending_ = false;
+  }
+  bool to_reasoning = state_ == State::reasoning || (state_ == State::start && start_ == Start::reasoning);
   (to_reasoning ? reasoning : content) += buf_;
   buf_.clear();
 }
@@ -137,11 +214,20 @@ ToolCallParser::Kind ToolCallParser::kind_from_name(const std::string& name) {
   if (name.empty() || name == "none") return Kind::none;
   if (name == "hermes" || name == "qwen" || name == "qwen25" || name == "qwen3") return Kind::hermes;
   if (name == "llama3" || name == "llama3_json" || name == "llama") return Kind::llama3;
-  fail("unknown --tool-call-parser '{}' (expected hermes, qwen, qwen25, llama3 or llama3_json)", name);
+  if (name == "mistral") return Kind::mistral;
+  if (name == "deepseek_v3") return Kind::deepseek_v3;
+  if (name == "deepseek_v31") return Kind::deepseek_v31;
+  if (name == "kimi_k2") return Kind::kimi_k2;
+  if (name == "qwen3_coder") return Kind::qwen3_coder;
+  if (name == "glm45" || name == "glm47") return Kind::glm45;
+  if (name == "minimax_m2") return Kind::minimax_m2;
+  fail("unknown --tool-call-parser '{}' (expected hermes, qwen, qwen25, llama3, llama3_json, mistral, deepseek_v3, "
+       "deepseek_v31, kimi_k2, qwen3_coder, glm45 or minimax_m2)",
+       name);
 }
 
-ToolCallParser::ToolCallParser(Kind k)
-    : kind_(k), state_(k == Kind::llama3 ? State::start : State::text) {}
+ToolCallParser::ToolCallParser(Kind k, std::shared_ptr<const Json> tools)
+    : kind_(k), fmt_(tool_call_format(k)), tools_(std::move(tools)), state_(k == Kind::llama3 ? State::start : State::text) {}
 
 void ToolCallParser::emit_text(std::string_view s, std::string& content) {
   if (ncalls_ == 0) {
@@ -181,6 +267,7 @@ void ToolCallParser::feed(std::string_view text, std::string& content, std::vect
     return;
   }
   buf_.append(text);
+  if (fmt_) return feed_blocks(content, calls);
   while (true) {
     switch (state_) {
       case State::text: {
@@ -341,8 +428,79 @@ void ToolCallParser::stream_args(std::vector<ToolCall>& calls) {
   args_pos_ = i;
 }
 
+// --- the block formats (tool_parsers.h) ----------------------------------------------------------
+void ToolCallParser::take_block(std::string_view body, std::string_view raw, std::string& content,
+                                std::vector<ToolCall>& calls) {
+  std::vector<ToolCall> parsed;
+  if (fmt_->parse(body, tools_.get(), parsed)) {
+    for (auto& c : parsed) {
+      c.id = random_id("call_");
+      calls.push_back(std::move(c));
+      ++ncalls_;
+    }
+    ws_.clear();
+  } else {
+    emit_text(std::string(fmt_->open()) + std::string(raw), content);  // not a call: the text, unchanged
+  }
+}
+
+void ToolCallParser::feed_blocks(std::string& content, std::vector<ToolCall>& calls) {
+  const std::string_view open = fmt_->open();
+  while (true) {
+    if (state_ == State::text) {
+      size_t pos = buf_.find(open);
+      if (pos != std::string::npos) {
+        // Whitespace held after a call stays held: dropped if this block is a call, kept if not.
+        emit_text(std::string_view(buf_).substr(0, pos), content);
+        buf_.erase(0, pos + open.size());
+        state_ = State::call;
+        scanned_ = 0;
+        continue;
+      }
+      size_t keep = partial_suffix(buf_, open);
+      emit_text(std::string_view(buf_).substr(0, buf_.size() - keep), content);
+      buf_.erase(0, buf_.size() - keep);
+      return;
+    }
+    // In a block: buf_ is the text after the open marker.
+    ToolCallFormat::End e = fmt_->find_end(buf_, scanned_);
+    if (e.status == ToolCallFormat::End::more) {
+      size_t c = fmt_->close().size();
+      scanned_ = c > 0 && buf_.size() >= c ? buf_.size() - c + 1 : 0;
+      return;
+    }
+    if (e.status == ToolCallFormat::End::bad) {  // not a call after all: the marker is text
+      emit_text(open, content);
+    } else {
+      std::string rest = buf_.substr(e.next);
+      take_block(std::string_view(buf_).substr(0, e.body), std::string_view(buf_).substr(0, e.next), content, calls);
+      buf_ = std::move(rest);
+    }
+    state_ = State::text;
+  }
+}
+
+void ToolCallParser::finish_blocks(std::string& content, std::vector<ToolCall>& calls) {
+  if (state_ == State::call) {
+    // Cut (max_tokens, or the model stopped without the close marker): the calls when the body is
+    // complete without it (a cut close marker left out), else the text unchanged.
+    std::string_view body = buf_;
+    if (!fmt_->close().empty()) body.remove_suffix(partial_suffix(buf_, fmt_->close()));
+    take_block(body, buf_, content, calls);
+  } else {
+    // After calls, a cut start of the next block is not text.
+    const std::string_view rest = trim(buf_), open = fmt_->open();
+    const bool cut_tag = ncalls_ > 0 && !rest.empty() && rest.size() < open.size() && open.substr(0, rest.size()) == rest;
+    if (!cut_tag) emit_text(buf_, content);
+  }
+  buf_.clear();
+  ws_.clear();
+  state_ = State::text;
+}
+
 void ToolCallParser::finish(std::string& content, std::vector<ToolCall>& calls) {
   if (kind_ == Kind::none) return;
+  if (fmt_) return finish_blocks(content, calls);
   switch (state_) {
     case State::call:
       if (streaming_) {  // cut inside the arguments (max_tokens): what streamed stays
@@ -449,9 +607,13 @@ int tool_call_bodies(grammar::Grammar& g, const Json& tools, const std::string& 
 }
 }  // namespace
 
+bool has_tool_call_grammar(ToolCallParser::Kind kind) {
+  return kind == ToolCallParser::Kind::hermes || kind == ToolCallParser::Kind::llama3;
+}
+
 std::shared_ptr<StructuredRequest> tool_call_structured(const Json& tools, const std::string& only_name, bool parallel,
                                                         ToolCallParser::Kind kind) {
-  TS_CHECK(kind != ToolCallParser::Kind::none, "tool_call_structured: no tool-call parser");
+  TS_CHECK(has_tool_call_grammar(kind), "tool_call_structured: no grammar for this tool-call parser");
   grammar::Grammar g;
   std::string key = fmt::format("kind={} parallel={}\n", int(kind), parallel);
   int body = tool_call_bodies(g, tools, only_name, kind, key);

@@ -95,9 +95,10 @@ void attach_output_processor(Stream& st, std::shared_ptr<const tok::Tokenizer> t
 
 void attach_output_processor(Stream& st, std::shared_ptr<const tok::Tokenizer> tok, const GenerateParams& p,
                              const std::vector<int32_t>& eos_ids, bool include_stop_str,
-                             std::shared_ptr<StopInfo> info) {
+                             std::shared_ptr<StopInfo> info, bool skip_special) {
   OutputOptions oo = output_options(p, eos_ids);
   oo.include_stop_str = include_stop_str;
+  oo.skip_special = skip_special;
   if (include_stop_str) oo.keep_ids.insert(p.stop_token_ids.begin(), p.stop_token_ids.end());
   auto proc = std::make_shared<OutputProcessor>(std::move(tok), std::move(oo));
   auto counted = std::make_shared<int>(0);

@@ -88,9 +88,10 @@ struct StopInfo {
   int32_t stop_token = -1;
 };
 // The same with text options beyond GenerateParams: include_stop_str keeps the matched stop
-// string in the text (include_stop_str_in_output); `info` (may be null) receives the stop reason.
+// string in the text (include_stop_str_in_output); `info` (may be null) receives the stop reason;
+// skip_special false keeps special tokens' text (skip_special_tokens; the final stop id adds none).
 void attach_output_processor(Stream& st, std::shared_ptr<const tok::Tokenizer> tok, const GenerateParams& p,
                              const std::vector<int32_t>& eos_ids, bool include_stop_str,
-                             std::shared_ptr<StopInfo> info);
+                             std::shared_ptr<StopInfo> info, bool skip_special = true);
 
 }  // namespace ts::server

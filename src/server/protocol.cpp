@@ -315,6 +315,7 @@ CompletionRequest parse_completion_request(const Json& body, const ModelInfo& in
   r.params.max_tokens = static_cast<int>(max_tokens);
   r.params.logprobs = r.logprobs;
   r.include_stop_str = get_bool(body, "include_stop_str_in_output").value_or(false);
+  r.skip_special_tokens = get_bool(body, "skip_special_tokens").value_or(true);
   if (auto k = get_int(body, "prompt_logprobs")) {
     if (*k < 0 || *k > 20) bad(fmt::format("'prompt_logprobs' must be in [0, 20], got {}", *k), "prompt_logprobs");
     r.prompt_logprobs = static_cast<int>(*k);
@@ -477,6 +478,7 @@ ChatRequest parse_chat_request(const Json& body, const ModelInfo& info) {
   }
   r.params.logprobs = r.logprobs ? r.top_logprobs : -1;
   r.include_stop_str = get_bool(body, "include_stop_str_in_output").value_or(false);
+  r.skip_special_tokens = get_bool(body, "skip_special_tokens").value_or(true);
   return r;
 }
 

@@ -109,6 +109,7 @@ struct CompletionRequest {
   bool echo = false, stream = false, include_usage = false;
   int logprobs = -1;                 // -1: none
   bool include_stop_str = false;     // include_stop_str_in_output (vLLM)
+  bool skip_special_tokens = true;   // skip_special_tokens (vLLM): special tokens' text left out
   int prompt_logprobs = -1;          // prompt_logprobs (vLLM; -1: none); echo + logprobs also needs them
 };
 
@@ -141,6 +142,9 @@ struct ChatRequest {
   bool logprobs = false;
   int top_logprobs = 0;
   bool include_stop_str = false;   // include_stop_str_in_output (vLLM)
+  // skip_special_tokens (vLLM): special tokens' text left out; the server also keeps them where a
+  // parser's markers are special tokens (chat_skip_special, api_endpoints.h).
+  bool skip_special_tokens = true;
   bool parallel_tool_calls = true;
   // response_format / structured_outputs / ...; tool_choice required|named (made by the HTTP
   // layer, which knows the tool-call parser: tool_call_structured in output_parsers.h).

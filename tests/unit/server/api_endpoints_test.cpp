@@ -11,7 +11,9 @@
 #include <mutex>
 #include <thread>
 
+#include "server/api_endpoints.h"
 #include "server/http_server.h"
+#include "server/protocol.h"
 #include "byte_backend.h"
 
 using namespace ts;
@@ -310,4 +312,47 @@ TEST_F(ApiFixture, ApiKeyAndUnsupportedPasses) {
   EXPECT_EQ(post("/v1/embeddings", R"({"input": "x"})", bearer)->status, 501);
   EXPECT_EQ(post("/v1/completions", R"({"prompt": "x", "prompt_logprobs": 1})", bearer)->status, 501);
   EXPECT_EQ(post("/v1/completions", R"({"prompt": "x", "max_tokens": 2})", bearer)->status, 200);
+}
+
+// A tokenizer with Mistral's [TOOL_CALLS] as one special token (id 300): skip_special_tokens (the
+// default) would drop it from the text, so a request the mistral parser reads keeps special tokens;
+// other parsers' markers are ordinary text here, and skip_special_tokens: false always keeps them.
+class SpecialMarkerBackend : public fake::ByteBackend {
+ public:
+  std::vector<int32_t> encode(const std::string& text, bool add) const override {
+    if (text == "[TOOL_CALLS]") return {300};
+    return fake::ByteBackend::encode(text, add);
+  }
+  std::string decode(const std::vector<int32_t>& ids, bool skip_special) const override {
+    std::string s;
+    for (int32_t id : ids) {
+      if (id == 300) s += skip_special ? "" : "[TOOL_CALLS]";
+      else s += static_cast<char>(id - 1);
+    }
+    return s;
+  }
+  std::shared_ptr<Stream> submit(GenerateParams) override { return nullptr; }
+  EngineMetrics metrics() const override { return EngineMetrics(); }
+  int64_t context_length() const override { return 4096; }
+};
+
+TEST(ChatSkipSpecial, OffWhereAParserMarkerIsASpecialToken) {
+  SpecialMarkerBackend b;
+  ChatRequest cr;
+  using R = ReasoningParser::Kind;
+  using T = ToolCallParser::Kind;
+  EXPECT_FALSE(chat_skip_special(b, cr, R::none, T::mistral));
+  EXPECT_TRUE(chat_skip_special(b, cr, R::none, T::hermes));
+  EXPECT_TRUE(chat_skip_special(b, cr, R::qwen3, T::none));
+  EXPECT_TRUE(chat_skip_special(b, cr, R::none, T::none));
+  cr.skip_special_tokens = false;
+  EXPECT_FALSE(chat_skip_special(b, cr, R::none, T::none));
+  // The request field (vLLM's name), on chat and completions.
+  ModelInfo mi;
+  mi.context_length = 4096;
+  mi.vocab_size = 257;
+  Json body = {{"messages", Json::array({Json{{"role", "user"}, {"content", "hi"}}})}, {"skip_special_tokens", false}};
+  EXPECT_FALSE(parse_chat_request(body, mi).skip_special_tokens);
+  body.erase("skip_special_tokens");
+  EXPECT_TRUE(parse_chat_request(body, mi).skip_special_tokens);
 }

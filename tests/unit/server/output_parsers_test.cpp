@@ -6,6 +6,10 @@
 
 #include "core/error.h"
 #include "server/output_parsers.h"
+#include "server/tool_parsers.h"
+#include "server/api_endpoints.h"
+#include "server/protocol.h"
+#include "runtime/structured.h"
 
 using namespace ts::server;
 using RK = ReasoningParser::Kind;
@@ -18,6 +22,11 @@ struct Result {
   bool operator==(const Result&) const = default;
 };
 
+void PrintTo(const Result& r, std::ostream* os) {
+  *os << "{reasoning=" << ::testing::PrintToString(r.reasoning) << " content=" << ::testing::PrintToString(r.content)
+      << " calls=" << ::testing::PrintToString(r.calls) << "}";
+}
+
 void add(Result& r, const ChatDelta& d) {
   r.reasoning += d.reasoning;
   r.content += d.content;
@@ -27,8 +36,8 @@ void add(Result& r, const ChatDelta& d) {
   }
 }
 
-Result run(RK rk, TK tk, const std::vector<std::string>& pieces) {
-  ChatOutputParser p(rk, tk);
+Result run(RK rk, TK tk, const std::vector<std::string>& pieces, const ParseContext& ctx = {}) {
+  ChatOutputParser p(rk, tk, ctx);
   Result r;
   for (auto& s : pieces) add(r, p.feed(s));
   add(r, p.finish());
@@ -36,20 +45,20 @@ Result run(RK rk, TK tk, const std::vector<std::string>& pieces) {
 }
 
 // Whole, every 2-way split, every 3-way split on a coarse grid, and byte by byte.
-Result check_all_splits(RK rk, TK tk, const std::string& text) {
-  Result whole = run(rk, tk, {text});
+Result check_all_splits(RK rk, TK tk, const std::string& text, const ParseContext& ctx = {}) {
+  Result whole = run(rk, tk, {text}, ctx);
   for (size_t i = 0; i <= text.size(); ++i) {
-    Result r = run(rk, tk, {text.substr(0, i), text.substr(i)});
+    Result r = run(rk, tk, {text.substr(0, i), text.substr(i)}, ctx);
     EXPECT_EQ(r, whole) << "split at " << i;
   }
   for (size_t i = 0; i <= text.size(); i += 3)
     for (size_t j = i; j <= text.size(); j += 5) {
-      Result r = run(rk, tk, {text.substr(0, i), text.substr(i, j - i), text.substr(j)});
+      Result r = run(rk, tk, {text.substr(0, i), text.substr(i, j - i), text.substr(j)}, ctx);
       EXPECT_EQ(r, whole) << "split at " << i << "," << j;
     }
   std::vector<std::string> bytes;
   for (char c : text) bytes.emplace_back(1, c);
-  EXPECT_EQ(run(rk, tk, bytes), whole) << "byte by byte";
+  EXPECT_EQ(run(rk, tk, bytes, ctx), whole) << "byte by byte";
   return whole;
 }
 }  // namespace
@@ -101,8 +110,8 @@ struct Streamed {
   int heads = 0, fragments = 0;
 };
 
-Streamed run_incremental(RK rk, TK tk, const std::vector<std::string>& pieces) {
-  ChatOutputParser p(rk, tk);
+Streamed run_incremental(RK rk, TK tk, const std::vector<std::string>& pieces, const ParseContext& ctx = {}) {
+  ChatOutputParser p(rk, tk, ctx);
   p.set_incremental_tool_calls(true);
   Streamed s;
   auto take = [&](const ChatDelta& d) {
@@ -293,4 +302,370 @@ TEST(ToolCallParser, Utf8Content) {
   EXPECT_EQ(r.content, "h\xC3\xA9llo ");
   ASSERT_EQ(r.calls.size(), 1u);
   EXPECT_EQ(nlohmann::json::parse(r.calls[0].second)["q"], "\xE2\x82\xAC");
+}
+
+// --- the block formats (tool_parsers.h): vLLM's names ------------------------------------------------
+namespace {
+using Call = std::pair<std::string, std::string>;
+
+// The calls the templates below render: get_weather(city: Paris), get_time(tz: Europe/Zürich, days: 3).
+const std::vector<Call> kTwoCalls = {{"get_weather", "{\"city\":\"Paris\"}"},
+                                     {"get_time", "{\"tz\":\"Europe/Zürich\",\"days\":3}"}};
+
+ParseContext with_tools(const char* tools_json) {
+  ParseContext c;
+  c.tools = std::make_shared<const nlohmann::ordered_json>(nlohmann::ordered_json::parse(tools_json));
+  return c;
+}
+
+// Checks every split, and that incremental mode (streaming) gives the same (whole calls, no fragments).
+Result check_block_format(RK rk, TK tk, const std::string& text, const ParseContext& ctx = {}) {
+  Result whole = check_all_splits(rk, tk, text, ctx);
+  std::vector<std::string> bytes;
+  for (char c : text) bytes.emplace_back(1, c);
+  Streamed s = run_incremental(rk, tk, bytes, ctx);
+  EXPECT_EQ(s.merged, whole) << "incremental";
+  EXPECT_EQ(s.fragments, 0);
+  return whole;
+}
+
+// Malformed or cut blocks are content, unchanged.
+void expect_content(TK tk, const std::string& text) {
+  Result r = check_all_splits(RK::none, tk, text);
+  EXPECT_TRUE(r.calls.empty()) << text;
+  EXPECT_EQ(r.content, text);
+}
+}  // namespace
+
+TEST(ToolCallParser, NewKindNames) {
+  EXPECT_EQ(ToolCallParser::kind_from_name("mistral"), TK::mistral);
+  EXPECT_EQ(ToolCallParser::kind_from_name("deepseek_v3"), TK::deepseek_v3);
+  EXPECT_EQ(ToolCallParser::kind_from_name("deepseek_v31"), TK::deepseek_v31);
+  EXPECT_EQ(ToolCallParser::kind_from_name("kimi_k2"), TK::kimi_k2);
+  EXPECT_EQ(ToolCallParser::kind_from_name("qwen3_coder"), TK::qwen3_coder);
+  EXPECT_EQ(ToolCallParser::kind_from_name("glm45"), TK::glm45);
+  EXPECT_EQ(ToolCallParser::kind_from_name("minimax_m2"), TK::minimax_m2);
+  EXPECT_THROW(ToolCallParser::kind_from_name("openai"), ts::Error);
+  EXPECT_EQ(ReasoningParser::kind_from_name("deepseek_v3"), RK::deepseek_v3);
+  EXPECT_EQ(ReasoningParser::kind_from_name("glm45"), RK::glm45);
+  EXPECT_EQ(ReasoningParser::kind_from_name("kimi_k2"), RK::kimi_k2);
+  EXPECT_EQ(ReasoningParser::kind_from_name("minimax_m2"), RK::minimax_m2);
+  EXPECT_EQ(ReasoningParser::kind_from_name("minimax_m2_append_think"), RK::minimax_m2_append_think);
+  EXPECT_TRUE(has_tool_call_grammar(TK::hermes));
+  EXPECT_TRUE(has_tool_call_grammar(TK::llama3));
+  for (TK k : {TK::mistral, TK::deepseek_v3, TK::deepseek_v31, TK::kimi_k2, TK::qwen3_coder, TK::glm45, TK::minimax_m2})
+    EXPECT_FALSE(has_tool_call_grammar(k));
+}
+
+// mistral-7b-instruct-v0.3.jinja / mistral-nemo-instruct-2407.jinja render an assistant turn with
+// two calls (ids must be 9 alphanumerics) as below (then eos).
+TEST(ToolCallParser, MistralTemplateRendered) {
+  for (std::string marker : {"[TOOL_CALLS] [", "[TOOL_CALLS]["}) {
+    auto r = check_block_format(RK::none, TK::mistral,
+                                marker + "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, \"id\": "
+                                         "\"abcDEF123\"}, {\"name\": \"get_time\", \"arguments\": {\"tz\": "
+                                         "\"Europe/Zürich\", \"days\": 3}, \"id\": \"xyzXYZ789\"}]");
+    EXPECT_EQ(r.calls, kTwoCalls);
+    EXPECT_EQ(r.content, "");
+  }
+}
+
+TEST(ToolCallParser, MistralV11AndContent) {
+  // Tokenizer v11+: NAME{ARGS} after each marker (also NAME[ARGS]{...}); content before kept.
+  auto r = check_block_format(RK::none, TK::mistral,
+                              "Checking.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}[TOOL_CALLS]get_time"
+                              "{\"tz\": \"Europe/Zürich\", \"days\": 3}");
+  EXPECT_EQ(r.calls, kTwoCalls);
+  EXPECT_EQ(r.content, "Checking.");
+  // String-encoded arguments, unicode, text after the calls.
+  auto s = check_block_format(RK::none, TK::mistral,
+                              "[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": \"{\\\"q\\\": \\\"中文 €\\\"}\"}] done");
+  ASSERT_EQ(s.calls.size(), 1u);
+  EXPECT_EQ(nlohmann::json::parse(s.calls[0].second)["q"], "中文 €");
+  EXPECT_EQ(s.content, " done");
+}
+
+TEST(ToolCallParser, MistralMalformedStaysContent) {
+  expect_content(TK::mistral, "[TOOL_CALLS] [{\"name\": 1, \"arguments\": {}}] after");
+  expect_content(TK::mistral, "[TOOL_CALLS] not a call at all");
+  expect_content(TK::mistral, "x [TOOL_CALLS] [{\"name\": \"f\", \"argu");  // cut (max_tokens)
+  expect_content(TK::mistral, "plain [TOOL_CA");
+}
+
+// deepseek-r1.jinja (DeepSeek-V3 / R1 tool calls: --tool-call-parser deepseek_v3), assistant turn
+// with content "Checking." and two calls (then <｜end▁of▁sentence｜>).
+TEST(ToolCallParser, DeepSeekV3TemplateRendered) {
+  auto r = check_block_format(
+      RK::none, TK::deepseek_v3,
+      "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": "
+      "\"Paris\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{\"tz\": "
+      "\"Europe/Zürich\", \"days\": 3}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>");
+  EXPECT_EQ(r.calls, kTwoCalls);
+  EXPECT_EQ(r.content, "Checking.");
+}
+
+TEST(ToolCallParser, DeepSeekV3ReasoningAndMalformed) {
+  // R1: the template opened <think>.
+  auto r = check_block_format(RK::deepseek_r1, TK::deepseek_v3,
+                              "Need it.\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n"
+                              "```json\n{\"q\": \"€ 中文\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>");
+  EXPECT_EQ(r.reasoning, "Need it.\n");
+  EXPECT_EQ(r.content, "\n\n");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].second, "{\"q\":\"€ 中文\"}");
+  expect_content(TK::deepseek_v3,
+                 "a<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{oops}\n```"
+                 "<｜tool▁call▁end｜><｜tool▁calls▁end｜> b");
+  expect_content(TK::deepseek_v3, "a<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"a\"");
+}
+
+// deepseek-v3.1.jinja, assistant turn with content "Checking." and two calls.
+TEST(ToolCallParser, DeepSeekV31TemplateRendered) {
+  auto r = check_block_format(RK::none, TK::deepseek_v31,
+                              "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": "
+                              "\"Paris\"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{\"tz\": "
+                              "\"Europe/Zürich\", \"days\": 3}<｜tool▁call▁end｜><｜tool▁calls▁end｜>");
+  EXPECT_EQ(r.calls, kTwoCalls);
+  EXPECT_EQ(r.content, "Checking.");
+}
+
+TEST(ToolCallParser, DeepSeekV31SeveralBlocksAndMalformed) {
+  auto r = check_block_format(RK::none, TK::deepseek_v31,
+                              "A <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{}<｜tool▁call▁end｜>"
+                              "<｜tool▁calls▁end｜> B <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>g<｜tool▁sep｜>"
+                              "{\"s\": \"<｜tool▁call▁end｜> inside\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>");
+  // A close marker inside a JSON string is not understood (as in vLLM): that block stays text.
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0], Call("f", "{}"));
+  EXPECT_EQ(r.content, "A  B <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>g<｜tool▁sep｜>{\"s\": \"<｜tool▁call▁end｜> "
+                       "inside\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>");
+  expect_content(TK::deepseek_v31, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f {}<｜tool▁call▁end｜><｜tool▁calls▁end｜>");
+  // Closed by EOS without <｜tool▁calls▁end｜>: the complete calls still count.
+  auto e = check_block_format(RK::none, TK::deepseek_v31,
+                              "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"a\": 1}<｜tool▁call▁end｜>");
+  ASSERT_EQ(e.calls.size(), 1u);
+  EXPECT_EQ(e.content, "");
+}
+
+// kimi-k2-instruct.jinja (and kimi-k2.5.jinja with the model's own ids) render the two calls so.
+TEST(ToolCallParser, KimiK2TemplateRendered) {
+  const std::string calls =
+      "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": "
+      "\"Paris\"}<|tool_call_end|><|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{\"tz\": "
+      "\"Europe/Zürich\", \"days\": 3}<|tool_call_end|><|tool_calls_section_end|>";
+  auto r = check_block_format(RK::none, TK::kimi_k2, "Checking." + calls);
+  EXPECT_EQ(r.calls, kTwoCalls);
+  EXPECT_EQ(r.content, "Checking.");
+  // kimi-k2.5: the generation prompt opens <think>; the reasoning ends at </think>, or where the
+  // tool-call section starts.
+  auto t = check_block_format(RK::kimi_k2, TK::kimi_k2, "Weather first.</think>Checking." + calls);
+  EXPECT_EQ(t.reasoning, "Weather first.");
+  EXPECT_EQ(t.content, "Checking.");
+  EXPECT_EQ(t.calls, kTwoCalls);
+  auto u = check_block_format(RK::kimi_k2, TK::kimi_k2, "Weather first." + calls);
+  EXPECT_EQ(u.reasoning, "Weather first.");
+  EXPECT_EQ(u.content, "");
+  EXPECT_EQ(u.calls, kTwoCalls);
+  // The instruct template writes a string argument through tojson: a JSON string holding the object.
+  auto s = check_block_format(RK::none, TK::kimi_k2,
+                              "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_"
+                              "begin|>\"{\\\"city\\\": \\\"Oslo\\\"}\"<|tool_call_end|><|tool_calls_section_end|>");
+  ASSERT_EQ(s.calls.size(), 1u);
+  EXPECT_EQ(s.calls[0], Call("get_weather", "{\"city\":\"Oslo\"}"));
+}
+
+TEST(ToolCallParser, KimiK2Malformed) {
+  // vLLM's id shape is NAME:IDX; a bare id is not a call.
+  expect_content(TK::kimi_k2, "x<|tool_calls_section_begin|><|tool_call_begin|>call_1<|tool_call_argument_begin|>{}"
+                              "<|tool_call_end|><|tool_calls_section_end|>y");
+  expect_content(TK::kimi_k2, "x<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>"
+                              "{\"a\": }<|tool_call_end|><|tool_calls_section_end|>");
+  expect_content(TK::kimi_k2, "x<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_arg");
+}
+
+// qwen3-coder-30b-a3b-instruct.jinja, assistant turn with content "Checking." and two calls.
+TEST(ToolCallParser, Qwen3CoderTemplateRendered) {
+  const std::string text =
+      "Checking.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
+      "</tool_call>\n<tool_call>\n<function=get_time>\n<parameter=tz>\nEurope/Zürich\n</parameter>\n<parameter=days>"
+      "\n3\n</parameter>\n</function>\n</tool_call>";
+  auto r = check_block_format(RK::none, TK::qwen3_coder, text);
+  EXPECT_EQ(r.calls, kTwoCalls);
+  EXPECT_EQ(r.content, "Checking.\n\n");
+  // Typed by the schema: days declared a string stays "3".
+  auto s = check_block_format(RK::none, TK::qwen3_coder, text, with_tools(R"([
+      {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object",
+       "properties": {"tz": {"type": "string"}, "days": {"type": "string"}}}}}])"));
+  ASSERT_EQ(s.calls.size(), 2u);
+  EXPECT_EQ(s.calls[1].second, "{\"tz\":\"Europe/Zürich\",\"days\":\"3\"}");
+}
+
+TEST(ToolCallParser, Qwen3CoderValuesAndMalformed) {
+  auto ctx = with_tools(R"([{"type": "function", "function": {"name": "run", "parameters": {"type": "object",
+      "properties": {"code": {"type": "string"}, "n": {"type": "integer"}, "x": {"type": "number"},
+                     "ok": {"type": "boolean"}, "opts": {"type": "object"}, "tags": {"type": ["array", "null"]},
+                     "none": {"type": "integer"}}}}}])");
+  auto r = check_block_format(RK::none, TK::qwen3_coder,
+                              "<tool_call>\n<function=run>\n<parameter=code>\nprint(\"中文\")\n\nx = 1\n</parameter>\n"
+                              "<parameter=n>\n42\n</parameter>\n<parameter=x>\n2.5\n</parameter>\n<parameter=ok>\nTrue\n"
+                              "</parameter>\n<parameter=opts>\n{\"a\": [1]}\n</parameter>\n<parameter=tags>\n[\"t\"]\n"
+                              "</parameter>\n<parameter=none>\nnull\n</parameter>\n<parameter=extra>\nfree text\n"
+                              "</parameter>\n</function>\n</tool_call>",
+                              ctx);
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].second, "{\"code\":\"print(\\\"中文\\\")\\n\\nx = 1\",\"n\":42,\"x\":2.5,\"ok\":true,\"opts\":{\"a\":"
+                               "[1]},\"tags\":[\"t\"],\"none\":null,\"extra\":\"free text\"}");
+  // No schema: JSON when it parses, else a string.
+  auto n = check_block_format(RK::none, TK::qwen3_coder,
+                              "<tool_call>\n<function=run>\n<parameter=n>\n42\n</parameter>\n<parameter=s>\nhello\n"
+                              "</parameter>\n</function>\n</tool_call>");
+  ASSERT_EQ(n.calls.size(), 1u);
+  EXPECT_EQ(n.calls[0].second, "{\"n\":42,\"s\":\"hello\"}");
+  expect_content(TK::qwen3_coder, "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call> after");
+  expect_content(TK::qwen3_coder, "<tool_call>\n<function=run>\n<parameter=code>\nprint(");
+}
+
+// glm-4.6v-flash.jinja: after <|assistant|>, "\n<think></think>\nChecking.\n<tool_call>..." .
+TEST(ToolCallParser, Glm45TemplateRendered) {
+  auto r = check_block_format(RK::glm45, TK::glm45,
+                              "\n<think></think>\nChecking.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>"
+                              "Paris</arg_value>\n</tool_call>\n<tool_call>get_time\n<arg_key>tz</arg_key>\n<arg_value>"
+                              "Europe/Zürich</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>");
+  EXPECT_EQ(r.calls, kTwoCalls);
+  EXPECT_EQ(r.reasoning, "");
+  EXPECT_EQ(r.content, "\nChecking.\n");
+}
+
+TEST(ToolCallParser, Glm45ValuesAndMalformed) {
+  // GLM-4.7 writes no newline after the name; typed by the schema when given.
+  auto ctx = with_tools(R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+      "properties": {"id": {"type": "string"}, "n": {"type": "integer"}}}}}])");
+  auto r = check_block_format(RK::glm45, TK::glm45,
+                              "<think>Think: 中文</think><tool_call>f<arg_key>id</arg_key><arg_value>007</arg_value>"
+                              "<arg_key>n</arg_key><arg_value>7</arg_value></tool_call> tail",
+                              ctx);
+  EXPECT_EQ(r.reasoning, "Think: 中文");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].second, "{\"id\":\"007\",\"n\":7}");
+  EXPECT_EQ(r.content, " tail");
+  auto g = check_block_format(RK::none, TK::glm45, "<tool_call>get_time\n</tool_call>");
+  ASSERT_EQ(g.calls.size(), 1u);
+  EXPECT_EQ(g.calls[0], Call("get_time", "{}"));
+  expect_content(TK::glm45, "<tool_call>f\n<arg_key>a</arg_key>\n</tool_call>");
+  expect_content(TK::glm45, "<tool_call>two words\n<arg_key>a</arg_key><arg_value>1</arg_value></tool_call>");
+  expect_content(TK::glm45, "ok <tool_call>f\n<arg_key>a</arg_key>\n<arg_val");
+}
+
+// minimax-m2.jinja: after "]~b]ai\n" (the generation prompt adds "<think>\n"), content, the calls.
+TEST(ToolCallParser, MiniMaxM2TemplateRendered) {
+  const std::string calls =
+      "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Paris</parameter>\n</invoke>\n"
+      "<invoke name=\"get_time\">\n<parameter name=\"tz\">Europe/Zürich</parameter>\n<parameter name=\"days\">3"
+      "</parameter>\n</invoke>\n</minimax:tool_call>";
+  auto r = check_block_format(RK::none, TK::minimax_m2, "Checking.\n" + calls);
+  EXPECT_EQ(r.calls, kTwoCalls);
+  EXPECT_EQ(r.content, "Checking.\n");
+  auto t = check_block_format(RK::minimax_m2, TK::minimax_m2, "Need weather.\n</think>\n\n" + calls);
+  EXPECT_EQ(t.reasoning, "Need weather.\n");
+  EXPECT_EQ(t.content, "\n\n");
+  EXPECT_EQ(t.calls, kTwoCalls);
+  // minimax_m2_append_think: all content, <think> put back.
+  auto a = check_all_splits(RK::minimax_m2_append_think, TK::none, "Need weather.\n</think>\n\nok");
+  EXPECT_EQ(a.reasoning, "");
+  EXPECT_EQ(a.content, "<think>Need weather.\n</think>\n\nok");
+}
+
+TEST(ToolCallParser, MiniMaxM2ValuesAndMalformed) {
+  auto ctx = with_tools(R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+      "properties": {"s": {"type": "string"}, "b": {"type": "boolean"}}}}}])");
+  auto r = check_block_format(RK::none, TK::minimax_m2,
+                              "<minimax:tool_call><invoke name='f'><parameter name=\"s\">true</parameter><parameter "
+                              "name=\"b\">true</parameter><parameter name=\"u\">€</parameter></invoke></minimax:tool_call>",
+                              ctx);
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].second, "{\"s\":\"true\",\"b\":true,\"u\":\"€\"}");
+  expect_content(TK::minimax_m2, "<minimax:tool_call>\n<invoke>\n</invoke>\n</minimax:tool_call>");
+  expect_content(TK::minimax_m2, "<minimax:tool_call>\n<invoke name=\"f\">\n<parameter name=\"a\">1</invoke>\n"
+                                 "</minimax:tool_call>");
+  expect_content(TK::minimax_m2, "x <minimax:tool_call>\n<invoke name=\"f\">\n<parameter na");
+}
+
+TEST(ReasoningParser, DeepSeekV3FollowsThinking) {
+  // vLLM's deepseek_v3: deepseek_r1 when thinking (or enable_thinking) is on, else no reasoning.
+  auto off = check_all_splits(RK::deepseek_v3, TK::none, "Hi</think> there");
+  EXPECT_EQ(off.reasoning, "");
+  EXPECT_EQ(off.content, "Hi</think> there");
+  ParseContext on;
+  on.thinking = true;
+  auto r = check_all_splits(RK::deepseek_v3, TK::deepseek_v31,
+                            "Plan.</think>Ok<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{}<｜tool▁call▁end｜>"
+                            "<｜tool▁calls▁end｜>",
+                            on);
+  EXPECT_EQ(r.reasoning, "Plan.");
+  EXPECT_EQ(r.content, "Ok");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(ReasoningParser(RK::deepseek_v3, true).start(), ReasoningParser::Start::reasoning);
+  EXPECT_EQ(ReasoningParser(RK::deepseek_v3).start(), ReasoningParser::Start::content);
+  EXPECT_EQ(ReasoningParser(RK::kimi_k2, false).start(), ReasoningParser::Start::content);
+  EXPECT_EQ(ReasoningParser(RK::glm45).start(), ReasoningParser::Start::think_tag);
+}
+
+TEST(ReasoningParser, Glm45AndKimiAndMiniMax) {
+  auto g = check_all_splits(RK::glm45, TK::none, " \n<think>a < b</think>\nHi");
+  EXPECT_EQ(g.reasoning, "a < b");
+  EXPECT_EQ(g.content, "\nHi");
+  auto n = check_all_splits(RK::glm45, TK::none, "\nNo thinking.");
+  EXPECT_EQ(n.reasoning, "");
+  EXPECT_EQ(n.content, "\nNo thinking.");
+  auto k = check_all_splits(RK::kimi_k2, TK::none, "<think>x</think>y <|tool_calls_section_begin|>");
+  EXPECT_EQ(k.reasoning, "x");
+  EXPECT_EQ(k.content, "y <|tool_calls_section_begin|>");
+  ParseContext off;
+  off.thinking = false;
+  auto ko = check_all_splits(RK::kimi_k2, TK::none, "plain</think>", off);
+  EXPECT_EQ(ko.content, "plain</think>");
+  auto m = check_all_splits(RK::minimax_m2, TK::none, "<think>\nhmm</think>done");
+  EXPECT_EQ(m.reasoning, "\nhmm");
+  EXPECT_EQ(m.content, "done");
+}
+
+TEST(ToolCallParser, TypedParamValue) {
+  EXPECT_EQ(typed_param_value("[1, 2]", nullptr, "f", "a"), nlohmann::ordered_json::parse("[1, 2]"));
+  EXPECT_EQ(typed_param_value("  Paris ", nullptr, "f", "a"), "  Paris ");
+  EXPECT_EQ(typed_param_value("", nullptr, "f", "a"), "");
+}
+
+// tool_choice required / named with a kind that has no forced-call grammar: not enforced, no error
+// (the output is parsed as for auto); another constraint keeps its reasoning setting.
+TEST(ToolCallParser, ToolChoiceWithoutGrammarFallsBack) {
+  auto tools = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  for (TK k : {TK::mistral, TK::deepseek_v3, TK::deepseek_v31, TK::kimi_k2, TK::qwen3_coder, TK::glm45, TK::minimax_m2})
+    for (auto choice : {ToolChoice::required, ToolChoice::named, ToolChoice::auto_}) {
+      ChatRequest cr;
+      cr.tools = tools;
+      cr.tool_choice = choice;
+      cr.tool_choice_name = choice == ToolChoice::named ? "get_weather" : "";
+      EXPECT_NO_THROW(apply_tool_choice(cr, k, RK::none, true));
+      EXPECT_EQ(cr.structured, nullptr);
+      EXPECT_EQ(cr.params.structured, nullptr);
+    }
+  ChatRequest cr;
+  cr.tools = tools;
+  cr.tool_choice = ToolChoice::required;
+  cr.structured = std::make_shared<ts::StructuredRequest>();
+  apply_tool_choice(cr, TK::minimax_m2, RK::minimax_m2, false);
+  EXPECT_EQ(cr.structured->reasoning, ts::StructuredRequest::Reasoning::deepseek_r1);
+  EXPECT_EQ(cr.params.structured, cr.structured);
+  // hermes still gets its grammar; deepseek_v3 reasoning follows chat_template_kwargs.
+  ChatRequest h;
+  h.tools = tools;
+  h.tool_choice = ToolChoice::required;
+  h.template_kwargs = {{"thinking", true}};
+  apply_tool_choice(h, TK::hermes, RK::deepseek_v3, false);
+  ASSERT_NE(h.structured, nullptr);
+  EXPECT_EQ(h.structured->kind, "tool_call");
+  EXPECT_EQ(h.structured->reasoning, ts::StructuredRequest::Reasoning::deepseek_r1);
+  EXPECT_EQ(parse_context(h).thinking, std::optional<bool>(true));
+  ASSERT_NE(parse_context(h).tools, nullptr);
 }
