@@ -145,7 +145,12 @@ __device__ __forceinline__ uint32_t pack_kv(float lo, float hi) {
 // it, or whether it is a decode or a prefill row.
 // F8: e4m3 caches staged in a kDStages ring and converted into one f16 tile per KV tile (two
 // block syncs per tile; load_kv_tile_f8), the MMAs in f16; k's scale is in scale_log2, v's in
-// v_out.
+// v_out. H100 (bench --attention-lab, 2026-12-06): FP8 reads at 59% of copy at batch 64 x 1k and
+// 72% at 64 x 8k where bf16 reads at 88-90% and 96-100%; a 4-stage e4m3 ring (1.5x the bytes in
+// flight, still two blocks per SM) timed the same (75.5 vs 75.2 us at 64 x 1k), so the
+// conversion pass and its syncs, not the loads, set the pace: converting in registers at
+// fragment load (K: 2-byte loads from padded staging rows; V: byte gathers, no 8-bit ldmatrix
+// transpose on sm_90) is the next thing to try.
 constexpr int kDTile = 64;
 constexpr int kDStages = 3;
 constexpr int kDThreads = 128;
