@@ -26,27 +26,37 @@ export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 // TS_SANITIZED): there the tests hunt memory errors and leaks, and ASan + UBSan slow the engine 2-5x.
 export const TIME_SCALE = process.env.TS_SANITIZED ? 4 : 1;
 
-// Starts `tokenspeed serve` with extra args; resolves once GET /health is 200.
+// Starts `tokenspeed serve` with extra args; resolves once GET /health is 200. The server binds
+// port 0 and the test reads the port it got from its "listening on" line: a port picked here and
+// bound later could be taken in between by another test's server (ctest runs tests in parallel),
+// and /health would then be answered by the wrong server.
 export async function startServer(args = [], { timeoutMs = 180000 } = {}) {
-  const port = await freePort();
-  const proc = spawn(BIN, ['serve', '--port', String(port), '--device', process.env.TS_TEST_DEVICE || 'cpu', ...args], {
+  const proc = spawn(BIN, ['serve', '--port', '0', '--device', process.env.TS_TEST_DEVICE || 'cpu', ...args], {
     stdio: ['ignore', 'pipe', 'pipe'],
-    // One sleeping OpenMP thread unless told otherwise: tests share small CI machines.
-    env: { OMP_NUM_THREADS: '1', OMP_WAIT_POLICY: 'PASSIVE', ...process.env, TS_LOG_LEVEL: process.env.TS_LOG_LEVEL || 'info' },
+    // One sleeping OpenMP thread unless told otherwise: tests share small CI machines. At least
+    // info logs: the "listening on" line carries the port.
+    env: { OMP_NUM_THREADS: '1', OMP_WAIT_POLICY: 'PASSIVE', ...process.env, TS_LOG_LEVEL: /^(debug|trace)$/.test(process.env.TS_LOG_LEVEL || '') ? process.env.TS_LOG_LEVEL : 'info' },
   });
   let log = '';
   proc.stdout.on('data', (d) => { log += d; });
   proc.stderr.on('data', (d) => { log += d; });
   let exited = null;
   proc.on('exit', (code, sig) => { exited = { code, sig }; });
-  const url = `http://127.0.0.1:${port}`;
   const t0 = Date.now();
   let sawLoading = false;
+  let port = 0;
+  let url = '';
   while (true) {
     if (exited) throw new Error(`server exited early (${JSON.stringify(exited)}):\n${log}`);
     if (Date.now() - t0 > timeoutMs) {
       proc.kill('SIGKILL');
       throw new Error(`server not healthy after ${timeoutMs} ms:\n${log}`);
+    }
+    if (!port) {
+      const m = log.match(/listening on http:\/\/[^\s]*:(\d+)/);
+      if (!m) { await sleep(20); continue; }
+      port = Number(m[1]);
+      url = `http://127.0.0.1:${port}`;
     }
     try {
       const r = await fetch(`${url}/health`);
