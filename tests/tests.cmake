@@ -136,7 +136,7 @@ set_tests_properties(cli_chat_template PROPERTIES LABELS "cli;chat")
 # server
 find_program(NODE_EXECUTABLE node)
 if(NODE_EXECUTABLE)
-  foreach(t openai preemption bench_serving frontdoor shutdown deploy structured endpoints hostile_json)
+  foreach(t openai preemption bench_serving frontdoor shutdown deploy structured endpoints hostile_json tool_formats)
     add_test(NAME server_${t} COMMAND ${NODE_EXECUTABLE} --test ${CMAKE_SOURCE_DIR}/tests/server/${t}.test.mjs)
     set_tests_properties(server_${t} PROPERTIES ENVIRONMENT "TOKENSPEED_BIN=$<TARGET_FILE:tokenspeed>"
       LABELS server TIMEOUT 900)

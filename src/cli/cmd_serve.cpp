@@ -8,7 +8,9 @@
 
 #include "cli/commands.h"
 #include "cli/engine_flags.h"
+#include "server/api_endpoints.h"
 #include "server/kv_events.h"
+#include "server/output_parsers.h"
 #include "core/log.h"
 #include "server/http_server.h"
 #include "server/protocol.h"
@@ -29,14 +31,15 @@ int cmd_serve(int argc, char** argv) {
   app.add_option("--chat-template", so.chat_template_file, "Jinja chat template file (overrides the model's)");
   app.add_option("--tool-call-parser", so.tool_call_parser,
                  "hermes | qwen | qwen25 | llama3 | llama3_json | mistral | deepseek_v3 | deepseek_v31 | kimi_k2 | "
-                 "qwen3_coder | glm45 | minimax_m2 (tool_choice required/named is grammar-enforced for hermes and "
-                 "llama3 only)");
+                 "qwen3_coder | glm45 | minimax_m2 (tool_choice required/named is grammar-enforced in each "
+                 "format's syntax)");
   app.add_option("--reasoning-parser", so.reasoning_parser,
                  "qwen3 | deepseek-r1 | deepseek_v3 | glm45 | kimi_k2 | minimax_m2 | minimax_m2_append_think");
   app.add_option("--tool-choice-auto-grammar", so.tool_choice_auto_grammar,
                  "tool_choice auto: a call the model starts is grammar-enforced (a listed name, arguments following "
-                 "its schema): hermes from <tool_call> to </tool_call>, llama3 when the output starts with '{'; "
-                 "false: parsed only")
+                 "its schema): hermes from <tool_call> to </tool_call>, llama3 when the output starts with '{', the "
+                 "others from their block's open marker ([TOOL_CALLS], <tool_call>, ...) to its end; false: parsed "
+                 "only")
       ->capture_default_str();
   // HTTP limits (ts::server::http::HttpLimits): every breach is an OpenAI-shaped 4xx or a closed
   // connection, counted in tokenspeed_http_limit_rejections_total{reason=...}.
@@ -155,7 +158,12 @@ int cmd_serve(int argc, char** argv) {
   std::thread loader([&] {
     try {
       auto t0 = std::chrono::steady_clock::now();
-      backend = ts::server::make_engine_backend(eo, kv_events);
+      // A forced tool call writes its format's markers; where the tokenizer has one as a special
+      // token (Mistral's [TOOL_CALLS], DeepSeek's and Kimi's section markers) the grammar takes it.
+      const auto markers = ts::server::parser_markers(
+          ts::server::ReasoningParser::Kind::none,
+          ts::server::tool_call_kind(ts::server::ToolCallParser::kind_from_name(so.tool_call_parser)));
+      backend = ts::server::make_engine_backend(eo, kv_events, markers);
       server.set_backend(backend);
       spdlog::info("model ready in {:.2f}s: context {} tokens, vocab {}",
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),

@@ -180,7 +180,10 @@ class SchemaCompiler {
     g_.define(r, (this->*body)());
     return r;
   }
-  int ws_body() { return opt_.any_whitespace ? g_.star(g_.chars({{' ', ' '}, {'\t', '\t'}, {'\n', '\n'}})) : g_.empty(); }
+  int ws_body() {
+    if (!opt_.any_whitespace || opt_.max_whitespace == 0) return g_.empty();
+    return g_.rep(g_.chars({{' ', ' '}, {'\t', '\t'}, {'\n', '\n'}}), 0, opt_.max_whitespace < 0 ? -1 : opt_.max_whitespace);
+  }
   int ws() { return g_.ref(shared("ws", &SchemaCompiler::ws_body)); }
   int char_body() {
     int plain = g_.chars({{0, 0x1F}, {'"', '"'}, {'\\', '\\'}}, true);

@@ -30,6 +30,10 @@ struct JsonSchemaOptions {
   bool strict = true;
   // Whitespace between tokens: any run of [ \t\n] when true, none when false (compact JSON).
   bool any_whitespace = true;
+  // With any_whitespace: at most this many whitespace characters between two tokens (-1: no
+  // bound). 1 admits compact JSON and json.dumps' ", " / ": " but not a run a small model can
+  // loop in until max_tokens (xgrammar's max_whitespace_cnt).
+  int max_whitespace = -1;
   // The keywords that constrain in ways a grammar cannot express (not, if/then/else, uniqueItems,
   // patternProperties, a multipleOf with far bounds, ...) are ignored instead of refused: the grammar then admits
   // a superset of the schema's values, never fewer -- an object with keywords that may admit more

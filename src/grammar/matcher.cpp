@@ -13,7 +13,8 @@ namespace ts::grammar {
 // ------------------------------------------------------------------------------------------
 // Vocab
 
-std::shared_ptr<const Vocab> Vocab::from_tokenizer(const tok::Tokenizer& t, std::vector<int32_t> stop_ids) {
+std::shared_ptr<const Vocab> Vocab::from_tokenizer(const tok::Tokenizer& t, std::vector<int32_t> stop_ids,
+                                                   const std::vector<std::string>& special_texts) {
   if (stop_ids.empty())
     if (auto e = t.eos_id()) stop_ids.push_back(*e);
   int32_t n = t.vocab_size();
@@ -23,6 +24,16 @@ std::shared_ptr<const Vocab> Vocab::from_tokenizer(const tok::Tokenizer& t, std:
     if (!t.is_valid_id(id)) continue;
     bytes[id] = t.token_bytes(id);
     excluded[id] = t.is_special(id) || bytes[id].empty();
+  }
+  if (!special_texts.empty()) {
+    for (int32_t id = 0; id < n; ++id)
+      if (bytes[id].find(kSpecialTokenByte) != std::string::npos) excluded[id] = true;
+    for (const tok::AddedToken& a : t.added_tokens())
+      if (a.special && !a.content.empty() && t.is_valid_id(a.id) &&
+          std::find(special_texts.begin(), special_texts.end(), a.content) != special_texts.end()) {
+        bytes[a.id] = special_token_bytes(a.content);
+        excluded[a.id] = false;
+      }
   }
   return std::make_shared<const Vocab>(std::move(bytes), std::move(excluded), std::move(stop_ids));
 }

@@ -73,16 +73,34 @@ class SharedMaskCache {
 
 // The decoded bytes of every token id; special/invalid ids are excluded from masks, except the
 // stop ids (allowed exactly when the grammar can end).
+// The bytes a special token of text `content` has in a Vocab that admits it (from_tokenizer's
+// special_texts): a 0xFF byte, which UTF-8 text never holds (so no character class, JSON string
+// or free-text rule of a grammar takes it), then the content. A grammar writes a marker that may
+// be such a token as marker_literal (its text, or this): the one id is then allowed exactly where
+// the marker is, never inside a value. Normal tokens holding a 0xFF byte are excluded from such a
+// Vocab, so nothing else spells the sentinel.
+inline constexpr char kSpecialTokenByte = '\xFF';
+inline std::string special_token_bytes(std::string_view content) { return kSpecialTokenByte + std::string(content); }
+
 class Vocab {
  public:
-  // `stop_ids` default to the tokenizer's eos when empty.
-  static std::shared_ptr<const Vocab> from_tokenizer(const tok::Tokenizer& t, std::vector<int32_t> stop_ids = {});
+  // `stop_ids` default to the tokenizer's eos when empty. `special_texts`: special tokens whose
+  // text is one of these are normal tokens of that text (a tool-call parser's markers, such as
+  // DeepSeek's <｜tool▁calls▁begin｜> or Mistral's [TOOL_CALLS], are special tokens the model
+  // writes as one id: a forced-call grammar that spells the marker must be able to take that id).
+  static std::shared_ptr<const Vocab> from_tokenizer(const tok::Tokenizer& t, std::vector<int32_t> stop_ids = {},
+                                                     const std::vector<std::string>& special_texts = {});
   // token_bytes[id]; excluded[id] = never allowed (specials, holes).
   Vocab(std::vector<std::string> token_bytes, std::vector<bool> excluded, std::vector<int32_t> stop_ids);
 
   int32_t size() const { return static_cast<int32_t>(bytes_.size()); }
   int32_t mask_words() const { return (size() + 31) / 32; }  // a bitmask row: [mask_words] uint32
   const std::string& bytes(int32_t id) const { return bytes_[id]; }
+  // The text id stands for: bytes(id), without the sentinel of an admitted special token.
+  std::string_view text(int32_t id) const {
+    const std::string& b = bytes_[id];
+    return !b.empty() && b[0] == kSpecialTokenByte ? std::string_view(b).substr(1) : std::string_view(b);
+  }
   bool is_stop(int32_t id) const;
   bool is_normal(int32_t id) const { return id >= 0 && id < size() && normal_[id]; }  // in sorted()
   const std::vector<int32_t>& stop_ids() const { return stop_; }

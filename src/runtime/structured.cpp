@@ -108,13 +108,17 @@ std::vector<int32_t> forced_tokens(const tok::Tokenizer& tok, const grammar::Voc
 }
 
 // --- GrammarCache ----------------------------------------------------------------------------
-GrammarCache::GrammarCache(std::shared_ptr<const tok::Tokenizer> tok, std::vector<int32_t> stop_ids, size_t capacity)
-    : tok_(std::move(tok)), stop_ids_(std::move(stop_ids)), capacity_(std::max<size_t>(capacity, 1)) {}
+GrammarCache::GrammarCache(std::shared_ptr<const tok::Tokenizer> tok, std::vector<int32_t> stop_ids, size_t capacity,
+                           std::vector<std::string> special_texts)
+    : tok_(std::move(tok)),
+      stop_ids_(std::move(stop_ids)),
+      capacity_(std::max<size_t>(capacity, 1)),
+      special_texts_(std::move(special_texts)) {}
 GrammarCache::~GrammarCache() = default;
 
 std::shared_ptr<const grammar::Vocab> GrammarCache::vocab() {
   std::lock_guard<std::mutex> lk(mu_);
-  if (!vocab_) vocab_ = grammar::Vocab::from_tokenizer(*tok_, stop_ids_);
+  if (!vocab_) vocab_ = grammar::Vocab::from_tokenizer(*tok_, stop_ids_, special_texts_);
   return vocab_;
 }
 
@@ -457,7 +461,7 @@ void LogitsConstraints::free_text(int32_t t) {
   if (t < 0 || t >= v.size()) return;
   if (trigger_at_start_) {
     if (trigger_dead_) return;
-    tail_ += v.bytes(t);
+    tail_ += v.text(t);
     const size_t b = tail_.find_first_not_of(" \t\r\n");
     if (b == std::string::npos) return;  // only whitespace so far
     const std::string_view head = std::string_view(tail_).substr(b);
@@ -479,7 +483,7 @@ void LogitsConstraints::free_text(int32_t t) {
     phase_ = Phase::active;
     return;
   }
-  tail_ += v.bytes(t);  // specials too: a trigger may be one special token
+  tail_ += v.text(t);  // specials too: a trigger may be one special token
   const size_t at = tail_.find(trigger_);
   if (at == std::string::npos) {
     if (tail_.size() >= trigger_.size()) tail_.erase(0, tail_.size() - (trigger_.size() - 1));

@@ -82,9 +82,12 @@ struct StructuredRequest {
 
 // Compiled grammars by key (LRU, `capacity` entries) over one tokenizer's vocabulary; the vocab
 // tables are built once (100-190 ms for a 128k vocabulary), on first use. Thread-safe.
+// `special_texts`: special tokens of these texts are admitted to grammars as markers
+// (grammar::Vocab::from_tokenizer; the served tool-call parser's markers).
 class GrammarCache {
  public:
-  GrammarCache(std::shared_ptr<const tok::Tokenizer> tok, std::vector<int32_t> stop_ids, size_t capacity = 256);
+  GrammarCache(std::shared_ptr<const tok::Tokenizer> tok, std::vector<int32_t> stop_ids, size_t capacity = 256,
+               std::vector<std::string> special_texts = {});
   ~GrammarCache();
   // A copy of `req` with `compiled` (and the think ids) filled in.
   std::shared_ptr<const StructuredRequest> prepare(const StructuredRequest& req);
@@ -95,6 +98,7 @@ class GrammarCache {
   std::shared_ptr<const tok::Tokenizer> tok_;
   std::vector<int32_t> stop_ids_;
   size_t capacity_;
+  std::vector<std::string> special_texts_;
   mutable std::mutex mu_;
   std::shared_ptr<const grammar::Vocab> vocab_;
   std::list<std::string> lru_;

@@ -193,14 +193,8 @@ ToolCallParser::Kind tool_call_kind(ToolCallParser::Kind configured) {
 
 void apply_tool_choice(ChatRequest& cr, ToolCallParser::Kind configured, ReasoningParser::Kind rk, bool auto_grammar) {
   const ToolCallParser::Kind tk = tool_call_kind(configured);
-  // Kinds without a forced-call grammar (has_tool_call_grammar: mistral, deepseek_v3/_v31, kimi_k2,
-  // qwen3_coder, glm45, minimax_m2): required / named are not enforced, the output is parsed as
-  // for auto; response_format and the other constraints keep working.
-  if (!has_tool_call_grammar(tk)) {
-    if (cr.structured) cr.structured->reasoning = structured_reasoning(rk, cr);
-    if (cr.structured) cr.params.structured = cr.structured;
-    return;
-  }
+  // Every parser kind has its forced-call grammar (tool_call_structured / tool_call_triggered in
+  // output_parsers.h give each format's syntax; no parser configured: hermes').
   if (cr.tool_choice == ToolChoice::required || cr.tool_choice == ToolChoice::named) {
     if (cr.structured)
       throw ApiError(400, "'tool_choice' required or named cannot be combined with 'response_format' or another "

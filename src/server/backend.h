@@ -55,7 +55,10 @@ class Backend {
 
 // Loads the model and tokenizer (may throw ts::Error) and starts the engine thread.
 struct KvEventsConfig;
-// `events`: KV cache events (--kv-events-config); off unless active().
-std::shared_ptr<Backend> make_engine_backend(const EngineOptions& opts, const KvEventsConfig& events);
+// `events`: KV cache events (--kv-events-config); off unless active(). `grammar_markers`: the
+// served tool-call parser's markers (parser_markers): those that are special tokens of the
+// tokenizer may be written by forced tool-call grammars as that one token (GrammarCache).
+std::shared_ptr<Backend> make_engine_backend(const EngineOptions& opts, const KvEventsConfig& events,
+                                             std::vector<std::string> grammar_markers = {});
 
 }  // namespace ts::server

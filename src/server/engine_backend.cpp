@@ -10,8 +10,10 @@ namespace ts::server {
 namespace {
 class EngineBackend final : public Backend {
  public:
-  EngineBackend(const EngineOptions& opts, const KvEventsConfig& events)
-      : engine_(with_events(opts, events)), eos_(engine_.eos_token_ids()), grammars_(engine_.tokenizer_ptr(), eos_) {
+  EngineBackend(const EngineOptions& opts, const KvEventsConfig& events, std::vector<std::string> grammar_markers)
+      : engine_(with_events(opts, events)),
+        eos_(engine_.eos_token_ids()),
+        grammars_(engine_.tokenizer_ptr(), eos_, 256, std::move(grammar_markers)) {
     if (events.active()) {
       publisher_ = std::make_unique<KvEventPublisher>(events, opts.block_size);
       engine_.set_kv_event_sink([p = publisher_.get()](std::vector<KvCacheEvent>& ev) { p->publish(ev); });
@@ -86,8 +88,9 @@ class EngineBackend final : public Backend {
 };
 }  // namespace
 
-std::shared_ptr<Backend> make_engine_backend(const EngineOptions& opts, const KvEventsConfig& events) {
-  return std::make_shared<EngineBackend>(opts, events);
+std::shared_ptr<Backend> make_engine_backend(const EngineOptions& opts, const KvEventsConfig& events,
+                                             std::vector<std::string> grammar_markers) {
+  return std::make_shared<EngineBackend>(opts, events, std::move(grammar_markers));
 }
 
 }  // namespace ts::server

@@ -1,7 +1,10 @@
 #include "server/output_parsers.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
 
+#include "grammar/matcher.h"
 #include "io/json_file.h"
 
 #include <nlohmann/json.hpp>
@@ -444,6 +447,62 @@ void ToolCallParser::take_block(std::string_view body, std::string_view raw, std
   }
 }
 
+bool ToolCallParser::stream_block(std::string_view body, bool complete, std::vector<ToolCall>& calls) {
+  std::vector<ToolCallFormat::PartialCall> found;
+  if (!fmt_->scan(body, complete, tools_.get(), found)) return false;
+  // This delta's entry of the call being written (its head, or its first fragment): later text of
+  // the same call joins it rather than making one fragment per scan.
+  size_t open_entry = calls.size();
+  for (size_t k = 0; k < found.size(); ++k) {
+    const std::string& args = found[k].args;
+    if (k < block_sent_.size()) {
+      std::string& sent = block_sent_[k];
+      // Only the last call can take fragments (they append to the latest head), and only text
+      // that extends what was sent.
+      if (k + 1 != block_sent_.size() || args.size() <= sent.size() || !args.starts_with(sent)) continue;
+      const std::string more = args.substr(sent.size());
+      sent = args;
+      if (open_entry < calls.size()) {
+        calls[open_entry].arguments += more;
+      } else {
+        ToolCall frag;
+        frag.continuation = true;
+        frag.arguments = more;
+        open_entry = calls.size();
+        calls.push_back(std::move(frag));
+      }
+      continue;
+    }
+    ToolCall c;
+    c.id = random_id("call_");
+    c.name = found[k].name;
+    c.arguments = args;
+    c.streaming_head = true;
+    open_entry = calls.size();
+    calls.push_back(std::move(c));
+    block_sent_.push_back(args);
+    ++ncalls_;
+  }
+  return true;
+}
+
+void ToolCallParser::end_streamed_block(std::string_view body, bool complete, std::vector<ToolCall>& calls) {
+  const size_t streamed = block_sent_.size();
+  if (!stream_block(body, complete, calls) && complete) {
+    // The rest of the block is not in a streaming shape: the calls after those it streamed, whole.
+    std::vector<ToolCall> parsed;
+    if (fmt_->parse(body, tools_.get(), parsed))
+      for (size_t k = streamed; k < parsed.size(); ++k) {
+        parsed[k].id = random_id("call_");
+        calls.push_back(std::move(parsed[k]));
+        ++ncalls_;
+      }
+  }
+  ws_.clear();
+  block_sent_.clear();
+  scan_off_ = false;
+}
+
 void ToolCallParser::feed_blocks(std::string& content, std::vector<ToolCall>& calls) {
   const std::string_view open = fmt_->open();
   while (true) {
@@ -455,6 +514,8 @@ void ToolCallParser::feed_blocks(std::string& content, std::vector<ToolCall>& ca
         buf_.erase(0, pos + open.size());
         state_ = State::call;
         scanned_ = 0;
+        block_sent_.clear();
+        scan_off_ = false;
         continue;
       }
       size_t keep = partial_suffix(buf_, open);
@@ -467,13 +528,25 @@ void ToolCallParser::feed_blocks(std::string& content, std::vector<ToolCall>& ca
     if (e.status == ToolCallFormat::End::more) {
       size_t c = fmt_->close().size();
       scanned_ = c > 0 && buf_.size() >= c ? buf_.size() - c + 1 : 0;
+      if (incremental_ && !scan_off_) {
+        // The close marker may be arriving: its partial start is not the body's.
+        std::string_view body = buf_;
+        if (c > 0) body.remove_suffix(partial_suffix(buf_, fmt_->close()));
+        scan_off_ = !stream_block(body, false, calls);
+      }
       return;
     }
-    if (e.status == ToolCallFormat::End::bad) {  // not a call after all: the marker is text
+    if (e.status == ToolCallFormat::End::bad && block_sent_.empty()) {  // not a call after all: the marker is text
       emit_text(open, content);
+    } else if (e.status == ToolCallFormat::End::bad) {  // calls streamed: they stand (committed)
+      end_streamed_block(buf_, false, calls);
+      buf_.clear();
     } else {
       std::string rest = buf_.substr(e.next);
-      take_block(std::string_view(buf_).substr(0, e.body), std::string_view(buf_).substr(0, e.next), content, calls);
+      if (block_sent_.empty())
+        take_block(std::string_view(buf_).substr(0, e.body), std::string_view(buf_).substr(0, e.next), content, calls);
+      else
+        end_streamed_block(std::string_view(buf_).substr(0, e.body), true, calls);
       buf_ = std::move(rest);
     }
     state_ = State::text;
@@ -486,7 +559,8 @@ void ToolCallParser::finish_blocks(std::string& content, std::vector<ToolCall>& 
     // complete without it (a cut close marker left out), else the text unchanged.
     std::string_view body = buf_;
     if (!fmt_->close().empty()) body.remove_suffix(partial_suffix(buf_, fmt_->close()));
-    take_block(body, buf_, content, calls);
+    if (block_sent_.empty()) take_block(body, buf_, content, calls);
+    else end_streamed_block(body, true, calls);  // what streamed stays; the rest if complete
   } else {
     // After calls, a cut start of the next block is not text.
     const std::string_view rest = trim(buf_), open = fmt_->open();
@@ -567,58 +641,393 @@ ChatDelta ChatOutputParser::finish() {
 
 // --- tool_choice by grammar -----------------------------------------------------------------------
 namespace {
+using K = ToolCallParser::Kind;
+
+// tools[i]'s arguments as JSON: its parameters schema (strict: the call must be parseable against
+// it, no invented keys; lenient: a tool's schema is its author's -- MCP servers write uniqueItems,
+// patternProperties, ... -- and what the grammar cannot express is left unconstrained rather than
+// refusing the request), any object when it has none. An invalid schema is a 400 naming the tool.
+// `spaced`: a space may follow ':' and ',' (json.dumps' style, as the block formats' templates
+// write arguments) -- one whitespace character between tokens at most: an unbounded run is where
+// a small model loops until max_tokens. Else compact.
+grammar::Grammar tool_args_grammar(const Json& tools, size_t i, bool spaced) {
+  const Json& f = tools[i]["function"];
+  grammar::JsonSchemaOptions opt;
+  opt.any_whitespace = spaced;
+  opt.max_whitespace = 1;
+  auto pit = f.find("parameters");
+  try {
+    if (pit == f.end() || pit->is_null()) return grammar::json_object_grammar(opt);
+    opt.strict = true;
+    opt.lenient = true;
+    return grammar::json_schema_grammar(*pit, opt);
+  } catch (const InvalidRequest& e) {
+    std::string param = fmt::format("tools[{}].function.parameters", i);
+    throw ApiError(400, fmt::format("Invalid JSON schema in '{}' (tool '{}'): {}", param, f["name"].get<std::string>(), e.what()),
+                   param);
+  }
+}
+
+// The cache key part of tools[i].
+std::string tool_key(const Json& tools, size_t i) {
+  const Json& f = tools[i]["function"];
+  auto pit = f.find("parameters");
+  return f["name"].get<std::string>() + "\n" + (pit == f.end() ? std::string("{}") : pit->dump()) + "\n";
+}
+
 // The alternatives {"name": "N", "arguments"|"parameters": ARGS} of `tools` into `g`; the cache
-// key part in `key`. Returns the node of their alternation.
+// key part in `key`. Returns the node of their alternation. (hermes, llama3)
 int tool_call_bodies(grammar::Grammar& g, const Json& tools, const std::string& only_name, ToolCallParser::Kind kind,
                      std::string& key) {
-  grammar::JsonSchemaOptions opt;
-  opt.any_whitespace = false;
   std::vector<int> alts;
   for (size_t i = 0; i < tools.size(); ++i) {
-    const Json& f = tools[i]["function"];
-    std::string name = f["name"].get<std::string>();
+    std::string name = tools[i]["function"]["name"].get<std::string>();
     if (!only_name.empty() && name != only_name) continue;
-    std::string param = fmt::format("tools[{}].function.parameters", i);
-    grammar::Grammar args;
-    auto pit = f.find("parameters");
-    try {
-      if (pit == f.end() || pit->is_null()) {
-        args = grammar::json_object_grammar(opt);
-      } else {
-        grammar::JsonSchemaOptions o = opt;
-        o.strict = true;  // the call must be parseable against the schema: no invented keys
-        // A tool's schema is its author's (MCP servers write uniqueItems, patternProperties, ...):
-        // what the grammar cannot express is left unconstrained rather than refusing the request.
-        o.lenient = true;
-        args = grammar::json_schema_grammar(*pit, o);
-      }
-    } catch (const InvalidRequest& e) {
-      throw ApiError(400, fmt::format("Invalid JSON schema in '{}' (tool '{}'): {}", param, name, e.what()), param);
-    }
+    grammar::Grammar args = tool_args_grammar(tools, i, false);
     int args_root = grammar::embed_grammar(g, args, fmt::format("t{}-", i));
     std::string head = kind == ToolCallParser::Kind::hermes
                            ? fmt::format("{{\"name\": {}, \"arguments\": ", Json(name).dump())
                            : fmt::format("{{\"name\": {}, \"parameters\": ", Json(name).dump());
     alts.push_back(g.seq({g.lit(head), g.ref(args_root), g.lit("}")}));
-    key += name + "\n" + (pit == f.end() ? std::string("{}") : pit->dump()) + "\n";
+    key += tool_key(tools, i);
   }
   TS_CHECK(!alts.empty(), "tool_call_structured: no tool named '{}'", only_name);
   return g.alt(alts);
 }
+
+// Any text (of code points) in which none of `stops` occurs: the automaton that tracks the longest
+// suffix of the text so far that is a proper prefix of a stop, one rule per such prefix (right
+// recursion: the matcher's stacks stay flat). The stops are ASCII; a stop's text followed by its
+// stop then has the stop first where it was written, as the parsers find it, because the stops
+// these formats use are tags that start with their only '<' and so cannot overlap themselves.
+int text_without(grammar::Grammar& g, const std::vector<std::string>& stops) {
+  std::vector<std::string> states{""};
+  std::map<std::string, size_t> index{{"", 0}};
+  std::string alphabet;
+  for (const std::string& s : stops) {
+    for (size_t n = 1; n < s.size(); ++n)
+      if (index.emplace(s.substr(0, n), states.size()).second) states.push_back(s.substr(0, n));
+    for (char c : s) {
+      TS_CHECK(static_cast<unsigned char>(c) < 0x80, "text_without: stops must be ASCII");
+      if (alphabet.find(c) == std::string::npos) alphabet += c;
+    }
+  }
+  std::vector<int> rules;
+  for (size_t k = 0; k < states.size(); ++k) rules.push_back(g.rule(g.fresh_name("text-without")));
+  grammar::Ranges letters;
+  for (char c : alphabet) letters.push_back({uint32_t(c), uint32_t(c)});
+  for (size_t k = 0; k < states.size(); ++k) {
+    std::map<size_t, grammar::Ranges> by_next;
+    for (char c : alphabet) {
+      const std::string t = states[k] + c;
+      bool dead = false;
+      for (const std::string& s : stops) dead = dead || t.ends_with(s);
+      if (dead) continue;  // the text would contain a stop
+      for (size_t n = t.size();; --n)
+        if (auto it = index.find(t.substr(t.size() - n)); it != index.end()) {
+          by_next[it->second].push_back({uint32_t(c), uint32_t(c)});
+          break;
+        }
+    }
+    grammar::Ranges other = grammar::complement(grammar::normalize(letters));
+    by_next[0].insert(by_next[0].end(), other.begin(), other.end());
+    std::vector<int> alts{g.empty()};
+    for (auto& [next, ranges] : by_next) alts.push_back(g.seq({g.chars(ranges), g.ref(rules[next])}));
+    g.define(rules[k], g.alt(alts));
+  }
+  return rules[0];
+}
+
+// A property schema that constrains a value (more than annotations).
+bool constrains(const Json& s) {
+  static const std::set<std::string> kAnnotations = {"title", "description", "default", "examples", "$comment",
+                                                     "deprecated", "readOnly", "writeOnly"};
+  if (!s.is_object()) return false;
+  for (auto it = s.begin(); it != s.end(); ++it)
+    if (!kAnnotations.count(it.key())) return true;
+  return false;
+}
+
+bool text_valued(K k) { return k == K::qwen3_coder || k == K::glm45 || k == K::minimax_m2; }
+
+// `text` as a literal in which each of `kind`'s markers (parser_markers) is its text or the one
+// special token of that text (grammar::special_token_bytes): models whose tokenizer has the marker
+// as a special token (Mistral's [TOOL_CALLS], DeepSeek's <｜tool▁call▁begin｜>, Kimi's
+// <|tool_call_begin|>, GLM's <arg_key>) write that id, which the grammar then allows there only.
+int mlit(grammar::Grammar& g, K kind, std::string_view text) {
+  const std::vector<std::string> markers = parser_markers(ReasoningParser::Kind::none, kind);
+  std::vector<int> parts;
+  size_t from = 0;
+  while (from < text.size()) {
+    size_t best = std::string_view::npos, len = 0;
+    for (const std::string& m : markers)
+      if (size_t at = text.find(m, from); at != std::string_view::npos && (at < best || (at == best && m.size() > len)))
+        best = at, len = m.size();
+    if (best == std::string_view::npos) break;
+    if (best > from) parts.push_back(g.lit(text.substr(from, best - from)));
+    const std::string_view m = text.substr(best, len);
+    parts.push_back(g.alt({g.lit(m), g.lit(grammar::special_token_bytes(m))}));
+    from = best + len;
+  }
+  if (from < text.size()) parts.push_back(g.lit(text.substr(from)));
+  if (parts.empty()) return g.empty();
+  return parts.size() == 1 ? parts[0] : g.seq(parts);
+}
+
+// The marker that opens a block of calls (the auto trigger), and the one call of the formats whose
+// block holds one call (qwen3_coder, glm45: "<tool_call>").
+std::string open_marker(K k) {
+  switch (k) {
+    case K::mistral: return "[TOOL_CALLS]";
+    case K::deepseek_v3: case K::deepseek_v31: return "<｜tool▁calls▁begin｜>";
+    case K::kimi_k2: return "<|tool_calls_section_begin|>";
+    case K::minimax_m2: return "<minimax:tool_call>";
+    default: return std::string(kCallOpen);
+  }
+}
+
+// One call of tools[i] in a block format's syntax (qwen3_coder, glm45: what follows "<tool_call>").
+// JSON formats: ARGS is tool_args_grammar with any whitespace (the templates write the arguments
+// as json.dumps / tojson does, `{"a": 1, "b": 2}`). Text formats: the parameters one by one, each
+// value what typed_param_value turns into a value of the property's schema.
+class BlockCallGrammar {
+ public:
+  BlockCallGrammar(grammar::Grammar& g, K kind, const Json& tools) : g_(g), kind_(kind), tools_(tools) {
+    switch (kind) {
+      case K::qwen3_coder: syn_ = {"<parameter=", ">\n", "\n</parameter>\n", {"</parameter>", "</tool_call>"}}; break;
+      case K::glm45: syn_ = {"<arg_key>", "</arg_key>\n<arg_value>", "</arg_value>\n", {"</arg_value>", "</tool_call>"}}; break;
+      default: syn_ = {"<parameter name=\"", "\">", "</parameter>\n", {"</parameter>", "</minimax:tool_call>"}}; break;
+    }
+  }
+
+  int call(size_t i) {
+    const std::string name = tools_[i]["function"]["name"].get<std::string>();
+    switch (kind_) {
+      case K::mistral: {
+        // The template's form: {"name": N, "arguments": ARGS, "id": "<9 alphanumerics>"}; the id
+        // (which the parser ignores) may be left out.
+        int alnum = g_.chars({{'0', '9'}, {'A', 'Z'}, {'a', 'z'}});
+        int id = g_.opt(g_.seq({lit(", \"id\": \""), g_.rep(alnum, 9, 9), lit("\"")}));
+        return g_.seq({lit(fmt::format("{{\"name\": {}, \"arguments\": ", Json(name).dump())), json_args(i), id, lit("}")});
+      }
+      case K::deepseek_v3:
+        return g_.seq({lit("<｜tool▁call▁begin｜>function<｜tool▁sep｜>" + name + "\n```json\n"), json_args(i),
+                       lit("\n```<｜tool▁call▁end｜>")});
+      case K::deepseek_v31:
+        return g_.seq({lit("<｜tool▁call▁begin｜>" + name + "<｜tool▁sep｜>"), json_args(i), lit("<｜tool▁call▁end｜>")});
+      case K::kimi_k2:
+        return g_.seq({lit("<|tool_call_begin|>functions." + name + ":"), g_.rep(g_.chars({{'0', '9'}}), 1, 6),
+                       lit("<|tool_call_argument_begin|>"), json_args(i), lit("<|tool_call_end|>")});
+      case K::qwen3_coder:
+        return g_.seq({lit("\n<function=" + name + ">\n"), text_params(i), lit("</function>\n</tool_call>")});
+      case K::glm45: return g_.seq({lit(name + "\n"), text_params(i), lit("</tool_call>")});
+      case K::minimax_m2: return g_.seq({lit("<invoke name=\"" + name + "\">\n"), text_params(i), lit("</invoke>\n")});
+      default: TS_CHECK(false, "BlockCallGrammar: not a block format"); return -1;
+    }
+  }
+
+ private:
+  struct Syntax {
+    std::string key_open, key_close, value_close;  // a parameter: key_open K key_close V value_close
+    std::vector<std::string> stops;                // what a text V may not contain
+  };
+
+  int lit(std::string_view text) { return mlit(g_, kind_, text); }
+
+  int json_args(size_t i) {
+    grammar::Grammar args = tool_args_grammar(tools_, i, true);
+    return g_.ref(grammar::embed_grammar(g_, args, fmt::format("t{}-", i)));
+  }
+
+  int free_text() {
+    if (free_text_ < 0) free_text_ = text_without(g_, syn_.stops);
+    return g_.ref(free_text_);
+  }
+
+  // A key the parsers read back as written: not empty, no whitespace at its ends (they trim it),
+  // none of the characters that end it ('>' for qwen3_coder, '"' for minimax_m2, "</arg_key>").
+  static bool key_ok(std::string_view k) {
+    if (k.empty() || is_ws(k.front()) || is_ws(k.back())) return false;
+    return k.find_first_of("<>\"") == std::string_view::npos;
+  }
+
+  // Any parameter: a key as key_ok, any text value (typed as the parser types an unknown key).
+  int free_param() {
+    int key = g_.plus(g_.chars({{' ', ' '}, {'\t', '\t'}, {'\n', '\n'}, {'\r', '\r'}, {'<', '<'}, {'>', '>'}, {'"', '"'}}, true));
+    return g_.seq({lit(syn_.key_open), key, lit(syn_.key_close), free_text(), lit(syn_.value_close)});
+  }
+
+  // The parameters of tools[i]: its schema's properties in schema order (as the JSON grammar orders
+  // an object's keys), the required ones always, the others optional, no other keys unless the
+  // schema admits them (additionalProperties, or keywords that may add keys -- then any further
+  // keys with text values). A schema this cannot follow (no "properties": a $ref, anyOf, ... at
+  // the top, or none at all) admits any parameters with text values; minProperties /
+  // maxProperties are not enforced.
+  int text_params(size_t i) {
+    const std::string prefix = fmt::format("t{}-", i);
+    (void)tool_args_grammar(tools_, i, true);  // a bad schema is the same 400 as for the JSON formats
+    const Json& f = tools_[i]["function"];
+    auto any = [&] { return g_.star(free_param()); };
+    auto pit = f.find("parameters");
+    if (pit == f.end() || !pit->is_object()) return any();
+    const Json& ps = *pit;
+    auto props = ps.find("properties");
+    auto addl = ps.find("additionalProperties");
+    const bool closed = addl != ps.end() && addl->is_boolean() && !addl->get<bool>();
+    if (props == ps.end() || !props->is_object() || props->empty()) return closed && props != ps.end() ? g_.empty() : any();
+    std::set<std::string> required;
+    if (auto r = ps.find("required"); r != ps.end() && r->is_array())
+      for (const Json& k : *r)
+        if (k.is_string()) required.insert(k.get<std::string>());
+    bool extra = addl != ps.end() && !closed;
+    for (const char* k : {"patternProperties", "unevaluatedProperties", "dependentSchemas", "dependencies", "if"})
+      extra = extra || ps.contains(k);
+    for (const std::string& r : required) extra = extra || !props->contains(r);
+    std::vector<int> items;
+    size_t n = 0;
+    for (auto it = props->begin(); it != props->end(); ++it, ++n) {
+      if (!key_ok(it.key())) {
+        if (required.count(it.key())) return any();  // a required key this syntax cannot carry
+        continue;
+      }
+      int p = g_.seq({lit(syn_.key_open + it.key() + syn_.key_close), value(it.value(), ps, fmt::format("{}p{}-", prefix, n)),
+                      lit(syn_.value_close)});
+      items.push_back(required.count(it.key()) ? p : g_.opt(p));
+    }
+    if (extra) items.push_back(any());
+    return g_.seq(items);
+  }
+
+  // A parameter's value text, by how typed_param_value types it (tool_parsers.h ParamTyping):
+  //   text: the text is the string: an enum's / const's strings exactly; with minLength /
+  //         maxLength that many characters, none of them '<'; else any text without the format's
+  //         closing tags (pattern and format are not enforced);
+  //   json: the JSON grammar of the property's schema (with the root's $defs for its $refs);
+  //   any:  the JSON grammar when the schema constrains the value, else any text.
+  // (A JSON value's strings may still hold a closing tag verbatim; the parser would cut there.)
+  int value(const Json& s, const Json& root, const std::string& prefix) {
+    const ParamTyping t = param_typing(s);
+    if (t == ParamTyping::text) {
+      std::vector<int> lits;
+      auto add = [&](const Json& v) {
+        if (!v.is_string()) return;  // typed as text, a non-string member can never be the value
+        const std::string str = v.get<std::string>();
+        for (const std::string& stop : syn_.stops)
+          if (str.find(stop) != std::string::npos) return;
+        lits.push_back(g_.lit(str));
+      };
+      if (auto e = s.find("enum"); e != s.end() && e->is_array())
+        for (const Json& v : *e) add(v);
+      if (auto c = s.find("const"); c != s.end()) add(*c);
+      if (!lits.empty()) return g_.alt(lits);
+      // minLength / maxLength bound the text (in characters, as JSON Schema counts them): text
+      // without '<' then, which cannot hold a closing tag. Unbounded text is where a small model
+      // writes until max_tokens.
+      auto bound = [&](const char* k) -> int64_t {
+        auto it = s.find(k);
+        return it != s.end() && it->is_number_integer() && it->get<int64_t>() >= 0 ? it->get<int64_t>() : -1;
+      };
+      const int64_t lo = bound("minLength"), hi = bound("maxLength");
+      if (hi < 0 && lo < 0) return free_text();
+      if (hi > kMaxBoundedText || lo > kMaxBoundedText) return free_text();
+      int ch = g_.chars({{'<', '<'}}, true);
+      return g_.rep(ch, int(std::max<int64_t>(lo, 0)), hi < 0 ? -1 : int(std::max(hi, lo)));
+    }
+    if (t == ParamTyping::any && !constrains(s)) return free_text();
+    Json sub = s;
+    for (const char* k : {"$defs", "definitions"})
+      if (root.contains(k) && !sub.contains(k)) sub[k] = root[k];
+    grammar::JsonSchemaOptions opt;
+    opt.strict = opt.lenient = opt.any_whitespace = true;
+    opt.max_whitespace = 1;
+    try {
+      grammar::Grammar vg = grammar::json_schema_grammar(sub, opt);
+      return g_.ref(grammar::embed_grammar(g_, vg, prefix));
+    } catch (const InvalidRequest&) {
+      return free_text();  // a $ref this subschema cannot resolve on its own: any text
+    }
+  }
+
+  static constexpr int64_t kMaxBoundedText = 1 << 16;  // longer bounds: the unbounded text rule
+  grammar::Grammar& g_;
+  K kind_;
+  const Json& tools_;
+  Syntax syn_;
+  int free_text_ = -1;  // the rule, built once
+};
+
+// The calls (call_rule: one call of any offered tool) after the block's open marker, to its end:
+// one call (parallel false), else one or more in the format's own repetition. For qwen3_coder and
+// glm45 a block is one call (what follows "<tool_call>").
+int block_after_open(grammar::Grammar& g, K kind, int call_rule, bool parallel) {
+  auto calls = [&](std::string_view sep, bool sep_optional = false) {
+    if (!parallel) return g.ref(call_rule);
+    int s = sep.empty() ? -1 : (sep_optional ? g.opt(mlit(g, kind, sep)) : mlit(g, kind, sep));
+    int next = s < 0 ? g.ref(call_rule) : g.seq({s, g.ref(call_rule)});
+    return g.seq({g.ref(call_rule), g.star(next)});
+  };
+  switch (kind) {
+    // "[TOOL_CALLS] [" (mistral-7b-instruct-v0.3) or "[TOOL_CALLS][" (mistral-nemo).
+    case K::mistral: return g.seq({g.opt(mlit(g, kind, " ")), mlit(g, kind, "["), calls(", "), mlit(g, kind, "]")});
+    case K::deepseek_v3: return g.seq({calls("\n", true), mlit(g, kind, "<｜tool▁calls▁end｜>")});
+    case K::deepseek_v31: return g.seq({calls(""), mlit(g, kind, "<｜tool▁calls▁end｜>")});
+    case K::kimi_k2: return g.seq({calls(""), mlit(g, kind, "<|tool_calls_section_end|>")});
+    case K::minimax_m2: return g.seq({mlit(g, kind, "\n"), calls(""), mlit(g, kind, "</minimax:tool_call>")});
+    default: return g.ref(call_rule);
+  }
+}
+
+// The block formats' grammar: `triggered` false -- the whole output is the calls (required /
+// named); true -- what follows the open marker (auto).
+std::shared_ptr<StructuredRequest> block_tool_calls(const Json& tools, const std::string& only_name, bool parallel, K kind,
+                                                    bool triggered) {
+  grammar::Grammar g;
+  std::string key = fmt::format("kind={} parallel={}\n", int(kind), parallel);
+  BlockCallGrammar calls(g, kind, tools);
+  std::vector<int> alts;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    if (!only_name.empty() && tools[i]["function"]["name"].get<std::string>() != only_name) continue;
+    alts.push_back(calls.call(i));
+    key += tool_key(tools, i);
+  }
+  TS_CHECK(!alts.empty(), "tool_call_structured: no tool named '{}'", only_name);
+  int call_rule = g.rule("tool-call");
+  g.define(call_rule, g.alt(alts));
+  const std::string open = open_marker(kind);
+  int root = g.rule("root");
+  if (triggered) {
+    g.define(root, block_after_open(g, kind, call_rule, parallel));
+  } else if (text_valued(kind) && kind != K::minimax_m2) {  // qwen3_coder, glm45: "<tool_call>" each, joined by "\n"
+    int one = g.rule("tool-call-block");
+    g.define(one, g.seq({mlit(g, kind, open), g.ref(call_rule)}));
+    g.define(root, parallel ? g.seq({g.ref(one), g.star(g.seq({mlit(g, kind, "\n"), g.ref(one)}))}) : g.ref(one));
+  } else {
+    g.define(root, g.seq({mlit(g, kind, open), block_after_open(g, kind, call_rule, parallel)}));
+  }
+  g.set_root(root);
+  auto out = std::make_shared<StructuredRequest>();
+  out->kind = triggered ? "tool_call_auto" : "tool_call";
+  out->key = triggered ? "tool_call_auto\ntriggered " + key : "tool_call\n" + key;
+  out->ir = std::make_shared<const grammar::Grammar>(std::move(g));
+  if (triggered) {
+    out->trigger = open;
+    out->trigger_repeat = parallel;
+  }
+  return out;
+}
 }  // namespace
 
-bool has_tool_call_grammar(ToolCallParser::Kind kind) {
-  return kind == ToolCallParser::Kind::hermes || kind == ToolCallParser::Kind::llama3;
-}
+bool has_tool_call_grammar(ToolCallParser::Kind kind) { return kind != ToolCallParser::Kind::none; }
 
 std::shared_ptr<StructuredRequest> tool_call_structured(const Json& tools, const std::string& only_name, bool parallel,
                                                         ToolCallParser::Kind kind) {
   TS_CHECK(has_tool_call_grammar(kind), "tool_call_structured: no grammar for this tool-call parser");
+  if (kind != K::hermes && kind != K::llama3) return block_tool_calls(tools, only_name, parallel, kind, false);
   grammar::Grammar g;
   std::string key = fmt::format("kind={} parallel={}\n", int(kind), parallel);
   int body = tool_call_bodies(g, tools, only_name, kind, key);
   int call_rule = g.rule("tool-call");
-  if (kind == ToolCallParser::Kind::hermes) body = g.seq({g.lit("<tool_call>\n"), body, g.lit("\n</tool_call>")});
+  if (kind == K::hermes) body = g.seq({mlit(g, kind, "<tool_call>\n"), body, mlit(g, kind, "\n</tool_call>")});
   g.define(call_rule, body);
   int root = g.rule("root");
   std::string sep = kind == ToolCallParser::Kind::hermes ? "\n" : "; ";
@@ -630,10 +1039,6 @@ std::shared_ptr<StructuredRequest> tool_call_structured(const Json& tools, const
   out->ir = std::make_shared<const grammar::Grammar>(std::move(g));
   return out;
 }
-
-}  // namespace ts::server
-
-namespace ts::server {
 
 std::shared_ptr<StructuredRequest> tool_call_triggered(const Json& tools, bool parallel, ToolCallParser::Kind kind) {
   if (kind == ToolCallParser::Kind::llama3) {
@@ -647,13 +1052,14 @@ std::shared_ptr<StructuredRequest> tool_call_triggered(const Json& tools, bool p
     out->trigger_repeat = false;
     return out;
   }
-  TS_CHECK(kind == ToolCallParser::Kind::hermes, "tool_call_triggered: no tool-call parser");
+  TS_CHECK(has_tool_call_grammar(kind), "tool_call_triggered: no tool-call parser");
+  if (kind != K::hermes) return block_tool_calls(tools, "", parallel, kind, true);
   grammar::Grammar g;
   std::string key = fmt::format("triggered parallel={}\n", parallel);
   int body = tool_call_bodies(g, tools, "", ToolCallParser::Kind::hermes, key);
   // What follows the trigger; the end tag is where the grammar ends (can_terminate only there).
   int root = g.rule("root");
-  g.define(root, g.seq({g.lit("\n"), body, g.lit("\n"), g.lit(std::string(kCallClose))}));
+  g.define(root, g.seq({g.lit("\n"), body, g.lit("\n"), mlit(g, K::hermes, kCallClose)}));
   g.set_root(root);
   auto out = std::make_shared<StructuredRequest>();
   out->kind = "tool_call_auto";

@@ -111,7 +111,10 @@ class ToolCallParser {
   // head is complete and its arguments then stream as continuation fragments (OpenAI's streamed
   // tool_calls shape). The call is then committed: a call that later fails to parse is not
   // turned back into content. Other shapes (keys in another order) wait for the close tag.
-  // The other kinds return each block's calls complete when the block ends (no fragments).
+  // The block formats likewise (ToolCallFormat::scan): a call's head once its name is complete,
+  // then its arguments -- the JSON formats' object text as the model writes it, the text
+  // formats' parameters one by one as each value closes ({"K": V, ...}); a block in a shape that
+  // does not stream is returned whole at its end.
   void set_incremental(bool on) { incremental_ = on; }
 
  private:
@@ -121,6 +124,11 @@ class ToolCallParser {
   void finish_blocks(std::string& content, std::vector<ToolCall>& calls);
   void take_block(std::string_view body, std::string_view raw, std::string& content, std::vector<ToolCall>& calls);
   void close_call(std::string& content, std::vector<ToolCall>& calls, bool closed);
+  // Incremental block formats: emits what ToolCallFormat::scan finds in `body` beyond what this
+  // block already emitted (new heads, argument fragments); false when scan fails.
+  bool stream_block(std::string_view body, bool complete, std::vector<ToolCall>& calls);
+  // The end of a block (`complete`: its close marker; else the output ended) that streamed calls.
+  void end_streamed_block(std::string_view body, bool complete, std::vector<ToolCall>& calls);
   // Incremental: 1 = head parsed (emits it), 0 = need more text, -1 = not this shape.
   int try_head(std::vector<ToolCall>& calls);
   void stream_args(std::vector<ToolCall>& calls);  // emits buf_ from args_pos_ up to the value's end
@@ -131,6 +139,10 @@ class ToolCallParser {
   State state_;
   std::string buf_, ws_;
   size_t scanned_ = 0;  // block formats: buf_ searched for the close marker up to here
+  // Block formats, incremental: the arguments text emitted so far of each call of this block;
+  // scan_off_: this block does not stream (taken whole at its end, after the calls it streamed).
+  std::vector<std::string> block_sent_;
+  bool scan_off_ = false;
   int ncalls_ = 0;
   bool incremental_ = false;
   // The current call (incremental): head emitted, how far buf_ was emitted, the value's scan state.
@@ -162,17 +174,36 @@ class ChatOutputParser {
   ToolCallParser tools_;
 };
 
-// Whether tool_call_structured / tool_call_triggered have `kind`'s syntax (hermes, llama3). The
-// other kinds have no forced-call grammar: tool_choice required / named is then not enforced (the
-// model is prompted with the tools and its calls parsed, as tool_choice auto).
+// Whether tool_call_structured / tool_call_triggered have `kind`'s syntax: every kind but none.
 bool has_tool_call_grammar(ToolCallParser::Kind kind);
 
 // tool_choice required / named, enforced by grammar: the output must be the tool-call syntax of
-// `kind` (hermes: <tool_call>\n{"name": "N", "arguments": ARGS}\n</tool_call>, one or more
-// separated by a newline; llama3: {"name": "N", "parameters": ARGS}, several joined by "; ")
-// calling one of `tools` (an OpenAI tools array) -- or only `only_name` when not empty -- with
-// ARGS following the tool's parameters schema (compact JSON; any object when it has none).
-// `parallel` false: exactly one call. An invalid parameters schema is a 400 naming the tool.
+// `kind` calling one of `tools` (an OpenAI tools array) -- or only `only_name` when not empty.
+// `parallel` false: exactly one call; true: one or more, in the format's own repetition.
+//   hermes        <tool_call>\n{"name": "N", "arguments": ARGS}\n</tool_call>, joined by "\n"
+//   llama3        {"name": "N", "parameters": ARGS}, joined by "; "
+//   mistral       [TOOL_CALLS][{"name": "N", "arguments": ARGS}, ...]  (a space may follow the marker;
+//                 each object may end with the templates' , "id": "<9 alphanumerics>")
+//   deepseek_v3   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>N\n```json\nARGS\n```<｜tool▁call▁end｜>
+//                 ... (optionally "\n" between calls) <｜tool▁calls▁end｜>
+//   deepseek_v31  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>N<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
+//   kimi_k2       <|tool_calls_section_begin|><|tool_call_begin|>functions.N:IDX<|tool_call_argument_begin|>ARGS
+//                 <|tool_call_end|>...<|tool_calls_section_end|>  (IDX 1-6 digits)
+//   qwen3_coder   <tool_call>\n<function=N>\n<parameter=K>\nV\n</parameter>\n...</function>\n</tool_call>, joined by "\n"
+//   glm45         <tool_call>N\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n...</tool_call>, joined by "\n"
+//   minimax_m2    <minimax:tool_call>\n<invoke name="N">\n<parameter name="K">V</parameter>\n...</invoke>\n...
+//                 </minimax:tool_call>
+// ARGS follows the tool's parameters schema (any object when it has none): compact JSON for hermes
+// and llama3, one optional space between tokens for the others (their templates write json.dumps'
+// ", " / ": ").
+// qwen3_coder, glm45, minimax_m2: the schema's properties in its order, required ones always,
+// optional ones maybe, no others unless it admits them; each V such that the parser's typing
+// (typed_param_value, tool_parsers.h) gives a value of the property's schema: string-typed ones any
+// text without the format's closing tags (an enum's strings exactly; minLength / maxLength: that
+// many characters, no '<'), the others the JSON grammar of the property's schema; a schema without
+// "properties" admits any parameters with text values. JSON has at most one whitespace character
+// between tokens (compact or json.dumps' style) in every format.
+// An invalid parameters schema is a 400 naming the tool.
 std::shared_ptr<StructuredRequest> tool_call_structured(const nlohmann::ordered_json& tools, const std::string& only_name,
                                                         bool parallel, ToolCallParser::Kind kind);
 
@@ -180,7 +211,11 @@ std::shared_ptr<StructuredRequest> tool_call_structured(const nlohmann::ordered_
 // model writes <tool_call>, then the call must be "\n" + {"name": N, "arguments": ARGS} (N one of
 // `tools`, ARGS following its schema) + "\n</tool_call>"; then free text again (`parallel`) or the
 // end. llama3: when the output starts with "{" (after whitespace) the whole output must be the
-// calls of tool_call_structured (then only the end); any other start is free text.
+// calls of tool_call_structured (then only the end); any other start is free text. The other
+// kinds: the trigger is the block's open marker ([TOOL_CALLS], <｜tool▁calls▁begin｜>,
+// <|tool_calls_section_begin|>, <minimax:tool_call>; <tool_call> for qwen3_coder and glm45, whose
+// block is one call); the rest of that block is then tool_call_structured's (one call, or with
+// `parallel` one or more), and after its close free text again (`parallel`) or the end.
 std::shared_ptr<StructuredRequest> tool_call_triggered(const nlohmann::ordered_json& tools, bool parallel,
                                                        ToolCallParser::Kind kind = ToolCallParser::Kind::hermes);
 

@@ -82,6 +82,17 @@ size_t json_value_end(std::string_view s, size_t i) {
   return std::string_view::npos;
 }
 
+// Index past the JSON string that opens at s[i] ('"'); npos when the text ends first.
+size_t json_value_end_string(std::string_view s, size_t i) {
+  bool esc = false;
+  for (++i; i < s.size(); ++i) {
+    if (esc) esc = false;
+    else if (s[i] == '\\') esc = true;
+    else if (s[i] == '"') return i + 1;
+  }
+  return std::string_view::npos;
+}
+
 // A function name as the model writes it: no whitespace or markup.
 bool plain_name(std::string_view n) {
   if (n.empty()) return false;
@@ -96,6 +107,47 @@ ToolCall make_call(std::string_view name, std::string arguments) {
   c.arguments = std::move(arguments);
   return c;
 }
+
+using PartialCall = ToolCallFormat::PartialCall;
+
+// s[i...] against `tag`: 1 = it starts with tag (i moves past it), 0 = the text ends inside a
+// prefix of tag (more text may complete it), -1 = not this tag.
+int expect(std::string_view s, size_t& i, std::string_view tag) {
+  const std::string_view r = s.substr(i);
+  if (r.starts_with(tag)) {
+    i += tag.size();
+    return 1;
+  }
+  return tag.starts_with(r) ? 0 : -1;
+}
+
+// The JSON-format arguments that open at s[i] (after whitespace): 1 = an object, its text so far
+// in c.args, done when it closed (i past it); 0 = nothing yet (the call is not out until its
+// arguments are seen to be an object: a string-encoded value does not stream); -1 = not an object.
+int scan_json_args(std::string_view s, size_t& i, PartialCall& c) {
+  skip_ws(s, i);
+  if (i == s.size()) return 0;
+  if (s[i] != '{') return -1;
+  const size_t e = json_value_end(s, i);
+  c.done = e != std::string_view::npos;
+  c.args = std::string(s.substr(i, c.done ? e - i : std::string_view::npos));
+  i = c.done ? e : s.size();
+  return 1;
+}
+
+// The text formats' arguments so far: {"K": V, ... as parse() builds them (typed_param_value).
+class ArgsText {
+ public:
+  void add(std::string_view key, const Json& value) {
+    text_ += text_.size() > 1 ? ", " : "";
+    text_ += dump(Json(std::string(key))) + ": " + dump(value);
+  }
+  std::string open() const { return text_; }
+  std::string closed() const { return text_ + "}"; }
+
+ private:
+  std::string text_ = "{";
+};
 
 // --- deepseek_v3 / deepseek_v31 ----------------------------------------------------------------
 // v3 (DeepSeek-V3, R1): <｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```<｜tool▁call▁end｜>
@@ -139,6 +191,43 @@ class DeepSeekFormat final : public ToolCallFormat {
     }
   }
 
+  bool scan(std::string_view body, bool, const Json*, std::vector<PartialCall>& out) const override {
+    size_t i = 0;
+    while (true) {
+      skip_ws(body, i);
+      if (int r = expect(body, i, kBegin); r <= 0) return r == 0;
+      const size_t sep = body.find(kSep, i);
+      if (sep == std::string_view::npos) return body.find(kEnd, i) == std::string_view::npos;
+      PartialCall c;
+      if (v31_) {
+        c.name = std::string(trim(body.substr(i, sep - i)));
+        i = sep + kSep.size();
+      } else {
+        const size_t nl = body.find('\n', sep + kSep.size());
+        if (nl == std::string_view::npos) return body.find(kEnd, sep) == std::string_view::npos;
+        c.name = std::string(trim(body.substr(sep + kSep.size(), nl - sep - kSep.size())));
+        i = nl + 1;
+      }
+      if (!plain_name(c.name)) return false;
+      if (!v31_) {  // ```json (or ```) before the object
+        skip_ws(body, i);
+        int r = expect(body, i, "```json");
+        if (r < 0) r = expect(body, i, "```");
+        if (r <= 0) return r == 0;
+      }
+      if (int r = scan_json_args(body, i, c); r <= 0) return r == 0;
+      const bool done = c.done;
+      out.push_back(std::move(c));
+      if (!done) return true;
+      skip_ws(body, i);
+      if (!v31_ && i < body.size() && body[i] == '`') {
+        if (int r = expect(body, i, "```"); r <= 0) return r == 0;
+        skip_ws(body, i);
+      }
+      if (int r = expect(body, i, kEnd); r <= 0) return r == 0;
+    }
+  }
+
  private:
   static constexpr std::string_view kBegin = "<｜tool▁call▁begin｜>", kEnd = "<｜tool▁call▁end｜>", kSep = "<｜tool▁sep｜>";
   bool v31_;
@@ -176,6 +265,33 @@ class KimiK2Format final : public ToolCallFormat {
       if (!plain_name(name) || !json_arguments(inner.substr(a + kArgs.size()), args)) return false;
       out.push_back(make_call(name, std::move(args)));
       ++n;
+    }
+  }
+
+  bool scan(std::string_view body, bool, const Json*, std::vector<PartialCall>& out) const override {
+    size_t i = 0;
+    while (true) {
+      skip_ws(body, i);
+      if (int r = expect(body, i, kBegin); r <= 0) return r == 0;
+      const size_t a = body.find(kArgs, i);
+      if (a == std::string_view::npos) return body.find(kEnd, i) == std::string_view::npos;
+      std::string_view id = trim(body.substr(i, a - i));
+      const size_t colon = id.find(':');
+      if (colon == std::string_view::npos || colon + 1 == id.size()) return false;
+      for (char ch : id.substr(colon + 1))
+        if (!std::isdigit(static_cast<unsigned char>(ch))) return false;
+      std::string_view name = id.substr(0, colon);
+      if (size_t dot = name.rfind('.'); dot != std::string_view::npos) name.remove_prefix(dot + 1);
+      if (!plain_name(name)) return false;
+      PartialCall c;
+      c.name = std::string(name);
+      i = a + kArgs.size();
+      if (int r = scan_json_args(body, i, c); r <= 0) return r == 0;
+      const bool done = c.done;
+      out.push_back(std::move(c));
+      if (!done) return true;
+      skip_ws(body, i);
+      if (int r = expect(body, i, kEnd); r <= 0) return r == 0;
     }
   }
 
@@ -238,6 +354,66 @@ class MistralFormat final : public ToolCallFormat {
     out.push_back(make_call(name, std::move(args)));
     return true;
   }
+  // The array form streams when each object opens {"name": N, "arguments": {...} (the templates'
+  // order; an "id" may follow); v11's N{...} streams its object.
+  bool scan(std::string_view body, bool, const Json*, std::vector<PartialCall>& out) const override {
+    size_t i = 0;
+    skip_ws(body, i);
+    if (i == body.size()) return true;
+    const std::string_view rest = body.substr(i);
+    if (rest[0] != '[' || rest.starts_with("[ARGS]") || rest.starts_with("[CALL_ID]")) {  // v11
+      const size_t brace = body.find('{', i);
+      if (brace == std::string_view::npos) return true;
+      PartialCall c;
+      c.name = std::string(trim(body.substr(i, std::min(brace, body.find('[', i)) - i)));
+      if (!plain_name(c.name)) return false;
+      i = brace;
+      if (int r = scan_json_args(body, i, c); r <= 0) return r == 0;
+      out.push_back(std::move(c));
+      return true;
+    }
+    ++i;
+    while (true) {
+      skip_ws(body, i);
+      if (i == body.size()) return true;
+      const size_t obj = i;
+      if (body[i++] != '{') return false;
+      std::string key, name;
+      auto string_at = [&](std::string& v) {  // 1 read, 0 more text needed, -1 not a string
+        skip_ws(body, i);
+        if (i == body.size()) return 0;
+        if (body[i] != '"') return -1;
+        const size_t e = json_value_end_string(body, i);
+        if (e == std::string_view::npos) return 0;
+        Json j = parse_json(body.substr(i, e - i));
+        if (!j.is_string()) return -1;
+        v = j.get<std::string>();
+        i = e;
+        return 1;
+      };
+      auto punct = [&](char ch) {
+        skip_ws(body, i);
+        if (i == body.size()) return 0;
+        return body[i++] == ch ? 1 : -1;
+      };
+      int r;
+      if ((r = string_at(key)) <= 0 || key != "name") return r == 0;
+      if ((r = punct(':')) <= 0 || (r = string_at(name)) <= 0) return r == 0;
+      if (!plain_name(name)) return false;
+      if ((r = punct(',')) <= 0 || (r = string_at(key)) <= 0) return r == 0;
+      if (key != "arguments" || (r = punct(':')) <= 0) return key == "arguments" && r == 0;
+      PartialCall c;
+      c.name = std::move(name);
+      if (int r = scan_json_args(body, i, c); r <= 0) return r == 0;
+      const bool done = c.done;
+      out.push_back(std::move(c));
+      if (!done) return true;
+      const size_t e = json_value_end(body, obj);  // past the object: an "id" may come first
+      if (e == std::string_view::npos) return true;
+      i = e;
+      if ((r = punct(',')) <= 0) return r == 0 || body[i - 1] == ']';
+    }
+  }
 };
 
 // --- qwen3_coder -----------------------------------------------------------------------------------
@@ -286,6 +462,43 @@ class Qwen3CoderFormat final : public ToolCallFormat {
     out.push_back(make_call(name, dump(args)));
     return true;
   }
+  bool scan(std::string_view body, bool complete, const Json* tools, std::vector<PartialCall>& out) const override {
+    size_t i = 0;
+    skip_ws(body, i);
+    if (int r = expect(body, i, "<function="); r <= 0) return r == 0;
+    size_t gt = body.find('>', i);
+    if (gt == std::string_view::npos) return true;
+    PartialCall c;
+    c.name = std::string(trim(body.substr(i, gt - i)));
+    if (!plain_name(c.name)) return false;
+    i = gt + 1;
+    ArgsText args;
+    while (true) {
+      c.args = args.open();
+      skip_ws(body, i);
+      int r = expect(body, i, "</function>");
+      if (r == 1) {
+        c.args = args.closed();
+        c.done = true;
+        break;
+      }
+      if (r == 0 && i < body.size()) break;  // "</fun...": more text decides
+      if ((r = expect(body, i, "<parameter=")) <= 0) {
+        if (r < 0 && i < body.size()) return false;
+        break;
+      }
+      gt = body.find('>', i);
+      const size_t end = body.find("</parameter>", i);
+      if (gt == std::string_view::npos || end == std::string_view::npos) break;  // the value is being written
+      std::string_view key = trim(body.substr(i, gt - i));
+      if (key.empty() || gt > end) return false;
+      args.add(key, typed_param_value(strip_newlines(body.substr(gt + 1, end - gt - 1)), tools, c.name, key));
+      i = end + 12;
+    }
+    (void)complete;
+    out.push_back(std::move(c));
+    return true;
+  }
 };
 
 // --- glm45 -------------------------------------------------------------------------------------------
@@ -322,6 +535,41 @@ class Glm45Format final : public ToolCallFormat {
     out.push_back(make_call(name, dump(args)));
     return true;
   }
+  // The name is complete at the newline after it, at the first <arg_key>, or at the block's end.
+  bool scan(std::string_view body, bool complete, const Json* tools, std::vector<PartialCall>& out) const override {
+    size_t i = body.find("<arg_key>");
+    size_t name_end = std::min(i, body.find('\n'));
+    if (name_end == std::string_view::npos && !complete) return true;
+    if (name_end == std::string_view::npos) name_end = body.size();
+    if (i == std::string_view::npos) i = name_end;
+    PartialCall c;
+    c.name = std::string(trim(body.substr(0, name_end)));
+    if (!plain_name(c.name)) return c.name.empty() && !complete;  // "\n" before the name: wait
+    ArgsText args;
+    while (true) {
+      c.args = args.open();
+      skip_ws(body, i);
+      if (i == body.size()) {
+        if (complete) c.args = args.closed(), c.done = true;
+        break;
+      }
+      if (int r = expect(body, i, "<arg_key>"); r <= 0) {
+        if (r < 0) return false;
+        break;
+      }
+      const size_t ke = body.find("</arg_key>", i);
+      const size_t ve = ke == std::string_view::npos ? ke : body.find("</arg_value>", ke);
+      if (ve == std::string_view::npos) break;  // the pair is being written
+      std::string_view key = trim(body.substr(i, ke - i));
+      size_t v = ke + 10;
+      skip_ws(body, v);
+      if (key.empty() || expect(body, v, "<arg_value>") != 1 || v > ve) return false;
+      args.add(key, typed_param_value(body.substr(v, ve - v), tools, c.name, key));
+      i = ve + 12;
+    }
+    out.push_back(std::move(c));
+    return true;
+  }
 };
 
 // --- minimax_m2 --------------------------------------------------------------------------------------
@@ -350,6 +598,43 @@ class MiniMaxM2Format final : public ToolCallFormat {
       }
       out.push_back(make_call(name, dump(args)));
       ++n;
+    }
+  }
+  bool scan(std::string_view body, bool, const Json* tools, std::vector<PartialCall>& out) const override {
+    size_t i = 0;
+    while (true) {
+      skip_ws(body, i);
+      if (int r = expect(body, i, "<invoke"); r <= 0) return r == 0;
+      if (body.find('>', i) == std::string_view::npos) return true;
+      std::string_view name;
+      if (!attr_name(body, i, name) || !plain_name(name)) return false;
+      PartialCall c;
+      c.name = std::string(name);
+      ArgsText args;
+      while (true) {
+        c.args = args.open();
+        skip_ws(body, i);
+        int r = expect(body, i, "</invoke>");
+        if (r == 1) {
+          c.args = args.closed();
+          c.done = true;
+          break;
+        }
+        if (r == 0 && i < body.size()) break;
+        if ((r = expect(body, i, "<parameter")) <= 0) {
+          if (r < 0 && i < body.size()) return false;
+          break;
+        }
+        const size_t e = body.find("</parameter>", i);
+        if (e == std::string_view::npos) break;  // the value is being written
+        std::string_view key;
+        if (!attr_name(body, i, key) || key.empty() || i > e) return false;
+        args.add(key, typed_param_value(strip_newlines(body.substr(i, e - i)), tools, c.name, key));
+        i = e + 12;
+      }
+      const bool done = c.done;
+      out.push_back(std::move(c));
+      if (!done) return true;
     }
   }
 
@@ -424,6 +709,18 @@ ToolCallFormat::End ToolCallFormat::find_end(std::string_view text, size_t from)
   return {End::found, pos, pos + close().size()};
 }
 
+namespace {
+bool string_type(const std::string& type) {
+  return type == "string" || type == "str" || type == "text" || type == "varchar" || type == "char" || type == "enum";
+}
+}  // namespace
+
+ParamTyping param_typing(const Json& schema) {
+  std::string type = schema_type(schema);
+  if (type.empty()) return ParamTyping::any;
+  return string_type(type) ? ParamTyping::text : ParamTyping::json;
+}
+
 Json typed_param_value(std::string_view text, const Json* tools, std::string_view tool, std::string_view param) {
   const Json* schema = param_schema(tools, tool, param);
   std::string type = schema ? schema_type(*schema) : "";
@@ -433,8 +730,7 @@ Json typed_param_value(std::string_view text, const Json* tools, std::string_vie
     Json j = parse_json(t);
     return j.is_discarded() || t.empty() ? string() : j;
   }
-  if (type == "string" || type == "str" || type == "text" || type == "varchar" || type == "char" || type == "enum")
-    return string();
+  if (string_type(type)) return string();
   if (t == "null" || t == "None") return nullptr;
   if (type == "integer" || type == "int" || type == "long" || type == "short" || type.starts_with("uint") ||
       type.starts_with("int") || type == "unsigned") {

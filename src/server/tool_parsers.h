@@ -34,6 +34,21 @@ class ToolCallFormat {
   virtual bool parse(std::string_view body, const nlohmann::ordered_json* tools, std::vector<ToolCall>& out) const = 0;
   // Markers inside a block besides open() / close() (parser_markers, output_parsers.h).
   virtual std::vector<std::string_view> inner_markers() const { return {}; }
+
+  // Incremental parsing (streamed tool calls). The calls of a block whose body so far is `body`
+  // (`complete`: its close marker was found, or the output ended), in order, each from the moment
+  // its name is complete, with a prefix of its arguments' final JSON text -- all of it when `done`.
+  // Scanning a longer body gives each call's arguments as an extension of the shorter body's.
+  // JSON formats: the model's object text as it is written; text formats: {"K": V, ...} built from
+  // the parameters complete so far (typed as parse() types them), "}" when the call closes. False
+  // when the text is not this syntax, or not in a shape that streams (a string-encoded arguments
+  // value, mistral's keys in another order): the block is then taken whole at its end.
+  struct PartialCall {
+    std::string name, args;
+    bool done = false;
+  };
+  virtual bool scan(std::string_view body, bool complete, const nlohmann::ordered_json* tools,
+                    std::vector<PartialCall>& out) const = 0;
 };
 
 // The format of `kind`; null for none, hermes and llama3 (ToolCallParser's own code).
@@ -44,5 +59,13 @@ std::shared_ptr<const ToolCallFormat> tool_call_format(ToolCallParser::Kind kind
 // else JSON when it parses as JSON, else a string. Exposed for tests.
 nlohmann::ordered_json typed_param_value(std::string_view text, const nlohmann::ordered_json* tools,
                                          std::string_view tool, std::string_view param);
+
+// How typed_param_value types the text of a parameter whose property schema is `schema` (the forced-call
+// grammars of those formats follow it): text -- the text itself is the (string) value (string-like
+// types and typeless enums); json -- the trimmed text read as a number / boolean / JSON value
+// (integer, number, boolean, object, array, ...); any -- no type named: JSON when it parses, else
+// the text.
+enum class ParamTyping { text, json, any };
+ParamTyping param_typing(const nlohmann::ordered_json& schema);
 
 }  // namespace ts::server

@@ -318,14 +318,34 @@ ParseContext with_tools(const char* tools_json) {
   return c;
 }
 
-// Checks every split, and that incremental mode (streaming) gives the same (whole calls, no fragments).
-Result check_block_format(RK rk, TK tk, const std::string& text, const ParseContext& ctx = {}) {
+// Incremental mode (streaming) gives what the whole parse gives: the same content and reasoning,
+// one head per call, and each call's head + fragments concatenating to its arguments (JSON-equal:
+// the JSON formats stream the model's own object text).
+void expect_streamed_equals(const Streamed& s, const Result& whole, const std::string& where) {
+  EXPECT_EQ(s.merged.content, whole.content) << where;
+  EXPECT_EQ(s.merged.reasoning, whole.reasoning) << where;
+  ASSERT_EQ(s.merged.calls.size(), whole.calls.size()) << where;
+  EXPECT_EQ(s.heads, int(whole.calls.size())) << where;
+  for (size_t k = 0; k < whole.calls.size(); ++k) {
+    EXPECT_EQ(s.merged.calls[k].first, whole.calls[k].first) << where;
+    auto a = nlohmann::json::parse(s.merged.calls[k].second, nullptr, false);
+    ASSERT_FALSE(a.is_discarded()) << where << ": " << s.merged.calls[k].second;
+    EXPECT_EQ(a, nlohmann::json::parse(whole.calls[k].second)) << where;
+  }
+}
+
+// Checks every split, and incremental mode fed byte by byte and in two pieces split anywhere.
+// Returns the whole parse and (streamed) how many fragments the byte-by-byte run sent.
+Result check_block_format(RK rk, TK tk, const std::string& text, const ParseContext& ctx = {}, int* streamed = nullptr) {
   Result whole = check_all_splits(rk, tk, text, ctx);
   std::vector<std::string> bytes;
   for (char c : text) bytes.emplace_back(1, c);
   Streamed s = run_incremental(rk, tk, bytes, ctx);
-  EXPECT_EQ(s.merged, whole) << "incremental";
-  EXPECT_EQ(s.fragments, 0);
+  expect_streamed_equals(s, whole, "byte by byte");
+  if (streamed) *streamed = s.fragments;
+  for (size_t i = 0; i <= text.size(); ++i)
+    expect_streamed_equals(run_incremental(rk, tk, {text.substr(0, i), text.substr(i)}, ctx), whole,
+                           "split at " + std::to_string(i));
   return whole;
 }
 
@@ -354,7 +374,8 @@ TEST(ToolCallParser, NewKindNames) {
   EXPECT_TRUE(has_tool_call_grammar(TK::hermes));
   EXPECT_TRUE(has_tool_call_grammar(TK::llama3));
   for (TK k : {TK::mistral, TK::deepseek_v3, TK::deepseek_v31, TK::kimi_k2, TK::qwen3_coder, TK::glm45, TK::minimax_m2})
-    EXPECT_FALSE(has_tool_call_grammar(k));
+    EXPECT_TRUE(has_tool_call_grammar(k));
+  EXPECT_FALSE(has_tool_call_grammar(TK::none));
 }
 
 // mistral-7b-instruct-v0.3.jinja / mistral-nemo-instruct-2407.jinja render an assistant turn with
@@ -430,11 +451,20 @@ TEST(ToolCallParser, DeepSeekV31TemplateRendered) {
 }
 
 TEST(ToolCallParser, DeepSeekV31SeveralBlocksAndMalformed) {
-  auto r = check_block_format(RK::none, TK::deepseek_v31,
-                              "A <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{}<｜tool▁call▁end｜>"
-                              "<｜tool▁calls▁end｜> B <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>g<｜tool▁sep｜>"
-                              "{\"s\": \"<｜tool▁call▁end｜> inside\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>");
-  // A close marker inside a JSON string is not understood (as in vLLM): that block stays text.
+  const std::string text = "A <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{}<｜tool▁call▁end｜>"
+                           "<｜tool▁calls▁end｜> B <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>g<｜tool▁sep｜>"
+                           "{\"s\": \"<｜tool▁call▁end｜> inside\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+  // Streamed, a call is out at its head and reads its JSON string-aware: g's argument holds the
+  // marker.
+  std::vector<std::string> bytes;
+  for (char c : text) bytes.emplace_back(1, c);
+  Streamed st = run_incremental(RK::none, TK::deepseek_v31, bytes);
+  ASSERT_EQ(st.merged.calls.size(), 2u);
+  EXPECT_EQ(nlohmann::json::parse(st.merged.calls[1].second)["s"], "<｜tool▁call▁end｜> inside");
+  EXPECT_EQ(st.merged.content, "A  B");  // the space before a block of calls is dropped
+  // Parsed whole, a close marker inside a JSON string is not understood (as in vLLM): that block
+  // stays text.
+  auto r = check_all_splits(RK::none, TK::deepseek_v31, text);
   ASSERT_EQ(r.calls.size(), 1u);
   EXPECT_EQ(r.calls[0], Call("f", "{}"));
   EXPECT_EQ(r.content, "A  B <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>g<｜tool▁sep｜>{\"s\": \"<｜tool▁call▁end｜> "
@@ -629,34 +659,99 @@ TEST(ReasoningParser, Glm45AndKimiAndMiniMax) {
   EXPECT_EQ(m.content, "done");
 }
 
+// Streaming: a block format's call is out (head, then argument text) before its block closes.
+TEST(ToolCallParser, BlockFormatsStreamBeforeTheBlockCloses) {
+  struct Case {
+    TK kind;
+    std::string before, after;  // the text so far / the rest
+    std::string args_so_far;    // what the head + fragments hold after `before`
+  };
+  const std::vector<Case> cases = {
+      {TK::deepseek_v31, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Pa",
+       "ris\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>", "{\"city\": \"Pa"},
+      {TK::deepseek_v3, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\":",
+       " \"Paris\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>", "{\"city\":"},
+      {TK::kimi_k2, "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"c",
+       "ity\": \"Paris\"}<|tool_call_end|><|tool_calls_section_end|>", "{\"c"},
+      {TK::mistral, "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\"", ": \"Paris\"}}]", "{\"city\""},
+      {TK::mistral, "[TOOL_CALLS]get_weather[ARGS]{\"ci", "ty\": \"Paris\"}", "{\"ci"},
+      {TK::qwen3_coder, "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3",
+       "\n</parameter>\n</function>\n</tool_call>", "{\"city\": \"Paris\""},
+      {TK::glm45, "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>da",
+       "ys</arg_key>\n<arg_value>3</arg_value>\n</tool_call>", "{\"city\": \"Paris\""},
+      {TK::minimax_m2, "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Paris</parameter>\n",
+       "<parameter name=\"days\">3</parameter>\n</invoke>\n</minimax:tool_call>", "{\"city\": \"Paris\""},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.before);
+    // Fed without finish(), to see what is out mid-block.
+    ChatOutputParser p(RK::none, c.kind);
+    p.set_incremental_tool_calls(true);
+    ChatDelta d = p.feed(c.before);
+    ASSERT_EQ(d.tool_calls.size(), 1u);
+    EXPECT_EQ(d.tool_calls[0].name, "get_weather");
+    EXPECT_EQ(d.tool_calls[0].arguments, c.args_so_far);
+    EXPECT_TRUE(d.content.empty()) << d.content;
+    ChatDelta rest = p.feed(c.after);
+    ChatDelta fin = p.finish();
+    std::string args = d.tool_calls[0].arguments;
+    for (const ChatDelta* x : {&rest, &fin})
+      for (const auto& t : x->tool_calls) {
+        EXPECT_TRUE(t.continuation);
+        args += t.arguments;
+      }
+    auto j = nlohmann::json::parse(args);
+    EXPECT_EQ(j["city"], "Paris");
+  }
+}
+
 TEST(ToolCallParser, TypedParamValue) {
   EXPECT_EQ(typed_param_value("[1, 2]", nullptr, "f", "a"), nlohmann::ordered_json::parse("[1, 2]"));
   EXPECT_EQ(typed_param_value("  Paris ", nullptr, "f", "a"), "  Paris ");
   EXPECT_EQ(typed_param_value("", nullptr, "f", "a"), "");
 }
 
-// tool_choice required / named with a kind that has no forced-call grammar: not enforced, no error
-// (the output is parsed as for auto); another constraint keeps its reasoning setting.
-TEST(ToolCallParser, ToolChoiceWithoutGrammarFallsBack) {
+// tool_choice with every parser kind: required / named get the format's forced-call grammar,
+// auto (with --tool-choice-auto-grammar) its grammar triggered at the block's open marker, none
+// nothing; required beside another constraint is a 400; the reasoning setting follows the parser.
+TEST(ToolCallParser, ToolChoiceGrammarForEveryKind) {
   auto tools = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "get_weather",
       "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
-  for (TK k : {TK::mistral, TK::deepseek_v3, TK::deepseek_v31, TK::kimi_k2, TK::qwen3_coder, TK::glm45, TK::minimax_m2})
-    for (auto choice : {ToolChoice::required, ToolChoice::named, ToolChoice::auto_}) {
+  for (TK k : {TK::none, TK::hermes, TK::llama3, TK::mistral, TK::deepseek_v3, TK::deepseek_v31, TK::kimi_k2, TK::qwen3_coder,
+               TK::glm45, TK::minimax_m2})
+    for (auto choice : {ToolChoice::required, ToolChoice::named, ToolChoice::auto_, ToolChoice::none}) {
+      SCOPED_TRACE(int(k) * 10 + int(choice));
       ChatRequest cr;
       cr.tools = tools;
       cr.tool_choice = choice;
       cr.tool_choice_name = choice == ToolChoice::named ? "get_weather" : "";
-      EXPECT_NO_THROW(apply_tool_choice(cr, k, RK::none, true));
-      EXPECT_EQ(cr.structured, nullptr);
-      EXPECT_EQ(cr.params.structured, nullptr);
+      ASSERT_NO_THROW(apply_tool_choice(cr, k, RK::none, true));
+      if (choice == ToolChoice::none) {
+        EXPECT_EQ(cr.structured, nullptr);
+        continue;
+      }
+      ASSERT_NE(cr.structured, nullptr);
+      EXPECT_EQ(cr.params.structured, cr.structured);
+      EXPECT_EQ(cr.structured->kind, choice == ToolChoice::auto_ ? "tool_call_auto" : "tool_call");
+      ChatRequest off;
+      off.tools = tools;
+      off.tool_choice = choice;
+      off.tool_choice_name = cr.tool_choice_name;
+      apply_tool_choice(off, k, RK::none, false);
+      EXPECT_EQ(off.structured == nullptr, choice == ToolChoice::auto_);  // auto without the grammar: parsed only
     }
   ChatRequest cr;
   cr.tools = tools;
   cr.tool_choice = ToolChoice::required;
   cr.structured = std::make_shared<ts::StructuredRequest>();
-  apply_tool_choice(cr, TK::minimax_m2, RK::minimax_m2, false);
-  EXPECT_EQ(cr.structured->reasoning, ts::StructuredRequest::Reasoning::deepseek_r1);
-  EXPECT_EQ(cr.params.structured, cr.structured);
+  EXPECT_THROW(apply_tool_choice(cr, TK::minimax_m2, RK::minimax_m2, false), ApiError);
+  ChatRequest a;
+  a.tools = tools;
+  a.tool_choice = ToolChoice::auto_;
+  a.structured = std::make_shared<ts::StructuredRequest>();  // response_format: kept, auto not forced
+  apply_tool_choice(a, TK::minimax_m2, RK::minimax_m2, true);
+  EXPECT_EQ(a.structured->reasoning, ts::StructuredRequest::Reasoning::deepseek_r1);
+  EXPECT_EQ(a.params.structured, a.structured);
   // hermes still gets its grammar; deepseek_v3 reasoning follows chat_template_kwargs.
   ChatRequest h;
   h.tools = tools;

@@ -2,7 +2,11 @@
 // the tool_choice grammar (output_parsers.h tool_call_structured).
 #include <gtest/gtest.h>
 
+#include "ts_source_dir.h"
+#include <fstream>
+
 #include "grammar/matcher.h"
+#include "tokenizer/tokenizer.h"
 #include "server/output_parsers.h"
 #include "server/protocol.h"
 
@@ -265,6 +269,188 @@ TEST(ToolChoiceGrammar, Llama3) {
   p.finish(content, calls);
   ASSERT_EQ(calls.size(), 2u);
   EXPECT_EQ(calls[1].name, "get_time");
+}
+
+// The block formats (each as its chat template renders an assistant tool call): tool_choice
+// required's grammar takes the template's text, the format's parser reads it back as the calls,
+// and a wrong name, a missing required argument or a second call under parallel false is refused.
+struct BlockCase {
+  ToolCallParser::Kind kind;
+  std::string one, two;   // one call of get_weather / the two calls get_weather + get_time
+  std::string bad_name;   // a block calling get_date
+  std::string missing;    // get_weather without its required unit
+};
+
+std::vector<BlockCase> block_cases() {
+  using K = ToolCallParser::Kind;
+  const std::string ds_w = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\", \"unit\": \"c\"}\n```<｜tool▁call▁end｜>";
+  const std::string ds_t = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{}\n```<｜tool▁call▁end｜>";
+  const std::string d1_w = "<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\", \"unit\": \"c\"}<｜tool▁call▁end｜>";
+  const std::string d1_t = "<｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜>";
+  const std::string k_w = "<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Paris\", \"unit\": \"c\"}<|tool_call_end|>";
+  const std::string k_t = "<|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{}<|tool_call_end|>";
+  const std::string q_w = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=unit>\nc\n</parameter>\n</function>\n</tool_call>";
+  const std::string q_t = "<tool_call>\n<function=get_time>\n</function>\n</tool_call>";
+  const std::string g_w = "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>unit</arg_key>\n<arg_value>c</arg_value>\n</tool_call>";
+  const std::string g_t = "<tool_call>get_time\n</tool_call>";
+  const std::string m_w = "<invoke name=\"get_weather\">\n<parameter name=\"city\">Paris</parameter>\n<parameter name=\"unit\">c</parameter>\n</invoke>\n";
+  const std::string m_t = "<invoke name=\"get_time\">\n</invoke>\n";
+  return {
+      {K::mistral, "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"c\"}}]",
+       "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"c\"}, \"id\": \"a1B2c3D4e\"}, "
+       "{\"name\": \"get_time\", \"arguments\": {}}]",
+       "[TOOL_CALLS] [{\"name\": \"get_date\", \"arguments\": {}}]",
+       "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]"},
+      {K::deepseek_v3, "<｜tool▁calls▁begin｜>" + ds_w + "<｜tool▁calls▁end｜>",
+       "<｜tool▁calls▁begin｜>" + ds_w + "\n" + ds_t + "<｜tool▁calls▁end｜>",
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_date\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"},
+      {K::deepseek_v31, "<｜tool▁calls▁begin｜>" + d1_w + "<｜tool▁calls▁end｜>",
+       "<｜tool▁calls▁begin｜>" + d1_w + d1_t + "<｜tool▁calls▁end｜>",
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_date<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"},
+      {K::kimi_k2, "<|tool_calls_section_begin|>" + k_w + "<|tool_calls_section_end|>",
+       "<|tool_calls_section_begin|>" + k_w + k_t + "<|tool_calls_section_end|>",
+       "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_date:0<|tool_call_argument_begin|>{}<|tool_call_end|>"
+       "<|tool_calls_section_end|>",
+       "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"P\"}"
+       "<|tool_call_end|><|tool_calls_section_end|>"},
+      {K::qwen3_coder, q_w, q_w + "\n" + q_t, "<tool_call>\n<function=get_date>\n</function>\n</tool_call>",
+       "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"},
+      {K::glm45, g_w, g_w + "\n" + g_t, "<tool_call>get_date\n</tool_call>",
+       "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>"},
+      {K::minimax_m2, "<minimax:tool_call>\n" + m_w + "</minimax:tool_call>", "<minimax:tool_call>\n" + m_w + m_t + "</minimax:tool_call>",
+       "<minimax:tool_call>\n<invoke name=\"get_date\">\n</invoke>\n</minimax:tool_call>",
+       "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">Paris</parameter>\n</invoke>\n</minimax:tool_call>"},
+  };
+}
+
+std::vector<std::pair<std::string, Json>> parse_calls(ToolCallParser::Kind kind, const std::string& text, const Json& tools) {
+  ToolCallParser p(kind, std::make_shared<const Json>(tools));
+  std::string content;
+  std::vector<ToolCall> calls;
+  p.feed(text, content, calls);
+  p.finish(content, calls);
+  EXPECT_TRUE(content.empty()) << content;
+  std::vector<std::pair<std::string, Json>> out;
+  for (auto& c : calls) out.emplace_back(c.name, Json::parse(c.arguments));
+  return out;
+}
+
+TEST(ToolChoiceGrammar, BlockFormatsRequiredNamedAndParallel) {
+  Json tools = Json::parse(kTools);
+  for (const BlockCase& c : block_cases()) {
+    SCOPED_TRACE(int(c.kind));
+    ASSERT_TRUE(has_tool_call_grammar(c.kind));
+    auto any = tool_call_structured(tools, "", true, c.kind);
+    auto one = tool_call_structured(tools, "", false, c.kind);
+    auto named = tool_call_structured(tools, "get_time", true, c.kind);
+    EXPECT_EQ(any->kind, "tool_call");
+    EXPECT_TRUE(accepts(*any, c.one)) << c.one;
+    EXPECT_TRUE(accepts(*any, c.two)) << c.two;
+    EXPECT_TRUE(accepts(*one, c.one));
+    EXPECT_FALSE(accepts(*one, c.two));  // parallel_tool_calls false: one call
+    EXPECT_FALSE(accepts(*named, c.one));  // named get_time: get_weather refused
+    EXPECT_FALSE(accepts(*any, c.bad_name));
+    EXPECT_FALSE(accepts(*any, c.missing));
+    EXPECT_FALSE(accepts(*any, "Sure, " + c.one));  // required: the output is the calls
+    EXPECT_NE(any->key, one->key);
+    EXPECT_NE(any->key, named->key);
+    // What the grammar takes, the format's parser reads back as the calls.
+    auto calls = parse_calls(c.kind, c.two, tools);
+    ASSERT_EQ(calls.size(), 2u) << c.two;
+    EXPECT_EQ(calls[0].first, "get_weather");
+    EXPECT_EQ(calls[0].second, Json::parse(R"({"city": "Paris", "unit": "c"})"));
+    EXPECT_EQ(calls[1].first, "get_time");
+    EXPECT_EQ(calls[1].second, Json::object());
+  }
+}
+
+// tool_choice auto: free text until the block's open marker; then the block must be calls.
+TEST(ToolChoiceGrammar, BlockFormatsAutoIsTriggeredAtTheOpenMarker) {
+  Json tools = Json::parse(kTools);
+  for (const BlockCase& c : block_cases()) {
+    SCOPED_TRACE(int(c.kind));
+    auto s = tool_call_triggered(tools, true, c.kind);
+    EXPECT_EQ(s->kind, "tool_call_auto");
+    ASSERT_FALSE(s->trigger.empty());
+    ASSERT_TRUE(c.one.starts_with(s->trigger)) << s->trigger;
+    EXPECT_FALSE(s->trigger_at_start);
+    EXPECT_TRUE(s->trigger_repeat);
+    EXPECT_FALSE(tool_call_triggered(tools, false, c.kind)->trigger_repeat);
+    EXPECT_TRUE(accepts(*s, c.one.substr(s->trigger.size()))) << c.one;
+    EXPECT_FALSE(accepts(*s, c.bad_name.substr(s->trigger.size())));
+    EXPECT_FALSE(accepts(*s, c.missing.substr(s->trigger.size())));
+    EXPECT_NE(s->key, tool_call_structured(tools, "", true, c.kind)->key);
+  }
+}
+
+// The text formats type a parameter's value by its schema: the grammar admits exactly the values
+// that typing turns into a value of that schema.
+TEST(ToolChoiceGrammar, TextFormatsFollowTheParameterTypes) {
+  Json tools = Json::parse(R"([{"type": "function", "function": {"name": "run", "parameters": {"type": "object",
+      "properties": {"n": {"type": "integer", "minimum": 1}, "ok": {"type": "boolean"}, "mode": {"type": "string", "enum": ["a", "b c"]},
+                     "code": {"type": "string"}, "opts": {"type": "object", "properties": {"x": {"type": "number"}}}},
+      "required": ["n"], "additionalProperties": false}}}])");
+  auto q = tool_call_structured(tools, "", false, ToolCallParser::Kind::qwen3_coder);
+  auto qp = [](const std::string& params) { return "<tool_call>\n<function=run>\n" + params + "</function>\n</tool_call>"; };
+  auto param = [](const std::string& k, const std::string& v) { return "<parameter=" + k + ">\n" + v + "\n</parameter>\n"; };
+  EXPECT_TRUE(accepts(*q, qp(param("n", "42"))));
+  EXPECT_TRUE(accepts(*q, qp(param("n", "3") + param("ok", "true") + param("mode", "b c") + param("code", "x = '<a>'\nprint(x)") +
+                             param("opts", "{\"x\": 1.5}"))));
+  EXPECT_FALSE(accepts(*q, qp(param("n", "0"))));      // minimum 1
+  EXPECT_FALSE(accepts(*q, qp(param("n", "abc"))));    // not an integer
+  EXPECT_FALSE(accepts(*q, qp(param("ok", "true"))));  // n is required
+  EXPECT_FALSE(accepts(*q, qp(param("n", "1") + param("mode", "c"))));  // not in the enum
+  EXPECT_FALSE(accepts(*q, qp(param("n", "1") + param("extra", "1"))));  // additionalProperties false
+  EXPECT_FALSE(accepts(*q, qp(param("n", "1") + param("code", "a</parameter>b"))));  // the value would end early
+  auto calls = parse_calls(ToolCallParser::Kind::qwen3_coder,
+                           qp(param("n", "3") + param("ok", "true") + param("mode", "b c") + param("opts", "{\"x\": 1.5}")), tools);
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].second, Json::parse(R"({"n": 3, "ok": true, "mode": "b c", "opts": {"x": 1.5}})"));
+  // A schema without properties: any parameters with text values.
+  Json free = Json::parse(R"([{"type": "function", "function": {"name": "run", "parameters": {"type": "object"}}}])");
+  auto g = tool_call_structured(free, "", false, ToolCallParser::Kind::glm45);
+  EXPECT_TRUE(accepts(*g, "<tool_call>run\n<arg_key>a_b</arg_key>\n<arg_value>anything\nat all</arg_value>\n</tool_call>"));
+  EXPECT_FALSE(accepts(*g, "<tool_call>run\n<arg_key></arg_key>\n<arg_value>x</arg_value>\n</tool_call>"));  // empty key
+}
+
+// A marker the tokenizer has as a special token: the forced grammar takes that one id where the
+// marker goes (the model writes it so), and nowhere else -- not inside an argument's string.
+TEST(ToolChoiceGrammar, SpecialTokenMarkers) {
+  nlohmann::json tj = nlohmann::json::parse(std::ifstream(std::string(TS_SOURCE_DIR) + "/tests/data/tokenizers/bytelevel-1k/tokenizer.json"));
+  int32_t next = 0;
+  for (auto& [k, v] : tj["model"]["vocab"].items()) next = std::max<int32_t>(next, v.get<int32_t>() + 1);
+  for (auto& a : tj["added_tokens"]) next = std::max<int32_t>(next, a["id"].get<int32_t>() + 1);
+  const int32_t marker_id = next, other_id = next + 1;
+  for (auto [id, text] : {std::pair<int32_t, const char*>{marker_id, "[TOOL_CALLS]"}, {other_id, "[INST]"}})
+    tj["added_tokens"].push_back({{"id", id}, {"content", text}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
+                                  {"normalized", false}, {"special", true}});
+  auto tok = tok::Tokenizer::from_json_string(tj.dump());
+  ASSERT_EQ(tok->token_to_id("[TOOL_CALLS]"), std::optional<int32_t>(marker_id));
+  Json tools = Json::parse(kTools);
+  auto req = tool_call_structured(tools, "", true, ToolCallParser::Kind::mistral);
+  auto allowed = [](grammar::Matcher& m, int32_t id) {
+    std::vector<uint32_t> row(size_t(m.grammar().vocab().mask_words()));
+    m.fill_bitmask(row.data());
+    return ((row[size_t(id) / 32] >> (id % 32)) & 1u) != 0;
+  };
+  // Admitted: the grammar's first token may be the special id; then the calls follow.
+  auto with = grammar::Vocab::from_tokenizer(*tok, {}, {"[TOOL_CALLS]"});
+  EXPECT_EQ(with->text(marker_id), "[TOOL_CALLS]");
+  grammar::Matcher m(std::make_shared<const grammar::CompiledGrammar>(*req->ir, with));
+  EXPECT_TRUE(allowed(m, marker_id));
+  EXPECT_FALSE(allowed(m, other_id));
+  ASSERT_TRUE(m.accept_token(marker_id));
+  ASSERT_TRUE(m.accept_bytes(" [{\"name\": \"get_weather\", \"arguments\": {\"city\": \""));
+  EXPECT_FALSE(allowed(m, marker_id));  // inside a string: not the marker
+  ASSERT_TRUE(m.accept_bytes("Paris\", \"unit\": \"c\"}}]"));
+  EXPECT_TRUE(m.can_terminate());
+  // Not admitted (the default vocabulary): specials stay out of every mask.
+  auto without = grammar::Vocab::from_tokenizer(*tok);
+  grammar::Matcher n(std::make_shared<const grammar::CompiledGrammar>(*req->ir, without));
+  EXPECT_FALSE(allowed(n, marker_id));
+  EXPECT_TRUE(n.accept_bytes("[TOOL_CALLS]"));  // spelled in text, as before
 }
 
 TEST(ToolChoiceGrammar, InvalidSchemaNamesTheTool) {
