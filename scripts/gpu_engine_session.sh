@@ -3,9 +3,10 @@
 # scripts/device_bundle.sh in .device/), on a random Llama-3.1-8B-shaped checkpoint; logs to $OUT:
 #  1. bench --graphs: decode bs1 / bs64 @1k through the engine's CUDA graphs, copy ceiling in the
 #     same run (#17: bs64 >= 1.1 x 8,401 tok/s on the H200);
-#  2. serve with its defaults (overlap scheduling, graphs) and bench serving at concurrency
-#     16/64/256, 1k-token prompts, 128 new tokens: TTFT and ITL p50/p99 and the device idle share
-#     between steps (dev_idle%, CUDA events; #17: < 2% at 64/256);
+#  2. serve (overlap scheduling, graphs, SERVE_FLAGS: default --enable-mixed-batch, #17 item 5's
+#     ITL p99 <= 2.5 x p50) and bench serving at concurrency CONC (16,64,256), 1k-token prompts,
+#     128 new tokens: TTFT and ITL p50/p99 and the device idle share between steps (dev_idle%,
+#     CUDA events; #17: < 2% at 64/256); the grammar step's plain runs give it without mixed steps;
 #  3. scripts/gpu_grammar_cost.sh at concurrency 64 (#18: <= 3%).
 # Usage: scripts/gpu_engine_session.sh [STEPS] (a comma list of bench,serving,grammar; default all).
 set -uo pipefail
@@ -29,7 +30,8 @@ if has bench; then
 fi
 if has serving; then
   PORT=30031
-  "$B/tokenspeed" serve "$M" --port $PORT --device cuda --max-num-seqs 256 > "$OUT/serve_engine.log" 2>&1 &
+  "$B/tokenspeed" serve "$M" --port $PORT --device cuda --max-num-seqs 256 ${SERVE_FLAGS---enable-mixed-batch} \
+    > "$OUT/serve_engine.log" 2>&1 &
   pid=$!
   for _ in $(seq 240); do curl -sf "http://127.0.0.1:$PORT/health" > /dev/null 2>&1 && break; sleep 0.5; done
   timeout 240 "$B/tokenspeed" bench serving --base-url "http://127.0.0.1:$PORT" --concurrency "${CONC:-16,64,256}" \
