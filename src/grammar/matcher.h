@@ -75,10 +75,10 @@ class SharedMaskCache {
 // stop ids (allowed exactly when the grammar can end).
 // The bytes a special token of text `content` has in a Vocab that admits it (from_tokenizer's
 // special_texts): a 0xFF byte, which UTF-8 text never holds (so no character class, JSON string
-// or free-text rule of a grammar takes it), then the content. A grammar writes a marker that may
-// be such a token as marker_literal (its text, or this): the one id is then allowed exactly where
-// the marker is, never inside a value. Normal tokens holding a 0xFF byte are excluded from such a
-// Vocab, so nothing else spells the sentinel.
+// or free-text rule of a grammar takes it), then the content. A grammar that writes a marker as
+// this literal (the tool-call grammars, for the served tokenizer's special markers) allows that
+// one id exactly where the marker is, never inside a value. Normal tokens holding a 0xFF byte are
+// excluded from such a Vocab, so nothing else spells the sentinel.
 inline constexpr char kSpecialTokenByte = '\xFF';
 inline std::string special_token_bytes(std::string_view content) { return kSpecialTokenByte + std::string(content); }
 

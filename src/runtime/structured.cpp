@@ -84,6 +84,15 @@ bool accepts(grammar::Matcher& m, std::string_view bytes) {
 }  // namespace
 
 std::vector<int32_t> forced_tokens(const tok::Tokenizer& tok, const grammar::Vocab& vocab, std::string_view bytes) {
+  // A marker written as its special token (grammar::special_token_bytes) is that one id; forced
+  // text runs up to the next such marker (the tokenizer takes text, not sentinels).
+  if (!bytes.empty() && bytes[0] == grammar::kSpecialTokenByte) {
+    for (const tok::AddedToken& a : tok.added_tokens())
+      if (a.special && a.id < vocab.size() && vocab.is_normal(a.id) && bytes.starts_with(vocab.bytes(a.id)))
+        return {a.id};
+    return {};
+  }
+  bytes = bytes.substr(0, bytes.find(grammar::kSpecialTokenByte));
   // Whole UTF-8 characters only: a forced run may stop inside one (enum values that share a
   // lead byte), and the tokenizer takes text.
   size_t end = bytes.size(), k = end;

@@ -140,7 +140,8 @@ ChatRun prepare_chat(const Json& chat_body, Backend& b, const ModelInfo& mi, con
                      const ApiEndpointsOptions& o) {
   ChatRun run;
   run.cr = parse_chat_request(chat_body, mi);
-  apply_tool_choice(run.cr, o.tkind, o.rkind, o.tool_choice_auto_grammar);
+  apply_tool_choice(run.cr, o.tkind, o.rkind, o.tool_choice_auto_grammar,
+                    run.cr.tools.empty() ? std::vector<std::string>{} : special_tool_markers(b, o.tkind));
   std::string prompt = templates.render(run.cr);
   run.ids = b.encode(prompt, false);
   if (run.ids.empty()) throw ApiError(400, "The chat template rendered an empty prompt", "messages");
@@ -178,20 +179,34 @@ StructuredRequest::Reasoning structured_reasoning(ReasoningParser::Kind rk, cons
 }
 }  // namespace
 
+namespace {
+// `m` is one special token of b's tokenizer (dropped from text that skips special tokens).
+bool is_special_token(const Backend& b, const std::string& m) {
+  const std::vector<int32_t> ids = b.encode(m, false);
+  return ids.size() == 1 && b.decode(ids, true).empty() && !b.decode(ids, false).empty();
+}
+}  // namespace
+
 bool chat_skip_special(const Backend& b, const ChatRequest& cr, ReasoningParser::Kind rk, ToolCallParser::Kind tk) {
   if (!cr.skip_special_tokens) return false;
-  for (const std::string& m : parser_markers(rk, tk)) {
-    const std::vector<int32_t> ids = b.encode(m, false);
-    if (ids.size() == 1 && b.decode(ids, true).empty() && !b.decode(ids, false).empty()) return false;
-  }
+  for (const std::string& m : parser_markers(rk, tk))
+    if (is_special_token(b, m)) return false;
   return true;
+}
+
+std::vector<std::string> special_tool_markers(const Backend& b, ToolCallParser::Kind configured) {
+  std::vector<std::string> out;
+  for (const std::string& m : parser_markers(ReasoningParser::Kind::none, tool_call_kind(configured)))
+    if (is_special_token(b, m)) out.push_back(m);
+  return out;
 }
 
 ToolCallParser::Kind tool_call_kind(ToolCallParser::Kind configured) {
   return configured == ToolCallParser::Kind::none ? ToolCallParser::Kind::hermes : configured;
 }
 
-void apply_tool_choice(ChatRequest& cr, ToolCallParser::Kind configured, ReasoningParser::Kind rk, bool auto_grammar) {
+void apply_tool_choice(ChatRequest& cr, ToolCallParser::Kind configured, ReasoningParser::Kind rk, bool auto_grammar,
+                       const std::vector<std::string>& special_markers) {
   const ToolCallParser::Kind tk = tool_call_kind(configured);
   // Every parser kind has its forced-call grammar (tool_call_structured / tool_call_triggered in
   // output_parsers.h give each format's syntax; no parser configured: hermes').
@@ -200,10 +215,10 @@ void apply_tool_choice(ChatRequest& cr, ToolCallParser::Kind configured, Reasoni
       throw ApiError(400, "'tool_choice' required or named cannot be combined with 'response_format' or another "
                           "output constraint", "tool_choice");
     cr.structured = tool_call_structured(cr.tools, cr.tool_choice == ToolChoice::named ? cr.tool_choice_name : "",
-                                         cr.parallel_tool_calls, tk);
+                                         cr.parallel_tool_calls, tk, special_markers);
   } else if (cr.tool_choice == ToolChoice::auto_ && !cr.structured && auto_grammar && cr.tools.is_array() &&
              !cr.tools.empty()) {
-    cr.structured = tool_call_triggered(cr.tools, cr.parallel_tool_calls, tk);
+    cr.structured = tool_call_triggered(cr.tools, cr.parallel_tool_calls, tk, special_markers);
   }
   if (cr.structured) {
     cr.structured->reasoning = structured_reasoning(rk, cr);

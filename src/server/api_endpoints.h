@@ -55,7 +55,14 @@ ToolCallParser::Kind tool_call_kind(ToolCallParser::Kind configured);
 // (and `auto_grammar`, --tool-choice-auto-grammar) enforces a call the model starts (a triggered
 // grammar). With a reasoning parser the grammar (of any kind) starts after the reasoning block.
 // Whatever constraint results (also response_format's) goes into cr.params.structured.
-void apply_tool_choice(ChatRequest& cr, ToolCallParser::Kind configured, ReasoningParser::Kind rk, bool auto_grammar);
+// `special_markers`: the tool-call markers the served tokenizer has as special tokens
+// (special_tool_markers): the grammar writes those as that one token.
+void apply_tool_choice(ChatRequest& cr, ToolCallParser::Kind configured, ReasoningParser::Kind rk, bool auto_grammar,
+                       const std::vector<std::string>& special_markers = {});
+
+// The markers of tool-call parser `configured` (tool_call_kind: none is hermes) that backend `b`'s
+// tokenizer encodes as one special token.
+std::vector<std::string> special_tool_markers(const Backend& b, ToolCallParser::Kind configured);
 
 // skip_special_tokens for a chat request's text: the request's (default true), and false when the
 // request's parsers (reasoning `rk`, tool calls `tk`: none unless it has tools) have a marker that the

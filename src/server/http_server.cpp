@@ -434,7 +434,10 @@ struct HttpServer::Impl final : http::Handler {
 
   // Tools without --tool-call-parser use the hermes syntax (tool_call_kind, api_endpoints.h).
   ToolCallParser::Kind tool_kind() const { return tool_call_kind(tkind); }
-  void apply_tool_choice(ChatRequest& cr) const { server::apply_tool_choice(cr, tkind, rkind, opts.tool_choice_auto_grammar); }
+  void apply_tool_choice(ChatRequest& cr, const Backend& b) const {
+    server::apply_tool_choice(cr, tkind, rkind, opts.tool_choice_auto_grammar,
+                              cr.tools.empty() ? std::vector<std::string>{} : special_tool_markers(b, tkind));
+  }
 };
 
 HttpServer::HttpServer(ServerOptions opts) : opts_(std::move(opts)) {
@@ -590,7 +593,7 @@ http::Result HttpServer::Impl::chat(std::shared_ptr<Backend> b, const http::Requ
   Json body = parse_body(req.body);
   ModelInfo mi = model_info();
   ChatRequest cr = parse_chat_request(body, mi);
-  apply_tool_choice(cr);
+  apply_tool_choice(cr, *b);
   std::string prompt = templates.render(cr);
   std::vector<int32_t> ids = b->encode(prompt, false);
   if (ids.empty()) throw ApiError(400, "The chat template rendered an empty prompt", "messages");

@@ -750,30 +750,44 @@ bool constrains(const Json& s) {
 
 bool text_valued(K k) { return k == K::qwen3_coder || k == K::glm45 || k == K::minimax_m2; }
 
-// `text` as a literal in which each of `kind`'s markers (parser_markers) is its text or the one
-// special token of that text (grammar::special_token_bytes): models whose tokenizer has the marker
-// as a special token (Mistral's [TOOL_CALLS], DeepSeek's <｜tool▁call▁begin｜>, Kimi's
-// <|tool_call_begin|>, GLM's <arg_key>) write that id, which the grammar then allows there only.
-int mlit(grammar::Grammar& g, K kind, std::string_view text) {
-  const std::vector<std::string> markers = parser_markers(ReasoningParser::Kind::none, kind);
-  std::vector<int> parts;
-  size_t from = 0;
-  while (from < text.size()) {
-    size_t best = std::string_view::npos, len = 0;
-    for (const std::string& m : markers)
-      if (size_t at = text.find(m, from); at != std::string_view::npos && (at < best || (at == best && m.size() > len)))
-        best = at, len = m.size();
-    if (best == std::string_view::npos) break;
-    if (best > from) parts.push_back(g.lit(text.substr(from, best - from)));
-    const std::string_view m = text.substr(best, len);
-    parts.push_back(g.alt({g.lit(m), g.lit(grammar::special_token_bytes(m))}));
-    from = best + len;
+// How a format's markers are written in its grammars: as text, or -- a marker the served tokenizer
+// has as one special token (`specials`: Mistral's [TOOL_CALLS], DeepSeek's <｜tool▁call▁begin｜>,
+// Kimi's <|tool_call_begin|>, ...) -- as that token (grammar::special_token_bytes), which the model
+// writes as one id: the grammar then takes that id there and only there.
+class MarkerText {
+ public:
+  MarkerText(K kind, std::vector<std::string> specials)
+      : markers_(parser_markers(ReasoningParser::Kind::none, kind)), specials_(std::move(specials)) {}
+  // `text` as a sequence of literals, each of its markers as above.
+  int operator()(grammar::Grammar& g, std::string_view text) const {
+    std::vector<int> parts;
+    size_t from = 0;
+    while (from < text.size()) {
+      size_t best = std::string_view::npos, len = 0;
+      for (const std::string& m : markers_)
+        if (size_t at = text.find(m, from); at != std::string_view::npos && (at < best || (at == best && m.size() > len)))
+          best = at, len = m.size();
+      if (best == std::string_view::npos) break;
+      if (best > from) parts.push_back(g.lit(text.substr(from, best - from)));
+      const std::string_view m = text.substr(best, len);
+      const bool special = std::find(specials_.begin(), specials_.end(), m) != specials_.end();
+      parts.push_back(g.lit(special ? grammar::special_token_bytes(m) : std::string(m)));
+      from = best + len;
+    }
+    if (from < text.size()) parts.push_back(g.lit(text.substr(from)));
+    if (parts.empty()) return g.empty();
+    return parts.size() == 1 ? parts[0] : g.seq(parts);
   }
-  if (from < text.size()) parts.push_back(g.lit(text.substr(from)));
-  if (parts.empty()) return g.empty();
-  return parts.size() == 1 ? parts[0] : g.seq(parts);
-}
+  // The cache key part: which markers are tokens.
+  std::string key() const {
+    std::string k = "specials:";
+    for (const std::string& m : specials_) k += m + "\x1f";
+    return k + "\n";
+  }
 
+ private:
+  std::vector<std::string> markers_, specials_;
+};
 // The marker that opens a block of calls (the auto trigger), and the one call of the formats whose
 // block holds one call (qwen3_coder, glm45: "<tool_call>").
 std::string open_marker(K k) {
@@ -792,7 +806,8 @@ std::string open_marker(K k) {
 // value what typed_param_value turns into a value of the property's schema.
 class BlockCallGrammar {
  public:
-  BlockCallGrammar(grammar::Grammar& g, K kind, const Json& tools) : g_(g), kind_(kind), tools_(tools) {
+  BlockCallGrammar(grammar::Grammar& g, K kind, const Json& tools, const MarkerText& mt)
+      : g_(g), kind_(kind), tools_(tools), mt_(mt) {
     switch (kind) {
       case K::qwen3_coder: syn_ = {"<parameter=", ">\n", "\n</parameter>\n", {"</parameter>", "</tool_call>"}}; break;
       case K::glm45: syn_ = {"<arg_key>", "</arg_key>\n<arg_value>", "</arg_value>\n", {"</arg_value>", "</tool_call>"}}; break;
@@ -832,7 +847,7 @@ class BlockCallGrammar {
     std::vector<std::string> stops;                // what a text V may not contain
   };
 
-  int lit(std::string_view text) { return mlit(g_, kind_, text); }
+  int lit(std::string_view text) { return mt_(g_, text); }
 
   int json_args(size_t i) {
     grammar::Grammar args = tool_args_grammar(tools_, i, true);
@@ -952,6 +967,7 @@ class BlockCallGrammar {
   grammar::Grammar& g_;
   K kind_;
   const Json& tools_;
+  const MarkerText& mt_;
   Syntax syn_;
   int free_text_ = -1;  // the rule, built once
 };
@@ -959,20 +975,20 @@ class BlockCallGrammar {
 // The calls (call_rule: one call of any offered tool) after the block's open marker, to its end:
 // one call (parallel false), else one or more in the format's own repetition. For qwen3_coder and
 // glm45 a block is one call (what follows "<tool_call>").
-int block_after_open(grammar::Grammar& g, K kind, int call_rule, bool parallel) {
+int block_after_open(grammar::Grammar& g, K kind, int call_rule, bool parallel, const MarkerText& mt) {
   auto calls = [&](std::string_view sep, bool sep_optional = false) {
     if (!parallel) return g.ref(call_rule);
-    int s = sep.empty() ? -1 : (sep_optional ? g.opt(mlit(g, kind, sep)) : mlit(g, kind, sep));
+    int s = sep.empty() ? -1 : (sep_optional ? g.opt(mt(g, sep)) : mt(g, sep));
     int next = s < 0 ? g.ref(call_rule) : g.seq({s, g.ref(call_rule)});
     return g.seq({g.ref(call_rule), g.star(next)});
   };
   switch (kind) {
     // "[TOOL_CALLS] [" (mistral-7b-instruct-v0.3) or "[TOOL_CALLS][" (mistral-nemo).
-    case K::mistral: return g.seq({g.opt(mlit(g, kind, " ")), mlit(g, kind, "["), calls(", "), mlit(g, kind, "]")});
-    case K::deepseek_v3: return g.seq({calls("\n", true), mlit(g, kind, "<｜tool▁calls▁end｜>")});
-    case K::deepseek_v31: return g.seq({calls(""), mlit(g, kind, "<｜tool▁calls▁end｜>")});
-    case K::kimi_k2: return g.seq({calls(""), mlit(g, kind, "<|tool_calls_section_end|>")});
-    case K::minimax_m2: return g.seq({mlit(g, kind, "\n"), calls(""), mlit(g, kind, "</minimax:tool_call>")});
+    case K::mistral: return g.seq({g.opt(mt(g, " ")), mt(g, "["), calls(", "), mt(g, "]")});
+    case K::deepseek_v3: return g.seq({calls("\n", true), mt(g, "<｜tool▁calls▁end｜>")});
+    case K::deepseek_v31: return g.seq({calls(""), mt(g, "<｜tool▁calls▁end｜>")});
+    case K::kimi_k2: return g.seq({calls(""), mt(g, "<|tool_calls_section_end|>")});
+    case K::minimax_m2: return g.seq({mt(g, "\n"), calls(""), mt(g, "</minimax:tool_call>")});
     default: return g.ref(call_rule);
   }
 }
@@ -980,10 +996,10 @@ int block_after_open(grammar::Grammar& g, K kind, int call_rule, bool parallel) 
 // The block formats' grammar: `triggered` false -- the whole output is the calls (required /
 // named); true -- what follows the open marker (auto).
 std::shared_ptr<StructuredRequest> block_tool_calls(const Json& tools, const std::string& only_name, bool parallel, K kind,
-                                                    bool triggered) {
+                                                    const MarkerText& mt, bool triggered) {
   grammar::Grammar g;
-  std::string key = fmt::format("kind={} parallel={}\n", int(kind), parallel);
-  BlockCallGrammar calls(g, kind, tools);
+  std::string key = fmt::format("kind={} parallel={}\n", int(kind), parallel) + mt.key();
+  BlockCallGrammar calls(g, kind, tools, mt);
   std::vector<int> alts;
   for (size_t i = 0; i < tools.size(); ++i) {
     if (!only_name.empty() && tools[i]["function"]["name"].get<std::string>() != only_name) continue;
@@ -996,13 +1012,13 @@ std::shared_ptr<StructuredRequest> block_tool_calls(const Json& tools, const std
   const std::string open = open_marker(kind);
   int root = g.rule("root");
   if (triggered) {
-    g.define(root, block_after_open(g, kind, call_rule, parallel));
+    g.define(root, block_after_open(g, kind, call_rule, parallel, mt));
   } else if (text_valued(kind) && kind != K::minimax_m2) {  // qwen3_coder, glm45: "<tool_call>" each, joined by "\n"
     int one = g.rule("tool-call-block");
-    g.define(one, g.seq({mlit(g, kind, open), g.ref(call_rule)}));
-    g.define(root, parallel ? g.seq({g.ref(one), g.star(g.seq({mlit(g, kind, "\n"), g.ref(one)}))}) : g.ref(one));
+    g.define(one, g.seq({mt(g, open), g.ref(call_rule)}));
+    g.define(root, parallel ? g.seq({g.ref(one), g.star(g.seq({mt(g, "\n"), g.ref(one)}))}) : g.ref(one));
   } else {
-    g.define(root, g.seq({mlit(g, kind, open), block_after_open(g, kind, call_rule, parallel)}));
+    g.define(root, g.seq({mt(g, open), block_after_open(g, kind, call_rule, parallel, mt)}));
   }
   g.set_root(root);
   auto out = std::make_shared<StructuredRequest>();
@@ -1020,14 +1036,15 @@ std::shared_ptr<StructuredRequest> block_tool_calls(const Json& tools, const std
 bool has_tool_call_grammar(ToolCallParser::Kind kind) { return kind != ToolCallParser::Kind::none; }
 
 std::shared_ptr<StructuredRequest> tool_call_structured(const Json& tools, const std::string& only_name, bool parallel,
-                                                        ToolCallParser::Kind kind) {
+                                                        ToolCallParser::Kind kind, const std::vector<std::string>& special_markers) {
   TS_CHECK(has_tool_call_grammar(kind), "tool_call_structured: no grammar for this tool-call parser");
-  if (kind != K::hermes && kind != K::llama3) return block_tool_calls(tools, only_name, parallel, kind, false);
+  const MarkerText mt(kind, special_markers);
+  if (kind != K::hermes && kind != K::llama3) return block_tool_calls(tools, only_name, parallel, kind, mt, false);
   grammar::Grammar g;
-  std::string key = fmt::format("kind={} parallel={}\n", int(kind), parallel);
+  std::string key = fmt::format("kind={} parallel={}\n", int(kind), parallel) + mt.key();
   int body = tool_call_bodies(g, tools, only_name, kind, key);
   int call_rule = g.rule("tool-call");
-  if (kind == K::hermes) body = g.seq({mlit(g, kind, "<tool_call>\n"), body, mlit(g, kind, "\n</tool_call>")});
+  if (kind == K::hermes) body = g.seq({mt(g, "<tool_call>\n"), body, mt(g, "\n</tool_call>")});
   g.define(call_rule, body);
   int root = g.rule("root");
   std::string sep = kind == ToolCallParser::Kind::hermes ? "\n" : "; ";
@@ -1040,11 +1057,12 @@ std::shared_ptr<StructuredRequest> tool_call_structured(const Json& tools, const
   return out;
 }
 
-std::shared_ptr<StructuredRequest> tool_call_triggered(const Json& tools, bool parallel, ToolCallParser::Kind kind) {
+std::shared_ptr<StructuredRequest> tool_call_triggered(const Json& tools, bool parallel, ToolCallParser::Kind kind,
+                                                       const std::vector<std::string>& special_markers) {
   if (kind == ToolCallParser::Kind::llama3) {
     // The whole output is the calls or none is (the parser's rule): a "{" as the output's first
     // byte starts the required-call grammar at that byte; anything else stays free text.
-    auto out = tool_call_structured(tools, "", parallel, kind);
+    auto out = tool_call_structured(tools, "", parallel, kind, special_markers);
     out->kind = "tool_call_auto";
     out->key = "tool_call_auto\n" + out->key;
     out->trigger = "{";
@@ -1053,13 +1071,14 @@ std::shared_ptr<StructuredRequest> tool_call_triggered(const Json& tools, bool p
     return out;
   }
   TS_CHECK(has_tool_call_grammar(kind), "tool_call_triggered: no tool-call parser");
-  if (kind != K::hermes) return block_tool_calls(tools, "", parallel, kind, true);
+  const MarkerText mt(kind, special_markers);
+  if (kind != K::hermes) return block_tool_calls(tools, "", parallel, kind, mt, true);
   grammar::Grammar g;
-  std::string key = fmt::format("triggered parallel={}\n", parallel);
+  std::string key = fmt::format("triggered parallel={}\n", parallel) + mt.key();
   int body = tool_call_bodies(g, tools, "", ToolCallParser::Kind::hermes, key);
   // What follows the trigger; the end tag is where the grammar ends (can_terminate only there).
   int root = g.rule("root");
-  g.define(root, g.seq({g.lit("\n"), body, g.lit("\n"), mlit(g, K::hermes, kCallClose)}));
+  g.define(root, g.seq({g.lit("\n"), body, g.lit("\n"), mt(g, kCallClose)}));
   g.set_root(root);
   auto out = std::make_shared<StructuredRequest>();
   out->kind = "tool_call_auto";

@@ -204,8 +204,12 @@ bool has_tool_call_grammar(ToolCallParser::Kind kind);
 // "properties" admits any parameters with text values. JSON has at most one whitespace character
 // between tokens (compact or json.dumps' style) in every format.
 // An invalid parameters schema is a 400 naming the tool.
+// `special_markers`: the format's markers that the served tokenizer has as one special token
+// (special_tool_markers, api_endpoints.h): written as that token (grammar::special_token_bytes),
+// which the model writes as one id; the others as text.
 std::shared_ptr<StructuredRequest> tool_call_structured(const nlohmann::ordered_json& tools, const std::string& only_name,
-                                                        bool parallel, ToolCallParser::Kind kind);
+                                                        bool parallel, ToolCallParser::Kind kind,
+                                                        const std::vector<std::string>& special_markers = {});
 
 // tool_choice auto: a triggered grammar (StructuredRequest::trigger). hermes: free text until the
 // model writes <tool_call>, then the call must be "\n" + {"name": N, "arguments": ARGS} (N one of
@@ -217,7 +221,8 @@ std::shared_ptr<StructuredRequest> tool_call_structured(const nlohmann::ordered_
 // block is one call); the rest of that block is then tool_call_structured's (one call, or with
 // `parallel` one or more), and after its close free text again (`parallel`) or the end.
 std::shared_ptr<StructuredRequest> tool_call_triggered(const nlohmann::ordered_json& tools, bool parallel,
-                                                       ToolCallParser::Kind kind = ToolCallParser::Kind::hermes);
+                                                       ToolCallParser::Kind kind = ToolCallParser::Kind::hermes,
+                                                       const std::vector<std::string>& special_markers = {});
 
 // Parses one tool-call JSON object ({"name", "arguments"|"parameters"}) into `call` (id left
 // empty); false when it is not one.

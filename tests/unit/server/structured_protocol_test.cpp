@@ -429,7 +429,9 @@ TEST(ToolChoiceGrammar, SpecialTokenMarkers) {
   auto tok = tok::Tokenizer::from_json_string(tj.dump());
   ASSERT_EQ(tok->token_to_id("[TOOL_CALLS]"), std::optional<int32_t>(marker_id));
   Json tools = Json::parse(kTools);
-  auto req = tool_call_structured(tools, "", true, ToolCallParser::Kind::mistral);
+  auto req = tool_call_structured(tools, "", true, ToolCallParser::Kind::mistral, {"[TOOL_CALLS]"});
+  auto text_req = tool_call_structured(tools, "", true, ToolCallParser::Kind::mistral);
+  EXPECT_NE(req->key, text_req->key);
   auto allowed = [](grammar::Matcher& m, int32_t id) {
     std::vector<uint32_t> row(size_t(m.grammar().vocab().mask_words()));
     m.fill_bitmask(row.data());
@@ -446,11 +448,18 @@ TEST(ToolChoiceGrammar, SpecialTokenMarkers) {
   EXPECT_FALSE(allowed(m, marker_id));  // inside a string: not the marker
   ASSERT_TRUE(m.accept_bytes("Paris\", \"unit\": \"c\"}}]"));
   EXPECT_TRUE(m.can_terminate());
-  // Not admitted (the default vocabulary): specials stay out of every mask.
+  // The marker is the token: spelled out in text it is refused (the model writes the id), and
+  // jump-forward turns the forced marker into that id.
+  grammar::Matcher spelled(std::make_shared<const grammar::CompiledGrammar>(*req->ir, with));
+  EXPECT_FALSE(spelled.accept_bytes("[TOOL_CALLS]"));
+  grammar::Matcher jf(std::make_shared<const grammar::CompiledGrammar>(*tool_call_structured(tools, "", false,
+                                                                          ToolCallParser::Kind::mistral, {"[TOOL_CALLS]"})->ir, with));
+  EXPECT_EQ(forced_tokens(*tok, *with, jf.jump_forward()), std::vector<int32_t>{marker_id});
+  // A tokenizer without the special (the marker's text grammar, the default vocabulary): text.
   auto without = grammar::Vocab::from_tokenizer(*tok);
-  grammar::Matcher n(std::make_shared<const grammar::CompiledGrammar>(*req->ir, without));
+  grammar::Matcher n(std::make_shared<const grammar::CompiledGrammar>(*text_req->ir, without));
   EXPECT_FALSE(allowed(n, marker_id));
-  EXPECT_TRUE(n.accept_bytes("[TOOL_CALLS]"));  // spelled in text, as before
+  EXPECT_TRUE(n.accept_bytes("[TOOL_CALLS]"));
 }
 
 TEST(ToolChoiceGrammar, InvalidSchemaNamesTheTool) {
