@@ -49,27 +49,9 @@ bool split_objects(std::string_view s, std::vector<std::string_view>& out) {
     while (i < s.size() && (is_ws(s[i]) || s[i] == ';')) ++i;
     if (i == s.size()) return !out.empty();
     if (s[i] != '{') return false;
-    size_t start = i;
-    int depth = 0;
-    bool in_str = false, esc = false;
-    for (; i < s.size(); ++i) {
-      char c = s[i];
-      if (in_str) {
-        if (esc) esc = false;
-        else if (c == '\\') esc = true;
-        else if (c == '"') in_str = false;
-      } else if (c == '"') {
-        in_str = true;
-      } else if (c == '{' || c == '[') {
-        ++depth;
-      } else if (c == '}' || c == ']') {
-        if (--depth == 0) {
-          ++i;
-          break;
-        }
-      }
-    }
-    if (depth != 0) return false;
+    const size_t start = i;
+    i = json_value_end(s, i);
+    if (i == std::string_view::npos) return false;
     out.push_back(s.substr(start, i - start));
   }
 }

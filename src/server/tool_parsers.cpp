@@ -60,27 +60,6 @@ bool json_arguments(std::string_view text, std::string& out) {
   return true;
 }
 
-// Index past the JSON object or array that opens at s[i] ('{' or '['), string-aware; npos when the
-// text ends first.
-size_t json_value_end(std::string_view s, size_t i) {
-  int depth = 0;
-  bool in_str = false, esc = false;
-  for (; i < s.size(); ++i) {
-    char c = s[i];
-    if (in_str) {
-      if (esc) esc = false;
-      else if (c == '\\') esc = true;
-      else if (c == '"') in_str = false;
-    } else if (c == '"') {
-      in_str = true;
-    } else if (c == '{' || c == '[') {
-      ++depth;
-    } else if (c == '}' || c == ']') {
-      if (--depth == 0) return i + 1;
-    }
-  }
-  return std::string_view::npos;
-}
 
 // Index past the JSON string that opens at s[i] ('"'); npos when the text ends first.
 size_t json_value_end_string(std::string_view s, size_t i) {
@@ -702,6 +681,26 @@ std::string schema_type(const Json& s) {
   return "";
 }
 }  // namespace
+
+size_t json_value_end(std::string_view s, size_t i) {
+  int depth = 0;
+  bool in_str = false, esc = false;
+  for (; i < s.size(); ++i) {
+    char c = s[i];
+    if (in_str) {
+      if (esc) esc = false;
+      else if (c == '\\') esc = true;
+      else if (c == '"') in_str = false;
+    } else if (c == '"') {
+      in_str = true;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if (c == '}' || c == ']') {
+      if (--depth == 0) return i + 1;
+    }
+  }
+  return std::string_view::npos;
+}
 
 ToolCallFormat::End ToolCallFormat::find_end(std::string_view text, size_t from) const {
   size_t pos = text.find(close(), from);

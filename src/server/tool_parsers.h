@@ -51,6 +51,10 @@ class ToolCallFormat {
                     std::vector<PartialCall>& out) const = 0;
 };
 
+// Index past the JSON object or array that opens at s[i] ('{' or '['), string-aware; npos when the
+// text ends first.
+size_t json_value_end(std::string_view s, size_t i);
+
 // The format of `kind`; null for none, hermes and llama3 (ToolCallParser's own code).
 std::shared_ptr<const ToolCallFormat> tool_call_format(ToolCallParser::Kind kind);
 
