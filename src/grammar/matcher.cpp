@@ -28,11 +28,11 @@ std::shared_ptr<const Vocab> Vocab::from_tokenizer(const tok::Tokenizer& t, std:
   if (!special_texts.empty()) {
     for (int32_t id = 0; id < n; ++id)
       if (bytes[id].find(kSpecialTokenByte) != std::string::npos) excluded[id] = true;
-    for (const tok::AddedToken& a : t.added_tokens())
-      if (a.special && !a.content.empty() && t.is_valid_id(a.id) &&
-          std::find(special_texts.begin(), special_texts.end(), a.content) != special_texts.end()) {
-        bytes[a.id] = special_token_bytes(a.content);
-        excluded[a.id] = false;
+    // Special as decode(skip_special_tokens) sees it (the server's special_tool_markers asks the same).
+    for (const std::string& text : special_texts)
+      if (auto id = t.token_to_id(text); id && !text.empty() && t.is_special(*id)) {
+        bytes[*id] = special_token_bytes(text);
+        excluded[*id] = false;
       }
   }
   return std::make_shared<const Vocab>(std::move(bytes), std::move(excluded), std::move(stop_ids));
@@ -76,7 +76,10 @@ Vocab::Vocab(std::vector<std::string> token_bytes, std::vector<bool> excluded, s
   if (excluded.size() != bytes_.size()) throw Error("grammar vocab: excluded[] and token bytes differ in size");
   normal_.assign(bytes_.size(), 0);
   for (int32_t id = 0; id < size(); ++id)
-    if (!excluded[id] && !bytes_[id].empty() && !is_stop(id)) sorted_.push_back(id), normal_[id] = 1;
+    if (!excluded[id] && !bytes_[id].empty() && !is_stop(id)) {
+      sorted_.push_back(id), normal_[id] = 1;
+      if (bytes_[id][0] == kSpecialTokenByte) marker_ids_.push_back(id);
+    }
   std::sort(sorted_.begin(), sorted_.end(), [&](int32_t a, int32_t b) { return bytes_[a] < bytes_[b]; });
   lcp_.assign(sorted_.size(), 0);
   for (size_t i = 1; i < sorted_.size(); ++i) {

@@ -103,6 +103,8 @@ class Vocab {
   }
   bool is_stop(int32_t id) const;
   bool is_normal(int32_t id) const { return id >= 0 && id < size() && normal_[id]; }  // in sorted()
+  // The admitted special tokens (bytes special_token_bytes(text)).
+  const std::vector<int32_t>& marker_ids() const { return marker_ids_; }
   const std::vector<int32_t>& stop_ids() const { return stop_; }
   // Normal (not excluded, non-empty) ids sorted by bytes, and lcp[i] = common prefix of sorted[i-1], sorted[i].
   const std::vector<int32_t>& sorted() const { return sorted_; }
@@ -126,6 +128,7 @@ class Vocab {
   std::vector<std::string> bytes_;
   std::vector<int32_t> stop_;
   std::vector<uint8_t> normal_;
+  std::vector<int32_t> marker_ids_;
   std::vector<int32_t> sorted_;
   std::vector<uint16_t> lcp_;
   std::string sorted_bytes_;

@@ -87,9 +87,8 @@ std::vector<int32_t> forced_tokens(const tok::Tokenizer& tok, const grammar::Voc
   // A marker written as its special token (grammar::special_token_bytes) is that one id; forced
   // text runs up to the next such marker (the tokenizer takes text, not sentinels).
   if (!bytes.empty() && bytes[0] == grammar::kSpecialTokenByte) {
-    for (const tok::AddedToken& a : tok.added_tokens())
-      if (a.special && a.id < vocab.size() && vocab.is_normal(a.id) && bytes.starts_with(vocab.bytes(a.id)))
-        return {a.id};
+    for (int32_t id : vocab.marker_ids())
+      if (bytes.starts_with(vocab.bytes(id))) return {id};
     return {};
   }
   bytes = bytes.substr(0, bytes.find(grammar::kSpecialTokenByte));
