@@ -441,7 +441,7 @@ class Qwen3CoderFormat final : public ToolCallFormat {
     out.push_back(make_call(name, dump(args)));
     return true;
   }
-  bool scan(std::string_view body, bool complete, const Json* tools, std::vector<PartialCall>& out) const override {
+  bool scan(std::string_view body, bool, const Json* tools, std::vector<PartialCall>& out) const override {
     size_t i = 0;
     skip_ws(body, i);
     if (int r = expect(body, i, "<function="); r <= 0) return r == 0;
@@ -474,7 +474,6 @@ class Qwen3CoderFormat final : public ToolCallFormat {
       args.add(key, typed_param_value(strip_newlines(body.substr(gt + 1, end - gt - 1)), tools, c.name, key));
       i = end + 12;
     }
-    (void)complete;
     out.push_back(std::move(c));
     return true;
   }
