@@ -239,7 +239,9 @@ class EngineImpl {
   // Why a request stops at generated id t placed at tokens[pos] (none: it goes on).
   FinishReason stop_reason(const Request& r, int32_t t, size_t pos) const;
   void observe_token_time(Request& r, StreamEvent& ev, Clock::time_point now);
-  void observe_idle(const StepResult& res);
+  // The idle gap before a step of `plan`; behind: it was launched while another step was in
+  // flight (EngineMetrics::device_idle_seconds_by).
+  void observe_idle(const StepPlan& plan, const StepResult& res, bool behind);
   // The automatic mixed budget's cost model learns from steps with decodes (their device time:
   // forward + sampling, up to the ids on the host).
   // Also counts the step by kind (engine thread only; published by update_metrics).
@@ -333,6 +335,7 @@ class EngineImpl {
   std::vector<size_t> future_pos_[2];
   std::vector<std::shared_ptr<Request>> keep_[2];
   int inflight_ = -1, next_slot_ = 0;
+  bool launched_behind_[2] = {false, false};  // slot's step launched while the other was in flight
   bool was_idle_ = true;  // the engine had no work since the last step it launched
   IdleClock sync_clock_;
   double idle_us_ewma_ = 0;
@@ -531,6 +534,7 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   for (auto id : gc.eos_token_ids) eos.insert(id);
   if (auto e = tokenizer->eos_id()) eos.insert(*e);
   metrics_.kv_total_blocks = kv->num_blocks();
+  metrics_.device_idle_gap_s = Histogram({1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1});
   metrics_.ttft_s = Histogram({0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60});
   metrics_.itl_s = Histogram({0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1});
   metrics_.e2e_s = Histogram({0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300});
@@ -952,7 +956,7 @@ void EngineImpl::step_sync() {
   part_us_[0] = std::max(0.0, c1 - c0 - copy_us);
   part_us_[1] = std::max(0.0, secs(t2 - t1) * 1e6 - fwd_us);
   part_us_[2] = c3 - c2;
-  observe_idle(result_);
+  observe_idle(plan_, result_, false);
   observe_cost(plan_, result_);
   update_metrics(part_us_[0] + part_us_[1] + part_us_[2]);
 }
@@ -966,7 +970,7 @@ bool EngineImpl::drain() {
   keep_[s].clear();
   sched->reap();
   refresh_gauges();
-  observe_idle(thread_steps_->result[s]);
+  observe_idle(plans_[s], thread_steps_->result[s], launched_behind_[s]);
   observe_cost(plans_[s], thread_steps_->result[s]);
   return true;
 }
@@ -999,6 +1003,7 @@ void EngineImpl::step_overlap() {
   const double c1 = thread_cpu_us();
   const int prev = inflight_;
   thread_steps_->launch(cur, prev, was_idle_);
+  launched_behind_[cur] = prev >= 0;
   was_idle_ = false;
   inflight_ = cur;
   next_slot_ = cur ^ 1;
@@ -1007,7 +1012,7 @@ void EngineImpl::step_overlap() {
     apply_overlapped(prev);
     keep_[prev].clear();
     const StepResult& res = thread_steps_->result[prev];
-    observe_idle(res);
+    observe_idle(plans_[prev], res, launched_behind_[prev]);
     observe_cost(plans_[prev], res);
     part_us_[1] = 0;  // the worker's host share runs on its own thread
     std::lock_guard<std::mutex> lk(metrics_mu_);
@@ -1109,7 +1114,7 @@ void EngineImpl::apply_jumps() {
   jumps_.clear();
 }
 
-void EngineImpl::observe_idle(const StepResult& res) {
+void EngineImpl::observe_idle(const StepPlan& plan, const StepResult& res, bool behind) {
   std::lock_guard<std::mutex> lk(metrics_mu_);
   metrics_.device_busy_seconds += res.busy_s;
   if (res.idle_before_s < 0) return;
@@ -1118,6 +1123,9 @@ void EngineImpl::observe_idle(const StepResult& res) {
   ++idle_counted_;
   metrics_.device_idle_seconds += res.idle_before_s;
   metrics_.device_idle_us_mean = idle_us_ewma_;
+  const size_t kind = plan.prefill_tokens <= 0 ? 0 : plan.decode_rows > 0 ? 1 : 2;
+  metrics_.device_idle_seconds_by[kind][behind ? 0 : 1] += res.idle_before_s;
+  metrics_.device_idle_gap_s.observe(res.idle_before_s);
 }
 
 // Room for the request's whole sequence, once it runs: its steps then append ids, blocks and

@@ -294,6 +294,12 @@ struct EngineMetrics {
   // previous one was still running.
   double device_idle_us_mean = 0, device_idle_seconds = 0, device_busy_seconds = 0;
   int64_t overlap_steps = 0;
+  // Where the idle seconds fall: by the kind of the step after the gap ([0] decode, [1] mixed,
+  // [2] prefill, as steps_by_kind) and by how that step was launched ([0] behind a step still in
+  // flight -- overlap; [1] with none in flight -- the simple loop, a drain, the first step after
+  // one); and the gaps' sizes. A gap share the overlap loop should hide shows up in [k][0].
+  std::array<std::array<double, 2>, 3> device_idle_seconds_by{};
+  Histogram device_idle_gap_s;
   int64_t steps = 0, retractions = 0;
   // Steps by what they carried — [0] decode only, [1] mixed (decodes + prefill chunks), [2]
   // prefill only — with their device seconds (forward + sampling), and the decode rows / prefill

@@ -221,6 +221,19 @@ std::string render_prometheus(const EngineMetrics* e, ServerMetrics& s, const st
            "Mean device idle time between consecutive engine steps (microseconds, moving average).", l,
            e->device_idle_us_mean);
     {
+      const std::string lk = l.substr(0, l.size() - 1);
+      static constexpr const char* kKinds[3] = {"decode", "mixed", "prefill"};
+      out += "# HELP tokenspeed_device_idle_seconds_by_step_total Device idle seconds before engine steps, by the "
+             "step's kind and launch (overlap: launched while the previous step ran; sync: with none in flight).\n"
+             "# TYPE tokenspeed_device_idle_seconds_by_step_total counter\n";
+      for (size_t k = 0; k < 3; ++k)
+        for (size_t b = 0; b < 2; ++b)
+          out += fmt::format("tokenspeed_device_idle_seconds_by_step_total{},kind=\"{}\",launch=\"{}\"}} {}\n", lk,
+                             kKinds[k], b == 0 ? "overlap" : "sync", num(e->device_idle_seconds_by[k][b]));
+      render_engine_histogram(out, e->device_idle_gap_s, "tokenspeed_device_idle_gap_seconds",
+                              "Device idle gaps between consecutive engine steps.");
+    }
+    {
       // The device caching allocator (core/caching_allocator.h): in steady state the cudaMalloc
       // and cudaFree counters stand still.
       const DeviceMemoryStats dm = device_memory_stats();

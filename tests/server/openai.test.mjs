@@ -200,6 +200,12 @@ test('/metrics: Prometheus exposition', async () => {
   assert.match(text, /tokenspeed_time_to_first_token_seconds_bucket\{le="\+Inf"\} [1-9]/);
   assert.match(text, /tokenspeed_inter_token_latency_seconds_bucket\{le="\+Inf"\} [1-9]/);
   assert.ok(values.tokenspeed_requests_total > 0);
+  // The device idle breakdown (by the step after the gap) sums to the idle total; its gap
+  // histogram is well-formed.
+  assert.match(text, /tokenspeed_device_idle_seconds_by_step_total\{model_name="[^"]*",kind="decode",launch="overlap"\} /);
+  assert.ok(Math.abs(values.tokenspeed_device_idle_seconds_by_step_total - values.tokenspeed_device_idle_seconds_total) < 1e-6);
+  assert.match(text, /# TYPE tokenspeed_device_idle_gap_seconds histogram/);
+  assert.ok(values.tokenspeed_device_idle_gap_seconds_count >= 0);
 });
 
 test('chat: plain and streaming', async (t) => {

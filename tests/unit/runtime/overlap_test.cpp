@@ -82,6 +82,16 @@ TEST(Overlap, GreedyEqualsSimpleLoopUnderStops) {
   EXPECT_EQ(m.running, 0);
   EXPECT_GT(m.device_busy_seconds, 0);
   EXPECT_GE(m.device_idle_seconds, 0);
+  // The idle breakdown: by step kind and launch it adds up to the total; the gap histogram
+  // counts every counted gap; the simple loop's gaps are all sync ones.
+  for (const EngineMetrics* e : {&m, &ms}) {
+    double by = 0;
+    for (auto& k : e->device_idle_seconds_by) by += k[0] + k[1];
+    EXPECT_NEAR(by, e->device_idle_seconds, 1e-9);
+    EXPECT_NEAR(e->device_idle_gap_s.sum, e->device_idle_seconds, 1e-9);
+    EXPECT_GT(e->device_idle_gap_s.count, 0);
+  }
+  for (auto& k : ms.device_idle_seconds_by) EXPECT_EQ(k[0], 0.0);
   int64_t made = 0;
   for (auto& r : b) made += r.completion_tokens;
   EXPECT_EQ(m.generation_tokens, made);
