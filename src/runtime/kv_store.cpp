@@ -10,6 +10,7 @@
 
 #ifdef TS_WITH_CUDA
 #include "core/cuda/runtime.h"
+#include "ops/cuda/kv_copy.h"
 #endif
 
 namespace ts {
@@ -46,6 +47,8 @@ void KvStore::release_events() {
         if (s) cuda::stream_destroy(s);
       for (void* e : {k.ev_compute, k.ev_wb})
         if (e) cuda::event_destroy(e);
+      for (PairSlot& ps : k.pairs)
+        if (ps.ev) cuda::event_destroy(ps.ev);
       for (Batch* b : all) {
         if (size_t(r) < b->start.size() && b->start[size_t(r)]) cuda::event_destroy(b->start[size_t(r)]);
         if (size_t(r) < b->end.size() && b->end[size_t(r)]) cuda::event_destroy(b->end[size_t(r)]);
@@ -114,7 +117,7 @@ bool KvStore::complete(Batch& b) {
     // The slow copy of a delayed batch, on this (the engine) thread for every rank: the ranks'
     // threads may be running a step now.
     auto t0 = std::chrono::steady_clock::now();
-    for (Rank& k : ranks_) copy(k, b.loads, false, nullptr);
+    for (Rank& k : ranks_) copy(k, b.loads, false);
     b.cpu_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     b.landed = true;
   }
@@ -276,10 +279,10 @@ void KvStore::attach(KvPool& pool, int rank) {
   }
 }
 
-// Rank k's copies of ops `v`: consecutive ops whose device and host blocks both follow on are
-// one copy per tensor (the free lists hand out ascending ids, so a sequence's blocks are mostly
-// runs). stream: a CUDA stream of the rank's GPU, or null (memcpy).
-void KvStore::copy(Rank& k, const std::vector<KvBlockOp>& v, bool to_host, void* stream) {
+// Rank k's copies of ops `v` on the CPU backend: consecutive ops whose device and host blocks
+// both follow on are one memcpy per tensor (the free lists hand out ascending ids, so a
+// sequence's blocks are mostly runs). CUDA ranks copy with copy_kernel.
+void KvStore::copy(Rank& k, const std::vector<KvBlockOp>& v, bool to_host) {
   for (size_t i = 0; i < v.size();) {
     size_t j = i + 1;
     while (j < v.size() && v[j].device_block == v[j - 1].device_block + 1 && v[j].host_block == v[j - 1].host_block + 1) ++j;
@@ -287,19 +290,43 @@ void KvStore::copy(Rank& k, const std::vector<KvBlockOp>& v, bool to_host, void*
     for (Mirror& m : k.mirrors) {
       char* dev = static_cast<char*>(m.dev.data) + size_t(v[i].device_block) * m.block_bytes;
       char* host = static_cast<char*>(m.host.get()) + size_t(v[i].host_block) * m.block_bytes;
-      void* dst = to_host ? static_cast<void*>(host) : static_cast<void*>(dev);
-      const void* src = to_host ? static_cast<const void*>(dev) : static_cast<const void*>(host);
-#ifdef TS_WITH_CUDA
-      if (stream) {
-        cuda::copy_async_on(dst, src, n * m.block_bytes, stream);
-        continue;
-      }
-#endif
-      (void)stream;
-      std::memcpy(dst, src, n * m.block_bytes);
+      if (to_host) std::memcpy(host, dev, n * m.block_bytes);
+      else std::memcpy(dev, host, n * m.block_bytes);
     }
     i = j;
   }
+}
+
+void KvStore::copy_kernel(Rank& k, const std::vector<KvBlockOp>& a, const std::vector<KvBlockOp>& b, bool to_host,
+                          void* stream) {
+#ifdef TS_WITH_CUDA
+  const size_t n = a.size() + b.size();
+  if (n == 0) return;
+  PairSlot& ps = k.pairs[k.next_pair];
+  k.next_pair = (k.next_pair + 1) % kPairSlots;
+  // The slot's last launch (kPairSlots rounds ago) has read its pairs long since; the wait is a
+  // guard, not a stall.
+  if (ps.used) cuda::event_synchronize(ps.ev);
+  if (ps.cap < 2 * n) {
+    ps.cap = std::max<size_t>(2 * n + n, 1024);  // grows with headroom: rare in steady state
+    ps.buf = cuda::alloc_host(ps.cap * sizeof(int32_t));
+  }
+  if (!ps.ev) ps.ev = cuda::event_create();
+  int32_t* pairs = static_cast<int32_t*>(ps.buf.get());
+  size_t i = 0;
+  for (const auto* v : {&a, &b})
+    for (const KvBlockOp& op : *v) {
+      pairs[2 * i] = op.device_block;
+      pairs[2 * i + 1] = op.host_block;
+      ++i;
+    }
+  ops::cuda::kv_block_copy(static_cast<const ops::cuda::KvCopyMirror*>(k.mirror_table.get()), int(k.mirrors.size()),
+                           pairs, int64_t(n), to_host, stream);
+  cuda::event_record_on(ps.ev, stream);
+  ps.used = true;
+#else
+  (void)k, (void)a, (void)b, (void)to_host, (void)stream;
+#endif
 }
 
 // Rank r's share of execute(), on rank r's thread. Touches only ranks_[r] and b's slot r.
@@ -312,14 +339,21 @@ void KvStore::issue_rank(int r, const KvBlockOps& ops, Batch* b) {
       k.ld_stream = cuda::copy_stream_create();
       k.ev_compute = cuda::event_create();
       k.ev_wb = cuda::event_create();
+      // The copy kernel's view of the mirrors (fixed once attached).
+      std::vector<ops::cuda::KvCopyMirror> table;
+      for (const Mirror& m : k.mirrors)
+        table.push_back({reinterpret_cast<uint64_t>(m.dev.data), reinterpret_cast<uint64_t>(m.host.get()),
+                         uint64_t(m.block_bytes)});
+      const size_t bytes = std::max<size_t>(table.size(), 1) * sizeof(ops::cuda::KvCopyMirror);
+      k.mirror_table = cuda::alloc(bytes);
+      if (!table.empty()) cuda::copy(k.mirror_table.get(), true, table.data(), false, table.size() * sizeof(table[0]));
     }
     // Both kinds start after the compute work already enqueued on this GPU (the evicted blocks'
     // K/V is written; a block a load fills is no longer read or written by it).
     cuda::event_record_on(k.ev_compute, nullptr);
     if (!ops.writeback.empty() || !ops.through.empty()) {
       cuda::stream_wait_event(k.wb_stream, k.ev_compute);
-      copy(k, ops.writeback, true, k.wb_stream);
-      copy(k, ops.through, true, k.wb_stream);
+      copy_kernel(k, ops.writeback, ops.through, true, k.wb_stream);
       cuda::event_record_on(k.ev_wb, k.wb_stream);
     }
     // The next forward overwrites the evicted blocks: it waits for their writeback (this
@@ -337,15 +371,15 @@ void KvStore::issue_rank(int r, const KvBlockOps& ops, Batch* b) {
         b->end[size_t(r)] = cuda::event_create_timed();
       }
       cuda::event_record_on(b->start[size_t(r)], k.ld_stream);
-      copy(k, ops.load, false, k.ld_stream);
+      copy_kernel(k, ops.load, {}, false, k.ld_stream);
       cuda::event_record_on(b->end[size_t(r)], k.ld_stream);
     }
     return;
   }
 #endif
-  copy(k, ops.writeback, true, nullptr);
-  copy(k, ops.through, true, nullptr);
-  if (b && delay_polls_ == 0) copy(k, ops.load, false, nullptr);
+  copy(k, ops.writeback, true);
+  copy(k, ops.through, true);
+  if (b && delay_polls_ == 0) copy(k, ops.load, false);
 }
 
 void KvStore::execute(const KvBlockOps& ops) {
@@ -405,7 +439,7 @@ void KvStore::synchronize() {
 #endif
   for (Batch& b : batches_)
     if (b.issued && !b.landed) {
-      for (Rank& k : ranks_) copy(k, b.loads, false, nullptr);
+      for (Rank& k : ranks_) copy(k, b.loads, false);
       b.landed = true;
     }
 }

@@ -202,9 +202,21 @@ class KvStore {
   };
   // One rank's mirrors and (CUDA) its writeback and load streams and ordering events, created
   // on the rank's thread at its first execute.
+  // CUDA: a round's block pairs for the copy kernel (ops/cuda/kv_copy.h), in pinned memory the
+  // kernel reads when it runs; reused once the event recorded after that launch is reached.
+  struct PairSlot {
+    std::shared_ptr<void> buf;  // int32 [cap]: (device, host) block pairs
+    size_t cap = 0;
+    void* ev = nullptr;
+    bool used = false;
+  };
+  static constexpr int kPairSlots = 8;
   struct Rank {
     std::vector<Mirror> mirrors;
     void *wb_stream = nullptr, *ld_stream = nullptr, *ev_compute = nullptr, *ev_wb = nullptr;
+    std::shared_ptr<void> mirror_table;  // CUDA: ops::cuda::KvCopyMirror [mirrors] on the rank's GPU
+    PairSlot pairs[kPairSlots];
+    int next_pair = 0;
   };
   // The loads of one plan. start/end: per rank timing events on its load stream (CUDA).
   struct Batch {
@@ -219,7 +231,10 @@ class KvStore {
   // Indexes `hash` in a victim host block and reports it (-1: no room); the caller queues the copy.
   int32_t store_block(uint64_t hash, uint64_t parent, bool has_parent, const int32_t* tokens);
   void for_ranks(const std::function<void(int)>& fn);
-  void copy(Rank& k, const std::vector<KvBlockOp>& v, bool to_host, void* stream);
+  void copy(Rank& k, const std::vector<KvBlockOp>& v, bool to_host);
+  // CUDA: every mirror's blocks of `a` then `b` in one kernel launch on `stream`.
+  void copy_kernel(Rank& k, const std::vector<KvBlockOp>& a, const std::vector<KvBlockOp>& b, bool to_host,
+                   void* stream);
   void issue_rank(int r, const KvBlockOps& ops, Batch* b);
   bool complete(Batch& b);
   void release_events();
