@@ -200,6 +200,7 @@ struct CudaGraphRunner::Impl {
   }
 
   Impl(ModelRunner& r, const GraphOptions& opt) : runner(r), o(opt) {
+    builder.set_start_listener(r.step_listener_slot());
     int bs = r.block_size();
     width = (o.max_context + bs - 1) / bs;
     // Decode attention sizes its split-KV grid from the context bound baked into the graph;

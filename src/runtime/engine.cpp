@@ -38,25 +38,47 @@ static double secs(Clock::duration d) { return std::chrono::duration<double>(d).
 // gap before this one is not idle time the scheduler caused and is not counted).
 //  - CPU: host clocks (the device is this thread).
 //  - CUDA (use_device_events): timing events on the compute stream, so the figure is the GPU's
-//    own idle time between the previous step's last op and this step's first: a step start
-//    recorded while the GPU is still busy gets the previous end's timestamp (gap 0). Two
+//    own idle time between the previous step's last op and this step's first. The start marker
+//    is recorded where the step's first device work is enqueued (begin(true): the runner tells
+//    step_device_start() before its batch upload), not at begin(): the host time spent resolving
+//    and building the batch is time the GPU has nothing to do, so it is idle, not busy. A
+//    start recorded while the GPU is still busy gets the previous end's timestamp (gap 0). Two
 //    alternating start/end pairs: at end() of step N, N-1's end and N's start are reached (end()
 //    waits for N's start marker, which the GPU passes when it begins N), so N itself is never
 //    waited for; N's own busy time is counted one step late (totals exact but the last step's).
-struct IdleClock {
+struct IdleClock final : StepStartListener {
   Clock::time_point last_end{};
   bool have_end = false;
   Clock::time_point t0{};
-  void begin() {
+  // defer_start: the start marker waits for step_device_start() (the plain worker's steps);
+  // else (EAGLE3 steps, whose draft may run first) it is recorded now.
+  void begin(bool defer_start = false) {
     t0 = Clock::now();
 #ifdef TS_WITH_CUDA
-    if (marks_) marks_->record(2 * pair_);
+    if (marks_) {
+      pending_start_ = defer_start;
+      if (!defer_start) marks_->record(2 * pair_);
+    }
+#else
+    (void)defer_start;
+#endif
+  }
+  void step_device_start() override {
+#ifdef TS_WITH_CUDA
+    if (pending_start_) {
+      marks_->record(2 * pair_);
+      pending_start_ = false;
+    }
 #endif
   }
   void end(bool fresh, StepResult& r) {
 #ifdef TS_WITH_CUDA
     if (marks_) {
       const int cur = pair_, prev = 1 - pair_;
+      if (pending_start_) {  // no device work was announced: the step starts (and ends) here
+        marks_->record(2 * cur);
+        pending_start_ = false;
+      }
       marks_->record(2 * cur + 1);
       // A step that copied no ids (a prefill chunk that samples nothing) may still be running:
       // its start (and so the previous end) is reached as soon as the GPU begins it.
@@ -74,7 +96,12 @@ struct IdleClock {
     last_end = now;
     have_end = true;
   }
-  void failed() { have_end = false; }  // a step threw: its marks may never complete
+  void failed() {  // a step threw: its marks may never complete
+    have_end = false;
+#ifdef TS_WITH_CUDA
+    pending_start_ = false;
+#endif
+  }
   void use_device_events() {  // on the thread that drives the device (its stream)
 #ifdef TS_WITH_CUDA
     if (!marks_) marks_ = std::make_unique<cuda::StreamMarks>(4);
@@ -85,6 +112,7 @@ struct IdleClock {
  private:
   std::unique_ptr<cuda::StreamMarks> marks_;  // [2p]: start, [2p+1]: end of pair p
   int pair_ = 0;
+  bool pending_start_ = false;
 #endif
 };
 
@@ -94,7 +122,8 @@ struct IdleClock {
 class StepThread {
  public:
   // device_events: time the device's idle gaps with CUDA events (IdleClock).
-  StepThread(PlainWorker& w, bool device_events) : w_(w), device_events_(device_events), th_([this] { loop(); }) {}
+  StepThread(PlainWorker& w, ModelRunner& runner, bool device_events)
+      : w_(w), runner_(runner), device_events_(device_events), th_([this] { loop(); }) {}
   ~StepThread() {
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -150,7 +179,8 @@ class StepThread {
         const StepResult* prev = j.prev >= 0 ? &result[j.prev] : nullptr;
         const bool fresh = j.fresh;
         // end() after run_staged's clear(): the idle figure is written into the result.
-        clock_.begin();
+        runner_.set_step_listener(&clock_);
+        clock_.begin(true);
         w_.run_staged(staged[j.slot], prev, r);
         clock_.end(fresh, r);
       } catch (...) {
@@ -164,6 +194,7 @@ class StepThread {
     }
   }
   PlainWorker& w_;
+  ModelRunner& runner_;  // the plain worker's: tells clock_ where a step's device work starts
   std::mutex mu_;
   std::condition_variable cv_;
   // Launch order (two jobs at most, one per slot); its capacity is set here, before th_ starts,
@@ -528,7 +559,7 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   // while the device thread reads it.
   if (plain && device == Device::cuda) runner->logits_proc();
   if (device == Device::cuda) sync_clock_.use_device_events();
-  if (overlap_) thread_steps_ = std::make_unique<StepThread>(*plain, device == Device::cuda);
+  if (overlap_) thread_steps_ = std::make_unique<StepThread>(*plain, *runner, device == Device::cuda);
   io::GenerationConfig gc = io::load_generation_config(o.model_dir);
   for (auto id : cfg.eos_token_ids) eos.insert(id);
   for (auto id : gc.eos_token_ids) eos.insert(id);
@@ -933,7 +964,8 @@ void EngineImpl::step_sync() {
   if (plan_.kv_loading > 0) ++staged_steps_;
   const double c1 = thread_cpu_us();
   auto t1 = Clock::now();
-  sync_clock_.begin();
+  runner->set_step_listener(spec ? nullptr : &sync_clock_);
+  sync_clock_.begin(!spec);
   const bool fresh = was_idle_;
   was_idle_ = false;
   try {

@@ -43,6 +43,7 @@ ModelRunner::ModelRunner(std::shared_ptr<models::Model> model, int64_t num_block
                          std::optional<DType> kv_dtype)
     : model_(std::move(model)) {
   TS_CHECK(num_blocks > 0 && block_size > 0, "KV pool needs blocks (got {} blocks of {})", num_blocks, block_size);
+  builder_.set_start_listener(&listener_);
   models::KvSpec s = model_->kv_spec();
   models::AuxKvSpec aux = model_->aux_kv_spec();
   kv_.block_size = block_size;
@@ -136,6 +137,7 @@ void BatchBuilder::build(const std::vector<SeqChunk>& chunks, int bs, Device dev
     if (!dev_.data || dev_.numel() < int64_t(n))
       dev_ = Tensor::empty({int64_t(std::max({n + n / 2, opt.reserve, size_t(1) << 16}))}, DType::i32, dev);
     if (!up_) up_ = std::make_unique<StagedUpload>();
+    if (listener_ && *listener_) (*listener_)->step_device_start();
     up_->upload(dev_.data, host_.data(), n * sizeof(int32_t));
     base_ = dev_;
   }

@@ -38,8 +38,21 @@ struct BuildOptions {
   size_t reserve = 0;       // device buffer capacity in i32 elements (graphs: the largest bucket)
 };
 
+// Told just before a step's first device work is enqueued (its batch metadata upload): the
+// engine's idle clock marks the device step's start there, so the host time spent resolving and
+// building the batch -- during which the GPU has nothing of this step -- counts as idle.
+class StepStartListener {
+ public:
+  virtual void step_device_start() = 0;
+
+ protected:
+  ~StepStartListener() = default;
+};
+
 class BatchBuilder {
  public:
+  // The listener slot (a ModelRunner's) told before each device upload; null: none.
+  void set_start_listener(StepStartListener* const* slot) { listener_ = slot; }
   void build(const std::vector<SeqChunk>& chunks, int block_size, Device device, ForwardBatch& batch,
              const BuildOptions& opt = {});
   // Row of the batch where chunk i starts (valid after build).
@@ -53,6 +66,7 @@ class BatchBuilder {
 
  private:
   int32_t block_base_ = 0;
+  StepStartListener* const* listener_ = nullptr;
   std::vector<int32_t> host_, cu_rows_;
   Tensor dev_, base_;
   std::unique_ptr<StagedUpload> up_;  // CUDA: asynchronous pinned upload
@@ -129,6 +143,14 @@ class ModelRunner {
   const BatchBuilder& builder() const { return builder_; }
   // Host seconds the last run() spent building and uploading the batch metadata.
   double last_build_seconds() const { return build_s_; }
+  // Who is told when a step's device work starts (this runner's batch builds, its graphs'
+  // included); null: nobody. Set by the thread that drives the step, before it runs.
+  void set_step_listener(StepStartListener* l) { listener_ = l; }
+  StepStartListener* const* step_listener_slot() const { return &listener_; }
+  // Tells the listener now (device work enqueued before the batch build: seeding logits slots).
+  void step_device_start() {
+    if (listener_) listener_->step_device_start();
+  }
 
   // Tensor parallelism: this runner is rank 0 (its model is shard 0, driven by the calling
   // thread); peers[r] (r >= 1, each built on worker r's thread) hold the other shards. run()
@@ -160,6 +182,7 @@ class ModelRunner {
   std::shared_ptr<void> host_buf_;  // host logits (pinned where a GPU is present), reused
   size_t host_cap_ = 0;
   double build_s_ = 0;
+  StepStartListener* listener_ = nullptr;
   std::unique_ptr<CudaGraphRunner> graphs_;
   std::unique_ptr<DeviceLogits> logits_proc_;
   std::unique_ptr<TokenMaskBuffer> token_mask_;

@@ -96,6 +96,7 @@ void PlainWorker::run_staged(StagedStep& s, const StepResult* prev, StepResult& 
     // Slots taken since their requests' last step, seeded after every step launched before
     // this one (a reused slot's previous owner may still have had a row in the last one).
     resolve_futures(s.seeds.tokens, prev);
+    runner_.step_device_start();  // the seeds' uploads and kernels are this step's first device work
     runner_.logits_proc_if_any()->run_seeds(s.seeds);
   }
   // Pure decode steps sample inside the decode CUDA graph when one fits.
