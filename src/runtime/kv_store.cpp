@@ -49,6 +49,8 @@ void KvStore::release_events() {
         if (e) cuda::event_destroy(e);
       for (PairSlot& ps : k.pairs)
         if (ps.ev) cuda::event_destroy(ps.ev);
+      for (Round& rd : k.rounds)
+        if (rd.ev) cuda::event_destroy(rd.ev);
       for (Batch* b : all) {
         if (size_t(r) < b->start.size() && b->start[size_t(r)]) cuda::event_destroy(b->start[size_t(r)]);
         if (size_t(r) < b->end.size() && b->end[size_t(r)]) cuda::event_destroy(b->end[size_t(r)]);
@@ -72,12 +74,18 @@ void KvStore::for_ranks(const std::function<void(int)>& fn) {
 
 void KvStore::begin_plan() {
 #ifdef TS_WITH_CUDA
-  // Writebacks: the last round's event reached on every rank means every round has (FIFO).
+  // Writebacks: each rank's rounds complete in order (one copy stream); wb_done_ is the last
+  // round every rank has completed.
   if (device_ == Device::cuda && wb_done_ < wb_issued_) {
-    bool done = true;
-    for (const Rank& k : ranks_)
-      if (k.ev_wb && !cuda::event_query(k.ev_wb)) done = false;
-    if (done) wb_done_ = wb_issued_;
+    uint64_t done = wb_issued_;
+    for (Rank& k : ranks_) {
+      while (k.round_count > 0 && cuda::event_query(k.rounds[k.round_head].ev)) {
+        k.round_head = (k.round_head + 1) % kRounds;
+        --k.round_count;
+      }
+      if (k.round_count > 0) done = std::min(done, k.rounds[k.round_head].seq - 1);
+    }
+    wb_done_ = std::max(wb_done_, done);
   }
 #endif
   // Batches complete in seq order (one load stream per rank, FIFO); an unissued one (taken,
@@ -198,7 +206,7 @@ void KvStore::offer(int32_t device_block, uint64_t hash, uint64_t parent, bool h
     ++stats_.writeback_skipped;
     // Written through from this device block, maybe still copying: the forward that
     // overwrites the block must wait for that round.
-    if (b.wb_seq > wb_done_) ops_.wait_writebacks = true;
+    if (b.wb_seq > wb_done_) ops_.wait_round = std::max(ops_.wait_round, b.wb_seq);
     return;
   }
   int32_t id = store_block(hash, parent, has_parent, tokens);
@@ -355,11 +363,35 @@ void KvStore::issue_rank(int r, const KvBlockOps& ops, Batch* b) {
       cuda::stream_wait_event(k.wb_stream, k.ev_compute);
       copy_kernel(k, ops.writeback, ops.through, true, k.wb_stream);
       cuda::event_record_on(k.ev_wb, k.wb_stream);
+      // This round's own event (begin_plan polls them; a forward may wait for one).
+      if (k.round_count == kRounds) {  // the copy stream is kRounds rounds behind: wait for the oldest
+        cuda::event_synchronize(k.rounds[k.round_head].ev);
+        k.round_head = (k.round_head + 1) % kRounds;
+        --k.round_count;
+      }
+      Round& rd = k.rounds[(k.round_head + k.round_count) % kRounds];
+      if (!rd.ev) rd.ev = cuda::event_create();
+      rd.seq = wb_issued_;  // execute() numbered this round before issuing it
+      cuda::event_record_on(rd.ev, k.wb_stream);
+      ++k.round_count;
     }
     // The next forward overwrites the evicted blocks: it waits for their writeback (this
     // round's, or an earlier write-through's; the stream is FIFO, ev_wb marks its last round).
     // Write-throughs alone are waited for by nobody.
-    if (!ops.writeback.empty() || ops.wait_writebacks) cuda::stream_wait_event(nullptr, k.ev_wb);
+    if (!ops.writeback.empty()) {
+      cuda::stream_wait_event(nullptr, k.ev_wb);
+    } else if (ops.wait_round > 0) {
+      // Only the round that copies the reused blocks (rounds still in the ring may be waited
+      // for; one that left it has completed).
+      for (size_t i = 0; i < k.round_count; ++i) {
+        const Round& rd = k.rounds[(k.round_head + i) % kRounds];
+        if (rd.seq > ops.wait_round) break;  // (ascending: that round has completed)
+        if (rd.seq == ops.wait_round) {
+          cuda::stream_wait_event(nullptr, rd.ev);
+          break;
+        }
+      }
+    }
     if (b) {
       // A load may fill a block a writeback reads, or read a host block a writeback fills:
       // after every round issued so far. Nobody waits on the host; the scheduler polls b's

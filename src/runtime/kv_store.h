@@ -57,9 +57,13 @@ struct KvBlockOp {
 struct KvBlockOps {
   std::vector<KvBlockOp> writeback, through, load;
   // This plan reuses a device block whose write-through may still be copying: its forward
-  // waits for the writebacks issued so far.
-  bool wait_writebacks = false;
-  bool empty() const { return writeback.empty() && through.empty() && load.empty() && !wait_writebacks; }
+  // waits for that copy's round (the highest such round number; 0: none). Only that round:
+  // waiting for the latest one instead would chain every forward that evicts an old block to
+  // the copy stream's newest write-throughs, which under steady write-through (a round per
+  // step, each starting after the step in flight) is a stall of milliseconds per step.
+  uint64_t wait_round = 0;
+  bool wait_writebacks() const { return wait_round > 0; }
+  bool empty() const { return writeback.empty() && through.empty() && load.empty() && wait_round == 0; }
   // Whether the ops touch device blocks a step still in flight may write (overlap loop: issue
   // them after it): evicted blocks' writebacks and loads into fresh blocks.
   bool needs_drain() const { return !writeback.empty() || !load.empty(); }
@@ -67,7 +71,7 @@ struct KvBlockOps {
     writeback.clear();
     through.clear();
     load.clear();
-    wait_writebacks = false;
+    wait_round = 0;
   }
 };
 
@@ -211,9 +215,18 @@ class KvStore {
     bool used = false;
   };
   static constexpr int kPairSlots = 8;
+  // CUDA: a writeback round still possibly copying, with the event recorded after it.
+  struct Round {
+    uint64_t seq = 0;
+    void* ev = nullptr;
+  };
+  static constexpr size_t kRounds = 64;  // rounds in flight per rank (more: the oldest is waited for)
   struct Rank {
     std::vector<Mirror> mirrors;
     void *wb_stream = nullptr, *ld_stream = nullptr, *ev_compute = nullptr, *ev_wb = nullptr;
+    // Rounds in flight, oldest first: a ring of kRounds (events created once, reused).
+    Round rounds[kRounds];
+    size_t round_head = 0, round_count = 0;
     std::shared_ptr<void> mirror_table;  // CUDA: ops::cuda::KvCopyMirror [mirrors] on the rank's GPU
     PairSlot pairs[kPairSlots];
     int next_pair = 0;

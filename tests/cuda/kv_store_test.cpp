@@ -150,6 +150,28 @@ TEST(KvStoreCuda, CopyKernelScatteredBlocksOfEveryTensor) {
   std::printf("kvstore writeback round, 256 scattered blocks x 64 tensors (%.2f GB): issue %.3f ms on the host, "
               "done after %.2f ms (%.1f GB/s)\n", gb, issue_ms, total_ms, gb / (total_ms * 1e-3));
   EXPECT_LT(issue_ms, 2.0) << "issuing a round must not cost the engine thread a step";
+
+  // A forward that reuses a block waits only for the round that copies it (KvBlockOps::
+  // wait_round), not for the copy stream's newest write-throughs.
+  s8.begin_plan();  // polls: rounds 1 and 2 have completed
+  KvBlockOps through;
+  through.through = wb.writeback;
+  s8.execute(through);  // round 3: write-throughs, nobody waits for them
+  KvBlockOps reuse;
+  reuse.wait_round = 1;  // a completed round: no wait
+  s8.execute(reuse);
+  auto c0 = std::chrono::steady_clock::now();
+  cuda::stream_synchronize();  // the compute stream
+  const double free_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0).count();
+  reuse.wait_round = 3;  // the round in flight: the compute stream waits for it
+  s8.execute(reuse);
+  c0 = std::chrono::steady_clock::now();
+  cuda::stream_synchronize();
+  const double wait_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0).count();
+  std::printf("compute stream behind a %.0f ms write-through round: free after %.2f ms (reuses a block of a completed "
+              "round), after %.2f ms more when it reuses a block of that round\n", total_ms, free_ms, wait_ms);
+  EXPECT_LT(free_ms, total_ms / 4);
+  EXPECT_GT(free_ms + wait_ms, total_ms / 2);
 }
 
 TEST(KvStoreCuda, LoadBandwidthOf32kPrefix8BShapes) {

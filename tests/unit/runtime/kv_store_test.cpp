@@ -165,11 +165,11 @@ TEST(KvStoreTiers, WriteThroughCopiesCommittedBlocksSoEvictionsNeedNoCopy) {
   plan(nullptr);
   EXPECT_EQ(ops.through.size(), 3u);
   EXPECT_TRUE(ops.writeback.empty());
-  EXPECT_FALSE(ops.wait_writebacks);
+  EXPECT_FALSE(ops.wait_writebacks());
   EXPECT_FALSE(ops.needs_drain());
   plan(&b);  // evicts a's 3 blocks: the host holds them already, their copy is done
   EXPECT_TRUE(ops.writeback.empty());
-  EXPECT_FALSE(ops.wait_writebacks);
+  EXPECT_FALSE(ops.wait_writebacks());
   EXPECT_EQ(store.stats().writeback_skipped, 3);
   plan(&c);  // evicts b's 4 blocks before their write-through: they are written back now
   EXPECT_EQ(ops.writeback.size(), 4u);
@@ -180,7 +180,7 @@ TEST(KvStoreTiers, WriteThroughCopiesCommittedBlocksSoEvictionsNeedNoCopy) {
   kv.begin_plan();
   run_seq(kv, d);  // ... when d evicts c's blocks: its forward waits for the writebacks
   kv.take_ops(ops2);
-  EXPECT_TRUE(ops2.wait_writebacks);
+  EXPECT_TRUE(ops2.wait_writebacks());
   EXPECT_TRUE(ops2.writeback.empty());
   store.execute(ops);
   store.execute(ops2);
