@@ -47,8 +47,6 @@ void KvStore::release_events() {
         if (s) cuda::stream_destroy(s);
       for (void* e : {k.ev_compute, k.ev_wb})
         if (e) cuda::event_destroy(e);
-      for (PairSlot& ps : k.pairs)
-        if (ps.ev) cuda::event_destroy(ps.ev);
       for (Round& rd : k.rounds)
         if (rd.ev) cuda::event_destroy(rd.ev);
       for (Batch* b : all) {
@@ -310,17 +308,9 @@ void KvStore::copy_kernel(Rank& k, const std::vector<KvBlockOp>& a, const std::v
 #ifdef TS_WITH_CUDA
   const size_t n = a.size() + b.size();
   if (n == 0) return;
-  PairSlot& ps = k.pairs[k.next_pair];
-  k.next_pair = (k.next_pair + 1) % kPairSlots;
-  // The slot's last launch (kPairSlots rounds ago) has read its pairs long since; the wait is a
-  // guard, not a stall.
-  if (ps.used) cuda::event_synchronize(ps.ev);
-  if (ps.cap < 2 * n) {
-    ps.cap = std::max<size_t>(2 * n + n, 1024);  // grows with headroom: rare in steady state
-    ps.buf = cuda::alloc_host(ps.cap * sizeof(int32_t));
-  }
-  if (!ps.ev) ps.ev = cuda::event_create();
-  int32_t* pairs = static_cast<int32_t*>(ps.buf.get());
+  // (device, host) pairs, host-side: the launches take them as parameters.
+  k.pair_buf.resize(2 * n);
+  int32_t* pairs = k.pair_buf.data();
   size_t i = 0;
   for (const auto* v : {&a, &b})
     for (const KvBlockOp& op : *v) {
@@ -330,8 +320,6 @@ void KvStore::copy_kernel(Rank& k, const std::vector<KvBlockOp>& a, const std::v
     }
   ops::cuda::kv_block_copy(static_cast<const ops::cuda::KvCopyMirror*>(k.mirror_table.get()), int(k.mirrors.size()),
                            pairs, int64_t(n), to_host, stream);
-  cuda::event_record_on(ps.ev, stream);
-  ps.used = true;
 #else
   (void)k, (void)a, (void)b, (void)to_host, (void)stream;
 #endif

@@ -206,15 +206,6 @@ class KvStore {
   };
   // One rank's mirrors and (CUDA) its writeback and load streams and ordering events, created
   // on the rank's thread at its first execute.
-  // CUDA: a round's block pairs for the copy kernel (ops/cuda/kv_copy.h), in pinned memory the
-  // kernel reads when it runs; reused once the event recorded after that launch is reached.
-  struct PairSlot {
-    std::shared_ptr<void> buf;  // int32 [cap]: (device, host) block pairs
-    size_t cap = 0;
-    void* ev = nullptr;
-    bool used = false;
-  };
-  static constexpr int kPairSlots = 8;
   // CUDA: a writeback round still possibly copying, with the event recorded after it.
   struct Round {
     uint64_t seq = 0;
@@ -228,8 +219,7 @@ class KvStore {
     Round rounds[kRounds];
     size_t round_head = 0, round_count = 0;
     std::shared_ptr<void> mirror_table;  // CUDA: ops::cuda::KvCopyMirror [mirrors] on the rank's GPU
-    PairSlot pairs[kPairSlots];
-    int next_pair = 0;
+    std::vector<int32_t> pair_buf;  // CUDA: a round's (device, host) block pairs (kernel parameters)
   };
   // The loads of one plan. start/end: per rank timing events on its load stream (CUDA).
   struct Batch {

@@ -4,6 +4,9 @@
 // run at the link's rate.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include "core/error.h"
 #include "ops/cuda/kv_copy.h"
 
@@ -12,11 +15,17 @@ namespace ts::ops::cuda {
 namespace {
 constexpr int kThreads = 256, kUnroll = 4;
 
-__global__ void kv_block_copy_kernel(const KvCopyMirror* __restrict__ mirrors, const int32_t* __restrict__ pairs,
-                                     bool to_host) {
+// A launch's block pairs travel as a kernel parameter (copied at launch): the host keeps no
+// buffer alive for the kernel and never waits to reuse one. 4 KB is the portable parameter limit.
+constexpr int kPairsPerLaunch = 496;
+struct PairList {
+  int32_t v[2 * kPairsPerLaunch];
+};
+
+__global__ void kv_block_copy_kernel(const KvCopyMirror* __restrict__ mirrors, const PairList pairs, bool to_host) {
   const KvCopyMirror m = mirrors[blockIdx.y];
-  const int64_t p = blockIdx.x;
-  const int64_t dev_block = pairs[2 * p], host_block = pairs[2 * p + 1];
+  const int p = blockIdx.x;
+  const int64_t dev_block = pairs.v[2 * p], host_block = pairs.v[2 * p + 1];
   const char* src = reinterpret_cast<const char*>(to_host ? m.dev : m.host) +
                     (to_host ? dev_block : host_block) * int64_t(m.block_bytes);
   char* dst = reinterpret_cast<char*>(to_host ? m.host : m.dev) + (to_host ? host_block : dev_block) * int64_t(m.block_bytes);
@@ -44,11 +53,15 @@ void kv_block_copy(const KvCopyMirror* mirrors, int num_mirrors, const int32_t* 
                    void* stream) {
   if (n <= 0 || num_mirrors <= 0) return;
   TS_CHECK(num_mirrors <= 65535, "kv_block_copy: {} KV tensors (at most 65535)", num_mirrors);
-  TS_CHECK(n <= 0x7fffffff, "kv_block_copy: {} blocks in one round", n);
-  kv_block_copy_kernel<<<dim3(unsigned(n), unsigned(num_mirrors)), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      mirrors, pairs, to_host);
-  const cudaError_t e = cudaGetLastError();
-  TS_CHECK(e == cudaSuccess, "kv_block_copy: launch failed: {}", cudaGetErrorString(e));
+  PairList list;
+  for (int64_t at = 0; at < n; at += kPairsPerLaunch) {
+    const int k = int(std::min<int64_t>(kPairsPerLaunch, n - at));
+    std::memcpy(list.v, pairs + 2 * at, size_t(2 * k) * sizeof(int32_t));
+    kv_block_copy_kernel<<<dim3(unsigned(k), unsigned(num_mirrors)), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        mirrors, list, to_host);
+    const cudaError_t e = cudaGetLastError();
+    TS_CHECK(e == cudaSuccess, "kv_block_copy: launch failed: {}", cudaGetErrorString(e));
+  }
 }
 
 }  // namespace ts::ops::cuda

@@ -5,11 +5,11 @@
 // (K and V of every layer: M = 64 for Llama-3-8B). With copy-engine memcpys that is up to n x M
 // API calls on the engine thread -- a mixed step that commits 32 prompt blocks issued ~2,000 of
 // them, ~5-25 ms of host time during which the next step could not be launched (the device sat
-// idle for 10% of a concurrency-256 run). Here the host uploads nothing but the (device, host)
-// block pairs, into pinned memory the kernel reads through UVA, and launches once; the kernel
-// moves every tensor's bytes of every pair with 16-byte accesses, device memory on one side and
-// pinned host memory (UVA-mapped) on the other. SGLang's HiCache does the same by default
-// (its "kernel" I/O backend).
+// idle for 10% of a concurrency-256 run). Here the host passes the (device, host) block pairs as
+// the kernel's parameter (496 pairs a launch) and launches once per 496 blocks; the kernel moves
+// every tensor's bytes of every pair with 16-byte accesses, device memory on one side and pinned
+// host memory (UVA-mapped) on the other. SGLang's HiCache does the same by default (its "kernel"
+// I/O backend).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -23,9 +23,9 @@ struct KvCopyMirror {
 };
 
 // For every pair p < n and mirror m < num_mirrors: copies mirror m's block pairs[2p] (device)
-// to its host block pairs[2p+1] (to_host), or the other way. mirrors: a device array;
-// pairs: device-visible (device or pinned host memory), read when the kernel runs, so it must
-// stay unchanged until the stream passes this launch. Launched on `stream` (a cudaStream_t).
+// to its host block pairs[2p+1] (to_host), or the other way. mirrors: a device array; pairs:
+// host memory, copied into the launches' parameters (free to reuse on return). Launched on
+// `stream` (a cudaStream_t).
 void kv_block_copy(const KvCopyMirror* mirrors, int num_mirrors, const int32_t* pairs, int64_t n, bool to_host,
                    void* stream);
 
