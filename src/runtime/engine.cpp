@@ -33,6 +33,10 @@ namespace ts {
 
 static double secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+// A step's kind as EngineMetrics counts it: 0 decode only, 1 mixed (decodes + prefill chunks),
+// 2 prefill only.
+static size_t step_kind(const StepPlan& plan) { return plan.prefill_tokens <= 0 ? 0 : plan.decode_rows > 0 ? 1 : 2; }
+
 // Idle/busy accounting of the thread that drives the device: begin() at a step's start, end()
 // when its ids are on the host (fresh: the engine had no work since the previous step, so the
 // gap before this one is not idle time the scheduler caused and is not counted).
@@ -279,7 +283,7 @@ class EngineImpl {
   void observe_cost(const StepPlan& plan, const StepResult& res) {
     if (mixed_budget_ && plan.decode_rows > 0) mixed_budget_->observe(plan.decode_rows, plan.prefill_tokens, res.forward_s);
     if (plan.decode_rows <= 0 && plan.prefill_tokens <= 0) return;
-    const size_t kind = plan.prefill_tokens <= 0 ? 0 : plan.decode_rows > 0 ? 1 : 2;
+    const size_t kind = step_kind(plan);
     ++steps_by_kind_[kind];
     step_seconds_by_kind_[kind] += res.forward_s;
     step_decode_rows_ += plan.decode_rows;
@@ -1155,7 +1159,7 @@ void EngineImpl::observe_idle(const StepPlan& plan, const StepResult& res, bool 
   ++idle_counted_;
   metrics_.device_idle_seconds += res.idle_before_s;
   metrics_.device_idle_us_mean = idle_us_ewma_;
-  const size_t kind = plan.prefill_tokens <= 0 ? 0 : plan.decode_rows > 0 ? 1 : 2;
+  const size_t kind = step_kind(plan);
   metrics_.device_idle_seconds_by[kind][behind ? 0 : 1] += res.idle_before_s;
   metrics_.device_idle_gap_s.observe(res.idle_before_s);
 }
