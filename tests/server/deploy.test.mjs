@@ -70,17 +70,31 @@ before(async () => {
   // Small pools: the test is about routing, not capacity.
   reps = await Promise.all([0, 1].map(() => startServer(['--max-total-tokens', '4096', '--block-size', '16'])));
   dir = mkdtempSync(path.join(os.tmpdir(), 'ts-deploy-'));
-  const port = await freePort();
-  writeFileSync(path.join(dir, 'nginx.conf'), nginxConf({ port, replicas: reps.map((r) => `127.0.0.1:${r.port}`), dir }));
-  nginx = spawn(NGINX, ['-p', dir, '-c', path.join(dir, 'nginx.conf'), '-e', path.join(dir, 'error.log'), '-g', 'daemon off;'],
-    { stdio: ['ignore', 'pipe', 'pipe'] });
+  // nginx needs a port number up front; one picked free here can be taken before nginx binds it
+  // (ctest runs other servers in parallel, on ephemeral ports). So: retry with another port when
+  // nginx exits (bind failed), and count it up only when the answer comes from nginx itself (a
+  // replica of another test on that port would answer /health too).
   let log = '';
-  nginx.stderr.on('data', (d) => { log += d; });
-  url = `http://127.0.0.1:${port}`;
-  for (let i = 0; ; i++) {
-    try { if ((await fetch(`${url}/health`)).status === 200) break; } catch { /* not up yet */ }
-    if (i > 200) throw new Error(`nginx did not come up: ${log}`);
-    await sleep(50);
+  for (let attempt = 0; ; attempt++) {
+    const port = await freePort();
+    writeFileSync(path.join(dir, 'nginx.conf'), nginxConf({ port, replicas: reps.map((r) => `127.0.0.1:${r.port}`), dir }));
+    nginx = spawn(NGINX, ['-p', dir, '-c', path.join(dir, 'nginx.conf'), '-e', path.join(dir, 'error.log'), '-g', 'daemon off;'],
+      { stdio: ['ignore', 'pipe', 'pipe'] });
+    let exited = false;
+    nginx.on('exit', () => { exited = true; });
+    nginx.stderr.on('data', (d) => { log += d; });
+    url = `http://127.0.0.1:${port}`;
+    let up = false;
+    for (let i = 0; i <= 200 && !exited && !up; i++) {
+      try {
+        const r = await fetch(`${url}/health`);
+        up = r.status === 200 && r.headers.has('x-upstream');  // added by the nginx.conf above
+      } catch { /* not up yet */ }
+      if (!up) await sleep(50);
+    }
+    if (up) break;
+    nginx.kill('SIGKILL');
+    if (attempt >= 4) throw new Error(`nginx did not come up: ${log}`);
   }
 });
 
