@@ -92,8 +92,12 @@ Grammar parse_ebnf(std::string_view text);
 Grammar regex_grammar(std::string_view pattern);
 // Adds the pattern as an expression of `g`; `json_string` drops `"`, `\` and control characters
 // from every class (the pattern then describes a JSON string's raw content); `ignore_case` lets
-// ASCII letters match either case (Lark's /re/i).
-int add_regex(Grammar& g, std::string_view pattern, bool json_string = false, bool ignore_case = false);
+// ASCII letters match either case (Lark's /re/i). `not_in_open_classes` is removed from the classes
+// that name what they exclude rather than what they admit (`.`, `[^...]`, \D \W \S): a raw text
+// value that must not run into a closing tag drops '<' from those, while a `<` the pattern writes
+// out (a literal or `[<>]`) stays.
+int add_regex(Grammar& g, std::string_view pattern, bool json_string = false, bool ignore_case = false,
+              const Ranges& not_in_open_classes = {});
 
 // Exactly one of the choices.
 Grammar choice_grammar(const std::vector<std::string>& choices);

@@ -136,6 +136,33 @@ const char* const kIpv6 = "((" TS_H ":){7}" TS_H "|(" TS_H ":){1,7}:|(" TS_H ":)
                           "){1,2}|(" TS_H ":){1,4}(:" TS_H "){1,3}|(" TS_H ":){1,3}(:" TS_H "){1,4}|(" TS_H
                           ":){1,2}(:" TS_H "){1,5}|" TS_H ":(:" TS_H "){1,6}|:((:" TS_H "){1,7}|:)|(" TS_H
                           ":){6}" TS_V4 "|::([fF]{4}:)?" TS_V4 ")";
+
+}  // namespace
+
+const std::string* string_format_regex(std::string_view format) {
+  static const std::map<std::string, std::string, std::less<>> kFormats = {
+      {"date", kDateRe},
+      {"time", R"(([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?(Z|[+-]([01]\d|2[0-3]):[0-5]\d))"},
+      {"date-time",
+       std::string("(") + kDateRe + R"()T([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?(Z|[+-]([01]\d|2[0-3]):[0-5]\d))"},
+      {"uuid", R"([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})"},
+      {"email", R"([a-zA-Z0-9_.+-]+@[a-zA-Z0-9-]+(\.[a-zA-Z0-9-]+)+)"},
+      {"ipv4", R"(((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))"},
+      {"uri", R"([a-zA-Z][a-zA-Z0-9+.-]*:[^\s"\\]+)"},
+      // RFC 3339 appendix A: P and date parts, or a time part, or weeks; never a bare P / PT.
+      {"duration",
+       R"(P((\d+D|\d+M(\d+D)?|\d+Y(\d+M(\d+D)?)?)(T(\d+H(\d+M(\d+S)?)?|\d+M(\d+S)?|\d+S))?|T(\d+H(\d+M(\d+S)?)?|\d+M(\d+S)?|\d+S)|\d+W))"},
+      // RFC 1123 labels; at most 8 labels of at most 30 characters, so the 253-character limit
+      // always holds (a subset: longer valid names are not generated).
+      {"hostname", R"([a-zA-Z0-9]([a-zA-Z0-9-]{0,28}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,28}[a-zA-Z0-9])?){0,7})"},
+      // RFC 4291 text forms: eight groups, "::" compression, and a trailing IPv4 after six
+      // groups or "::" / "::ffff:".
+      {"ipv6", kIpv6}};
+  auto it = kFormats.find(format);
+  return it == kFormats.end() ? nullptr : &it->second;
+}
+
+namespace {
 #undef TS_H
 #undef TS_V4
 
@@ -877,38 +904,26 @@ class SchemaCompiler {
     if (s.contains("pattern")) {
       if (!s["pattern"].is_string()) err(path, "'pattern' must be a string");
       std::string p = s["pattern"].get<std::string>();
-      int re;
+      int re = -1;
       try {
         re = add_regex(g_, p, true);
       } catch (const InvalidRequest& e) {
-        err(path, fmt::format("bad 'pattern': {}", e.what()));
+        // Lenient (tool parameters): a valid ECMAScript pattern this grammar cannot express
+        // (lookaround, backreferences) is ignored like any unexpressible keyword.
+        if (!opt_.lenient || !ecma_regex_ok(p)) err(path, fmt::format("bad 'pattern': {}", e.what()));
+      }
+      if (re < 0) {
+        json rest = s;
+        rest.erase("pattern");
+        return string_schema(rest, path);
       }
       if (len_lo < 0 || (len_hi >= 0 && len_hi < len_lo)) err(path, "bad minLength/maxLength");
       if (len_lo > 10000 || len_hi > 10000) err(path, "minLength/maxLength above 10000 are not supported");
       return g_.seq({g_.lit("\""), pattern_with_lengths(re, len_lo, len_hi, path), g_.lit("\"")});
     }
     if (s.contains("format") && s["format"].is_string()) {
-      static const std::map<std::string, std::string> kFormats = {
-          {"date", kDateRe},
-          {"time", R"(([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?(Z|[+-]([01]\d|2[0-3]):[0-5]\d))"},
-          {"date-time",
-           std::string("(") + kDateRe + R"()T([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?(Z|[+-]([01]\d|2[0-3]):[0-5]\d))"},
-          {"uuid", R"([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})"},
-          {"email", R"([a-zA-Z0-9_.+-]+@[a-zA-Z0-9-]+(\.[a-zA-Z0-9-]+)+)"},
-          {"ipv4", R"(((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))"},
-          {"uri", R"([a-zA-Z][a-zA-Z0-9+.-]*:[^\s"\\]+)"},
-          // RFC 3339 appendix A: P and date parts, or a time part, or weeks; never a bare P / PT.
-          {"duration",
-           R"(P((\d+D|\d+M(\d+D)?|\d+Y(\d+M(\d+D)?)?)(T(\d+H(\d+M(\d+S)?)?|\d+M(\d+S)?|\d+S))?|T(\d+H(\d+M(\d+S)?)?|\d+M(\d+S)?|\d+S)|\d+W))"},
-          // RFC 1123 labels; at most 8 labels of at most 30 characters, so the 253-character limit
-          // always holds (a subset: longer valid names are not generated).
-          {"hostname", R"([a-zA-Z0-9]([a-zA-Z0-9-]{0,28}[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]{0,28}[a-zA-Z0-9])?){0,7})"},
-          // RFC 4291 text forms: eight groups, "::" compression, and a trailing IPv4 after six
-          // groups or "::" / "::ffff:".
-          {"ipv6", kIpv6}};
-      auto it = kFormats.find(s["format"].get<std::string>());
-      if (it != kFormats.end()) {
-        const int re = add_regex(g_, it->second, true);
+      if (const std::string* fre = string_format_regex(s["format"].get<std::string>())) {
+        const int re = add_regex(g_, *fre, true);
         if (len_lo == 0 && len_hi < 0) return g_.seq({g_.lit("\""), re, g_.lit("\"")});
         // minLength / maxLength beside a format bound the format's own strings (as beside a pattern).
         if (len_lo < 0 || (len_hi >= 0 && len_hi < len_lo)) err(path, "bad minLength/maxLength");
@@ -1038,6 +1053,15 @@ class SchemaCompiler {
     }
     int body = g_.seq({first, ws()});
     return g_.seq({g_.lit("["), ws(), lo > 0 ? body : g_.opt(body), g_.lit("]")});
+  }
+
+  static bool ecma_regex_ok(const std::string& p) {
+    try {
+      std::regex r(p, std::regex::ECMAScript);
+      return true;
+    } catch (const std::regex_error&) {
+      return false;
+    }
   }
 
   // ---- keys: patternProperties / propertyNames ------------------------------------------------

@@ -18,6 +18,7 @@
 // parameters), ignored so that the grammar admits a superset of the schema.
 #pragma once
 #include <nlohmann/json_fwd.hpp>
+#include <string>
 #include <string_view>
 
 #include "grammar/ir.h"
@@ -50,6 +51,10 @@ Grammar json_schema_grammar(const nlohmann::ordered_json& schema, const JsonSche
 Grammar json_schema_grammar(const nlohmann::json& schema, const JsonSchemaOptions& opt = {});
 // Parses the schema text first (a syntax error is an InvalidRequest too).
 Grammar json_schema_grammar(std::string_view schema_json, const JsonSchemaOptions& opt = {});
+// The regex (add_regex's subset, whole-string) of a string `format` this grammar enforces (date,
+// time, date-time, duration, uuid, email, hostname, ipv4, ipv6, uri); nullptr for any other
+// (an annotation). Shared with the tool grammars' raw text values.
+const std::string* string_format_regex(std::string_view format);
 // Any JSON object (response_format: json_object) / any JSON value.
 Grammar json_object_grammar(const JsonSchemaOptions& opt = {});
 Grammar json_value_grammar(const JsonSchemaOptions& opt = {});

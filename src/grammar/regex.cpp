@@ -19,8 +19,8 @@ const Ranges kSpace = {{'\t', '\r'}, {' ', ' '}};
 
 class RegexParser {
  public:
-  RegexParser(Grammar& g, std::string_view p, bool json, bool icase = false)
-      : g_(g), p_(p), json_(json), icase_(icase) {}
+  RegexParser(Grammar& g, std::string_view p, bool json, bool icase, Ranges not_open)
+      : g_(g), p_(p), json_(json), icase_(icase), not_open_(normalize(std::move(not_open))) {}
 
   int parse() {
     int e = parse_alt();
@@ -65,9 +65,9 @@ class RegexParser {
       case 'd': r = kDigit; return true;
       case 'w': r = kWord; return true;
       case 's': r = kSpace; return true;
-      case 'D': r = complement(kDigit); return true;
-      case 'W': r = complement(kWord); return true;
-      case 'S': r = complement(kSpace); return true;
+      case 'D': r = complement(kDigit), open_escape_ = true; return true;
+      case 'W': r = complement(kWord), open_escape_ = true; return true;
+      case 'S': r = complement(kSpace), open_escape_ = true; return true;
       case 'n': cp = '\n'; return false;
       case 't': cp = '\t'; return false;
       case 'r': cp = '\r'; return false;
@@ -119,9 +119,14 @@ class RegexParser {
     return normalize(std::move(out));
   }
 
-  int make_chars(Ranges r, bool negated) {
+  // `open`: the class is defined by what it excludes (`.`, [^...], \D \W \S): not_open_ is dropped.
+  int make_chars(Ranges r, bool negated, bool open = false) {
     if (icase_) r = fold_case(std::move(r));
     Ranges n = negated ? complement(r) : normalize(std::move(r));
+    if ((negated || open) && !not_open_.empty()) {
+      n = subtract(n, not_open_);
+      if (n.empty()) err("class matches no character allowed here");
+    }
     if (json_) {
       Ranges bad = {{0, 0x1F}, {'"', '"'}, {'\\', '\\'}};
       Ranges keep;
@@ -151,6 +156,7 @@ class RegexParser {
   int parse_class() {  // after '['
     bool neg = false;
     if (peek() == '^') neg = true, ++i_;
+    open_escape_ = false;
     Ranges r;
     bool first = true;
     while (true) {
@@ -184,7 +190,7 @@ class RegexParser {
       r.push_back({lo, hi});
     }
     ++i_;  // ']'
-    return make_chars(std::move(r), neg);
+    return make_chars(std::move(r), neg, open_escape_);
   }
 
   int parse_atom() {
@@ -223,7 +229,8 @@ class RegexParser {
       ++i_;
       uint32_t cp;
       Ranges r;
-      if (escape(cp, r)) return make_chars(std::move(r), false);
+      open_escape_ = false;
+      if (escape(cp, r)) return make_chars(std::move(r), false, open_escape_);
       return make_char(cp);
     }
     if (c == '^' || c == '$') {  // anchors are implicit: the grammar matches the whole output
@@ -299,13 +306,23 @@ class RegexParser {
   std::string_view p_;
   bool json_;
   bool icase_;
+  Ranges not_open_;
+  bool open_escape_ = false;  // the class being parsed holds a negated escape (\D \W \S)
   size_t i_ = 0;
+  // r without s (both normalized).
+  static Ranges subtract(const Ranges& r, const Ranges& s) {
+    Ranges keep;
+    for (auto [lo, hi] : complement(s))
+      for (auto [a, b] : r)
+        if (std::max(lo, a) <= std::min(hi, b)) keep.push_back({std::max(lo, a), std::min(hi, b)});
+    return normalize(std::move(keep));
+  }
 };
 
 }  // namespace
 
-int add_regex(Grammar& g, std::string_view pattern, bool json_string, bool ignore_case) {
-  return RegexParser(g, pattern, json_string, ignore_case).parse();
+int add_regex(Grammar& g, std::string_view pattern, bool json_string, bool ignore_case, const Ranges& not_in_open_classes) {
+  return RegexParser(g, pattern, json_string, ignore_case, not_in_open_classes).parse();
 }
 
 Grammar regex_grammar(std::string_view pattern) {

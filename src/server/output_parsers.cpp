@@ -896,9 +896,9 @@ class BlockCallGrammar {
   }
 
   // A parameter's value text, by how typed_param_value types it (tool_parsers.h ParamTyping):
-  //   text: the text is the string: an enum's / const's strings exactly; with minLength /
-  //         maxLength that many characters, none of them '<'; else any text without the format's
-  //         closing tags (pattern and format are not enforced);
+  //   text: the text is the string: an enum's / const's strings exactly; else a pattern's (or a
+  //         known format's) whole matches; with minLength / maxLength that many characters, none
+  //         of them '<'; else any text without the format's closing tags;
   //   json: the JSON grammar of the property's schema (with the root's $defs for its $refs);
   //   any:  the JSON grammar when the schema constrains the value, else any text.
   // (A JSON value's strings may still hold a closing tag verbatim; the parser would cut there.)
@@ -917,6 +917,22 @@ class BlockCallGrammar {
         for (const Json& v : *e) add(v);
       if (auto c = s.find("const"); c != s.end()) add(*c);
       if (!lits.empty()) return g_.alt(lits);
+      // pattern (else a known format): the raw text matches it as a whole (JSON Schema's pattern
+      // searches; the JSON grammar generates whole matches too), with '<' out of the pattern's
+      // open classes (`.`, [^...], \S) so a value cannot run into the closing tag. The lengths
+      // beside it are not enforced here (the pattern's own bounds usually carry them). A
+      // pattern this grammar cannot express (lookaround, backreferences) falls through to the
+      // text rules below, as an unexpressible keyword in a lenient tool schema does.
+      const std::string* re = nullptr;
+      std::string pattern;
+      if (auto p = s.find("pattern"); p != s.end() && p->is_string()) re = &(pattern = p->get<std::string>());
+      else if (auto f = s.find("format"); f != s.end() && f->is_string()) re = grammar::string_format_regex(f->get<std::string>());
+      if (re) {
+        try {
+          return g_.ref(pattern_rule(*re));
+        } catch (const InvalidRequest&) {
+        }
+      }
       // minLength / maxLength bound the text (in characters, as JSON Schema counts them): text
       // without '<' then, which cannot hold a closing tag. Unbounded text is where a small model
       // writes until max_tokens.
@@ -945,6 +961,16 @@ class BlockCallGrammar {
     }
   }
 
+  // A rule holding the pattern (built into a scratch grammar first: a pattern that fails half
+  // way leaves nothing behind in g_).
+  int pattern_rule(const std::string& re) {
+    grammar::Grammar pg;
+    int root = pg.rule("root");
+    pg.define(root, grammar::add_regex(pg, re, false, false, {{'<', '<'}}));
+    pg.set_root(root);
+    return grammar::embed_grammar(g_, pg, fmt::format("re{}-", patterns_++));
+  }
+
   static constexpr int64_t kMaxBoundedText = 1 << 16;  // longer bounds: the unbounded text rule
   grammar::Grammar& g_;
   K kind_;
@@ -952,6 +978,7 @@ class BlockCallGrammar {
   const MarkerText& mt_;
   Syntax syn_;
   int free_text_ = -1;  // the rule, built once
+  int patterns_ = 0;     // pattern rules embedded so far (their rule-name prefixes)
 };
 
 // The calls (call_rule: one call of any offered tool) after the block's open marker, to its end:

@@ -34,6 +34,28 @@ TEST(Regex, BoundedRepeatsAndNesting) {
   EXPECT_FALSE(matches(g, "abcceee"));
 }
 
+// not_in_open_classes: dropped from the classes that say what they exclude (., [^..], \S), kept
+// where the pattern writes the character out.
+TEST(Regex, CharactersOutOfOpenClasses) {
+  auto re = [](std::string_view p) {
+    Grammar g;
+    int root = g.rule("root");
+    g.define(root, add_regex(g, p, false, false, {{'<', '<'}}));
+    g.set_root(root);
+    return test::compile(g);
+  };
+  auto dot = re("a.+z");
+  EXPECT_TRUE(matches(dot, "a>bz"));
+  EXPECT_FALSE(matches(dot, "a<bz"));
+  EXPECT_FALSE(matches(re("[^,]+"), "x<y"));
+  EXPECT_TRUE(matches(re("[^,]+"), "x>y"));
+  EXPECT_FALSE(matches(re("\\S+"), "a<b"));
+  EXPECT_FALSE(matches(re("[\\Sx]+"), "a<b"));
+  EXPECT_TRUE(matches(re("<[a-z]+>"), "<tag>"));  // written out: kept
+  EXPECT_TRUE(matches(re("[<>]"), "<"));
+  EXPECT_TRUE(matches(regex_grammar("a.+z"), "a<bz"));  // the default: no character is dropped
+}
+
 TEST(Regex, ErrorsNameTheProblem) {
   auto msg = [](const char* p) {
     try {

@@ -646,6 +646,15 @@ TEST(JsonSchema, PatternWithLengths) {
   EXPECT_TRUE(matches(lenient, R"("abcabc")"));
   EXPECT_THROW(json_schema_grammar(json::parse(R"({"type":"string","pattern":"^[a-z]{5,}$","maxLength":3})")),
                InvalidRequest);
+  // A valid ECMAScript pattern the grammar cannot express (lookahead): refused strictly; leniently
+  // the pattern is ignored and the other string keywords still hold. A broken pattern: refused both ways.
+  const char* look = R"({"type":"string","pattern":"^(?!x)[a-z]*$","maxLength":3})";
+  EXPECT_THROW(json_schema_grammar(std::string_view(look)), InvalidRequest);
+  auto ignored = test::compile(json_schema_grammar(std::string_view(look), JsonSchemaOptions{.lenient = true}));
+  EXPECT_TRUE(matches(ignored, R"("x1")"));
+  EXPECT_FALSE(matches(ignored, R"("abcd")"));
+  EXPECT_THROW(json_schema_grammar(std::string_view(R"({"type":"string","pattern":"(ab"})"), JsonSchemaOptions{.lenient = true}),
+               InvalidRequest);
 }
 
 // uniqueItems over a finite set of scalars (pydantic's set[Literal[...]] / set[Enum]) is held:

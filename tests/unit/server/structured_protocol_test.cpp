@@ -415,6 +415,44 @@ TEST(ToolChoiceGrammar, TextFormatsFollowTheParameterTypes) {
   EXPECT_FALSE(accepts(*g, "<tool_call>run\n<arg_key></arg_key>\n<arg_value>x</arg_value>\n</tool_call>"));  // empty key
 }
 
+// A string parameter's pattern / format hold for the text formats' raw values too; the pattern's
+// open classes never admit the '<' of a closing tag; a pattern the grammar cannot express leaves
+// the value free (the lenient tool schema rule).
+TEST(ToolChoiceGrammar, TextFormatsEnforcePatternAndFormat) {
+  Json tools = Json::parse(R"([{"type": "function", "function": {"name": "book", "parameters": {"type": "object",
+      "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-\\d{2}$"}, "day": {"type": "string", "format": "date"},
+                     "note": {"type": "string", "pattern": "^.+$"}, "look": {"type": "string", "pattern": "^(?=a).*$"},
+                     "mail": {"type": "string", "format": "email", "pattern": "^[a-z]+@x\\.org$"}},
+      "required": ["code"], "additionalProperties": false}}}])");
+  for (auto kind : {ToolCallParser::Kind::qwen3_coder, ToolCallParser::Kind::minimax_m2}) {
+    const bool q = kind == ToolCallParser::Kind::qwen3_coder;
+    auto g = tool_call_structured(tools, "", false, kind);
+    auto call = [&](const std::string& params) {
+      return q ? "<tool_call>\n<function=book>\n" + params + "</function>\n</tool_call>"
+               : "<minimax:tool_call>\n<invoke name=\"book\">\n" + params + "</invoke>\n</minimax:tool_call>";
+    };
+    auto param = [&](const std::string& k, const std::string& v) {
+      return q ? "<parameter=" + k + ">\n" + v + "\n</parameter>\n" : "<parameter name=\"" + k + "\">" + v + "</parameter>\n";
+    };
+    SCOPED_TRACE(q ? "qwen3_coder" : "minimax_m2");
+    EXPECT_TRUE(accepts(*g, call(param("code", "ABC-12"))));
+    EXPECT_FALSE(accepts(*g, call(param("code", "ABC-123"))));
+    EXPECT_FALSE(accepts(*g, call(param("code", "abc-12"))));
+    EXPECT_TRUE(accepts(*g, call(param("code", "XYZ-00") + param("day", "2026-02-28"))));
+    EXPECT_FALSE(accepts(*g, call(param("code", "XYZ-00") + param("day", "2026-02-30"))));
+    EXPECT_FALSE(accepts(*g, call(param("code", "XYZ-00") + param("day", "tomorrow"))));
+    EXPECT_TRUE(accepts(*g, call(param("code", "XYZ-00") + param("note", "any text, even > this"))));
+    EXPECT_FALSE(accepts(*g, call(param("code", "XYZ-00") + param("note", "a</parameter>b"))));
+    EXPECT_FALSE(accepts(*g, call(param("code", "XYZ-00") + param("note", "a<b"))));
+    EXPECT_TRUE(accepts(*g, call(param("code", "XYZ-00") + param("look", "b, not a"))));  // lookahead: free text
+    EXPECT_TRUE(accepts(*g, call(param("code", "XYZ-00") + param("mail", "me@x.org"))));  // the pattern wins
+    EXPECT_FALSE(accepts(*g, call(param("code", "XYZ-00") + param("mail", "me@y.org"))));
+    auto calls = parse_calls(kind, call(param("code", "ABC-12") + param("day", "2026-12-07")), tools);
+    ASSERT_EQ(calls.size(), 1u);
+    EXPECT_EQ(calls[0].second, Json::parse(R"({"code": "ABC-12", "day": "2026-12-07"})"));
+  }
+}
+
 // A marker the tokenizer has as a special token: the forced grammar takes that one id where the
 // marker goes (the model writes it so), and nowhere else -- not inside an argument's string.
 TEST(ToolChoiceGrammar, SpecialTokenMarkers) {
