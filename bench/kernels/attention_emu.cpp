@@ -1,5 +1,6 @@
 // Host emulation harness for the v2 attention kernels (src/ops/cuda/attention_v2.cuh): runs the
-// kernel source on the CPU, one std::thread per CUDA thread, with warp-collective emulations of
+// kernel source on the CPU, one fiber (a ucontext of its own stack) per CUDA thread, switched
+// cooperatively at barriers on one OS thread, with warp-collective emulations of
 // shfl / ldmatrix / mma.sync m16n8k16 and a deferred cp.async queue (copies land at
 // cp.async.wait_group, so reading a stage before its wait sees stale bytes), then compares with
 // an fp64 reference. For logic checks without a GPU (indices, masks, pipeline, split merge);
@@ -14,7 +15,6 @@
 #include "core/fp8.h"
 
 #include <algorithm>
-#include <barrier>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -24,7 +24,7 @@
 #include <functional>
 #include <memory>
 #include <random>
-#include <thread>
+#include <ucontext.h>
 #include <vector>
 
 // ---- CUDA built-ins -------------------------------------------------------------------------
@@ -42,21 +42,62 @@
 struct Idx3 {
   unsigned x = 0, y = 0, z = 0;
 };
-thread_local Idx3 threadIdx, blockIdx;
+// The running fiber's indices (set by the scheduler at each switch: every fiber runs on the one
+// OS thread, so a plain global is "thread-local" to the fiber that is running).
+Idx3 threadIdx, blockIdx;
 Idx3 gridDim, blockDim;
 using std::max;
 using std::min;
 
 constexpr int kMaxThreads = 256;
 alignas(16) unsigned char g_smem[240 * 1024];
-std::unique_ptr<std::barrier<>> g_block_bar;
-std::unique_ptr<std::barrier<>> g_warp_bar[kMaxThreads / 32];
 uint64_t g_xchg[kMaxThreads / 32][32][8];
 
-inline void __syncthreads() { g_block_bar->arrive_and_wait(); }
+// ---- fibers ---------------------------------------------------------------------------------
+// One block's CUDA threads as fibers, run round-robin by run_grid on the calling thread. A fiber
+// runs until it waits at a barrier (or ends), then yields to the scheduler. With OS threads (the
+// first version) every warp collective was a futex round trip of 32 threads: the ctest cases took
+// 1,000+ CPU-seconds on the 2-core CI machine.
+struct CpOp {
+  void* dst;
+  const void* src;
+};
+struct Fiber {
+  ucontext_t ctx;
+  Idx3 tid;
+  bool done = false;
+  std::vector<std::vector<CpOp>> groups;  // committed cp.async groups, oldest first
+  std::vector<CpOp> pending;              // not yet committed
+};
+ucontext_t g_sched;     // the scheduler's context (run_grid)
+Fiber* g_cur = nullptr;  // the running fiber
+inline void fiber_yield() { swapcontext(&g_cur->ctx, &g_sched); }
+
+// A barrier of `expected` fibers; the last to arrive releases the others (by a new generation).
+struct Barrier {
+  int expected = 0, count = 0;
+  uint64_t gen = 0;
+  void reset(int n) { expected = n, count = 0; }
+  void arrive_and_wait() {
+    const uint64_t g = gen;
+    if (++count == expected) {
+      count = 0, ++gen;
+      return;
+    }
+    while (gen == g) fiber_yield();
+  }
+  void arrive_and_drop() {  // a fiber that ends: later phases wait for one fewer
+    --expected;
+    if (count > 0 && count == expected) count = 0, ++gen;
+  }
+};
+Barrier g_block_bar;
+Barrier g_warp_bar[kMaxThreads / 32];
+
+inline void __syncthreads() { g_block_bar.arrive_and_wait(); }
 inline int lane_id() { return int(threadIdx.x) & 31; }
 inline int warp_id() { return int(threadIdx.x) >> 5; }
-inline void warp_sync() { g_warp_bar[warp_id()]->arrive_and_wait(); }
+inline void warp_sync() { g_warp_bar[warp_id()].arrive_and_wait(); }
 
 inline float __shfl_xor_sync(unsigned, float v, int o) {
   uint64_t* me = g_xchg[warp_id()][lane_id()];
@@ -78,13 +119,7 @@ inline float warp_max(float v) {
 }
 }  // namespace ts::cuda
 
-// ---- deferred cp.async ---------------------------------------------------------------------
-struct CpOp {
-  void* dst;
-  const void* src;
-};
-thread_local std::vector<std::vector<CpOp>> t_groups;  // committed groups, oldest first
-thread_local std::vector<CpOp> t_pending;              // not yet committed
+// ---- deferred cp.async: per fiber (Fiber::groups / pending), landing at cp_async_wait ----------
 
 namespace ts::ops::cuda {
 namespace {
@@ -204,7 +239,7 @@ inline void mma_impl(float* c, const uint32_t* a, uint32_t b0, uint32_t b1, bool
 inline void mma_bf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) { mma_impl(c, a, b0, b1, false); }
 inline void mma_f16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) { mma_impl(c, a, b0, b1, true); }
 
-inline void cp_async16(void* smem, const void* gmem) { t_pending.push_back({smem, gmem}); }
+inline void cp_async16(void* smem, const void* gmem) { g_cur->pending.push_back({smem, gmem}); }
 
 }  // namespace
 }  // namespace ts::ops::cuda
@@ -256,14 +291,15 @@ inline void ldsm_impl(uint32_t* r, uint32_t a, bool trans) {
 inline void ldsm_x4(uint32_t* r, uint32_t a) { ldsm_impl(r, a, false); }
 inline void ldsm_x4_t(uint32_t* r, uint32_t a) { ldsm_impl(r, a, true); }
 inline void cp_async_commit() {
-  t_groups.push_back(std::move(t_pending));
-  t_pending.clear();
+  g_cur->groups.push_back(std::move(g_cur->pending));
+  g_cur->pending.clear();
 }
 template <int N>
 inline void cp_async_wait() {
-  while (int(t_groups.size()) > N) {
-    for (const CpOp& op : t_groups.front()) std::memcpy(op.dst, op.src, 16);
-    t_groups.erase(t_groups.begin());
+  auto& groups = g_cur->groups;
+  while (int(groups.size()) > N) {
+    for (const CpOp& op : groups.front()) std::memcpy(op.dst, op.src, 16);
+    groups.erase(groups.begin());
   }
 }
 inline float fast_exp2(float x) { return std::exp2(x); }
@@ -284,29 +320,56 @@ namespace {
 
 using namespace ts::ops::cuda;
 
-// Runs one grid: every block's threads as std::threads, blocks one after another.
+// Runs one grid: every block's threads as fibers, blocks one after another.
+constexpr size_t kFiberStack = 256 * 1024;
+const std::function<void()>* g_body = nullptr;
+void fiber_main() {
+  (*g_body)();
+  if (!g_cur->pending.empty() || !g_cur->groups.empty()) cp_async_wait<0>();
+  g_warp_bar[int(threadIdx.x) / 32].arrive_and_drop();
+  g_block_bar.arrive_and_drop();
+  g_cur->done = true;
+}  // returns to uc_link: the scheduler
+
 static void run_grid(Idx3 grid, int threads, const std::function<void()>& body) {
+  static std::vector<std::unique_ptr<char[]>> stacks;
+  static Fiber fibers[kMaxThreads];
+  if (threads > kMaxThreads || threads % 32) std::abort();
+  while (int(stacks.size()) < threads) stacks.emplace_back(new char[kFiberStack]);
   gridDim = grid;
   blockDim = {unsigned(threads), 1, 1};
+  g_body = &body;
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
         std::memset(g_smem, 0xcd, sizeof(g_smem));  // stale garbage (finite-ish bytes)
-        g_block_bar = std::make_unique<std::barrier<>>(threads);
-        for (int w = 0; w < threads / 32; ++w) g_warp_bar[w] = std::make_unique<std::barrier<>>(32);
-        std::vector<std::thread> ts;
-        for (int t = 0; t < threads; ++t)
-          ts.emplace_back([&, t, x, y, z] {
-            threadIdx = {unsigned(t), 0, 0};
-            blockIdx = {x, y, z};
-            t_groups.clear();
-            t_pending.clear();
-            body();
-            if (!t_pending.empty() || !t_groups.empty()) cp_async_wait<0>();
-            g_warp_bar[t / 32]->arrive_and_drop();
-            g_block_bar->arrive_and_drop();
-          });
-        for (auto& th : ts) th.join();
+        g_block_bar.reset(threads);
+        for (int w = 0; w < threads / 32; ++w) g_warp_bar[w].reset(32);
+        blockIdx = {x, y, z};
+        for (int t = 0; t < threads; ++t) {
+          Fiber& f = fibers[t];
+          f.tid = {unsigned(t), 0, 0};
+          f.done = false;
+          f.groups.clear();
+          f.pending.clear();
+          getcontext(&f.ctx);
+          f.ctx.uc_stack.ss_sp = stacks[size_t(t)].get();
+          f.ctx.uc_stack.ss_size = kFiberStack;
+          f.ctx.uc_link = &g_sched;
+          makecontext(&f.ctx, fiber_main, 0);
+        }
+        for (int alive = threads; alive > 0;) {
+          alive = 0;
+          for (int t = 0; t < threads; ++t) {
+            Fiber& f = fibers[t];
+            if (f.done) continue;
+            g_cur = &f;
+            threadIdx = f.tid;
+            swapcontext(&g_sched, &f.ctx);
+            alive += !f.done;
+          }
+        }
+        g_cur = nullptr;
       }
 }
 
@@ -797,8 +860,7 @@ int main(int argc, char** argv) {
   // Uniform (deterministic) mode first: G 1 / 4 / 12 (a row's heads over several blocks), block
   // sizes 16 / 64 / 24, FP8 caches.
   // Splits of 1 and 2 tiles (64 / 128 tokens) so every case spans several.
-  // `attention_emu uniform K` runs case K alone: ctest runs the four as separate tests (each
-  // ~2 min on one core; together they were past ctest's 600 s limit on a loaded 2-core machine).
+  // `attention_emu uniform K` runs case K alone: ctest runs the four as separate tests.
   const int only = uniform_only && argc > 2 ? std::atoi(argv[2]) : -1;
   const struct {
     int L, nkv, G, hd, bs;
