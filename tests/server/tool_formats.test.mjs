@@ -22,9 +22,10 @@ const weather = {
     name: 'get_weather',
     parameters: {
       type: 'object',
+      // country: a pattern, which the XML-style formats' raw text values must follow too.
       properties: { city: { type: 'string', maxLength: 10 }, days: { type: 'integer', minimum: 1, maximum: 9 },
-        unit: { enum: ['c', 'f'] } },
-      required: ['city', 'days', 'unit'], additionalProperties: false,
+        unit: { enum: ['c', 'f'] }, country: { type: 'string', pattern: '^[A-Z]{2}$' } },
+      required: ['city', 'days', 'unit', 'country'], additionalProperties: false,
     },
   },
 };
