@@ -24,7 +24,9 @@
 #include <functional>
 #include <memory>
 #include <random>
+#include <sys/mman.h>
 #include <ucontext.h>
+#include <unistd.h>
 #include <vector>
 
 // ---- CUDA built-ins -------------------------------------------------------------------------
@@ -331,11 +333,20 @@ void fiber_main() {
   g_cur->done = true;
 }  // returns to uc_link: the scheduler
 
+// A fiber's stack with a guard page below it (stacks grow down): an overflow faults instead of
+// writing over the next fiber's frames.
+static char* new_fiber_stack() {
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  void* m = mmap(nullptr, kFiberStack + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED || mprotect(m, page, PROT_NONE) != 0) std::abort();
+  return static_cast<char*>(m) + page;
+}
+
 static void run_grid(Idx3 grid, int threads, const std::function<void()>& body) {
-  static std::vector<std::unique_ptr<char[]>> stacks;
+  static std::vector<char*> stacks;
   static Fiber fibers[kMaxThreads];
   if (threads > kMaxThreads || threads % 32) std::abort();
-  while (int(stacks.size()) < threads) stacks.emplace_back(new char[kFiberStack]);
+  while (int(stacks.size()) < threads) stacks.push_back(new_fiber_stack());
   gridDim = grid;
   blockDim = {unsigned(threads), 1, 1};
   g_body = &body;
@@ -353,7 +364,7 @@ static void run_grid(Idx3 grid, int threads, const std::function<void()>& body) 
           f.groups.clear();
           f.pending.clear();
           getcontext(&f.ctx);
-          f.ctx.uc_stack.ss_sp = stacks[size_t(t)].get();
+          f.ctx.uc_stack.ss_sp = stacks[size_t(t)];
           f.ctx.uc_stack.ss_size = kFiberStack;
           f.ctx.uc_link = &g_sched;
           makecontext(&f.ctx, fiber_main, 0);
