@@ -187,6 +187,18 @@ class SchemaCompiler {
     return std::move(g_);
   }
 
+  // A string's raw text (no quotes, no escapes): `re` with the lengths as string_schema holds
+  // them beside a pattern (lenient: lengths it cannot hold exactly are dropped).
+  Grammar raw_string(std::string_view re, int64_t lo, int64_t hi, const Ranges& not_open) {
+    int r = g_.rule("root");
+    const int e = add_regex(g_, re, false, false, not_open);
+    if (lo < 0 || (hi >= 0 && hi < lo)) err("#", "bad minLength/maxLength");
+    g_.define(r, pattern_with_lengths(e, lo, std::min<int64_t>(hi, 10000), "#"));
+    g_.set_root(r);
+    g_.validate();
+    return std::move(g_);
+  }
+
   Grammar any(bool object_only) {
     int r = g_.rule("root");
     g_.define(r, object_only ? g_.ref(any_object()) : g_.ref(any_value()));
@@ -1462,6 +1474,13 @@ Grammar json_schema_grammar(const nlohmann::ordered_json& schema, const JsonSche
 
 Grammar json_schema_grammar(const nlohmann::json& schema, const JsonSchemaOptions& opt) {
   return SchemaCompiler(json(schema), opt).run();
+}
+
+Grammar raw_string_grammar(std::string_view pattern, int64_t min_length, int64_t max_length, const Ranges& not_in_open_classes) {
+  static const json kNone = json::object();
+  JsonSchemaOptions opt;
+  opt.lenient = true;
+  return SchemaCompiler(kNone, opt).raw_string(pattern, min_length, max_length, not_in_open_classes);
 }
 
 Grammar json_schema_grammar(std::string_view text, const JsonSchemaOptions& opt) {

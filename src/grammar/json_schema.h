@@ -55,6 +55,13 @@ Grammar json_schema_grammar(std::string_view schema_json, const JsonSchemaOption
 // time, date-time, duration, uuid, email, hostname, ipv4, ipv6, uri); nullptr for any other
 // (an annotation). Shared with the tool grammars' raw text values.
 const std::string* string_format_regex(std::string_view format);
+// A string's raw text (not a JSON string: no quotes, no escapes) matching `pattern` as a whole,
+// with minLength / maxLength (-1: none) held as beside a JSON string's pattern where exact and
+// dropped where not (lenient); `not_in_open_classes` as in add_regex. For text-valued tool
+// parameters (the XML-style tool-call formats). Throws InvalidRequest for a pattern the regex
+// subset cannot express.
+Grammar raw_string_grammar(std::string_view pattern, int64_t min_length, int64_t max_length,
+                           const Ranges& not_in_open_classes = {});
 // Any JSON object (response_format: json_object) / any JSON value.
 Grammar json_object_grammar(const JsonSchemaOptions& opt = {});
 Grammar json_value_grammar(const JsonSchemaOptions& opt = {});

@@ -897,8 +897,9 @@ class BlockCallGrammar {
 
   // A parameter's value text, by how typed_param_value types it (tool_parsers.h ParamTyping):
   //   text: the text is the string: an enum's / const's strings exactly; else a pattern's (or a
-  //         known format's) whole matches; with minLength / maxLength that many characters, none
-  //         of them '<'; else any text without the format's closing tags;
+  //         known format's) whole matches, within minLength / maxLength where exact; with only
+  //         minLength / maxLength that many characters, none of them '<'; else any text without
+  //         the format's closing tags;
   //   json: the JSON grammar of the property's schema (with the root's $defs for its $refs);
   //   any:  the JSON grammar when the schema constrains the value, else any text.
   // (A JSON value's strings may still hold a closing tag verbatim; the parser would cut there.)
@@ -917,30 +918,30 @@ class BlockCallGrammar {
         for (const Json& v : *e) add(v);
       if (auto c = s.find("const"); c != s.end()) add(*c);
       if (!lits.empty()) return g_.alt(lits);
+      auto bound = [&](const char* k) -> int64_t {
+        auto it = s.find(k);
+        return it != s.end() && it->is_number_integer() && it->get<int64_t>() >= 0 ? it->get<int64_t>() : -1;
+      };
+      const int64_t lo = bound("minLength"), hi = bound("maxLength");
       // pattern (else a known format): the raw text matches it as a whole (JSON Schema's pattern
       // searches; the JSON grammar generates whole matches too), with '<' out of the pattern's
-      // open classes (`.`, [^...], \S) so a value cannot run into the closing tag. The lengths
-      // beside it are not enforced here (the pattern's own bounds usually carry them). A
-      // pattern this grammar cannot express (lookaround, backreferences) falls through to the
-      // text rules below, as an unexpressible keyword in a lenient tool schema does.
+      // open classes (`.`, [^...], \S) so a value cannot run into the closing tag, and the
+      // lengths beside it where they can be held exactly (as for a JSON string). A pattern this
+      // grammar cannot express (lookaround, backreferences) falls through to the text rules
+      // below, as an unexpressible keyword in a lenient tool schema does.
       const std::string* re = nullptr;
       std::string pattern;
       if (auto p = s.find("pattern"); p != s.end() && p->is_string()) re = &(pattern = p->get<std::string>());
       else if (auto f = s.find("format"); f != s.end() && f->is_string()) re = grammar::string_format_regex(f->get<std::string>());
       if (re) {
         try {
-          return g_.ref(pattern_rule(*re));
+          return g_.ref(pattern_rule(*re, std::max<int64_t>(lo, 0), hi));
         } catch (const InvalidRequest&) {
         }
       }
       // minLength / maxLength bound the text (in characters, as JSON Schema counts them): text
       // without '<' then, which cannot hold a closing tag. Unbounded text is where a small model
       // writes until max_tokens.
-      auto bound = [&](const char* k) -> int64_t {
-        auto it = s.find(k);
-        return it != s.end() && it->is_number_integer() && it->get<int64_t>() >= 0 ? it->get<int64_t>() : -1;
-      };
-      const int64_t lo = bound("minLength"), hi = bound("maxLength");
       if (hi < 0 && lo < 0) return free_text();
       if (hi > kMaxBoundedText || lo > kMaxBoundedText) return free_text();
       int ch = g_.chars({{'<', '<'}}, true);
@@ -961,13 +962,10 @@ class BlockCallGrammar {
     }
   }
 
-  // A rule holding the pattern (built into a scratch grammar first: a pattern that fails half
-  // way leaves nothing behind in g_).
-  int pattern_rule(const std::string& re) {
-    grammar::Grammar pg;
-    int root = pg.rule("root");
-    pg.define(root, grammar::add_regex(pg, re, false, false, {{'<', '<'}}));
-    pg.set_root(root);
+  // A rule holding the pattern with the lengths (built as a grammar of its own first: a pattern
+  // that fails half way leaves nothing behind in g_).
+  int pattern_rule(const std::string& re, int64_t lo, int64_t hi) {
+    grammar::Grammar pg = grammar::raw_string_grammar(re, lo, hi, {{'<', '<'}});
     return grammar::embed_grammar(g_, pg, fmt::format("re{}-", patterns_++));
   }
 

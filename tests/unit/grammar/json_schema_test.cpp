@@ -657,6 +657,22 @@ TEST(JsonSchema, PatternWithLengths) {
                InvalidRequest);
 }
 
+// A raw string (a text-valued tool parameter): the pattern as a whole, no quotes or escapes, the
+// lengths beside it where they hold exactly, and '<' out of the open classes when asked.
+TEST(JsonSchema, RawStringGrammar) {
+  auto sku = test::compile(raw_string_grammar("^[A-Z]+-\\d+$", 5, 6));
+  EXPECT_TRUE(matches(sku, "AB-12"));
+  // (the repetitions share what the bounds leave evenly: a subset, as for a JSON string)
+  EXPECT_FALSE(matches(sku, "A-1"));      // minLength 5
+  EXPECT_FALSE(matches(sku, "ABCD-12"));  // maxLength 6
+  EXPECT_FALSE(matches(sku, "\"AB-12\""));
+  auto text = test::compile(raw_string_grammar(".+", 0, 4, {{'<', '<'}}));
+  EXPECT_TRUE(matches(text, "a\"\\b"));  // raw: a quote and a backslash are characters
+  EXPECT_FALSE(matches(text, "a<b"));
+  EXPECT_FALSE(matches(text, "abcde"));
+  EXPECT_THROW(raw_string_grammar("(?=a).*", 0, -1), InvalidRequest);
+}
+
 // uniqueItems over a finite set of scalars (pydantic's set[Literal[...]] / set[Enum]) is held:
 // every array of distinct values is accepted, none with a repeat; other items stay a 400.
 TEST(JsonSchema, UniqueItemsOverFiniteValues) {

@@ -422,7 +422,8 @@ TEST(ToolChoiceGrammar, TextFormatsEnforcePatternAndFormat) {
   Json tools = Json::parse(R"([{"type": "function", "function": {"name": "book", "parameters": {"type": "object",
       "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-\\d{2}$"}, "day": {"type": "string", "format": "date"},
                      "note": {"type": "string", "pattern": "^.+$"}, "look": {"type": "string", "pattern": "^(?=a).*$"},
-                     "mail": {"type": "string", "format": "email", "pattern": "^[a-z]+@x\\.org$"}},
+                     "mail": {"type": "string", "format": "email", "pattern": "^[a-z]+@x\\.org$"},
+                     "short": {"type": "string", "pattern": "^.*$", "maxLength": 5}},
       "required": ["code"], "additionalProperties": false}}}])");
   for (auto kind : {ToolCallParser::Kind::qwen3_coder, ToolCallParser::Kind::minimax_m2}) {
     const bool q = kind == ToolCallParser::Kind::qwen3_coder;
@@ -447,6 +448,8 @@ TEST(ToolChoiceGrammar, TextFormatsEnforcePatternAndFormat) {
     EXPECT_TRUE(accepts(*g, call(param("code", "XYZ-00") + param("look", "b, not a"))));  // lookahead: free text
     EXPECT_TRUE(accepts(*g, call(param("code", "XYZ-00") + param("mail", "me@x.org"))));  // the pattern wins
     EXPECT_FALSE(accepts(*g, call(param("code", "XYZ-00") + param("mail", "me@y.org"))));
+    EXPECT_TRUE(accepts(*g, call(param("code", "XYZ-00") + param("short", "a b>c"))));  // pattern + maxLength
+    EXPECT_FALSE(accepts(*g, call(param("code", "XYZ-00") + param("short", "abcdef"))));
     auto calls = parse_calls(kind, call(param("code", "ABC-12") + param("day", "2026-12-07")), tools);
     ASSERT_EQ(calls.size(), 1u);
     EXPECT_EQ(calls[0].second, Json::parse(R"({"code": "ABC-12", "day": "2026-12-07"})"));
