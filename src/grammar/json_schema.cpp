@@ -193,6 +193,7 @@ class SchemaCompiler {
     int r = g_.rule("root");
     const int e = add_regex(g_, re, false, false, not_open);
     if (lo < 0 || (hi >= 0 && hi < lo)) err("#", "bad minLength/maxLength");
+    if (lo > 10000) err("#", "minLength above 10000 is not supported");
     g_.define(r, pattern_with_lengths(e, lo, std::min<int64_t>(hi, 10000), "#"));
     g_.set_root(r);
     g_.validate();

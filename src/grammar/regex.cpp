@@ -128,13 +128,8 @@ class RegexParser {
       if (n.empty()) err("class matches no character allowed here");
     }
     if (json_) {
-      Ranges bad = {{0, 0x1F}, {'"', '"'}, {'\\', '\\'}};
-      Ranges keep;
-      for (auto [lo, hi] : complement(bad))
-        for (auto [a, b] : n)
-          if (std::max(lo, a) <= std::min(hi, b)) keep.push_back({std::max(lo, a), std::min(hi, b)});
-      if (keep.empty()) err("class matches no character allowed in a JSON string");
-      n = keep;
+      n = subtract(n, {{0, 0x1F}, {'"', '"'}, {'\\', '\\'}});
+      if (n.empty()) err("class matches no character allowed in a JSON string");
     }
     return g_.chars(std::move(n));
   }
