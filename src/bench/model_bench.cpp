@@ -82,6 +82,7 @@ BenchResult run_model_bench(const BenchOptions& o) {
 #ifdef TS_WITH_CUDA
   cuda::LaunchConfig lc = cuda::launch_config();
   lc.batch_invariant = o.deterministic;
+  lc.gemm_autotune = o.gemm_autotune;
   cuda::ScopedLaunchConfig launch_scope(lc);
 #endif
   std::fprintf(stderr, "bench: loading %s...\n", o.model_dir.c_str());

@@ -55,6 +55,8 @@ struct BenchOptions {
   // (LaunchConfig::batch_invariant; the ceilings are measured before, in the default mode), so
   // a run with and one without give that mode's cost.
   bool deterministic = false;
+  // CUDA: serve's --gemm-autotune (LaunchConfig::gemm_autotune).
+  bool gemm_autotune = false;
   // Mixed steps (--enable-mixed-batch): after each decode row (B, C), one step of its B decodes
   // plus one P-token prefill chunk of a fresh sequence, per P here, next to that chunk alone; the
   // figure is how much of the prefill rides along with the bandwidth-bound decodes

@@ -55,6 +55,9 @@ int cmd_bench(int argc, char** argv) {
   app.add_flag("--deterministic", o.deterministic,
                "CUDA: the model's steps use serve's --enable-deterministic-inference kernels (batch-invariant; the "
                "ceilings stay default): compare with a run without it for that mode's cost");
+  app.add_flag("--gemm-autotune", o.gemm_autotune,
+               "CUDA: as serve's flag: time cuBLASLt's first 8 algorithms per GEMM shape of <= 256 rows and keep the "
+               "fastest (compare with a run without it)");
   app.add_option("--graph-prefill-tokens", o.graph_prefill_tokens,
                  "with --graphs: largest prefill captured in a graph (serve's --prefill-graph-max-tokens)");
   app.add_option("--mixed-chunks", o.mixed_chunks,

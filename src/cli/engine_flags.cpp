@@ -71,6 +71,10 @@ void add_engine_flags(CLI::App& app, EngineOptions& o) {
   app.add_option("--cuda-graph-max-bs", o.cuda_graph_max_bs, "largest decode batch captured in a graph");
   app.add_option("--prefill-graph-max-tokens", o.prefill_graph_max_tokens, "largest prefill captured in a graph");
   app.add_flag("--disable-pdl", o.disable_pdl, "no programmatic dependent launch");
+  app.add_flag("--gemm-autotune", o.gemm_autotune,
+               "CUDA: on a new bf16 GEMM shape of <= 256 rows (decode batches, graph buckets) time cuBLASLt's first 8 "
+               "heuristic algorithms and keep the fastest, instead of its first pick (off by default: not yet measured "
+               "to pay on the GPU)");
   app.add_flag("--enable-deterministic-inference", o.enable_deterministic_inference,
                "batch-invariant kernels: a request's output is bit-identical alone or under any load, chunking or graph "
                "bucket (CUDA: one GEMM algorithm per shape, no GEMV/fused decode kernels, fixed-split attention; slower. "

@@ -389,7 +389,9 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
   // This engine's launch settings (core/cuda/runtime.h) on the constructing thread (loading,
   // warm-up, graph capture) and, copied at their start, on the TP worker and device threads it
   // creates; loop() installs them on the engine thread.
-  cuda::ScopedLaunchConfig launch_scope({.pdl = !o.disable_pdl, .batch_invariant = o.enable_deterministic_inference});
+  cuda::ScopedLaunchConfig launch_scope({.pdl = !o.disable_pdl,
+                                         .batch_invariant = o.enable_deterministic_inference,
+                                         .gemm_autotune = o.gemm_autotune});
 #endif
   device = o.device == "cpu" ? Device::cpu : o.device == "cuda" ? Device::cuda : (cuda_available() ? Device::cuda : Device::cpu);
   TS_CHECK(device == Device::cpu || cuda_available(), "--device cuda: no CUDA device available");
@@ -825,7 +827,9 @@ void EngineImpl::refresh_gauges() {
 
 void EngineImpl::loop() {
 #ifdef TS_WITH_CUDA
-  cuda::set_launch_config({.pdl = !opts.disable_pdl, .batch_invariant = opts.enable_deterministic_inference});
+  cuda::set_launch_config({.pdl = !opts.disable_pdl,
+                           .batch_invariant = opts.enable_deterministic_inference,
+                           .gemm_autotune = opts.gemm_autotune});
 #endif
   while (true) {
     {

@@ -245,6 +245,7 @@ struct EngineOptions {
   std::string drafter_attention_backend = "paged";
   // CUDA graphs / kernels
   bool disable_cuda_graph = false, disable_prefill_graph = false, enforce_eager = false, disable_pdl = false;
+  bool gemm_autotune = false;  // CUDA: time cuBLASLt's candidates per decode-sized shape (LaunchConfig::gemm_autotune)
   // --enable-deterministic-inference (SGLang's name): batch-invariant kernels on CUDA
   // (core/cuda/runtime.h LaunchConfig::batch_invariant), so a request's output is bit-identical
   // whatever runs beside it, however its prompt was chunked, whatever the graph bucket. The CPU

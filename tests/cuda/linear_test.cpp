@@ -1,4 +1,6 @@
 // CUDA linear (GEMV and cuBLASLt paths) vs the CPU reference.
+#include <optional>
+
 #include "cuda_test_util.h"
 
 using namespace ts;
@@ -63,4 +65,29 @@ TEST(CudaOps, LinearLabAlgorithmsMatchTheCpu) {
       EXPECT_CLOSE(o.back(), o.h, fmt::format("linear_lab_algo query_m={} index={}", qm, idx));
     }
   EXPECT_GE(ran, 3);  // at least the first pick for each query size
+}
+
+TEST(CudaOps, LinearAutotuneTimesCandidatesOncePerShape) {
+  TS_REQUIRE_CUDA();
+  // LaunchConfig::gemm_autotune (--gemm-autotune): a new shape of <= 256 rows times the heuristic's
+  // candidates and caches the fastest; the product is right whichever wins. Shapes no other test
+  // uses, so the cache is cold for them.
+  std::optional<cuda::ScopedLaunchConfig> on(std::in_place, cuda::LaunchConfig{.gemm_autotune = true});
+  const ops::cuda::GemmAlgoStats s0 = ops::cuda::gemm_algo_stats();
+  check_linear(48, 776, 520, true, false, 0);
+  const ops::cuda::GemmAlgoStats s1 = ops::cuda::gemm_algo_stats();
+  EXPECT_EQ(s1.tuned_shapes, s0.tuned_shapes + 1);
+  EXPECT_GE(s1.candidates_timed - s0.candidates_timed, 2);
+  check_linear(48, 776, 520, true, false, 0);  // cached: nothing timed again
+  const ops::cuda::GemmAlgoStats s2 = ops::cuda::gemm_algo_stats();
+  EXPECT_EQ(s2.tuned_shapes, s1.tuned_shapes);
+  EXPECT_EQ(s2.candidates_timed, s1.candidates_timed);
+  // Past 256 rows, and without the flag: the heuristic's first pick, untimed.
+  check_linear(300, 776, 520, false, false, 0);
+  on.reset();
+  check_linear(47, 776, 520, false, false, 0);
+  const ops::cuda::GemmAlgoStats s3 = ops::cuda::gemm_algo_stats();
+  EXPECT_EQ(s3.tuned_shapes, s2.tuned_shapes);
+  EXPECT_EQ(s3.heuristic_shapes, s2.heuristic_shapes + 2);
+  EXPECT_EQ(s3.candidates_timed, s2.candidates_timed);
 }

@@ -104,9 +104,13 @@ class StreamMarks {
 // split of a mixed batch, stored-weight decode kernels) take one fixed path instead, so every
 // output row is computed the same way whatever else is in the batch, however the prompt was
 // chunked and whatever the graph bucket (linear.cu, fused.cu, quant_linear.cu, moe.cu, attention.cu).
+// gemm_autotune (`--gemm-autotune`, off by default): a new bf16 cuBLASLt shape of at most 256
+// rows times the heuristic's first 8 algorithms and keeps the fastest (linear.cu); off, the
+// heuristic's first pick.
 struct LaunchConfig {
   bool pdl = true;
   bool batch_invariant = false;
+  bool gemm_autotune = false;
 };
 LaunchConfig launch_config();
 void set_launch_config(const LaunchConfig& c);

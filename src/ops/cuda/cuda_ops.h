@@ -32,6 +32,13 @@ void add_inplace(Tensor& y, const Tensor& x);
 // algorithm cuBLASLt's heuristic proposes for query_m rows (the shape otherwise x's), run at x's
 // rows; no cache. False where the heuristic has fewer algorithms or that one refuses the shape.
 bool linear_lab_algo(const Tensor& x, const Tensor& w, Tensor& out, int64_t query_m, int index);
+// The bf16 cuBLASLt algorithm cache of this device, counted since the process started: shapes
+// whose algorithm was chosen by timing the heuristic's candidates (LaunchConfig::gemm_autotune),
+// shapes that took its first pick, and candidates timed. Tests and logs.
+struct GemmAlgoStats {
+  int64_t tuned_shapes = 0, heuristic_shapes = 0, candidates_timed = 0;
+};
+GemmAlgoStats gemm_algo_stats();
 
 // W8A8 FP8 GEMM through cuBLASLt's Hopper block scaling (CUDA >= 12.9): out bf16 [M, N] (row
 // stride ldc) = sum_k e4m3(xq[m, k]) x_scale(m, k/128) e4m3(wq[n, k]) w_scale(n/128, k/128)

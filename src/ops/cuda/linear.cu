@@ -140,6 +140,7 @@ struct Lt {
   // shapes it was checked to run.
   std::map<AlgoKey, cublasLtMatmulAlgo_t> invariant_algos;
   std::map<AlgoKey, bool> invariant_checked;
+  GemmAlgoStats stats;  // under mu
   Lt() {
     TS_CUBLAS_CHECK(cublasLtCreate(&handle));
     ws = alloc(ws_size);
@@ -266,6 +267,55 @@ cublasLtMatmulAlgo_t invariant_algo(Lt& L, const Layouts& d, AlgoKey key, int64_
   return algo;
 }
 
+// GEMM autotuning (LaunchConfig::gemm_autotune, `--gemm-autotune`): for a new
+// shape of at most kAutotuneMaxM rows the heuristic's first kAutotuneCandidates algorithms are
+// timed on the real operands and the fastest is cached for the shape (PyTorch's TunableOp does
+// the same); bench --gemm-lab prints the heuristic's first pick next to the best of its first 8
+// per 8B shape and M, and bench --gemm-autotune the whole step's difference. The rows bound keeps
+// tuning to the shapes that repeat (decode batches, graph buckets): an arbitrary prefill length
+// would pay the tuning's synchronisations once each. Host-synchronising, so never while a stream
+// is captured; the warm-up forward before each capture tunes the graph's shapes.
+constexpr int64_t kAutotuneMaxM = 256;
+constexpr int kAutotuneCandidates = 8;
+constexpr int kAutotuneRuns = 5;
+
+bool stream_capturing() {
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  TS_CUDA_CHECK(cudaStreamIsCapturing(stream(), &cs));
+  return cs != cudaStreamCaptureStatusNone;
+}
+
+// The fastest of res[0..n) for this operation; candidates that fail to run are skipped. Writes `out` (the caller's GEMM
+// overwrites it next).
+cublasLtMatmulAlgo_t autotune(Lt& L, const Layouts& d, const cublasLtMatmulHeuristicResult_t* res, int n,
+                              const void* x, const void* w, void* out) {
+  const float alpha = 1.0f, beta = 0.0f;
+  auto run = [&](const cublasLtMatmulAlgo_t& a) {
+    return cublasLtMatmul(L.handle, d.op, &alpha, w, d.a, x, d.b, &beta, out, d.c, out, d.c, &a, L.ws.get(), L.ws_size,
+                          stream()) == CUBLAS_STATUS_SUCCESS;
+  };
+  // One untimed call (lazy module load, cache warm-up), then kAutotuneRuns back to back between
+  // two events: their mean, as the GEMMs of a forward run back to back.
+  StreamMarks marks(2);
+  int best = 0;
+  float best_ms = -1.0f;
+  for (int i = 0; i < n; ++i) {
+    if (res[i].state != CUBLAS_STATUS_SUCCESS || !run(res[i].algo)) continue;
+    bool ok = true;
+    marks.record(0);
+    for (int r = 0; r < kAutotuneRuns && ok; ++r) ok = run(res[i].algo);
+    marks.record(1);
+    marks.synchronize(1);
+    const float ms = marks.elapsed_ms(0, 1);
+    {
+      std::lock_guard<std::mutex> g(L.mu);
+      ++L.stats.candidates_timed;
+    }
+    if (ok && (best_ms < 0 || ms < best_ms)) best_ms = ms, best = i;
+  }
+  return res[best].algo;
+}
+
 void lt_matmul(int64_t M, int64_t N, int64_t K, const void* x, int64_t ldx, const void* w,
                int64_t ldw, const void* bias, void* out, int64_t ldc, bool f32out) {
   Lt& L = lt();
@@ -290,11 +340,18 @@ void lt_matmul(int64_t M, int64_t N, int64_t K, const void* x, int64_t ldx, cons
     if (it != L.algos.end()) algo = it->second, have = true;
   }
   if (!have) {
-    cublasLtMatmulHeuristicResult_t res[1] = {};
-    TS_CHECK(lt_heuristic(L, d, key, 1, res) > 0, "cuBLASLt: no algorithm for linear M={} N={} K={}", M, N, K);
-    algo = res[0].algo;
-    std::lock_guard<std::mutex> g(L.mu);
-    L.algos[key] = algo;
+    const bool tune = launch_config().gemm_autotune && M <= kAutotuneMaxM && !stream_capturing();
+    cublasLtMatmulHeuristicResult_t res[kAutotuneCandidates] = {};
+    const int n = lt_heuristic(L, d, key, tune ? kAutotuneCandidates : 1, res);
+    TS_CHECK(n > 0, "cuBLASLt: no algorithm for linear M={} N={} K={}", M, N, K);
+    algo = n > 1 ? autotune(L, d, res, n, x, w, out) : res[0].algo;
+    // Under capture (a shape its warm-up did not see) the heuristic's pick serves the graph and
+    // is not cached, so the next eager call still tunes.
+    if (tune || !stream_capturing()) {
+      std::lock_guard<std::mutex> g(L.mu);
+      L.algos[key] = algo;
+      ++(n > 1 ? L.stats.tuned_shapes : L.stats.heuristic_shapes);
+    }
   }
   const float alpha = 1.0f, beta = 0.0f;
   const cublasStatus_t st = cublasLtMatmul(L.handle, d.op, &alpha, w, d.a, x, d.b, &beta, out, d.c, out, d.c, &algo,
@@ -409,6 +466,12 @@ void linear(const Tensor& x, const Tensor& w, Tensor& out, const Tensor* bias, c
     return;
   }
   lt_matmul(M, N, K, x.data, ldx, w.data, ldw, bp, out.data, ldc, f32out);
+}
+
+GemmAlgoStats gemm_algo_stats() {
+  Lt& L = lt();
+  std::lock_guard<std::mutex> g(L.mu);
+  return L.stats;
 }
 
 bool linear_lab_algo(const Tensor& x, const Tensor& w, Tensor& out, int64_t query_m, int index) {
