@@ -285,8 +285,9 @@ bool stream_capturing() {
   return cs != cudaStreamCaptureStatusNone;
 }
 
-// The fastest of res[0..n) for this operation; candidates that fail to run are skipped. Writes `out` (the caller's GEMM
-// overwrites it next).
+// The fastest of res[0..n) for this operation; candidates that fail to run are skipped. Writes
+// `out` (the caller's GEMM overwrites it next). A shape cached while the flag was off (the cache
+// is per device, shared by every engine on it) keeps its first pick.
 cublasLtMatmulAlgo_t autotune(Lt& L, const Layouts& d, const cublasLtMatmulHeuristicResult_t* res, int n,
                               const void* x, const void* w, void* out) {
   const float alpha = 1.0f, beta = 0.0f;
