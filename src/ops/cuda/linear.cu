@@ -295,19 +295,14 @@ cublasLtMatmulAlgo_t autotune(Lt& L, const Layouts& d, const cublasLtMatmulHeuri
     return cublasLtMatmul(L.handle, d.op, &alpha, w, d.a, x, d.b, &beta, out, d.c, out, d.c, &a, L.ws.get(), L.ws_size,
                           stream()) == CUBLAS_STATUS_SUCCESS;
   };
-  // One untimed call (lazy module load, cache warm-up), then kAutotuneRuns back to back between
-  // two events: their mean, as the GEMMs of a forward run back to back.
-  StreamMarks marks(2);
+  // One untimed call (lazy module load; a candidate that refuses the shape is skipped), then the
+  // median of kAutotuneRuns timed calls (core's time_ms).
   int best = 0;
-  float best_ms = -1.0f;
+  double best_ms = -1.0;
   for (int i = 0; i < n; ++i) {
     if (res[i].state != CUBLAS_STATUS_SUCCESS || !run(res[i].algo)) continue;
     bool ok = true;
-    marks.record(0);
-    for (int r = 0; r < kAutotuneRuns && ok; ++r) ok = run(res[i].algo);
-    marks.record(1);
-    marks.synchronize(1);
-    const float ms = marks.elapsed_ms(0, 1);
+    const double ms = time_ms([&] { ok = run(res[i].algo) && ok; }, kAutotuneRuns, 0);
     {
       std::lock_guard<std::mutex> g(L.mu);
       ++L.stats.candidates_timed;
