@@ -34,7 +34,7 @@ grep -q 'greedy sampling where the logits are' "$dir/bench.md" || fail "the time
   > "$dir/bench2.md"
 grep -q -- '--host-logits' "$dir/bench2.md" || fail "--host-logits not reported"
 grep -qE "^\| decode \| 2 \| 64 \|" "$dir/bench2.md" || fail "no decode row with --host-logits"
-"$TS" bench --help | grep -q -- "--profile" || fail "no --profile in --help"
+grep -q -- "--profile" <<< "$("$TS" bench --help)" || fail "no --profile in --help"
 # --mixed-chunks: a mixed step (decodes + a prefill chunk) next to each part alone, and its ratio.
 "$TS" bench --model "$dir/m" --device cpu --batches 2 --contexts 64 --decode-steps 2 --prompt-lens 16 --mixed-chunks 8,32 \
   --json "$dir/bench4.json" > "$dir/bench4.md"
@@ -44,7 +44,7 @@ python3 -c "import json,sys; r=[x for x in json.load(open(sys.argv[1]))['results
 assert len(r)==2 and all(x['mixed_ms']>0 and x['decode_ms']>0 and x['chunk_ms']>0 for x in r), r" "$dir/bench4.json" ||
   fail "mixed rows in the JSON"
 # --graphs: the engine's CUDA graphs (CPU: eager, not reported); --profile times eager ops only.
-"$TS" bench --help | grep -q -- "--graphs" || fail "no --graphs in --help"
+grep -q -- "--graphs" <<< "$("$TS" bench --help)" || fail "no --graphs in --help"
 "$TS" bench --model "$dir/m" --device cpu --batches 2 --contexts 64 --decode-steps 2 --prompt-lens 16 --graphs \
   --json "$dir/bench5.json" > /dev/null || fail "--graphs on the CPU"
 grep -q '"graphs": false' "$dir/bench5.json" || fail "the CPU run claims graphs"
@@ -59,5 +59,5 @@ grep -q '"quant_method": "fp8"' "$dir/q/config.json" || fail "no quantization_co
 "$TS" generate --model "$dir/q" --device cpu --prompt-ids 1,2,3 --max-tokens 4 --ignore-eos --print-ids > /dev/null
 "$TS" bench --model "$dir/q" --device cpu --batches 1 --contexts 64 --decode-steps 2 --prompt-lens 16 > "$dir/bench3.md"
 grep -q "quantized checkpoint (fp8): a batch-1 decode step reads" "$dir/bench3.md" || fail "no stored-bytes line"
-"$TS" make-random-model --help | grep -q -- "--quant" || fail "no --quant in --help"
+grep -q -- "--quant" <<< "$("$TS" make-random-model --help)" || fail "no --quant in --help"
 echo PASS

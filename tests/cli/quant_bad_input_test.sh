@@ -73,7 +73,7 @@ edit_st "$dir/shape/model.safetensors" "h['model.layers.0.self_attn.kv_a_proj_wi
 expect_error "$dir/shape" "$dir/shape/model.safetensors" "kv_a_proj_with_mqa.weight_scale_inv" "[4, 1]" "expected [2, 2]"
 # --simulate-w8a8 is the CPU's oracle of CUDA's W8A8: listed in --help, refused on CUDA, and on a
 # fixture whose K (256) keeps CUDA weight-only it changes nothing (the golden still matches).
-"$TS" verify-golden --help | grep -q -- "--simulate-w8a8" || fail "no --simulate-w8a8 in --help"
+grep -q -- "--simulate-w8a8" <<< "$("$TS" verify-golden --help)" || fail "no --simulate-w8a8 in --help"
 if out=$("$TS" verify-golden "$DATA/llama3_fp8" --simulate-w8a8 --device cuda 2>&1); then fail "--simulate-w8a8 on cuda accepted"; fi
 grep -q "for the CPU backend" <<< "$out" || fail "--simulate-w8a8 --device cuda: $out"
 "$TS" verify-golden "$DATA/llama3_fp8" --simulate-w8a8 > /dev/null || fail "--simulate-w8a8 on a K=256 fixture"

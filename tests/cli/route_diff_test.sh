@@ -16,5 +16,5 @@ for m in qwen3_moe deepseek_v3; do
   [ "$free" = "$forced" ] || fail "$m: forced $forced != free $free"
 done
 "$TS" route-diff "$DATA/llama3" --device cpu > /dev/null 2>&1 && fail "a dense model must be refused"
-"$TS" route-diff --help | grep -q -- "--prompt" || fail "no --prompt in --help"
+grep -q -- "--prompt" <<< "$("$TS" route-diff --help)" || fail "no --prompt in --help"
 echo PASS
