@@ -384,14 +384,19 @@ class EngineImpl {
   double loop_c0_ = 0;
 };
 
+#ifdef TS_WITH_CUDA
+// The launch settings an engine's options ask for (core/cuda/runtime.h LaunchConfig).
+static cuda::LaunchConfig launch_config_of(const EngineOptions& o) {
+  return {.pdl = !o.disable_pdl, .batch_invariant = o.enable_deterministic_inference, .gemm_autotune = o.gemm_autotune};
+}
+#endif
+
 EngineImpl::EngineImpl(const EngineOptions& o) : opts(o) {
 #ifdef TS_WITH_CUDA
   // This engine's launch settings (core/cuda/runtime.h) on the constructing thread (loading,
   // warm-up, graph capture) and, copied at their start, on the TP worker and device threads it
   // creates; loop() installs them on the engine thread.
-  cuda::ScopedLaunchConfig launch_scope({.pdl = !o.disable_pdl,
-                                         .batch_invariant = o.enable_deterministic_inference,
-                                         .gemm_autotune = o.gemm_autotune});
+  cuda::ScopedLaunchConfig launch_scope(launch_config_of(o));
 #endif
   device = o.device == "cpu" ? Device::cpu : o.device == "cuda" ? Device::cuda : (cuda_available() ? Device::cuda : Device::cpu);
   TS_CHECK(device == Device::cpu || cuda_available(), "--device cuda: no CUDA device available");
@@ -827,9 +832,7 @@ void EngineImpl::refresh_gauges() {
 
 void EngineImpl::loop() {
 #ifdef TS_WITH_CUDA
-  cuda::set_launch_config({.pdl = !opts.disable_pdl,
-                           .batch_invariant = opts.enable_deterministic_inference,
-                           .gemm_autotune = opts.gemm_autotune});
+  cuda::set_launch_config(launch_config_of(opts));
 #endif
   while (true) {
     {

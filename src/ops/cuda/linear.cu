@@ -336,14 +336,15 @@ void lt_matmul(int64_t M, int64_t N, int64_t K, const void* x, int64_t ldx, cons
     if (it != L.algos.end()) algo = it->second, have = true;
   }
   if (!have) {
-    const bool tune = launch_config().gemm_autotune && M <= kAutotuneMaxM && !stream_capturing();
+    const bool capturing = stream_capturing();
+    const bool tune = launch_config().gemm_autotune && M <= kAutotuneMaxM && !capturing;
     cublasLtMatmulHeuristicResult_t res[kAutotuneCandidates] = {};
     const int n = lt_heuristic(L, d, key, tune ? kAutotuneCandidates : 1, res);
     TS_CHECK(n > 0, "cuBLASLt: no algorithm for linear M={} N={} K={}", M, N, K);
     algo = n > 1 ? autotune(L, d, res, n, x, w, out) : res[0].algo;
     // Under capture (a shape its warm-up did not see) the heuristic's pick serves the graph and
     // is not cached, so the next eager call still tunes.
-    if (tune || !stream_capturing()) {
+    if (!capturing) {
       std::lock_guard<std::mutex> g(L.mu);
       L.algos[key] = algo;
       ++(n > 1 ? L.stats.tuned_shapes : L.stats.heuristic_shapes);
